@@ -1,0 +1,57 @@
+// The one tolerance policy and the seeded random fills every test uses.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "coda/core/types.hpp"
+
+namespace coda::test {
+
+// Fresh inputs each run unless CODA_TEST_SEED is set; the seed is printed on failure by the
+// comparison helpers so a failing case can be replayed.
+uint64_t test_seed();
+
+// Uniform in [lo, hi), rounded to T's precision and returned as T.
+template <class T> std::vector<T> random_vector(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<T> v(n);
+  for (auto& x : v) x = store_from_float<T>(dist(rng));
+  return v;
+}
+
+template <class T> std::vector<double> to_double(const std::vector<T>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = double(load_as_float(v[i]));
+  return out;
+}
+template <class T> std::vector<float> to_float(const std::vector<T>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = load_as_float(v[i]);
+  return out;
+}
+
+// ARCHITECTURE section 7: an output passes when
+//   max|out - ref| <= 2 * max|baseline - ref| + 1e-6
+// where ref is the high-precision result and baseline the ordinary unfused low-precision path.
+// NaN anywhere in out fails. Returns an empty string on success, else a message naming the
+// first worst element.
+std::string check_against_baseline(const std::string& what, const std::vector<double>& out,
+                                   const std::vector<double>& ref,
+                                   const std::vector<double>& baseline);
+
+// max |a - b| / max(max |b|, tiny): for fp64-vs-fp64 algebraic equivalence.
+double max_rel_error(const std::vector<double>& a, const std::vector<double>& b);
+
+} // namespace coda::test
+
+// gtest helper: EXPECT_TRUE(msg.empty()) << msg, spelled once.
+#define CODA_EXPECT_PASSES(msg_expr)                                                              \
+  do {                                                                                            \
+    const std::string coda_msg_ = (msg_expr);                                                     \
+    EXPECT_TRUE(coda_msg_.empty()) << coda_msg_;                                                  \
+  } while (0)
