@@ -1,0 +1,185 @@
+// Arguments of the named CODA kernels (coda-paper.md section 4; conventions of ARCHITECTURE
+// section 5). Host-only plain C++: the public API validates these, then dispatches them to the
+// CPU backend (host pointers) or the GPU backend (device pointers).
+//
+// Conventions every kernel shares:
+//  * Activations are row-major [M, width]; M = tokens (any M >= 1).
+//  * Weights are stored as nn.Linear stores them: [out_features, in_features].
+//  * 16-bit tensors are bf16 or f16, all of one call alike; statistics, partials, rstd, zeta
+//    and scales are f32; positions and targets are i32.
+//  * Partial reductions: "row partials" are [M, ceil(N / kReduceBlock)] f32, entry (m, b) reduces
+//    columns [b*kReduceBlock, (b+1)*kReduceBlock) of row m. "Column partials" are
+//    [N, ceil(M / kReduceBlock)] f32, entry (n, b) reduces rows [b*kReduceBlock, ...) of column n.
+//    Consumers of row partials accept any width P >= 1 (they sum the row), so the first layer's
+//    statistics kernel may write a single column.
+//  * The fused gate/up layout is interleaved by row pairs: fused row 2j is gate row j and fused
+//    row 2j+1 is up row j (so a pre-activation row reads g0,u0,g1,u1,...). Converters to and
+//    from Hugging Face's [gate; up] stacking are in coda/coda.hpp.
+//  * RoPE follows Hugging Face Llama: rotate-half within each head, +theta,
+//    theta_i = position * inv_freq[i] for i < head_dim/2, pairs (i, i + head_dim/2):
+//      out[i]            = x[i] cos - x[i + hd/2] sin
+//      out[i + hd/2]     = x[i + hd/2] cos + x[i] sin
+//    on the query and key heads of the fused [Q | K | V] projection; V is untouched.
+#pragma once
+
+#include <cstdint>
+
+#include "coda/core/tensor.hpp"
+
+struct CUstream_st;
+
+namespace coda {
+
+using Stream = CUstream_st*; // the same type as cudaStream_t; nullptr is the default stream
+
+constexpr int64_t kReduceBlock = 128;
+constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
+
+// An optional scalar: value * (*tensor) when the [1] f32 tensor is given (e.g. dloss on the
+// device), value alone otherwise.
+struct Scalar {
+  float value = 1.f;
+  TensorView tensor; // optional [1] f32
+};
+
+// Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) * head_dim].
+struct RopeSpec {
+  TensorView positions; // [M] i32, the position of each token (packed sequences restart at 0)
+  TensorView inv_freq;  // [head_dim / 2] f32, base^(-2i/head_dim) or a scaled (Llama-3) table
+  int32_t n_q_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// K0: x_new = acc + residual; the next RMSNorm's statistics and gamma-scaled input.
+//   acc = a · wᵀ                               a [M, K], w [N, K]
+//   out[m, n]        = round(acc + residual)     [M, N]   the new residual stream
+//   out_scaled[m, n] = round((acc + residual) * gamma[n])   [M, N]   next GEMM's input h
+//   sumsq_partials   row partials of (acc + residual)^2 in fp32, from the unrounded sum
+// out may alias residual.
+struct ResidualRmsArgs {
+  TensorView a, w, residual, gamma;
+  TensorView out, out_scaled, sumsq_partials;
+};
+
+// K1: out = round(rstd[m] * acc), acc = a · wᵀ, rstd[m] = rsqrt(sum_b partials[m, b] / K + eps).
+// a is the gamma-scaled, un-normalized input h from K0 or rms_stats; K is the RMSNorm width.
+// rstd_out (optional, [M] f32) receives rstd for the backward.
+struct RmsScaleArgs {
+  TensorView a, w, sumsq_partials;
+  float eps = 1e-6f;
+  TensorView out, rstd_out;
+};
+
+// K2: z = rstd[m] * (a · wᵀ) with w the fused interleaved gate/up weight [2F, K];
+//   preact = round(z) [M, 2F]   (kept for the backward)
+//   act[m, j] = round(silu(z[m, 2j]) * z[m, 2j+1]) [M, F], from the fp32 z.
+struct RmsSwigluArgs {
+  TensorView a, w, sumsq_partials;
+  float eps = 1e-6f;
+  TensorView preact, act, rstd_out;
+};
+
+// K4: out = round(RoPE(rstd[m] * (a · wᵀ))), w the fused [Q; K; V] weight [(Hq + 2 Hkv) hd, K].
+struct RmsRopeArgs {
+  TensorView a, w, sumsq_partials;
+  float eps = 1e-6f;
+  RopeSpec rope;
+  TensorView out, rstd_out;
+};
+
+// K5: logits l = rstd[m] * (a · wᵀ), w the LM head [V, K].
+//   logits = round(l) [M, V]
+//   lse_partials[m, b] = logsumexp of fp32 l over the block (row partials; -inf never appears
+//                        since every block holds at least one column)
+//   target_logit[m] = fp32 l[m, targets[m]] where 0 <= targets[m] < V, else 0.
+struct RmsLseArgs {
+  TensorView a, w, sumsq_partials;
+  float eps = 1e-6f;
+  TensorView targets;
+  TensorView logits, lse_partials, target_logit, rstd_out;
+};
+
+// K6: the RMSNorm backward in the input-gradient GEMM's epilogue.
+//   g = alpha * (dz · w)     dz [M, K] gradient of the consumer's output, w [K, N] its weight
+//   xh = x[m, n] * rstd[m]
+//   result = rstd[m] * (g * gamma[n] - xh * zeta[m])
+//   dx = accumulate ? dx + result : result          [M, N] (dx read and rounded once)
+//   h_hat = round(xh * gamma[n])                    [M, N] normalized input, for the weight gradient
+//   dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
+// zeta[m] = (1/N) sum_k z[m, k] dz[m, k] over the consumer's output (see rope_backward, K7, CE).
+struct RmsBackwardArgs {
+  TensorView dz, w, x, rstd, zeta, gamma;
+  Scalar alpha;
+  bool accumulate = true;
+  TensorView dx, h_hat, dgamma_partials;
+};
+
+// K7: the SwiGLU backward in the down projection's input-gradient GEMM.
+//   dy = dx · w          dx [M, K] residual-stream gradient, w [K, F] the down weight
+//   g = preact[m, 2j], u = preact[m, 2j+1], sig = sigmoid(g), s = g * sig
+//   act[m, j]          = round(s * u)                           (recomputed y for dW_down)
+//   dpreact[m, 2j]     = round(dy * u * sig * (1 + g * (1 - sig)))
+//   dpreact[m, 2j + 1] = round(dy * s)
+//   zeta_partials: row partials over j of g * dg + u * du (fp32)   [M, ceil(F / kReduceBlock)]
+struct SwigluBackwardArgs {
+  TensorView dx, w, preact;
+  TensorView act, dpreact, zeta_partials;
+};
+
+// First-layer RMSNorm statistics (no producing GEMM): h = round(x * gamma), row partials of x^2.
+struct RmsStatsArgs {
+  TensorView x, gamma;
+  TensorView out_scaled, sumsq_partials;
+};
+
+// rstd[m] = rsqrt(sum_b partials[m, b] / n + eps).
+struct RstdArgs {
+  TensorView partials;
+  int64_t n = 0;
+  float eps = 1e-6f;
+  TensorView rstd;
+};
+
+// out[m] = scale * sum_b partials[m, b]  (e.g. zeta from K7's partials, scale = 1/hidden).
+struct RowReduceArgs {
+  TensorView partials;
+  float scale = 1.f;
+  TensorView out;
+};
+
+// out[n] (+)= sum_b partials[n, b]  (e.g. dgamma from K6's partials); out is f32, bf16 or f16.
+struct ColReduceArgs {
+  TensorView partials;
+  bool accumulate = false;
+  TensorView out;
+};
+
+// RoPE backward and zeta: dz = RoPEᵀ(dqkv) (rotation by -theta; V passes through), and
+// zeta[m] = scale * sum_n qkv[m, n] * dqkv[m, n] (= scale * sum z dz since RoPE is orthogonal),
+// from the saved post-RoPE qkv. dz may alias dqkv.
+struct RopeBackwardArgs {
+  TensorView dqkv, qkv;
+  RopeSpec rope;
+  float scale = 1.f;
+  TensorView dz, zeta;
+};
+
+enum class LossReduction : int32_t { mean = 0, sum = 1 };
+
+// Cross-entropy forward and backward from K5's outputs.
+//   lse[m] = logsumexp_b lse_partials[m, b]; loss_m = lse[m] - target_logit[m]
+//   loss = sum or mean over rows whose target != ignore_index       [1] f32
+//   dlogits = softmax(logits) - onehot(target), rows with ignore_index zero   (may alias logits)
+//   grad_scale = 1 / #valid (mean) or 1 (sum)   [1] f32: the caller multiplies dloss by it
+//   zeta[m] = sum_n logits[m, n] * dlogits[m, n]   [M] f32 (unscaled)
+// Targets outside [0, V) that are not ignore_index are an error on the CPU backend.
+struct CrossEntropyArgs {
+  TensorView logits, lse_partials, target_logit, targets;
+  int32_t ignore_index = -100;
+  LossReduction reduction = LossReduction::mean;
+  TensorView loss, dlogits, grad_scale, zeta;
+  TensorView workspace; // [cross_entropy_workspace_size(M)] bytes (u8 viewed as i32/f32), may be empty on the CPU
+};
+
+} // namespace coda
