@@ -1,0 +1,240 @@
+/* coda C ABI: plain C99, usable from C, C++ and ctypes.
+ *
+ * Every function mirrors an entry point of coda/coda.hpp (whose argument structs, in
+ * coda/kernels/args.hpp and coda/gemm/problem.hpp, document the shapes and the math). Each
+ * returns a coda_status; on failure nothing was written to any output, and coda_last_error()
+ * holds a message that names the offending argument and says what to fix. No C++ exception
+ * ever crosses this interface.
+ *
+ * Tensors live on the host (CODA_DEVICE_CPU: the CPU backend computes synchronously and ignores
+ * the stream) or on the current CUDA device (CODA_DEVICE_CUDA: the call is enqueued on `stream`
+ * and returns without synchronizing). All tensors of one call are on one device. */
+#ifndef CODA_CODA_H
+#define CODA_CODA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define CODA_API __attribute__((visibility("default")))
+#else
+#define CODA_API
+#endif
+
+#define CODA_VERSION_MAJOR 0
+#define CODA_VERSION_MINOR 1
+#define CODA_VERSION_PATCH 0
+#define CODA_VERSION_STRING "0.1.0"
+
+/* Partial reductions have one column per CODA_REDUCE_BLOCK elements (kReduceBlock). */
+#define CODA_REDUCE_BLOCK 128
+#define CODA_MAX_RANK 4
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The same type as cudaStream_t; NULL is the default stream. */
+typedef struct CUstream_st* coda_stream_t;
+
+/* Values equal coda::Status. Python maps them to ValueError, TypeError, NotImplementedError
+ * (the caller may fall back to another implementation) and RuntimeError. */
+typedef enum coda_status {
+  CODA_OK = 0,
+  CODA_INVALID_ARGUMENT = 1, /* shape, stride, alignment, null pointer, overlap, bad scalar */
+  CODA_TYPE_ERROR = 2,       /* wrong or mismatched dtype */
+  CODA_NOT_SUPPORTED = 3,    /* valid, but this build or GPU cannot run it */
+  CODA_CUDA_ERROR = 4,       /* the CUDA runtime or a kernel launch failed */
+  CODA_INTERNAL = 5          /* a bug in coda, or out of host memory */
+} coda_status;
+
+/* Values equal coda::DType. Struct fields hold them as int32_t for a fixed layout. */
+typedef enum coda_dtype { CODA_BF16 = 0, CODA_F16 = 1, CODA_F32 = 2, CODA_I32 = 3 } coda_dtype;
+
+typedef enum coda_device { CODA_DEVICE_CPU = 0, CODA_DEVICE_CUDA = 1 } coda_device;
+
+typedef enum coda_gemm_layout {
+  CODA_GEMM_FWD = 0,   /* D = A * B^T   A [M, K], B [N, K] */
+  CODA_GEMM_DGRAD = 1, /* D = A * B     A [M, K], B [K, N] */
+  CODA_GEMM_WGRAD = 2  /* D = A^T * B   A [K, M], B [K, N] */
+} coda_gemm_layout;
+
+typedef enum coda_loss_reduction { CODA_LOSS_MEAN = 0, CODA_LOSS_SUM = 1 } coda_loss_reduction;
+
+/* A non-owning strided view, field for field coda::TensorView. Shapes are row-major, strides in
+ * elements. An optional tensor is absent when data == NULL. */
+typedef struct coda_tensor {
+  void* data;
+  int32_t dtype; /* coda_dtype */
+  int32_t rank;
+  int64_t shape[CODA_MAX_RANK];
+  int64_t stride[CODA_MAX_RANK];
+  int32_t device; /* coda_device */
+  int32_t device_index;
+} coda_tensor;
+
+/* Contiguous row-major views, the common case (device_index 0). */
+static inline coda_tensor coda_matrix(void* data, coda_dtype dtype, int64_t rows, int64_t cols,
+                                      coda_device device) {
+  coda_tensor t;
+  int i;
+  for (i = 0; i < CODA_MAX_RANK; ++i) t.shape[i] = t.stride[i] = 0;
+  t.data = data;
+  t.dtype = (int32_t)dtype;
+  t.rank = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.stride[0] = cols;
+  t.stride[1] = 1;
+  t.device = (int32_t)device;
+  t.device_index = 0;
+  return t;
+}
+static inline coda_tensor coda_vector(void* data, coda_dtype dtype, int64_t n, coda_device device) {
+  coda_tensor t = coda_matrix(data, dtype, n, 1, device);
+  t.rank = 1;
+  t.stride[0] = 1;
+  t.shape[1] = t.stride[1] = 0;
+  return t;
+}
+
+typedef struct coda_scalar {
+  float value;
+  coda_tensor tensor; /* optional [1] f32: value * (*tensor) when given */
+} coda_scalar;
+
+typedef struct coda_rope_spec {
+  coda_tensor positions; /* [M] i32 */
+  coda_tensor inv_freq;  /* [head_dim / 2] f32 */
+  int32_t n_q_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim;
+} coda_rope_spec;
+
+typedef struct coda_gemm_args {
+  int32_t layout; /* coda_gemm_layout */
+  coda_tensor a, b, d;
+  coda_tensor c; /* optional; may alias d */
+  float alpha, beta;
+} coda_gemm_args;
+
+typedef struct coda_residual_rms_args { /* K0; out may alias residual */
+  coda_tensor a, w, residual, gamma;
+  coda_tensor out, out_scaled, sumsq_partials;
+} coda_residual_rms_args;
+
+typedef struct coda_rms_scale_args { /* K1 */
+  coda_tensor a, w, sumsq_partials;
+  float eps;
+  coda_tensor out, rstd_out;
+} coda_rms_scale_args;
+
+typedef struct coda_rms_swiglu_args { /* K2 */
+  coda_tensor a, w, sumsq_partials;
+  float eps;
+  coda_tensor preact, act, rstd_out;
+} coda_rms_swiglu_args;
+
+typedef struct coda_rms_rope_args { /* K4 */
+  coda_tensor a, w, sumsq_partials;
+  float eps;
+  coda_rope_spec rope;
+  coda_tensor out, rstd_out;
+} coda_rms_rope_args;
+
+typedef struct coda_rms_lse_args { /* K5 */
+  coda_tensor a, w, sumsq_partials;
+  float eps;
+  coda_tensor targets;
+  coda_tensor logits, lse_partials, target_logit, rstd_out;
+} coda_rms_lse_args;
+
+typedef struct coda_rms_backward_args { /* K6 */
+  coda_tensor dz, w, x, rstd, zeta, gamma;
+  coda_scalar alpha;
+  int32_t accumulate; /* nonzero: dx += result */
+  coda_tensor dx, h_hat, dgamma_partials;
+} coda_rms_backward_args;
+
+typedef struct coda_swiglu_backward_args { /* K7 */
+  coda_tensor dx, w, preact;
+  coda_tensor act, dpreact, zeta_partials;
+} coda_swiglu_backward_args;
+
+typedef struct coda_rms_stats_args {
+  coda_tensor x, gamma;
+  coda_tensor out_scaled, sumsq_partials;
+} coda_rms_stats_args;
+
+typedef struct coda_rstd_args {
+  coda_tensor partials;
+  int64_t n;
+  float eps;
+  coda_tensor rstd;
+} coda_rstd_args;
+
+typedef struct coda_row_reduce_args {
+  coda_tensor partials;
+  float scale;
+  coda_tensor out;
+} coda_row_reduce_args;
+
+typedef struct coda_col_reduce_args {
+  coda_tensor partials;
+  int32_t accumulate; /* nonzero: out += sum */
+  coda_tensor out;
+} coda_col_reduce_args;
+
+typedef struct coda_rope_backward_args { /* dz may alias dqkv */
+  coda_tensor dqkv, qkv;
+  coda_rope_spec rope;
+  float scale;
+  coda_tensor dz, zeta;
+} coda_rope_backward_args;
+
+typedef struct coda_cross_entropy_args { /* dlogits may alias logits */
+  coda_tensor logits, lse_partials, target_logit, targets;
+  int32_t ignore_index;
+  int32_t reduction; /* coda_loss_reduction */
+  coda_tensor loss, dlogits, grad_scale, zeta;
+  coda_tensor workspace; /* coda_cross_entropy_workspace_size(M) bytes; may be absent on the CPU */
+} coda_cross_entropy_args;
+
+CODA_API coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_swiglu(const coda_rms_swiglu_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_rope(const coda_rms_rope_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_lse(const coda_rms_lse_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_backward(const coda_rms_backward_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_swiglu_backward(const coda_swiglu_backward_args* args,
+                                               coda_stream_t stream);
+
+CODA_API coda_status coda_rms_stats(const coda_rms_stats_args* args, coda_stream_t stream);
+CODA_API coda_status coda_rstd_from_partials(const coda_rstd_args* args, coda_stream_t stream);
+CODA_API coda_status coda_reduce_row_partials(const coda_row_reduce_args* args, coda_stream_t stream);
+CODA_API coda_status coda_reduce_col_partials(const coda_col_reduce_args* args, coda_stream_t stream);
+CODA_API coda_status coda_rope_backward(const coda_rope_backward_args* args, coda_stream_t stream);
+CODA_API coda_status coda_cross_entropy(const coda_cross_entropy_args* args, coda_stream_t stream);
+CODA_API coda_status coda_cross_entropy_workspace_size(int64_t m, size_t* bytes);
+
+/* Fused gate/up rows (gate0, up0, gate1, up1, ...) to and from the [gate; up] stacking. Both
+ * [2F, K], one dtype, one device, not overlapping. */
+CODA_API coda_status coda_interleave_gate_up(const coda_tensor* stacked, const coda_tensor* fused,
+                                             coda_stream_t stream);
+CODA_API coda_status coda_deinterleave_gate_up(const coda_tensor* fused, const coda_tensor* stacked,
+                                               coda_stream_t stream);
+
+/* The message of the last call on this thread that returned an error; successful calls leave
+ * it unchanged. "" when no call on this thread has failed. Valid until the next failing call on
+ * this thread. */
+CODA_API const char* coda_last_error(void);
+
+/* "MAJOR.MINOR.PATCH" of the library actually loaded (compare with CODA_VERSION_*). */
+CODA_API const char* coda_version(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CODA_CODA_H */

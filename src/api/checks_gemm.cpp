@@ -1,0 +1,147 @@
+// Argument rules of the GEMM and of the named kernels K0..K7.
+#include "api/checks.hpp"
+#include "api/rules.hpp"
+
+namespace coda::api {
+
+Device validate(const GemmArgs& args) {
+  Validator v("gemm");
+  const int32_t layout = int32_t(args.layout);
+  if (layout < 0 || layout > int32_t(GemmLayout::wgrad))
+    v.fail(Status::invalid_argument,
+           "layout must be fwd (0), dgrad (1) or wgrad (2); got " + std::to_string(layout));
+  const bool wgrad = args.layout == GemmLayout::wgrad;
+  if (wgrad)
+    v.input("a", args.a, Elem::half, {any("K"), any("M")});
+  else
+    v.input("a", args.a, Elem::half, {any("M"), any("K")});
+  const int64_t M = wgrad ? args.a.shape[1] : args.a.shape[0];
+  const int64_t K = wgrad ? args.a.shape[0] : args.a.shape[1];
+  if (wgrad)
+    v.gemm_dim("M", M, "a"); // a [K, M] is stored with M-element rows
+  else
+    v.at_least_one("M", M, "a");
+  v.gemm_dim("K", K, "a");
+  if (args.layout == GemmLayout::fwd)
+    v.input("b", args.b, Elem::half, {any("N"), exactly("K", K)});
+  else
+    v.input("b", args.b, Elem::half, {exactly("K", K), any("N")});
+  const int64_t N = args.layout == GemmLayout::fwd ? args.b.shape[0] : args.b.shape[1];
+  v.gemm_dim("N", N, "b");
+  v.output("d", args.d, Elem::half_or_f32, {exactly("M", M), exactly("N", N)});
+  v.optional_input("c", args.c, Elem::half_or_f32, {exactly("M", M), exactly("N", N)});
+  v.allow_alias("d", "c");
+  v.finite("alpha", args.alpha);
+  v.finite("beta", args.beta);
+  if (args.beta != 0.f && !args.has_c())
+    v.fail(Status::invalid_argument,
+           "beta is " + std::to_string(args.beta) +
+               " but c is absent; pass c (it may alias d) or set beta = 0");
+  return v.finish();
+}
+
+Device validate(const ResidualRmsArgs& args) {
+  Validator v("gemm_residual_rms");
+  const Mnk p = forward_operands(v, args.a, args.w, any("N"));
+  const Dim M = exactly("M", p.m), N = exactly("N", p.n);
+  v.input("residual", args.residual, Elem::half, {M, N});
+  v.input("gamma", args.gamma, Elem::half, {N});
+  v.output("out", args.out, Elem::half, {M, N});
+  v.output("out_scaled", args.out_scaled, Elem::half, {M, N});
+  v.output("sumsq_partials", args.sumsq_partials, Elem::f32,
+           {M, reduce_blocks("ceil(N/128)", p.n)});
+  v.allow_alias("out", "residual");
+  return v.finish();
+}
+
+Device validate(const RmsScaleArgs& args) {
+  Validator v("gemm_rms_scale");
+  const Mnk p = forward_operands(v, args.a, args.w, any("N"));
+  normalization_inputs(v, args.sumsq_partials, args.eps, p.m);
+  v.output("out", args.out, Elem::half, {exactly("M", p.m), exactly("N", p.n)});
+  v.optional_output("rstd_out", args.rstd_out, Elem::f32, {exactly("M", p.m)});
+  return v.finish();
+}
+
+Device validate(const RmsSwigluArgs& args) {
+  Validator v("gemm_rms_swiglu");
+  const Mnk p = forward_operands(v, args.a, args.w, any("2F"));
+  if (p.n % 2 != 0)
+    v.fail(Status::invalid_argument,
+           "w must have an even number of rows ([2F, K], gate and up rows interleaved); got " +
+               std::to_string(p.n));
+  const int64_t F = p.n / 2;
+  v.gemm_dim("F", F, "w");
+  normalization_inputs(v, args.sumsq_partials, args.eps, p.m);
+  v.output("preact", args.preact, Elem::half, {exactly("M", p.m), exactly("2F", p.n)});
+  v.output("act", args.act, Elem::half, {exactly("M", p.m), exactly("F", F)});
+  v.optional_output("rstd_out", args.rstd_out, Elem::f32, {exactly("M", p.m)});
+  return v.finish();
+}
+
+Device validate(const RmsRopeArgs& args) {
+  Validator v("gemm_rms_rope");
+  const int64_t qkv_width = rope_width(v, args.rope);
+  const Mnk p = forward_operands(v, args.a, args.w, exactly(kQkvWidth, qkv_width));
+  v.gemm_dim("N", p.n, "w");
+  rope_tables(v, args.rope, p.m);
+  normalization_inputs(v, args.sumsq_partials, args.eps, p.m);
+  v.output("out", args.out, Elem::half, {exactly("M", p.m), exactly("N", p.n)});
+  v.optional_output("rstd_out", args.rstd_out, Elem::f32, {exactly("M", p.m)});
+  return v.finish();
+}
+
+Device validate(const RmsLseArgs& args) {
+  Validator v("gemm_rms_lse");
+  const Mnk p = forward_operands(v, args.a, args.w, any("V"));
+  v.gemm_dim("V", p.n, "w");
+  normalization_inputs(v, args.sumsq_partials, args.eps, p.m);
+  const Dim M = exactly("M", p.m);
+  v.input("targets", args.targets, Elem::i32, {M});
+  v.output("logits", args.logits, Elem::half, {M, exactly("V", p.n)});
+  v.output("lse_partials", args.lse_partials, Elem::f32, {M, reduce_blocks("ceil(V/128)", p.n)});
+  v.output("target_logit", args.target_logit, Elem::f32, {M});
+  v.optional_output("rstd_out", args.rstd_out, Elem::f32, {M});
+  return v.finish();
+}
+
+Device validate(const RmsBackwardArgs& args) {
+  Validator v("gemm_rms_backward");
+  v.input("dz", args.dz, Elem::half, {any("M"), any("K")});
+  const int64_t m = args.dz.shape[0], k = args.dz.shape[1];
+  v.at_least_one("M", m, "dz");
+  v.gemm_dim("K", k, "dz");
+  v.input("w", args.w, Elem::half, {exactly("K", k), any("N")});
+  const int64_t n = args.w.shape[1];
+  v.gemm_dim("N", n, "w");
+  const Dim M = exactly("M", m), N = exactly("N", n);
+  v.input("x", args.x, Elem::half, {M, N});
+  v.input("rstd", args.rstd, Elem::f32, {M});
+  v.input("zeta", args.zeta, Elem::f32, {M});
+  v.input("gamma", args.gamma, Elem::half, {N});
+  scalar_input(v, "alpha", "alpha.tensor", args.alpha);
+  v.output("dx", args.dx, Elem::half, {M, N});
+  v.output("h_hat", args.h_hat, Elem::half, {M, N});
+  v.output("dgamma_partials", args.dgamma_partials, Elem::f32,
+           {N, reduce_blocks("ceil(M/128)", m)});
+  return v.finish();
+}
+
+Device validate(const SwigluBackwardArgs& args) {
+  Validator v("gemm_swiglu_backward");
+  v.input("dx", args.dx, Elem::half, {any("M"), any("K")});
+  const int64_t m = args.dx.shape[0], k = args.dx.shape[1];
+  v.at_least_one("M", m, "dx");
+  v.gemm_dim("K", k, "dx");
+  v.input("w", args.w, Elem::half, {exactly("K", k), any("F")});
+  const int64_t f = args.w.shape[1];
+  v.gemm_dim("F", f, "w");
+  const Dim M = exactly("M", m);
+  v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});
+  v.output("act", args.act, Elem::half, {M, exactly("F", f)});
+  v.output("dpreact", args.dpreact, Elem::half, {M, exactly("2F", 2 * f)});
+  v.output("zeta_partials", args.zeta_partials, Elem::f32, {M, reduce_blocks("ceil(F/128)", f)});
+  return v.finish();
+}
+
+} // namespace coda::api

@@ -1,0 +1,46 @@
+#include "api/rules.hpp"
+
+#include <string>
+
+namespace coda::api {
+
+Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim) {
+  v.input("a", a, Elem::half, {any("M"), any("K")});
+  const int64_t m = a.shape[0], k = a.shape[1];
+  v.at_least_one("M", m, "a");
+  v.gemm_dim("K", k, "a");
+  v.input("w", w, Elem::half, {n_dim, exactly("K", k)});
+  return {m, w.shape[0], k};
+}
+
+void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m) {
+  v.input("sumsq_partials", sumsq_partials, Elem::f32, {exactly("M", m), at_least_one("P")});
+  v.non_negative("eps", eps);
+}
+
+int64_t rope_width(const Validator& v, const RopeSpec& rope) {
+  if (rope.n_q_heads < 1)
+    v.fail(Status::invalid_argument,
+           "rope.n_q_heads must be >= 1; got " + std::to_string(rope.n_q_heads));
+  if (rope.n_kv_heads < 1)
+    v.fail(Status::invalid_argument,
+           "rope.n_kv_heads must be >= 1; got " + std::to_string(rope.n_kv_heads));
+  if (rope.head_dim < 2 || rope.head_dim % 2 != 0)
+    v.fail(
+        Status::invalid_argument,
+        "rope.head_dim must be even and >= 2 (RoPE rotates the pairs (i, i + head_dim/2)); got " +
+            std::to_string(rope.head_dim));
+  return (int64_t(rope.n_q_heads) + 2 * int64_t(rope.n_kv_heads)) * rope.head_dim;
+}
+
+void rope_tables(Validator& v, const RopeSpec& rope, int64_t m) {
+  v.input("rope.positions", rope.positions, Elem::i32, {exactly("M", m)});
+  v.input("rope.inv_freq", rope.inv_freq, Elem::f32, {exactly("head_dim/2", rope.head_dim / 2)});
+}
+
+void scalar_input(Validator& v, const char* value_name, const char* tensor_name, const Scalar& s) {
+  v.finite(value_name, s.value);
+  v.optional_input(tensor_name, s.tensor, Elem::f32, {exactly("1", 1)});
+}
+
+} // namespace coda::api

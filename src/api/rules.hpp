@@ -1,0 +1,38 @@
+// Argument rules shared by several entry points (checks_*.cpp).
+#pragma once
+
+#include "api/validate.hpp"
+#include "coda/kernels/args.hpp"
+
+namespace coda::api {
+
+static_assert(kReduceBlock == 128, "the partial shapes in messages say ceil(x/128)");
+
+// The documented name of the fused QKV width.
+inline constexpr const char* kQkvWidth = "(n_q_heads + 2*n_kv_heads)*head_dim";
+
+// Partials written by a producer: exactly one column per kReduceBlock block of `n`.
+inline Dim reduce_blocks(const char* name, int64_t n) {
+  return exactly(name, num_reduce_blocks(n));
+}
+
+struct Mnk {
+  int64_t m, n, k;
+};
+
+// The operands of a forward GEMM, a [M, K] and w [N, K] (n_dim names N). Checks M >= 1 and K;
+// N is left to the caller, whose rules for it differ.
+Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim);
+
+// The RMSNorm statistics a consumer kernel reads: sumsq_partials [M, P >= 1] f32, eps >= 0.
+void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m);
+
+// The scalar fields of a RopeSpec; returns the fused QKV width they imply.
+int64_t rope_width(const Validator& v, const RopeSpec& rope);
+// Its tables: positions [M] i32, inv_freq [head_dim/2] f32.
+void rope_tables(Validator& v, const RopeSpec& rope, int64_t m);
+
+// A Scalar: a finite value and an optional [1] f32 tensor.
+void scalar_input(Validator& v, const char* value_name, const char* tensor_name, const Scalar& s);
+
+} // namespace coda::api
