@@ -41,6 +41,7 @@ template <int N> void check_map() {
       ASSERT_TRUE(row >= 0 && row < 64 && col >= 0 && col < N);
       ASSERT_TRUE(seen.insert({row, col}).second) << "element held twice: " << row << "," << col;
       EXPECT_EQ(row, Map::slot_row(t, Map::row_slot(i)));
+      EXPECT_EQ(coda::quad_lane_of_col(col), t % 4);
     }
   }
   EXPECT_EQ(seen.size(), size_t(64 * N)); // a bijection onto the whole tile

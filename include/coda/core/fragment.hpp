@@ -23,6 +23,11 @@ struct FragmentCoord {
   int col;
 };
 
+// The lane within its quad (thread % 4) of the thread holding a column, whatever the row: the
+// four lanes that share a row split its columns by this, and a reduction over the row's columns
+// merges the four lanes' partial states.
+CODA_HD constexpr int quad_lane_of_col(int col) { return (col % 8) / 2; }
+
 template <int N> struct AccumulatorMap {
   static_assert(N >= 8 && N <= 256 && N % 8 == 0,
                 "wgmma m64nNk16: N must be a multiple of 8 in [8, 256]");

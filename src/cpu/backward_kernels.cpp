@@ -1,0 +1,46 @@
+// The backward CODA kernels K6 and K7 (coda/kernels/args.hpp has their math) as ordered
+// epilogue-op chains on their input-gradient GEMMs (dgrad layout: acc = a · w, w [K, N]).
+#include "coda/epilogue/ops/accumulate.hpp"
+#include "coda/epilogue/ops/reduce_over_m.hpp"
+#include "coda/epilogue/ops/reduce_over_n.hpp"
+#include "coda/epilogue/ops/rms_norm_backward.hpp"
+#include "coda/epilogue/ops/scalar.hpp"
+#include "coda/epilogue/ops/store.hpp"
+#include "coda/epilogue/ops/swiglu_backward.hpp"
+#include "cpu/executor.hpp"
+
+namespace coda::cpu {
+
+namespace ep = coda::epilogue;
+
+void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
+  require_tile(tile, "gemm_rms_backward");
+  const int64_t m = args.dz.shape[0], k = args.dz.shape[1], n = args.w.shape[1];
+  require_partials(args.dgamma_partials, n, ceil_div(m, tile.m), "gemm_rms_backward",
+                   "dgamma_partials");
+  const GemmMainloop mainloop(GemmLayout::dgrad, args.dz, args.w, m, n, k);
+  ep::ScaleByScalar alpha({args.alpha.value, args.alpha.tensor});
+  ep::RmsNormBackward norm({args.x, args.rstd, args.zeta, args.gamma, args.h_hat});
+  ep::ReduceOverM<ep::Sum> dgamma({args.dgamma_partials, ep::Plane::aux});
+  ep::StoreTile dx({args.dx});
+  if (args.accumulate) {
+    ep::Accumulate existing({args.dx});
+    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, existing, dx);
+  } else {
+    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, dx);
+  }
+}
+
+void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
+  require_tile(tile, "gemm_swiglu_backward");
+  const int64_t m = args.dx.shape[0], k = args.dx.shape[1], f = args.w.shape[1];
+  require_partials(args.zeta_partials, m, ceil_div(f, tile.n), "gemm_swiglu_backward",
+                   "zeta_partials");
+  const GemmMainloop mainloop(GemmLayout::dgrad, args.dx, args.w, m, f, k);
+  ep::SwigluBackward swiglu({args.preact, args.dpreact});
+  ep::StoreTile act({args.act});
+  ep::ReduceOverN<ep::Sum> zeta({args.zeta_partials, ep::Plane::aux});
+  run_epilogue(mainloop, m, f, tile, swiglu, act, zeta);
+}
+
+} // namespace coda::cpu
