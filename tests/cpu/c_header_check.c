@@ -1,0 +1,14 @@
+/* coda.h must stay plain C99: this file is only compiled (ctest c_header_is_c99), never run. */
+#include "coda/coda.h"
+
+/* C99 has no static_assert: a negative array size fails the compile instead. */
+typedef char coda_tensor_layout_is_fixed[sizeof(coda_tensor) == 88 ? 1 : -1];
+typedef char coda_stream_is_a_pointer[sizeof(coda_stream_t) == sizeof(void*) ? 1 : -1];
+
+coda_status coda_header_check_call(float* stacked_rows, float* fused_rows);
+
+coda_status coda_header_check_call(float* stacked_rows, float* fused_rows) {
+  const coda_tensor stacked = coda_matrix(stacked_rows, CODA_F32, 2, 8, CODA_DEVICE_CPU);
+  const coda_tensor fused = coda_matrix(fused_rows, CODA_F32, 2, 8, CODA_DEVICE_CPU);
+  return coda_interleave_gate_up(&stacked, &fused, (coda_stream_t)0);
+}

@@ -1,0 +1,1125 @@
+// Bad input through the public C++ API and the C ABI: every case starts from a valid call (the
+// ValidFixturesPass test checks that each fixture is accepted), breaks one thing, and asserts
+//  * the status,
+//  * that the message names the offending argument and what is wrong,
+//  * that the C ABI returns the same status with the same message in coda_last_error(),
+//  * that no byte of any buffer (outputs filled with a sentinel, inputs, and guard bytes around
+//    every allocation) changed.
+// None of these cases reaches a backend, so they do not depend on the CPU kernels.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/checks.hpp"
+#include "coda/coda.h"
+#include "coda/coda.hpp"
+#include "tests/common/check.hpp"
+
+#if CODA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace {
+
+using namespace coda;
+
+// Host memory for one test. Each tensor is its own allocation with guard bytes on both sides;
+// outputs start as a sentinel pattern, inputs as zeros. unchanged() compares every byte of
+// every allocation with what it held at creation.
+class Arena {
+public:
+  TensorView matrix(DType t, int64_t rows, int64_t cols, bool output = false,
+                    int64_t row_stride = 0) {
+    const int64_t stride = row_stride ? row_stride : cols;
+    TensorView v = make_view(alloc(size_t(rows * stride * dtype_size(t)), output), t, rows, cols);
+    v.stride[0] = stride;
+    return v;
+  }
+  TensorView vector(DType t, int64_t n, bool output = false) {
+    return make_view(alloc(size_t(n * dtype_size(t)), output), t, n);
+  }
+  TensorView out_matrix(DType t, int64_t rows, int64_t cols) { return matrix(t, rows, cols, true); }
+  TensorView out_vector(DType t, int64_t n) { return vector(t, n, true); }
+
+  // Writes an input element and makes it part of the expected contents.
+  void set_i32(const TensorView& v, int64_t i, int32_t value) {
+    std::memcpy(v.ptr<int32_t>() + i, &value, sizeof value);
+    for (auto& b : blocks_) b->initial = b->bytes;
+  }
+
+  bool unchanged() const {
+    for (const auto& b : blocks_)
+      if (b->bytes != b->initial) return false;
+    return true;
+  }
+
+private:
+  static constexpr size_t kGuard = 64;
+  struct Block {
+    std::vector<uint8_t> bytes, initial;
+  };
+
+  void* alloc(size_t bytes, bool output) {
+    auto b = std::make_unique<Block>();
+    b->bytes.assign(bytes + 3 * kGuard, output ? 0xA5 : 0x00);
+    for (size_t i = 0; i < kGuard; ++i) b->bytes[i] = b->bytes[b->bytes.size() - 1 - i] = 0x5A;
+    uint8_t* p = b->bytes.data() + kGuard;
+    p += (kGuard - reinterpret_cast<uintptr_t>(p) % kGuard) % kGuard; // 64-byte aligned
+    b->initial = b->bytes;
+    blocks_.push_back(std::move(b));
+    return p;
+  }
+
+  std::vector<std::unique_ptr<Block>> blocks_;
+};
+
+constexpr DType bf16 = DType::bf16, f16 = DType::f16, f32 = DType::f32, i32 = DType::i32;
+
+// ---------------------------------------------------------------------------------------------
+// Valid calls. Ragged M; N, K multiples of 8 as the GEMM requires.
+constexpr int64_t M = 5, N = 16, K = 24;
+
+GemmArgs valid_gemm(Arena& ar) {
+  GemmArgs g;
+  g.a = ar.matrix(bf16, M, K);
+  g.b = ar.matrix(bf16, N, K);
+  g.d = ar.out_matrix(bf16, M, N);
+  return g;
+}
+
+ResidualRmsArgs valid_k0(Arena& ar) {
+  return {ar.matrix(bf16, M, K),
+          ar.matrix(bf16, N, K),
+          ar.matrix(bf16, M, N),
+          ar.vector(bf16, N),
+          ar.out_matrix(bf16, M, N),
+          ar.out_matrix(bf16, M, N),
+          ar.out_matrix(f32, M, num_reduce_blocks(N))};
+}
+
+RmsScaleArgs valid_k1(Arena& ar) {
+  return {ar.matrix(bf16, M, K),     ar.matrix(bf16, N, K), ar.matrix(f32, M, 1), 1e-6f,
+          ar.out_matrix(bf16, M, N), ar.out_vector(f32, M)};
+}
+
+RmsSwigluArgs valid_k2(Arena& ar) {
+  constexpr int64_t F = 8;
+  return {ar.matrix(f16, M, K),         ar.matrix(f16, 2 * F, K), ar.matrix(f32, M, 2), 1e-6f,
+          ar.out_matrix(f16, M, 2 * F), ar.out_matrix(f16, M, F), ar.out_vector(f32, M)};
+}
+
+// The shape of the message in the brief: (4 + 2*1) * 64 = 384 rows.
+RmsRopeArgs valid_k4(Arena& ar) {
+  constexpr int64_t m = 3, k = 256, hq = 4, hkv = 1, hd = 64, n = (hq + 2 * hkv) * hd;
+  RmsRopeArgs r{ar.matrix(bf16, m, k),
+                ar.matrix(bf16, n, k),
+                ar.matrix(f32, m, 1),
+                1e-5f,
+                {ar.vector(i32, m), ar.vector(f32, hd / 2), hq, hkv, hd},
+                ar.out_matrix(bf16, m, n),
+                {}};
+  return r;
+}
+
+RmsLseArgs valid_k5(Arena& ar) {
+  constexpr int64_t V = 24;
+  return {ar.matrix(bf16, M, K),    ar.matrix(bf16, V, K),
+          ar.matrix(f32, M, 1),     1e-6f,
+          ar.vector(i32, M),        ar.out_matrix(bf16, M, V),
+          ar.out_matrix(f32, M, 1), ar.out_vector(f32, M),
+          ar.out_vector(f32, M)};
+}
+
+RmsBackwardArgs valid_k6(Arena& ar) {
+  RmsBackwardArgs r;
+  r.dz = ar.matrix(bf16, M, K);
+  r.w = ar.matrix(bf16, K, N);
+  r.x = ar.matrix(bf16, M, N);
+  r.rstd = ar.vector(f32, M);
+  r.zeta = ar.vector(f32, M);
+  r.gamma = ar.vector(bf16, N);
+  r.alpha = {0.5f, ar.vector(f32, 1)};
+  r.dx = ar.out_matrix(bf16, M, N);
+  r.h_hat = ar.out_matrix(bf16, M, N);
+  r.dgamma_partials = ar.out_matrix(f32, N, num_reduce_blocks(M));
+  return r;
+}
+
+SwigluBackwardArgs valid_k7(Arena& ar) {
+  constexpr int64_t F = 16;
+  return {ar.matrix(bf16, M, K),         ar.matrix(bf16, K, F),
+          ar.matrix(bf16, M, 2 * F),     ar.out_matrix(bf16, M, F),
+          ar.out_matrix(bf16, M, 2 * F), ar.out_matrix(f32, M, num_reduce_blocks(F))};
+}
+
+RmsStatsArgs valid_stats(Arena& ar) {
+  return {ar.matrix(bf16, M, N), ar.vector(bf16, N), ar.out_matrix(bf16, M, N),
+          ar.out_matrix(f32, M, 1)};
+}
+
+RstdArgs valid_rstd(Arena& ar) { return {ar.matrix(f32, M, 3), N, 1e-6f, ar.out_vector(f32, M)}; }
+RowReduceArgs valid_row_reduce(Arena& ar) {
+  return {ar.matrix(f32, M, 3), 1.f / N, ar.out_vector(f32, M)};
+}
+ColReduceArgs valid_col_reduce(Arena& ar) {
+  return {ar.matrix(f32, N, 2), false, ar.out_vector(bf16, N)};
+}
+
+RopeBackwardArgs valid_rope_backward(Arena& ar) {
+  constexpr int64_t hq = 2, hkv = 1, hd = 8, n = (hq + 2 * hkv) * hd;
+  return {ar.matrix(bf16, M, n),
+          ar.matrix(bf16, M, n),
+          {ar.vector(i32, M), ar.vector(f32, hd / 2), hq, hkv, hd},
+          1.f / n,
+          ar.out_matrix(bf16, M, n),
+          ar.out_vector(f32, M)};
+}
+
+CrossEntropyArgs valid_ce(Arena& ar) {
+  constexpr int64_t V = 32;
+  CrossEntropyArgs c;
+  c.logits = ar.matrix(bf16, M, V);
+  c.lse_partials = ar.matrix(f32, M, 1);
+  c.target_logit = ar.vector(f32, M);
+  c.targets = ar.vector(i32, M); // zeros: valid targets
+  ar.set_i32(c.targets, 1, c.ignore_index);
+  c.loss = ar.out_vector(f32, 1);
+  c.dlogits = ar.out_matrix(bf16, M, V);
+  c.grad_scale = ar.out_vector(f32, 1);
+  c.zeta = ar.out_vector(f32, M);
+  return c;
+}
+
+// The converters, as one call.
+struct GateUp {
+  bool interleave;
+  TensorView src, dst;
+};
+GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_matrix(f32, 8, 12)}; }
+
+// ---------------------------------------------------------------------------------------------
+// The same call through the C ABI.
+coda_tensor to_c(const TensorView& v) {
+  coda_tensor t;
+  t.data = v.data;
+  t.dtype = int32_t(v.dtype);
+  t.rank = v.rank;
+  for (int i = 0; i < kMaxRank; ++i) t.shape[i] = v.shape[i], t.stride[i] = v.stride[i];
+  t.device = int32_t(v.device);
+  t.device_index = v.device_index;
+  return t;
+}
+coda_rope_spec to_c(const RopeSpec& r) {
+  return {to_c(r.positions), to_c(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
+}
+
+coda_status call_c(const GemmArgs& g) {
+  coda_gemm_args c{int32_t(g.layout), to_c(g.a), to_c(g.b), to_c(g.d), to_c(g.c), g.alpha, g.beta};
+  return coda_gemm(&c, nullptr);
+}
+coda_status call_c(const ResidualRmsArgs& a) {
+  coda_residual_rms_args c{to_c(a.a),   to_c(a.w),          to_c(a.residual),      to_c(a.gamma),
+                           to_c(a.out), to_c(a.out_scaled), to_c(a.sumsq_partials)};
+  return coda_gemm_residual_rms(&c, nullptr);
+}
+coda_status call_c(const RmsScaleArgs& a) {
+  coda_rms_scale_args c{to_c(a.a), to_c(a.w),   to_c(a.sumsq_partials),
+                        a.eps,     to_c(a.out), to_c(a.rstd_out)};
+  return coda_gemm_rms_scale(&c, nullptr);
+}
+coda_status call_c(const RmsSwigluArgs& a) {
+  coda_rms_swiglu_args c{to_c(a.a),      to_c(a.w),   to_c(a.sumsq_partials), a.eps,
+                         to_c(a.preact), to_c(a.act), to_c(a.rstd_out)};
+  return coda_gemm_rms_swiglu(&c, nullptr);
+}
+coda_status call_c(const RmsRopeArgs& a) {
+  coda_rms_rope_args c{to_c(a.a),    to_c(a.w),   to_c(a.sumsq_partials), a.eps,
+                       to_c(a.rope), to_c(a.out), to_c(a.rstd_out)};
+  return coda_gemm_rms_rope(&c, nullptr);
+}
+coda_status call_c(const RmsLseArgs& a) {
+  coda_rms_lse_args c{to_c(a.a),       to_c(a.w),      to_c(a.sumsq_partials), a.eps,
+                      to_c(a.targets), to_c(a.logits), to_c(a.lse_partials),   to_c(a.target_logit),
+                      to_c(a.rstd_out)};
+  return coda_gemm_rms_lse(&c, nullptr);
+}
+coda_status call_c(const RmsBackwardArgs& a) {
+  coda_rms_backward_args c{to_c(a.dz),
+                           to_c(a.w),
+                           to_c(a.x),
+                           to_c(a.rstd),
+                           to_c(a.zeta),
+                           to_c(a.gamma),
+                           {a.alpha.value, to_c(a.alpha.tensor)},
+                           a.accumulate,
+                           to_c(a.dx),
+                           to_c(a.h_hat),
+                           to_c(a.dgamma_partials)};
+  return coda_gemm_rms_backward(&c, nullptr);
+}
+coda_status call_c(const SwigluBackwardArgs& a) {
+  coda_swiglu_backward_args c{to_c(a.dx),  to_c(a.w),       to_c(a.preact),
+                              to_c(a.act), to_c(a.dpreact), to_c(a.zeta_partials)};
+  return coda_gemm_swiglu_backward(&c, nullptr);
+}
+coda_status call_c(const RmsStatsArgs& a) {
+  coda_rms_stats_args c{to_c(a.x), to_c(a.gamma), to_c(a.out_scaled), to_c(a.sumsq_partials)};
+  return coda_rms_stats(&c, nullptr);
+}
+coda_status call_c(const RstdArgs& a) {
+  coda_rstd_args c{to_c(a.partials), a.n, a.eps, to_c(a.rstd)};
+  return coda_rstd_from_partials(&c, nullptr);
+}
+coda_status call_c(const RowReduceArgs& a) {
+  coda_row_reduce_args c{to_c(a.partials), a.scale, to_c(a.out)};
+  return coda_reduce_row_partials(&c, nullptr);
+}
+coda_status call_c(const ColReduceArgs& a) {
+  coda_col_reduce_args c{to_c(a.partials), a.accumulate, to_c(a.out)};
+  return coda_reduce_col_partials(&c, nullptr);
+}
+coda_status call_c(const RopeBackwardArgs& a) {
+  coda_rope_backward_args c{to_c(a.dqkv), to_c(a.qkv), to_c(a.rope),
+                            a.scale,      to_c(a.dz),  to_c(a.zeta)};
+  return coda_rope_backward(&c, nullptr);
+}
+coda_status call_c(const CrossEntropyArgs& a) {
+  coda_cross_entropy_args c{to_c(a.logits),  to_c(a.lse_partials), to_c(a.target_logit),
+                            to_c(a.targets), a.ignore_index,       int32_t(a.reduction),
+                            to_c(a.loss),    to_c(a.dlogits),      to_c(a.grad_scale),
+                            to_c(a.zeta),    to_c(a.workspace)};
+  return coda_cross_entropy(&c, nullptr);
+}
+coda_status call_c(const GateUp& g) {
+  const coda_tensor src = to_c(g.src), dst = to_c(g.dst);
+  return g.interleave ? coda_interleave_gate_up(&src, &dst, nullptr)
+                      : coda_deinterleave_gate_up(&src, &dst, nullptr);
+}
+
+void call_cpp(const GemmArgs& a) { gemm(a); }
+void call_cpp(const ResidualRmsArgs& a) { gemm_residual_rms(a); }
+void call_cpp(const RmsScaleArgs& a) { gemm_rms_scale(a); }
+void call_cpp(const RmsSwigluArgs& a) { gemm_rms_swiglu(a); }
+void call_cpp(const RmsRopeArgs& a) { gemm_rms_rope(a); }
+void call_cpp(const RmsLseArgs& a) { gemm_rms_lse(a); }
+void call_cpp(const RmsBackwardArgs& a) { gemm_rms_backward(a); }
+void call_cpp(const SwigluBackwardArgs& a) { gemm_swiglu_backward(a); }
+void call_cpp(const RmsStatsArgs& a) { rms_stats(a); }
+void call_cpp(const RstdArgs& a) { rstd_from_partials(a); }
+void call_cpp(const RowReduceArgs& a) { reduce_row_partials(a); }
+void call_cpp(const ColReduceArgs& a) { reduce_col_partials(a); }
+void call_cpp(const RopeBackwardArgs& a) { rope_backward(a); }
+void call_cpp(const CrossEntropyArgs& a) { cross_entropy(a); }
+void call_cpp(const GateUp& g) {
+  if (g.interleave)
+    interleave_gate_up(g.src, g.dst);
+  else
+    deinterleave_gate_up(g.src, g.dst);
+}
+
+Device validate_only(const GateUp& g) {
+  return g.interleave
+             ? api::validate_gate_up("interleave_gate_up", "stacked", g.src, "fused", g.dst)
+             : api::validate_gate_up("deinterleave_gate_up", "fused", g.src, "stacked", g.dst);
+}
+template <class Args> Device validate_only(const Args& a) { return api::validate(a); }
+
+// The assertion of every case: rejected with `status` through both interfaces, the message
+// contains each of `mentions` (the first names the argument), and memory is untouched.
+template <class Args>
+void expect_rejected(const Arena& arena, const Args& args, Status status,
+                     std::initializer_list<const char*> mentions) {
+  std::string message;
+  try {
+    call_cpp(args);
+    ADD_FAILURE() << "the C++ API accepted the call";
+  } catch (const Error& e) {
+    message = e.what();
+    EXPECT_EQ(int(e.status()), int(status)) << message;
+  }
+  for (const char* m : mentions)
+    EXPECT_NE(message.find(m), std::string::npos) << "message lacks \"" << m << "\": " << message;
+  EXPECT_TRUE(arena.unchanged()) << "the C++ API touched memory before rejecting: " << message;
+
+  EXPECT_EQ(int(call_c(args)), int(status));
+  EXPECT_EQ(std::string(coda_last_error()), message);
+  EXPECT_TRUE(arena.unchanged()) << "the C ABI touched memory before rejecting: " << message;
+}
+
+// ---------------------------------------------------------------------------------------------
+TEST(ApiValidation, ValidFixturesPass) {
+  Arena ar;
+  EXPECT_EQ(validate_only(valid_gemm(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k0(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k1(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k2(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k4(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k5(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k6(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k7(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_stats(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_rstd(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_row_reduce(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_col_reduce(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_rope_backward(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_ce(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_gate_up(ar)), Device::cpu);
+  EXPECT_TRUE(ar.unchanged());
+}
+
+// --- dtypes ----------------------------------------------------------------------------------
+TEST(ApiValidation, WrongDtype) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.a.dtype = f32;
+  expect_rejected(ar, g, Status::type_error, {"gemm: a must be bf16 or f16; got f32"});
+}
+
+TEST(ApiValidation, MismatchedHalfDtypes) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.b.dtype = f16;
+  expect_rejected(ar, g, Status::type_error, {"b and a must have the same dtype", "b f16, a bf16"});
+}
+
+TEST(ApiValidation, OutputDtypeDiffersFromInputs) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.out_scaled.dtype = f16;
+  expect_rejected(ar, k0, Status::type_error, {"out_scaled and a must have the same dtype"});
+}
+
+TEST(ApiValidation, StatisticsMustBeF32) {
+  Arena ar;
+  RmsScaleArgs k1 = valid_k1(ar);
+  k1.sumsq_partials.dtype = bf16;
+  expect_rejected(ar, k1, Status::type_error, {"sumsq_partials must be f32; got bf16"});
+}
+
+TEST(ApiValidation, PositionsMustBeI32) {
+  Arena ar;
+  RmsRopeArgs k4 = valid_k4(ar);
+  k4.rope.positions.dtype = f32;
+  expect_rejected(ar, k4, Status::type_error, {"rope.positions must be i32; got f32"});
+}
+
+TEST(ApiValidation, GammaMustBe16Bit) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.gamma.dtype = f32;
+  expect_rejected(ar, k0, Status::type_error, {"gamma must be bf16 or f16; got f32"});
+}
+
+TEST(ApiValidation, ColumnReduceOutputCannotBeI32) {
+  Arena ar;
+  ColReduceArgs r = valid_col_reduce(ar);
+  r.out.dtype = i32;
+  expect_rejected(ar, r, Status::type_error, {"out must be bf16, f16 or f32; got i32"});
+}
+
+TEST(ApiValidation, UnknownDtypeValue) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.d.dtype = DType(9);
+  expect_rejected(ar, g, Status::type_error, {"d has an unknown dtype 9"});
+}
+
+TEST(ApiValidation, ConverterDtypesMustMatch) {
+  Arena ar;
+  GateUp c = valid_gate_up(ar);
+  c.dst.dtype = i32; // same size, other dtype
+  expect_rejected(ar, c, Status::type_error, {"fused and stacked must have the same dtype"});
+}
+
+// --- shapes: one mismatch in each kernel ------------------------------------------------------
+TEST(ApiValidation, GemmShapeMismatch) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.b.shape[1] = K - 8;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"gemm: b must have shape [N, K] = [N, 24]; got [16, 16]"});
+}
+
+TEST(ApiValidation, GemmDgradLayoutShapes) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.layout = GemmLayout::dgrad; // b is now read as [K, N] = [24, 16]; it is [16, 24]
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"b must have shape [K, N] = [24, N]; got [16, 24]"});
+}
+
+TEST(ApiValidation, ResidualRmsShapeMismatch) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.residual.shape[0] = M - 1;
+  expect_rejected(ar, k0, Status::invalid_argument,
+                  {"gemm_residual_rms: residual must have shape [M, N] = [5, 16]; got [4, 16]"});
+}
+
+TEST(ApiValidation, RmsScaleShapeMismatch) {
+  Arena ar;
+  RmsScaleArgs k1 = valid_k1(ar);
+  k1.rstd_out.shape[0] = M + 1;
+  expect_rejected(ar, k1, Status::invalid_argument,
+                  {"rstd_out must have shape [M] = [5]; got [6]"});
+}
+
+TEST(ApiValidation, RmsSwigluShapeMismatch) {
+  Arena ar;
+  RmsSwigluArgs k2 = valid_k2(ar);
+  k2.act.shape[1] = 16; // act is [M, F], not [M, 2F]
+  k2.act.stride[0] = 16;
+  expect_rejected(ar, k2, Status::invalid_argument,
+                  {"act must have shape [M, F] = [5, 8]; got [5, 16]"});
+}
+
+TEST(ApiValidation, RmsRopeWeightShapeNamesTheFormula) {
+  Arena ar;
+  RmsRopeArgs k4 = valid_k4(ar);
+  k4.w.shape[0] = 380;
+  expect_rejected(ar, k4, Status::invalid_argument,
+                  {"gemm_rms_rope: w must have shape [(n_q_heads + 2*n_kv_heads)*head_dim, K] = "
+                   "[384, 256]; got [380, 256]"});
+}
+
+TEST(ApiValidation, RmsLseShapeMismatch) {
+  Arena ar;
+  RmsLseArgs k5 = valid_k5(ar);
+  k5.logits.shape[1] = 16;
+  expect_rejected(ar, k5, Status::invalid_argument,
+                  {"logits must have shape [M, V] = [5, 24]; got [5, 16]"});
+}
+
+TEST(ApiValidation, RmsBackwardShapeMismatch) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.zeta.shape[0] = 3;
+  expect_rejected(ar, k6, Status::invalid_argument, {"zeta must have shape [M] = [5]; got [3]"});
+}
+
+TEST(ApiValidation, SwigluBackwardShapeMismatch) {
+  Arena ar;
+  SwigluBackwardArgs k7 = valid_k7(ar);
+  k7.preact.shape[1] = 16;
+  expect_rejected(ar, k7, Status::invalid_argument,
+                  {"preact must have shape [M, 2F] = [5, 32]; got [5, 16]"});
+}
+
+TEST(ApiValidation, RmsStatsShapeMismatch) {
+  Arena ar;
+  RmsStatsArgs s = valid_stats(ar);
+  s.gamma.shape[0] = 8;
+  expect_rejected(ar, s, Status::invalid_argument,
+                  {"rms_stats: gamma must have shape [N] = [16]; got [8]"});
+}
+
+TEST(ApiValidation, RowReduceShapeMismatch) {
+  Arena ar;
+  RowReduceArgs r = valid_row_reduce(ar);
+  r.out.shape[0] = 4;
+  expect_rejected(ar, r, Status::invalid_argument, {"out must have shape [M] = [5]; got [4]"});
+}
+
+TEST(ApiValidation, RopeBackwardShapeMismatch) {
+  Arena ar;
+  RopeBackwardArgs r = valid_rope_backward(ar);
+  r.rope.inv_freq.shape[0] = 8; // head_dim, not head_dim / 2
+  expect_rejected(ar, r, Status::invalid_argument,
+                  {"rope.inv_freq must have shape [head_dim/2] = [4]; got [8]"});
+}
+
+TEST(ApiValidation, CrossEntropyShapeMismatch) {
+  Arena ar;
+  CrossEntropyArgs c = valid_ce(ar);
+  c.loss.shape[0] = 2;
+  expect_rejected(ar, c, Status::invalid_argument, {"loss must have shape [1] = [1]; got [2]"});
+}
+
+TEST(ApiValidation, WrongRank) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.a.rank = 3;
+  g.a.shape[2] = 1;
+  g.a.stride[2] = 1;
+  expect_rejected(ar, g, Status::invalid_argument, {"a must be a 2-D tensor [M, K]; got rank 3"});
+}
+
+// --- GEMM dimensions -------------------------------------------------------------------------
+TEST(ApiValidation, MZeroIsAnError) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.a.shape[0] = 0;
+  g.d.shape[0] = 0;
+  expect_rejected(ar, g, Status::invalid_argument, {"M must be >= 1; got 0 (from a"});
+}
+
+TEST(ApiValidation, NNotMultipleOf8) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.b.shape[0] = 12;
+  g.d = ar.out_matrix(bf16, M, 16);
+  g.d.shape[1] = 12;
+  expect_rejected(ar, g, Status::not_supported,
+                  {"N must be a multiple of 8", "got 12 (from b, shape [12, 24])", "pad it to 16"});
+}
+
+TEST(ApiValidation, WgradMIsARowWidth) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.layout = GemmLayout::wgrad; // a [K, M]: its rows hold M elements
+  g.a = ar.matrix(bf16, K, M, false, 8);
+  g.b = ar.matrix(bf16, K, N);
+  expect_rejected(ar, g, Status::not_supported,
+                  {"M must be a multiple of 8", "from a, shape [24, 5]"});
+}
+
+TEST(ApiValidation, KNotMultipleOf8) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.a.shape[1] = 20;
+  k0.w.shape[1] = 20;
+  expect_rejected(ar, k0, Status::not_supported, {"K must be a multiple of 8", "from a"});
+}
+
+TEST(ApiValidation, SwigluWeightRowsMustBeEven) {
+  Arena ar;
+  RmsSwigluArgs k2 = valid_k2(ar);
+  k2.w.shape[0] = 15;
+  expect_rejected(ar, k2, Status::invalid_argument,
+                  {"w must have an even number of rows", "got 15"});
+}
+
+TEST(ApiValidation, SwigluHalfWidthMultipleOf8) {
+  Arena ar;
+  RmsSwigluArgs k2 = valid_k2(ar);
+  k2.w.shape[0] = 12; // F = 6
+  expect_rejected(ar, k2, Status::not_supported, {"F must be a multiple of 8", "from w"});
+}
+
+TEST(ApiValidation, OddHeadDim) {
+  Arena ar;
+  RmsRopeArgs k4 = valid_k4(ar);
+  k4.rope.head_dim = 63;
+  expect_rejected(ar, k4, Status::invalid_argument, {"rope.head_dim must be even", "got 63"});
+}
+
+TEST(ApiValidation, ZeroKvHeads) {
+  Arena ar;
+  RopeBackwardArgs r = valid_rope_backward(ar);
+  r.rope.n_kv_heads = 0;
+  expect_rejected(ar, r, Status::invalid_argument, {"rope.n_kv_heads must be >= 1; got 0"});
+}
+
+// --- partial widths ----------------------------------------------------------------------------
+TEST(ApiValidation, ProducerPartialWidthIsExact) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.sumsq_partials = ar.out_matrix(f32, M, 2);
+  expect_rejected(ar, k0, Status::invalid_argument,
+                  {"sumsq_partials must have shape [M, ceil(N/128)] = [5, 1]; got [5, 2]"});
+}
+
+TEST(ApiValidation, ConsumerPartialWidthAtLeastOne) {
+  Arena ar;
+  RmsScaleArgs k1 = valid_k1(ar);
+  k1.sumsq_partials.shape[1] = 0;
+  expect_rejected(ar, k1, Status::invalid_argument,
+                  {"sumsq_partials must have shape [M, P] = [5, P >= 1]; got [5, 0]"});
+}
+
+TEST(ApiValidation, ColumnPartialWidth) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.dgamma_partials = ar.out_matrix(f32, M, 1); // [M, .] instead of [N, ceil(M/128)]
+  expect_rejected(ar, k6, Status::invalid_argument,
+                  {"dgamma_partials must have shape [N, ceil(M/128)] = [16, 1]; got [5, 1]"});
+}
+
+TEST(ApiValidation, SwigluBackwardPartialWidth) {
+  Arena ar;
+  SwigluBackwardArgs k7 = valid_k7(ar);
+  k7.zeta_partials = ar.out_matrix(f32, M, 2);
+  expect_rejected(ar, k7, Status::invalid_argument,
+                  {"zeta_partials must have shape [M, ceil(F/128)]"});
+}
+
+// --- strides, alignment, pointers ----------------------------------------------------------------
+TEST(ApiValidation, NonContiguousStrides) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.d.stride[0] = 1;
+  g.d.stride[1] = M; // column-major
+  expect_rejected(
+      ar, g, Status::invalid_argument,
+      {"d must be row-contiguous (stride[1] == 1, stride[0] >= shape[1]); got strides [1, 5]"});
+}
+
+TEST(ApiValidation, RowStrideNot16Bytes) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.residual = ar.matrix(bf16, M, N, false, N + 4);
+  expect_rejected(
+      ar, k0, Status::invalid_argument,
+      {"residual must have a row stride", "multiple of 8 elements (16 bytes", "got 20"});
+}
+
+TEST(ApiValidation, StridedVector) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.rstd.stride[0] = 2;
+  expect_rejected(ar, k6, Status::invalid_argument, {"rstd must be contiguous (stride[0] == 1)"});
+}
+
+TEST(ApiValidation, MisalignedPointer) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.b.data = static_cast<char*>(g.b.data) + 1;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"b must be aligned to its 2-byte elements; got pointer 0x"});
+}
+
+TEST(ApiValidation, NullRequiredPointer) {
+  Arena ar;
+  RmsLseArgs k5 = valid_k5(ar);
+  k5.target_logit.data = nullptr;
+  expect_rejected(ar, k5, Status::invalid_argument,
+                  {"target_logit is required; got a null data pointer"});
+}
+
+TEST(ApiValidation, StridesThatOverflow) {
+  Arena ar;
+  RowReduceArgs r = valid_row_reduce(ar);
+  r.partials.stride[0] = int64_t(1) << 62;
+  expect_rejected(ar, r, Status::invalid_argument, {"partials is too large to address"});
+}
+
+// --- scalars and combinations
+// ----------------------------------------------------------------------
+TEST(ApiValidation, BetaWithoutC) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.beta = 1.f;
+  expect_rejected(ar, g, Status::invalid_argument, {"beta is 1", "c is absent"});
+}
+
+TEST(ApiValidation, NegativeEps) {
+  Arena ar;
+  RmsScaleArgs k1 = valid_k1(ar);
+  k1.eps = -1e-6f;
+  expect_rejected(ar, k1, Status::invalid_argument, {"eps must be >= 0"});
+}
+
+TEST(ApiValidation, NonFiniteAlpha) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.alpha.value = NAN;
+  expect_rejected(ar, k6, Status::invalid_argument, {"alpha must be finite"});
+}
+
+TEST(ApiValidation, ScalarTensorShape) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.alpha.tensor = ar.vector(f32, 2);
+  expect_rejected(ar, k6, Status::invalid_argument,
+                  {"alpha.tensor must have shape [1] = [1]; got [2]"});
+}
+
+TEST(ApiValidation, RstdNeedsWidth) {
+  Arena ar;
+  RstdArgs r = valid_rstd(ar);
+  r.n = 0;
+  expect_rejected(ar, r, Status::invalid_argument, {"n (the RMSNorm width) must be >= 1; got 0"});
+}
+
+TEST(ApiValidation, UnknownLayoutAndReduction) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.layout = GemmLayout(7);
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"layout must be fwd (0), dgrad (1) or wgrad (2); got 7"});
+  CrossEntropyArgs c = valid_ce(ar);
+  c.reduction = LossReduction(2);
+  expect_rejected(ar, c, Status::invalid_argument,
+                  {"reduction must be mean (0) or sum (1); got 2"});
+}
+
+TEST(ApiValidation, CrossEntropyTargetOutOfRange) {
+  Arena ar;
+  CrossEntropyArgs c = valid_ce(ar);
+  ar.set_i32(c.targets, 3, 32);
+  expect_rejected(ar, c, Status::invalid_argument,
+                  {"targets[3] = 32 is outside [0, V) = [0, 32) and is not ignore_index (-100)"});
+}
+
+TEST(ApiValidation, CrossEntropyWorkspaceTooSmall) {
+  Arena ar;
+  CrossEntropyArgs c = valid_ce(ar);
+  c.workspace = ar.out_vector(i32, 4);
+  expect_rejected(ar, c, Status::invalid_argument,
+                  {"workspace must hold cross_entropy_workspace_size(M) = 512 bytes; got 16"});
+}
+
+TEST(ApiValidation, ConverterNeedsEvenRows) {
+  Arena ar;
+  GateUp c = valid_gate_up(ar);
+  c.src.shape[0] = c.dst.shape[0] = 7;
+  expect_rejected(ar, c, Status::invalid_argument,
+                  {"stacked must have an even number of rows", "got 7"});
+}
+
+// --- devices -----------------------------------------------------------------------------------
+TEST(ApiValidation, MixedHostAndDeviceLabels) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.b.device = Device::cuda;
+  expect_rejected(
+      ar, g, Status::invalid_argument,
+      {"b is on cuda:0 but a is on cpu; all tensors of one call must be on one device"});
+}
+
+TEST(ApiValidation, UnknownDeviceLabel) {
+  Arena ar;
+  RmsStatsArgs s = valid_stats(ar);
+  s.out_scaled.device = Device(5);
+  expect_rejected(ar, s, Status::invalid_argument, {"out_scaled has an unknown device label 5"});
+}
+
+// Host memory labelled cuda: without the CUDA backend that is not_supported; with it, the CUDA
+// runtime sees host memory (or no usable device at all).
+TEST(ApiValidation, DeviceLabelOnHostMemory) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  for (TensorView* t : {&g.a, &g.b, &g.d}) t->device = Device::cuda;
+  std::string message;
+  try {
+    gemm(g);
+  } catch (const Error& e) {
+    message = e.what();
+#if CODA_WITH_CUDA
+    if (e.status() == Status::invalid_argument)
+      EXPECT_NE(message.find("a is labelled cuda but points to host memory"), std::string::npos)
+          << message;
+    else
+      EXPECT_EQ(int(e.status()), int(Status::not_supported)) << message;
+#else
+    EXPECT_EQ(int(e.status()), int(Status::not_supported)) << message;
+    EXPECT_NE(message.find("a is labelled cuda, but this build of coda has no CUDA backend"),
+              std::string::npos)
+        << message;
+#endif
+  }
+  EXPECT_FALSE(message.empty()) << "host memory labelled cuda was accepted";
+  EXPECT_TRUE(ar.unchanged());
+}
+
+// --- overlap and aliases -------------------------------------------------------------------------
+TEST(ApiValidation, OutputOverlapsInput) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.out_scaled.data = k0.a.data; // [5, 16] over a's [5, 24]
+  k0.out_scaled.stride[0] = K;
+  expect_rejected(ar, k0, Status::invalid_argument, {"out_scaled overlaps a in memory"});
+}
+
+TEST(ApiValidation, OutputsOverlapEachOther) {
+  Arena ar;
+  SwigluBackwardArgs k7 = valid_k7(ar);
+  k7.act.data = static_cast<char*>(k7.dpreact.data) + 2 * 8; // inside dpreact's first row
+  k7.act.stride[0] = 32;
+  expect_rejected(ar, k7, Status::invalid_argument, {"overlaps", "act", "dpreact"});
+}
+
+TEST(ApiValidation, AliasMustBeExact) {
+  Arena ar;
+  RopeBackwardArgs r = valid_rope_backward(ar);
+  r.dz = r.dqkv;
+  r.dz.data = static_cast<char*>(r.dqkv.data) + 16; // 8 elements further
+  expect_rejected(ar, r, Status::invalid_argument, {"dz may alias dqkv only exactly"});
+}
+
+TEST(ApiValidation, UndocumentedAlias) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.dx = k6.x; // x is an input; dx may not alias it
+  expect_rejected(ar, k6, Status::invalid_argument, {"dx overlaps x in memory"});
+}
+
+TEST(ApiValidation, ConverterOverlap) {
+  Arena ar;
+  GateUp c = valid_gate_up(ar);
+  c.interleave = false;
+  c.dst = c.src;
+  expect_rejected(ar, c, Status::invalid_argument, {"stacked overlaps fused in memory"});
+}
+
+// The documented aliases, interleaved views of one buffer, and absent optional tensors pass.
+TEST(ApiValidation, DocumentedAliasesAndDisjointViewsPass) {
+  Arena ar;
+  ResidualRmsArgs k0 = valid_k0(ar);
+  k0.out = k0.residual;
+  // The two column halves of one [M, 2N] buffer are disjoint although their byte ranges
+  // interleave: one may be an input and the other an output.
+  TensorView wide = ar.out_matrix(bf16, M, 2 * N);
+  k0.out_scaled = wide;
+  k0.out_scaled.shape[1] = N;
+  TensorView other_half = k0.out_scaled;
+  other_half.data = static_cast<char*>(wide.data) + N * 2;
+  EXPECT_EQ(api::validate(k0), Device::cpu);
+  RmsStatsArgs s = valid_stats(ar);
+  s.out_scaled = other_half;
+  s.x = k0.out_scaled; // reads one half, writes the other
+  EXPECT_EQ(api::validate(s), Device::cpu);
+
+  GemmArgs g = valid_gemm(ar);
+  g.c = g.d;
+  g.beta = 1.f;
+  EXPECT_EQ(api::validate(g), Device::cpu);
+  RopeBackwardArgs r = valid_rope_backward(ar);
+  r.dz = r.dqkv;
+  EXPECT_EQ(api::validate(r), Device::cpu);
+  CrossEntropyArgs c = valid_ce(ar);
+  c.dlogits = c.logits;
+  EXPECT_EQ(api::validate(c), Device::cpu);
+  RmsScaleArgs k1 = valid_k1(ar);
+  k1.rstd_out = {};
+  EXPECT_EQ(api::validate(k1), Device::cpu);
+  EXPECT_TRUE(ar.unchanged());
+}
+
+// Two row-strided views of one buffer, as converter source and destination: rejected exactly
+// when they share a byte, whenever the exact test applies (equal row pitches or a single row);
+// with different pitches the test may be conservative but never misses an overlap.
+TEST(ApiValidation, OverlapAgreesWithBruteForce) {
+  std::mt19937_64 rng(coda::test::test_seed());
+  std::vector<float> buffer(4096);
+  const auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  int exact_cases = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    TensorView x[2];
+    std::vector<bool> covered[2];
+    const int64_t k = pick(1, 9);
+    const bool same_pitch = trial % 2 == 0;
+    const int64_t shared_pitch = pick(k, 24);
+    for (int i = 0; i < 2; ++i) {
+      const int64_t rows = 2 * pick(1, i == 0 && trial % 5 == 0 ? 1 : 6);
+      const int64_t pitch = same_pitch ? shared_pitch : pick(k, 24);
+      const int64_t offset = pick(0, 400);
+      x[i] = make_view(buffer.data() + offset, DType::f32, rows, k);
+      x[i].stride[0] = pitch;
+      covered[i].assign(buffer.size(), false);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < k; ++c) covered[i][size_t(offset + r * pitch + c)] = true;
+    }
+    x[1].shape[0] = x[0].shape[0]; // the converter wants equal shapes
+    covered[1].assign(buffer.size(), false);
+    const auto off1 = x[1].ptr<float>() - buffer.data();
+    for (int64_t r = 0; r < x[1].shape[0]; ++r)
+      for (int64_t c = 0; c < k; ++c) covered[1][size_t(off1 + r * x[1].stride[0] + c)] = true;
+    bool shared = false;
+    for (size_t b = 0; b < buffer.size(); ++b) shared |= covered[0][b] && covered[1][b];
+
+    bool rejected = false;
+    try {
+      api::validate_gate_up("interleave_gate_up", "stacked", x[0], "fused", x[1]);
+    } catch (const Error& e) {
+      rejected = true;
+      EXPECT_NE(std::string(e.what()).find("fused overlaps stacked"), std::string::npos)
+          << e.what();
+    }
+    const bool exact = x[0].stride[0] == x[1].stride[0];
+    exact_cases += exact;
+    if (exact || shared) {
+      EXPECT_EQ(rejected, shared) << "trial " << trial;
+    }
+  }
+  EXPECT_GT(exact_cases, 1000);
+}
+
+TEST(ApiValidation, NullArgsThroughTheCAbi) {
+  EXPECT_EQ(coda_gemm(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_gemm: args is NULL");
+  EXPECT_EQ(coda_cross_entropy(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_cross_entropy: args is NULL");
+  coda_tensor t{};
+  EXPECT_EQ(coda_interleave_gate_up(&t, nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_interleave_gate_up: fused is NULL");
+  EXPECT_EQ(coda_cross_entropy_workspace_size(4, nullptr), CODA_INVALID_ARGUMENT);
+  size_t bytes = 1;
+  EXPECT_EQ(coda_cross_entropy_workspace_size(-1, &bytes), CODA_INVALID_ARGUMENT);
+  EXPECT_EQ(bytes, 1u);
+  EXPECT_NE(std::string(coda_last_error()).find("m must be >= 0; got -1"), std::string::npos);
+}
+
+// --- with the CUDA backend and a device: what the runtime says about each pointer ----------------
+#if CODA_WITH_CUDA
+
+bool cuda_device_present() {
+  int n = 0;
+  const bool present = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  cudaGetLastError();
+  return present;
+}
+
+// Device memory for one test, every byte a sentinel; unchanged() copies it back and checks.
+class DeviceArena {
+public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    for (const Block& b : blocks_) cudaFree(b.ptr);
+  }
+  TensorView matrix(DType t, int64_t rows, int64_t cols) {
+    return make_view(alloc(size_t(rows * cols * dtype_size(t))), t, rows, cols, Device::cuda);
+  }
+  TensorView vector(DType t, int64_t n) {
+    return make_view(alloc(size_t(n * dtype_size(t))), t, n, Device::cuda);
+  }
+  bool unchanged() const {
+    for (const Block& b : blocks_) {
+      std::vector<uint8_t> host(b.bytes);
+      if (cudaMemcpy(host.data(), b.ptr, b.bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return false;
+      for (uint8_t x : host)
+        if (x != kSentinel) return false;
+    }
+    return true;
+  }
+
+private:
+  static constexpr uint8_t kSentinel = 0xA5;
+  struct Block {
+    void* ptr;
+    size_t bytes;
+  };
+  void* alloc(size_t bytes) {
+    bytes += 64; // room for the misaligned views below
+    void* p = nullptr;
+    EXPECT_EQ(cudaMalloc(&p, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemset(p, kSentinel, bytes), cudaSuccess);
+    blocks_.push_back({p, bytes});
+    return p;
+  }
+  std::vector<Block> blocks_;
+};
+
+GemmArgs device_gemm(DeviceArena& dev) {
+  GemmArgs g;
+  g.a = dev.matrix(bf16, M, K);
+  g.b = dev.matrix(bf16, N, K);
+  g.d = dev.matrix(bf16, M, N);
+  return g;
+}
+
+// Runs `call`, expecting rejection with `status` and a message containing `mention`.
+template <class Call> void expect_error(Call call, Status status, const std::string& mention) {
+  try {
+    call();
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.status()), int(status)) << e.what();
+    EXPECT_NE(std::string(e.what()).find(mention), std::string::npos) << e.what();
+  }
+}
+
+TEST(ApiValidationCuda, DeviceMemoryLabelledCpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  Arena ar;
+  DeviceArena dev;
+  GemmArgs g = valid_gemm(ar);
+  g.d = dev.matrix(bf16, M, N);
+  g.d.device = Device::cpu;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"d is labelled cpu but points to memory of cuda:"});
+  EXPECT_TRUE(dev.unchanged());
+}
+
+TEST(ApiValidationCuda, HostMemoryLabelledCuda) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  Arena ar;
+  DeviceArena dev;
+  GemmArgs g = device_gemm(dev);
+  g.a = ar.matrix(bf16, M, K);
+  g.a.device = Device::cuda;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"a is labelled cuda but points to host memory"});
+  EXPECT_TRUE(dev.unchanged());
+}
+
+TEST(ApiValidationCuda, WrongDeviceIndex) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena dev;
+  RmsStatsArgs s{dev.matrix(bf16, M, N), dev.vector(bf16, N), dev.matrix(bf16, M, N),
+                 dev.matrix(f32, M, 1)};
+  for (TensorView* t : {&s.x, &s.gamma, &s.out_scaled, &s.sumsq_partials}) t->device_index = 7;
+  expect_error([&] { rms_stats(s); }, Status::invalid_argument,
+               "x is labelled cuda:7 but points to memory of cuda:");
+  EXPECT_TRUE(dev.unchanged());
+}
+
+TEST(ApiValidationCuda, GpuPathNeeds16ByteAlignment) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena dev;
+  GemmArgs g = device_gemm(dev);
+  g.b.data = static_cast<char*>(g.b.data) + 8; // element-aligned, not 16-byte aligned
+  expect_error([&] { gemm(g); }, Status::invalid_argument,
+               "gemm: b must be 16-byte aligned for the GPU path; got pointer 0x");
+  EXPECT_TRUE(dev.unchanged());
+}
+
+TEST(ApiValidationCuda, KernelNotYetOnTheGpu) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  DeviceArena dev;
+  RmsStatsArgs s{dev.matrix(bf16, M, N), dev.vector(bf16, N), dev.matrix(bf16, M, N),
+                 dev.matrix(f32, M, 1)};
+  expect_error([&] { rms_stats(s); }, Status::not_supported,
+               "rms_stats is not yet implemented on the GPU backend; pass host tensors");
+  EXPECT_TRUE(dev.unchanged());
+}
+
+// The device converters (strided row copies on a stream) give the host converters' bytes.
+TEST(ApiValidationCuda, DeviceConvertersMatchHost) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  constexpr int64_t F = 6, Kc = 10, pitch = 16;
+  const auto stacked = coda::test::random_vector<bf16>(2 * F * pitch, coda::test::test_seed() + 30);
+  std::vector<bf16> fused_host(2 * F * Kc);
+  TensorView s = make_view(const_cast<bf16*>(stacked.data()), bf16, 2 * F, Kc);
+  s.stride[0] = pitch;
+  interleave_gate_up(s, make_view(fused_host.data(), bf16, 2 * F, Kc));
+
+  DeviceArena dev;
+  TensorView s_dev = dev.matrix(bf16, 2 * F, pitch), f_dev = dev.matrix(bf16, 2 * F, Kc);
+  TensorView back_dev = dev.matrix(bf16, 2 * F, pitch);
+  ASSERT_EQ(cudaMemcpy(s_dev.data, stacked.data(), stacked.size() * 2, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  s_dev.shape[1] = back_dev.shape[1] = Kc;
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  interleave_gate_up(s_dev, f_dev, stream);
+  deinterleave_gate_up(f_dev, back_dev, stream);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  cudaStreamDestroy(stream);
+
+  std::vector<bf16> fused_dev(fused_host.size()), back(stacked.size());
+  ASSERT_EQ(cudaMemcpy(fused_dev.data(), f_dev.data, fused_dev.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(back.data(), back_dev.data, back.size() * 2, cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  EXPECT_EQ(std::memcmp(fused_dev.data(), fused_host.data(), fused_host.size() * 2), 0);
+  for (int64_t r = 0; r < 2 * F; ++r) {
+    EXPECT_EQ(std::memcmp(&back[r * pitch], &stacked[r * pitch], Kc * 2), 0) << r;
+    for (int64_t k = Kc; k < pitch; ++k)
+      EXPECT_EQ(back[r * pitch + k].bits, 0xA5A5) << "padding written";
+  }
+}
+
+#endif // CODA_WITH_CUDA
+
+} // namespace

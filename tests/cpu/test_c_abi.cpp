@@ -1,0 +1,235 @@
+// The C ABI against the C++ API: same layout of the tensor descriptor, same results bit for
+// bit, the gate/up converters as documented, and coda_last_error()'s per-thread contract.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "coda/coda.h"
+#include "coda/coda.hpp"
+#include "reference/gemm.hpp"
+#include "tests/common/check.hpp"
+
+namespace {
+
+using namespace coda;
+
+// ctypes and C callers rely on coda_tensor having TensorView's layout.
+static_assert(sizeof(coda_tensor) == sizeof(TensorView));
+static_assert(offsetof(coda_tensor, data) == offsetof(TensorView, data));
+static_assert(offsetof(coda_tensor, dtype) == offsetof(TensorView, dtype));
+static_assert(offsetof(coda_tensor, rank) == offsetof(TensorView, rank));
+static_assert(offsetof(coda_tensor, shape) == offsetof(TensorView, shape));
+static_assert(offsetof(coda_tensor, stride) == offsetof(TensorView, stride));
+static_assert(offsetof(coda_tensor, device) == offsetof(TensorView, device));
+static_assert(offsetof(coda_tensor, device_index) == offsetof(TensorView, device_index));
+
+template <class T> bool same_bits(const std::vector<T>& x, const std::vector<T>& y) {
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+}
+
+bool any_nan(const std::vector<bf16>& v) {
+  for (bf16 x : v)
+    if (std::isnan(x.to_float())) return true;
+  return false;
+}
+
+TEST(CAbi, GemmMatchesCppApiAndReference) {
+  constexpr int64_t M = 37, N = 24, K = 40;
+  constexpr float alpha = 0.75f, beta = -0.5f;
+  uint64_t seed = test::test_seed();
+  const auto a = test::random_vector<bf16>(M * K, seed++);
+  const auto b = test::random_vector<bf16>(N * K, seed++);
+  const auto c = test::random_vector<bf16>(M * N, seed++);
+  std::vector<bf16> d_cpp(M * N, bf16::from(NAN)), d_c = d_cpp;
+
+  GemmArgs g;
+  g.a = make_view(const_cast<bf16*>(a.data()), DType::bf16, M, K);
+  g.b = make_view(const_cast<bf16*>(b.data()), DType::bf16, N, K);
+  g.c = make_view(const_cast<bf16*>(c.data()), DType::bf16, M, N);
+  g.d = make_view(d_cpp.data(), DType::bf16, M, N);
+  g.alpha = alpha, g.beta = beta;
+  gemm(g);
+
+  coda_gemm_args cg;
+  cg.layout = CODA_GEMM_FWD;
+  cg.a = coda_matrix(const_cast<bf16*>(a.data()), CODA_BF16, M, K, CODA_DEVICE_CPU);
+  cg.b = coda_matrix(const_cast<bf16*>(b.data()), CODA_BF16, N, K, CODA_DEVICE_CPU);
+  cg.c = coda_matrix(const_cast<bf16*>(c.data()), CODA_BF16, M, N, CODA_DEVICE_CPU);
+  cg.d = coda_matrix(d_c.data(), CODA_BF16, M, N, CODA_DEVICE_CPU);
+  cg.alpha = alpha, cg.beta = beta;
+  ASSERT_EQ(coda_gemm(&cg, nullptr), CODA_OK) << coda_last_error();
+
+  EXPECT_TRUE(same_bits(d_cpp, d_c));
+  // And both are a correct GEMM: the house tolerance against fp64, relative to the error of
+  // an unfused fp32-accumulate-then-round path.
+  const auto af = test::to_float(a), bfl = test::to_float(b), cf = test::to_float(c);
+  std::vector<double> ref(M * N), base(M * N), out = test::to_double(d_c);
+  std::vector<float> acc32(M * N);
+  ref::gemm(ref::Layout::fwd, M, N, K, test::to_double(a).data(), test::to_double(b).data(),
+            ref.data());
+  ref::gemm_fp32(ref::Layout::fwd, M, N, K, af.data(), bfl.data(), acc32.data());
+  for (int64_t i = 0; i < M * N; ++i) {
+    ref[i] = alpha * ref[i] + beta * double(cf[i]);
+    base[i] = round_to<bf16>(alpha * acc32[i] + beta * cf[i]);
+  }
+  CODA_EXPECT_PASSES(test::check_against_baseline("gemm d", out, ref, base));
+}
+
+TEST(CAbi, ResidualRmsMatchesCppApi) {
+  constexpr int64_t M = 19, N = 136, K = 48; // two partial blocks, the second ragged
+  const int64_t P = num_reduce_blocks(N);
+  uint64_t seed = test::test_seed() + 10;
+  const auto a = test::random_vector<bf16>(M * K, seed++);
+  const auto w = test::random_vector<bf16>(N * K, seed++);
+  const auto residual = test::random_vector<bf16>(M * N, seed++);
+  const auto gamma = test::random_vector<bf16>(N, seed++, 0.5f, 1.5f);
+  struct Outputs {
+    std::vector<bf16> out, scaled;
+    std::vector<float> partials;
+  };
+  Outputs cpp{std::vector<bf16>(M * N, bf16::from(NAN)), std::vector<bf16>(M * N, bf16::from(NAN)),
+              std::vector<float>(M * P, NAN)};
+  Outputs c = cpp;
+  const auto in = [](const auto& v) {
+    return const_cast<void*>(static_cast<const void*>(v.data()));
+  };
+
+  gemm_residual_rms({make_view(in(a), DType::bf16, M, K), make_view(in(w), DType::bf16, N, K),
+                     make_view(in(residual), DType::bf16, M, N),
+                     make_view(in(gamma), DType::bf16, N),
+                     make_view(cpp.out.data(), DType::bf16, M, N),
+                     make_view(cpp.scaled.data(), DType::bf16, M, N),
+                     make_view(cpp.partials.data(), DType::f32, M, P)});
+
+  const coda_device host = CODA_DEVICE_CPU;
+  coda_residual_rms_args ca{coda_matrix(in(a), CODA_BF16, M, K, host),
+                            coda_matrix(in(w), CODA_BF16, N, K, host),
+                            coda_matrix(in(residual), CODA_BF16, M, N, host),
+                            coda_vector(in(gamma), CODA_BF16, N, host),
+                            coda_matrix(c.out.data(), CODA_BF16, M, N, host),
+                            coda_matrix(c.scaled.data(), CODA_BF16, M, N, host),
+                            coda_matrix(c.partials.data(), CODA_F32, M, P, host)};
+  ASSERT_EQ(coda_gemm_residual_rms(&ca, nullptr), CODA_OK) << coda_last_error();
+
+  EXPECT_FALSE(any_nan(cpp.out) || any_nan(cpp.scaled)) << "an output element was not written";
+  EXPECT_TRUE(same_bits(cpp.out, c.out));
+  EXPECT_TRUE(same_bits(cpp.scaled, c.scaled));
+  EXPECT_TRUE(same_bits(cpp.partials, c.partials));
+}
+
+// Interleave and deinterleave on padded rows, through both interfaces: fused row 2j is gate row
+// j, fused row 2j + 1 is up row j, padding is never written, and the round trip is exact.
+template <class T> void check_gate_up(DType dtype, coda_dtype c_dtype) {
+  constexpr int64_t F = 5, K = 12, stacked_pitch = 16, fused_pitch = 13;
+  uint64_t seed = test::test_seed() + 20;
+  const auto stacked = test::random_vector<T>(2 * F * stacked_pitch, seed);
+  const T poison = store_from_float<T>(NAN);
+  std::vector<T> fused_cpp(2 * F * fused_pitch, poison), fused_c = fused_cpp;
+
+  TensorView s = make_view(const_cast<T*>(stacked.data()), dtype, 2 * F, K);
+  s.stride[0] = stacked_pitch;
+  TensorView f = make_view(fused_cpp.data(), dtype, 2 * F, K);
+  f.stride[0] = fused_pitch;
+  interleave_gate_up(s, f);
+
+  coda_tensor cs = coda_matrix(const_cast<T*>(stacked.data()), c_dtype, 2 * F, K, CODA_DEVICE_CPU);
+  cs.stride[0] = stacked_pitch;
+  coda_tensor cf = coda_matrix(fused_c.data(), c_dtype, 2 * F, K, CODA_DEVICE_CPU);
+  cf.stride[0] = fused_pitch;
+  ASSERT_EQ(coda_interleave_gate_up(&cs, &cf, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_TRUE(same_bits(fused_cpp, fused_c));
+
+  for (int64_t j = 0; j < F; ++j) {
+    for (int64_t k = 0; k < fused_pitch; ++k) {
+      const bool pad = k >= K;
+      const T gate = pad ? poison : stacked[j * stacked_pitch + k];
+      const T up = pad ? poison : stacked[(F + j) * stacked_pitch + k];
+      EXPECT_EQ(std::memcmp(&fused_cpp[2 * j * fused_pitch + k], &gate, sizeof(T)), 0)
+          << j << "," << k;
+      EXPECT_EQ(std::memcmp(&fused_cpp[(2 * j + 1) * fused_pitch + k], &up, sizeof(T)), 0)
+          << j << "," << k;
+    }
+  }
+
+  std::vector<T> back(stacked.size(), poison), back_c = back;
+  TensorView b = make_view(back.data(), dtype, 2 * F, K);
+  b.stride[0] = stacked_pitch;
+  deinterleave_gate_up(f, b);
+  coda_tensor cb = coda_matrix(back_c.data(), c_dtype, 2 * F, K, CODA_DEVICE_CPU);
+  cb.stride[0] = stacked_pitch;
+  ASSERT_EQ(coda_deinterleave_gate_up(&cf, &cb, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_TRUE(same_bits(back, back_c));
+  for (int64_t r = 0; r < 2 * F; ++r)
+    EXPECT_EQ(std::memcmp(&back[r * stacked_pitch], &stacked[r * stacked_pitch], K * sizeof(T)), 0)
+        << r;
+}
+
+TEST(CAbi, GateUpConvertersInterleaveAsDocumentedAndRoundTrip) {
+  check_gate_up<bf16>(DType::bf16, CODA_BF16);
+  check_gate_up<float>(DType::f32, CODA_F32);
+}
+
+// Fails on purpose: interleave with an odd number of rows.
+coda_status failing_call() {
+  float x[6] = {};
+  const coda_tensor a = coda_matrix(x, CODA_F32, 3, 1, CODA_DEVICE_CPU);
+  const coda_tensor b = coda_matrix(x + 3, CODA_F32, 3, 1, CODA_DEVICE_CPU);
+  return coda_interleave_gate_up(&a, &b, nullptr);
+}
+
+coda_status succeeding_call() {
+  size_t bytes = 0;
+  return coda_cross_entropy_workspace_size(100, &bytes);
+}
+
+TEST(CAbi, LastErrorIsPerThreadAndKeptUntilTheNextFailure) {
+  std::string fresh, after_failure, after_success;
+  std::thread([&] {
+    fresh = coda_last_error();
+    EXPECT_EQ(failing_call(), CODA_INVALID_ARGUMENT);
+    after_failure = coda_last_error();
+    EXPECT_EQ(succeeding_call(), CODA_OK);
+    after_success = coda_last_error();
+  }).join();
+  EXPECT_EQ(fresh, "");
+  EXPECT_NE(after_failure.find("interleave_gate_up: stacked must have an even number of rows"),
+            std::string::npos)
+      << after_failure;
+  EXPECT_EQ(after_success, after_failure); // successful calls leave it unchanged
+
+  // Another thread's failure is not visible here.
+  std::string here;
+  std::thread([&] {
+    EXPECT_EQ(succeeding_call(), CODA_OK);
+    here = coda_last_error();
+  }).join();
+  EXPECT_EQ(here, "");
+}
+
+TEST(CAbi, WorkspaceSizeMatchesCppAndGrowsWithM) {
+  size_t previous = 0;
+  for (int64_t m : {0, 1, 63, 64, 65, 1000, 100000}) {
+    size_t bytes = 0;
+    ASSERT_EQ(coda_cross_entropy_workspace_size(m, &bytes), CODA_OK);
+    EXPECT_EQ(bytes, cross_entropy_workspace_size(m));
+    EXPECT_GE(bytes, size_t(m) * 8) << m; // one f32 and one i32 per row at least
+    EXPECT_GE(bytes, previous);
+    EXPECT_EQ(bytes % 256, 0u);
+    previous = bytes;
+  }
+}
+
+TEST(CAbi, VersionMatchesHeader) {
+  const std::string expected = std::to_string(CODA_VERSION_MAJOR) + "." +
+                               std::to_string(CODA_VERSION_MINOR) + "." +
+                               std::to_string(CODA_VERSION_PATCH);
+  EXPECT_EQ(expected, CODA_VERSION_STRING);
+  EXPECT_EQ(std::string(coda_version()), expected);
+}
+
+} // namespace
