@@ -1,0 +1,38 @@
+// What the GEMM kernel requires of its Epilogue template parameter (ARCHITECTURE section 4).
+// The kernel knows nothing else about it.
+//
+//   struct Epilogue {
+//     struct Params;         // trivially copyable; lives in the kernel parameter block
+//                            // (tensor maps included, so they are __grid_constant__)
+//     struct SharedStorage;  // its shared memory, part of the kernel's SharedStorage
+//     static __device__ void init(SharedStorage&);          // one thread, before the CTA sync:
+//                                                           // mbarrier inits
+//     __device__ Epilogue(const Params&, SharedStorage&, int consumer_warpgroup, int thread);
+//     __device__ void begin_tile(EpilogueTile);             // before the mainloop of the tile
+//     template <int kBlocks, int kN>
+//     __device__ void visit(Accumulator<kBlocks, kN>&, EpilogueTile);   // after it
+//     __device__ void end_tile(EpilogueTile);
+//     __device__ void finish();                             // once, before the kernel exits
+//   };
+//
+// All 128 threads of a consumer warpgroup call every member; the warpgroup may synchronize on
+// its own named barrier (NamedBarrier::epilogue_warpgroup0 + consumer index) and no other.
+#pragma once
+
+#include <cstdint>
+
+namespace coda::gemm {
+
+// bar.sync ids of the GEMM kernel; id 0 is __syncthreads.
+enum class NamedBarrier : uint32_t { epilogue_warpgroup0 = 1, epilogue_warpgroup1 = 2 };
+
+// Where a consumer warpgroup's rows of the current tile start in D. The warpgroup owns
+// kBlocks * 64 rows from row0 and kN columns from col0 (the accumulator's shape); rows and
+// columns past the end of D exist in the accumulator (computed from zero-filled operands)
+// and must not be written.
+struct EpilogueTile {
+  int32_t row0;
+  int32_t col0;
+};
+
+} // namespace coda::gemm

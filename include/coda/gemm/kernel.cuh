@@ -1,0 +1,104 @@
+// The persistent, warp-specialized GEMM kernel: wiring only. Warpgroup 0 produces (one elected
+// thread issues TMA loads), warpgroups 1 and 2 consume (wgmma) and run the epilogue. The kernel
+// calls the scheduler, the mainloop and the epilogue; it knows neither operand layouts nor what
+// the epilogue computes.
+#pragma once
+
+#include <cstdint>
+
+#include "coda/arch/cluster.cuh"
+#include "coda/arch/tma.cuh"
+#include "coda/arch/warpgroup.cuh"
+#include "coda/gemm/config.hpp"
+#include "coda/gemm/epilogue_contract.hpp"
+#include "coda/gemm/scheduler.hpp"
+
+namespace coda::gemm {
+
+template <class Mainloop, class Epilogue> struct KernelParams {
+  typename Mainloop::Params mainloop;
+  typename Epilogue::Params epilogue;
+  TileScheduler scheduler;
+};
+
+template <class Mainloop, class Epilogue> struct KernelSharedStorage {
+  typename Mainloop::SharedStorage mainloop;
+  typename Epilogue::SharedStorage epilogue;
+};
+
+template <class Config, class Mainloop, class Epilogue>
+__device__ void consume(const KernelParams<Mainloop, Epilogue>& params, KernelSharedStorage<Mainloop, Epilogue>& smem,
+                        typename Mainloop::Pipeline& pipe, uint32_t cta_rank) {
+  const int consumer = int(threadIdx.x) / arch::kWarpgroupSize - 1;
+  const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
+  const uint32_t lane = threadIdx.x % arch::kWarpSize;
+  constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
+  const int32_t k_blocks = params.mainloop.k_blocks;
+
+  Epilogue epilogue(params.epilogue, smem.epilogue, consumer, thread);
+  typename Mainloop::Accum acc;
+  typename Mainloop::State st;
+  // Ping-pong: the warpgroups take alternate tiles; each skips the other's k-blocks in the ring.
+  if (!kCooperative) st.advance(uint32_t(consumer * k_blocks));
+
+  const int64_t clusters = gridDim.x / Config::kClusterM;
+  int64_t iteration = 0;
+  for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units();
+       unit += clusters, ++iteration) {
+    if (!kCooperative && iteration % Config::kConsumerWarpgroups != consumer) continue;
+    const TileCoord tile = params.scheduler.tile(unit, int32_t(cta_rank));
+    const int first_block = kCooperative ? consumer * Config::kMmaBlocksM : 0;
+    const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64, tile.n_block * Config::kTileN};
+    epilogue.begin_tile(rows);
+    Mainloop::mma_tile(params.mainloop, smem.mainloop, pipe, st, acc, first_block, lane);
+    epilogue.visit(acc, rows);
+    epilogue.end_tile(rows);
+    if (!kCooperative) st.advance(uint32_t((Config::kConsumerWarpgroups - 1) * k_blocks));
+  }
+  epilogue.finish();
+}
+
+template <class Config, class Mainloop, class Epilogue>
+__global__ void __launch_bounds__(Config::kThreads, 1)
+    gemm_kernel(const __grid_constant__ KernelParams<Mainloop, Epilogue> params) {
+  using SharedStorage = KernelSharedStorage<Mainloop, Epilogue>;
+  extern __shared__ uint8_t smem_raw[];
+  // NOTE: the swizzled buffers need 1024-byte alignment; the launch adds that much slack.
+  auto& smem = *reinterpret_cast<SharedStorage*>((uintptr_t(smem_raw) + 1023) & ~uintptr_t(1023));
+
+  const int warpgroup = int(threadIdx.x) / arch::kWarpgroupSize;
+  const uint32_t cta_rank = Config::kClusterM > 1 ? arch::cluster_cta_rank() : 0;
+  constexpr int kReleasersPerCta =
+      (Config::kSchedule == Schedule::cooperative ? Config::kConsumerWarpgroups : 1) * (arch::kWarpgroupSize / arch::kWarpSize);
+  typename Mainloop::Pipeline pipe{smem.mainloop.barriers};
+
+  if (threadIdx.x == 0) {
+    arch::prefetch_tensormap(&params.mainloop.a);
+    arch::prefetch_tensormap(&params.mainloop.b);
+    pipe.init(kReleasersPerCta);
+    Epilogue::init(smem.epilogue);
+  }
+  // Barrier inits must be visible cluster-wide before any peer multicasts or arrives remotely.
+  if constexpr (Config::kClusterM > 1) arch::cluster_sync();
+  else __syncthreads();
+
+  if (warpgroup == 0) {
+    arch::setmaxnreg_dec<Config::kProducerRegisters>();
+    if (threadIdx.x / arch::kWarpSize == 0 && arch::elect_one_sync()) {
+      typename Mainloop::State st;
+      const int64_t clusters = gridDim.x / Config::kClusterM;
+      for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units(); unit += clusters)
+        Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st, params.scheduler.tile(unit, int32_t(cta_rank)),
+                            cta_rank);
+    }
+    __syncwarp();
+  } else {
+    arch::setmaxnreg_inc<Config::kConsumerRegisters>();
+    consume<Config>(params, smem, pipe, cta_rank);
+  }
+  // NOTE: no CTA may exit while a peer can still multicast into its shared memory or arrive on
+  // its barriers; after this barrier every peer has consumed (and so received) all its stages.
+  if constexpr (Config::kClusterM > 1) arch::cluster_sync();
+}
+
+} // namespace coda::gemm

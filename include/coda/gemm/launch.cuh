@@ -1,0 +1,119 @@
+// Host side of one GEMM kernel instantiation: tensor maps, persistent grid, cluster launch.
+#pragma once
+
+#include <algorithm>
+#include <type_traits>
+
+#include <cuda_runtime.h>
+
+#include "coda/gemm/config.hpp"
+#include "coda/gemm/kernel.cuh"
+#include "coda/gemm/linear_epilogue.cuh"
+#include "coda/gemm/mainloop.cuh"
+#include "coda/gemm/problem.hpp"
+#include "coda/gemm/tensor_map.hpp"
+#include "coda/kernels/args.hpp"
+
+namespace coda::gemm {
+
+// The largest dynamic shared memory an sm_90 CTA may opt into (227 KB).
+constexpr size_t kMaxSharedBytes = 232448;
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(Status::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKernel {
+  using Main = Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>;
+  using Epi = LinearEpilogue<OutT, Config::kConsumerWarpgroups>;
+  using Params = KernelParams<Main, Epi>;
+  using SharedStorage = KernelSharedStorage<Main, Epi>;
+  // NOTE: + 1024 is alignment slack: the kernel rounds the dynamic smem base up to 1024 bytes.
+  static constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;
+  static_assert(kSharedBytes <= kMaxSharedBytes,
+                "pipeline stages + epilogue buffers exceed the 227 KB of shared memory; use fewer stages");
+
+  static Params make_params(const GemmArgs& args, int32_t group_m) {
+    const int64_t M = args.m(), N = args.n(), K = args.k();
+    constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
+    const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
+    Params p{};
+    p.mainloop.a = make_tensor_map("A", kMnA ? TensorMapShape{args.a.data, args.a.dtype, uint64_t(M), uint64_t(K),
+                                                              uint64_t(args.a.stride[0]), 64, 64, sw128}
+                                             : TensorMapShape{args.a.data, args.a.dtype, uint64_t(K), uint64_t(M),
+                                                              uint64_t(args.a.stride[0]), 64, Config::kTileM, sw128});
+    p.mainloop.b = make_tensor_map(
+        "B", kMnB ? TensorMapShape{args.b.data, args.b.dtype, uint64_t(N), uint64_t(K), uint64_t(args.b.stride[0]), 64,
+                                   64, sw128}
+                  : TensorMapShape{args.b.data, args.b.dtype, uint64_t(K), uint64_t(N), uint64_t(args.b.stride[0]), 64,
+                                   Main::kSliceRowsB, sw128});
+    p.mainloop.k_blocks = int32_t(ceil_div<int64_t>(K, Config::kTileK));
+
+    const CUtensorMapSwizzle sw_out = Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    auto out_map = [&](const char* what, const TensorView& t) {
+      return make_tensor_map(what, TensorMapShape{t.data, t.dtype, uint64_t(N), uint64_t(M), uint64_t(t.stride[0]),
+                                                  uint32_t(Epi::kSubCols), uint32_t(Epi::kSubRows), sw_out});
+    };
+    p.epilogue.d = out_map("D", args.d);
+    p.epilogue.load_c = args.has_c() && args.beta != 0.f;
+    p.epilogue.c = p.epilogue.load_c ? out_map("C", args.c) : p.epilogue.d;
+    p.epilogue.alpha = args.alpha;
+    p.epilogue.beta = args.beta;
+
+    p.scheduler.tiles_m = int32_t(ceil_div<int64_t>(M, Config::kTileM));
+    p.scheduler.tiles_n = int32_t(ceil_div<int64_t>(N, Config::kTileN));
+    p.scheduler.cluster_m = Config::kClusterM;
+    p.scheduler.group_m = group_m;
+    return p;
+  }
+
+  // Clusters that fit on the device at once (one CTA per SM), cached per process.
+  static int max_active_clusters(const void* kernel) {
+    static int cached = 0;
+    if (cached == 0) {
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSharedBytes)),
+                 "setting the GEMM kernel's shared memory size");
+      int device = 0, sms = 0;
+      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying SM count");
+      cudaLaunchConfig_t cfg{};
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = Config::kClusterM;
+      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+      cfg.gridDim = dim3(unsigned(sms / Config::kClusterM * Config::kClusterM));
+      cfg.blockDim = dim3(Config::kThreads);
+      cfg.dynamicSmemBytes = kSharedBytes;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+      cached = std::max(clusters, 1);
+    }
+    return cached;
+  }
+
+  static void run(const GemmArgs& args, int32_t group_m, Stream stream) {
+    const auto kernel = gemm_kernel<Config, Main, Epi>;
+    const Params params = make_params(args, group_m);
+    const int64_t units = params.scheduler.num_units();
+    if (units == 0) return;
+    const int64_t clusters = std::min<int64_t>(max_active_clusters(reinterpret_cast<const void*>(kernel)), units);
+
+    cudaLaunchConfig_t cfg{};
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = Config::kClusterM;
+    attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+    cfg.gridDim = dim3(unsigned(clusters * Config::kClusterM));
+    cfg.blockDim = dim3(Config::kThreads);
+    cfg.dynamicSmemBytes = kSharedBytes;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, kernel, params), "launching the GEMM kernel");
+  }
+};
+
+} // namespace coda::gemm

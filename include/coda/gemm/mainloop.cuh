@@ -1,0 +1,178 @@
+// The GEMM mainloop: the producer side (TMA loads of A and B tiles into the shared-memory ring)
+// and the consumer side (wgmma over the ring into fp32 accumulators). It knows the operand
+// layouts and nothing of what happens to the accumulators afterwards.
+//
+// Shared-memory operand tiles, 64 elements (128 B, one swizzle span) deep in their contiguous
+// dimension, 128-byte swizzled exactly as TMA writes them:
+//   K-major  A: [kTileM rows][64 k]                 B: [kTileN rows][64 k]
+//   MN-major A: [kTileM/64 atoms][64 k][64 m]       B: [kTileN/64 atoms][64 k][64 n]
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda/ptx>
+
+#include "coda/arch/smem_desc.hpp"
+#include "coda/arch/wgmma.cuh"
+#include "coda/gemm/config.hpp"
+#include "coda/gemm/fragment.hpp"
+#include "coda/gemm/pipeline.cuh"
+#include "coda/gemm/scheduler.hpp"
+
+namespace coda::gemm {
+
+template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
+  static constexpr Major kMajorA = a_major(kLayout);
+  static constexpr Major kMajorB = b_major(kLayout);
+  static constexpr int kStages = Config::kStages;
+  static constexpr int kClusterM = Config::kClusterM;
+  static constexpr uint32_t kAtomBytes = 64 * arch::kOperandRowBytes; // 64 rows x 128 B
+  static constexpr uint32_t kTileBytesA = Config::kTileM * arch::kOperandRowBytes;
+  static constexpr uint32_t kTileBytesB = Config::kTileN * arch::kOperandRowBytes;
+  // Each CTA of a cluster loads this share of B and multicasts it to all of them.
+  static constexpr uint32_t kSliceRowsB = Config::kTileN / kClusterM;
+  static constexpr uint32_t kStageBytes = kTileBytesA + kTileBytesB;
+  static_assert(kStageBytes == uint32_t(stage_bytes<Config>()), "stage size mismatch");
+
+  using Pipeline = MainloopPipeline<kStages, kClusterM>;
+  using State = PipelineState<kStages>;
+  using Accum = Accumulator<Config::kMmaBlocksM, Config::kTileN>;
+
+  struct SharedStorage {
+    alignas(1024) uint8_t a[kStages][kTileBytesA];
+    alignas(1024) uint8_t b[kStages][kTileBytesB];
+    PipelineBarriers<kStages> barriers;
+  };
+  static_assert(kTileBytesA % arch::kSwizzleAtomBytes == 0 && kTileBytesB % arch::kSwizzleAtomBytes == 0,
+                "operand tiles must stay 1024-byte aligned for the 128-byte swizzle");
+
+  struct Params {
+    CUtensorMap a; // K-major: dims {K, M}, box {64, kTileM}; MN-major: dims {M, K}, box {64, 64}
+    CUtensorMap b; // K-major: dims {K, N}, box {64, kSliceRowsB}; MN-major: dims {N, K}, box {64, 64}
+    int32_t k_blocks; // ceil(K / 64); the K tail is zero-filled by TMA
+  };
+
+  // Producer, one thread: stream the k-blocks of one tile through the ring.
+  __device__ static void load_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
+                                   TileCoord tile, uint32_t cta_rank) {
+    const int32_t m0 = tile.m_block * Config::kTileM;
+    const int32_t n0 = tile.n_block * Config::kTileN;
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      pipe.producer_acquire(st, kStageBytes);
+      uint64_t* full = pipe.full_barrier(st);
+      const int32_t k0 = kb * Config::kTileK;
+      load_a(p, smem.a[st.index], full, m0, k0);
+      load_b(p, smem.b[st.index], full, n0, k0, cta_rank);
+      st.advance();
+    }
+  }
+
+  // One consumer warpgroup: accumulate one tile's k-blocks (k_blocks >= 1; the first wgmma
+  // overwrites the accumulators). `first_block` is the first 64-row block of the tile this
+  // warpgroup owns. Each k-block's stage is released once the wgmmas of the next k-block are
+  // issued and the previous batch has retired (one batch in flight).
+  // NOTE: no other path may write the accumulators (e.g. zeroing them for K = 0): the copies
+  // at the merge break ptxas's contiguous HGMMA register range and cost ~40 registers of spills.
+  __device__ static void mma_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
+                                  Accum& acc, int first_block, uint32_t lane) {
+    fence_accumulators(acc);
+    State previous = st;
+    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+      pipe.consumer_wait(st);
+      arch::wgmma_fence();
+      mma_stage(smem, st.index, acc, first_block, kb);
+      arch::wgmma_commit_group();
+      if (kb > 0) {
+        arch::wgmma_wait_group<1>();
+        pipe.consumer_release(previous, lane);
+      }
+      previous = st;
+      st.advance();
+    }
+    arch::wgmma_wait_group<0>();
+    fence_accumulators(acc);
+    pipe.consumer_release(previous, lane);
+  }
+
+private:
+  __device__ static void fence_accumulators(Accum& acc) {
+#pragma unroll
+    for (int mb = 0; mb < Accum::kBlocks; ++mb) arch::wgmma_fence_operand(acc.reg[mb]);
+  }
+
+  __device__ static void load_a(const Params& p, uint8_t* dst, uint64_t* full, int32_t m0, int32_t k0) {
+    namespace ptx = cuda::ptx;
+    if constexpr (kMajorA == Major::k) {
+      const int32_t coords[2] = {k0, m0};
+      ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst, &p.a, coords, full);
+    } else {
+#pragma unroll
+      for (int atom = 0; atom < Config::kTileM / 64; ++atom) {
+        const int32_t coords[2] = {m0 + 64 * atom, k0};
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst + atom * kAtomBytes, &p.a,
+                                  coords, full);
+      }
+    }
+  }
+
+  // B is shared by the cluster: this CTA loads its slice and multicasts it to every CTA, into the
+  // same offset, completing the same-offset `full` barrier of each.
+  __device__ static void load_b(const Params& p, uint8_t* dst, uint64_t* full, int32_t n0, int32_t k0,
+                                uint32_t cta_rank) {
+    namespace ptx = cuda::ptx;
+    const uint16_t all_ctas = uint16_t((1u << kClusterM) - 1);
+    auto copy = [&](uint8_t* to, int32_t c0, int32_t c1) {
+      const int32_t coords[2] = {c0, c1};
+      if constexpr (kClusterM == 1)
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, to, &p.b, coords, full);
+      else
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, to, &p.b, coords, full, all_ctas);
+    };
+    if constexpr (kMajorB == Major::k) {
+      copy(dst + cta_rank * kSliceRowsB * arch::kOperandRowBytes, k0, n0 + int32_t(cta_rank * kSliceRowsB));
+    } else {
+      constexpr int kAtomsPerCta = Config::kTileN / 64 / kClusterM;
+#pragma unroll
+      for (int j = 0; j < kAtomsPerCta; ++j) {
+        const int atom = int(cta_rank) * kAtomsPerCta + j;
+        copy(dst + atom * kAtomBytes, n0 + 64 * atom, k0);
+      }
+    }
+  }
+
+  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of all of B (see smem_desc.hpp).
+  __device__ static uint64_t desc_a(const uint8_t* tile, int block, int kk) {
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
+    if constexpr (kMajorA == Major::k)
+      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 32, 16, arch::kSwizzleAtomBytes);
+    else
+      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 16 * arch::kOperandRowBytes,
+                                         kAtomBytes, arch::kSwizzleAtomBytes);
+  }
+  __device__ static uint64_t desc_b(const uint8_t* tile, int kk) {
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
+    if constexpr (kMajorB == Major::k)
+      return arch::make_wgmma_desc_sw128(base + kk * 32, 16, arch::kSwizzleAtomBytes);
+    else
+      return arch::make_wgmma_desc_sw128(base + kk * 16 * arch::kOperandRowBytes, kAtomBytes,
+                                         arch::kSwizzleAtomBytes);
+  }
+
+  __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Accum& acc, int first_block,
+                                   int32_t kb) {
+    constexpr int kTransA = kMajorA == Major::mn ? 1 : 0;
+    constexpr int kTransB = kMajorB == Major::mn ? 1 : 0;
+#pragma unroll
+    for (int kk = 0; kk < Config::kTileK / 16; ++kk) {
+      const uint64_t b = desc_b(smem.b[stage], kk);
+#pragma unroll
+      for (int mb = 0; mb < Accum::kBlocks; ++mb) {
+        const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
+        arch::wgmma_m64k16<Config::kTileN, kIsBf16, kTransA, kTransB>(acc.reg[mb], a, b, (kb | kk) != 0);
+      }
+    }
+  }
+};
+
+} // namespace coda::gemm

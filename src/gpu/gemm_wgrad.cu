@@ -1,0 +1,10 @@
+// The wgrad-layout GEMM kernels (see gemm_instances.hpp).
+#include "gpu/gemm_instances.cuh"
+
+namespace coda::gpu {
+
+template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType in, DType out, gemm::KernelId kernel) {
+  return detail::launcher_for_types<GemmLayout::wgrad>(in, out, kernel);
+}
+
+} // namespace coda::gpu

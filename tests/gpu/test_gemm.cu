@@ -1,0 +1,287 @@
+// GPU GEMM (gpu::gemm) against the fp64 reference, with the tolerance rule of
+// tests/common/check.hpp: the baseline is an fp32-accumulated GEMM (accumulated the way Hopper
+// tensor cores do, see tensor_core_fp32_gemm) rounded to the output dtype.
+// Skipped (not passed) where there is no sm_90 device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "coda/core/error.hpp"
+#include "gpu/backend.hpp"
+#include "reference/gemm.hpp"
+#include "tests/common/check.hpp"
+
+namespace coda {
+namespace {
+
+bool have_sm90() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return gpu::device_supported();
+}
+
+#define CODA_REQUIRE_SM90()                                                                        \
+  do {                                                                                             \
+    if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";                                              \
+  } while (0)
+
+void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&ptr, std::max<size_t>(bytes, 16)) != cudaSuccess) ptr = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+enum class CMode { none, separate, alias_d };
+
+struct Case {
+  GemmLayout layout;
+  DType in, out;
+  int64_t m, n, k;
+  float alpha = 1.f, beta = 0.f;
+  CMode c = CMode::none;
+};
+
+std::string describe(const Case& c) {
+  static const char* layouts[] = {"fwd", "dgrad", "wgrad"};
+  static const char* cmodes[] = {"", " +C", " +C aliasing D"};
+  return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) + " M=" +
+         std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
+         cmodes[int(c.c)] + " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
+}
+
+ref::Layout ref_layout(GemmLayout l) {
+  return l == GemmLayout::fwd ? ref::Layout::fwd : l == GemmLayout::dgrad ? ref::Layout::dgrad : ref::Layout::wgrad;
+}
+
+// Host tensor of any dtype, as raw bytes plus float values (already rounded to the dtype).
+struct HostTensor {
+  DType dtype;
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;
+};
+
+HostTensor random_tensor(DType t, size_t n, uint64_t seed) {
+  HostTensor h{t, {}, {}};
+  h.bytes.resize(n * size_t(dtype_size(t)));
+  if (t == DType::bf16) {
+    auto v = test::random_vector<bf16>(n, seed);
+    std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
+    h.values = test::to_float(v);
+  } else if (t == DType::f16) {
+    auto v = test::random_vector<f16>(n, seed);
+    std::memcpy(h.bytes.data(), v.data(), h.bytes.size());
+    h.values = test::to_float(v);
+  } else {
+    h.values = test::random_vector<float>(n, seed);
+    std::memcpy(h.bytes.data(), h.values.data(), h.bytes.size());
+  }
+  return h;
+}
+
+double element(DType t, const uint8_t* p) {
+  if (t == DType::bf16) return bf16_bits_to_float(*reinterpret_cast<const uint16_t*>(p));
+  if (t == DType::f16) return f16_bits_to_float(*reinterpret_cast<const uint16_t*>(p));
+  return *reinterpret_cast<const float*>(p);
+}
+
+float round_out(DType t, float x) {
+  return t == DType::bf16 ? round_to<bf16>(x) : t == DType::f16 ? round_to<f16>(x) : x;
+}
+
+// The baseline of the tolerance rule: what an ordinary fp32-accumulating GEMM computes on this
+// hardware. Hopper tensor cores (wgmma, and cuBLAS's kernels) add the exact sum of each group of
+// 16 products to the fp32 accumulator rounding toward zero; over long K that drifts several
+// times further from the exact result than a round-to-nearest sequential sum, so a sequential
+// fp32 baseline would reject cuBLAS itself for fp32 outputs. a: [rows, K] (op(A) rows),
+// bt: [N, K] (op(B) transposed); returns [rows, N].
+std::vector<float> tensor_core_fp32_gemm(const std::vector<float>& a, const std::vector<float>& bt, int64_t rows,
+                                         int64_t n, int64_t k) {
+  std::vector<float> out(size_t(rows * n));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      const float* x = &a[size_t(i * k)];
+      const float* y = &bt[size_t(j * k)];
+      float acc = 0.f;
+      for (int64_t k0 = 0; k0 < k; k0 += 16) {
+        double chunk = 0; // 16 products of 16-bit floats: exact in double
+        for (int64_t kk = k0; kk < std::min(k, k0 + 16); ++kk) chunk += double(x[kk]) * double(y[kk]);
+        const double exact = double(acc) + chunk;
+        float rounded = float(exact);
+        if (std::fabs(double(rounded)) > std::fabs(exact)) rounded = std::nextafter(rounded, 0.f);
+        acc = rounded;
+      }
+      out[size_t(i * n + j)] = acc;
+    }
+  return out;
+}
+
+// Rows of D to check: all of them when the reference is cheap, else a random sample that always
+// includes the first and last rows (the tile edges). Keeps the fp64 reference around 64M MACs.
+std::vector<int64_t> rows_to_check(const Case& c, uint64_t seed) {
+  const int64_t budget = int64_t(1) << 26;
+  const int64_t per_row = std::max<int64_t>(c.n * c.k, 1);
+  const int64_t max_rows = std::max<int64_t>(budget / per_row, 4);
+  std::vector<int64_t> rows;
+  if (c.m <= max_rows) {
+    for (int64_t r = 0; r < c.m; ++r) rows.push_back(r);
+    return rows;
+  }
+  std::mt19937_64 rng(seed);
+  rows = {0, c.m - 1};
+  while (int64_t(rows.size()) < max_rows) rows.push_back(int64_t(rng() % uint64_t(c.m)));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+TensorView device_view(void* p, DType t, int64_t rows, int64_t cols) {
+  return make_view(p, t, rows, cols, Device::cuda);
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(describe(c));
+  const uint64_t seed = test::test_seed() ^ (uint64_t(c.m) * 1000003u + uint64_t(c.n) * 10007u + uint64_t(c.k) +
+                                            uint64_t(c.layout) * 31u + uint64_t(c.in) * 7u + uint64_t(c.out));
+  const bool a_km = c.layout == GemmLayout::wgrad; // A stored [K, M]
+  const bool b_nk = c.layout == GemmLayout::fwd;   // B stored [N, K]
+  HostTensor a = random_tensor(c.in, size_t(c.m * c.k), seed + 1);
+  HostTensor b = random_tensor(c.in, size_t(c.n * c.k), seed + 2);
+  HostTensor cin = random_tensor(c.out, c.c == CMode::none ? 0 : size_t(c.m * c.n), seed + 3);
+
+  const size_t d_bytes = size_t(c.m * c.n * dtype_size(c.out));
+  DeviceBuffer da(a.bytes.size()), db(b.bytes.size()), dd(d_bytes), dc(cin.bytes.size());
+  ASSERT_TRUE(da.ptr && db.ptr && dd.ptr && dc.ptr) << "cudaMalloc failed";
+  cuda_ok(cudaMemcpy(da.ptr, a.bytes.data(), a.bytes.size(), cudaMemcpyHostToDevice));
+  cuda_ok(cudaMemcpy(db.ptr, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice));
+  cuda_ok(cudaMemset(dd.ptr, 0xff, d_bytes)); // NaN in every dtype
+  if (c.c == CMode::separate) cuda_ok(cudaMemcpy(dc.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
+  if (c.c == CMode::alias_d) cuda_ok(cudaMemcpy(dd.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
+
+  GemmArgs args;
+  args.layout = c.layout;
+  args.a = a_km ? device_view(da.ptr, c.in, c.k, c.m) : device_view(da.ptr, c.in, c.m, c.k);
+  args.b = b_nk ? device_view(db.ptr, c.in, c.n, c.k) : device_view(db.ptr, c.in, c.k, c.n);
+  args.d = device_view(dd.ptr, c.out, c.m, c.n);
+  if (c.c == CMode::separate) args.c = device_view(dc.ptr, c.out, c.m, c.n);
+  if (c.c == CMode::alias_d) args.c = args.d;
+  args.alpha = c.alpha;
+  args.beta = c.beta;
+  ASSERT_NO_THROW(gpu::gemm(args, nullptr));
+  cuda_ok(cudaDeviceSynchronize());
+  std::vector<uint8_t> out(d_bytes);
+  cuda_ok(cudaMemcpy(out.data(), dd.ptr, d_bytes, cudaMemcpyDeviceToHost));
+
+  // Reference on the checked rows only: op(A) restricted to those rows, in the same layout.
+  const std::vector<int64_t> rows = rows_to_check(c, seed + 4);
+  const int64_t r = int64_t(rows.size());
+  std::vector<double> a64(size_t(r * c.k)), b64(b.values.begin(), b.values.end());
+  std::vector<float> a_rows(size_t(r * c.k)), bt(size_t(c.n * c.k));
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t k = 0; k < c.k; ++k) {
+      const float v = a.values[size_t(a_km ? k * c.m + rows[size_t(i)] : rows[size_t(i)] * c.k + k)];
+      a64[size_t(a_km ? k * r + i : i * c.k + k)] = v;
+      a_rows[size_t(i * c.k + k)] = v;
+    }
+  for (int64_t j = 0; j < c.n; ++j)
+    for (int64_t k = 0; k < c.k; ++k) bt[size_t(j * c.k + k)] = b.values[size_t(b_nk ? j * c.k + k : k * c.n + j)];
+  std::vector<double> ref64(size_t(r * c.n));
+  ref::gemm(ref_layout(c.layout), r, c.n, c.k, a64.data(), b64.data(), ref64.data());
+  const std::vector<float> acc32 = tensor_core_fp32_gemm(a_rows, bt, r, c.n, c.k);
+
+  std::vector<double> got(size_t(r * c.n)), ref(size_t(r * c.n)), baseline(size_t(r * c.n));
+  const bool use_c = c.c != CMode::none && c.beta != 0.f;
+  for (int64_t i = 0; i < r; ++i)
+    for (int64_t n = 0; n < c.n; ++n) {
+      const size_t at = size_t(i * c.n + n), src = size_t(rows[size_t(i)] * c.n + n);
+      const float cv = use_c ? cin.values[src] : 0.f;
+      got[at] = element(c.out, out.data() + src * size_t(dtype_size(c.out)));
+      ref[at] = double(c.alpha) * ref64[at] + double(c.beta) * double(cv);
+      baseline[at] = round_out(c.out, std::fma(c.beta, cv, c.alpha * acc32[at]));
+    }
+  CODA_EXPECT_PASSES(test::check_against_baseline(describe(c), got, ref, baseline));
+}
+
+constexpr GemmLayout kLayouts[] = {GemmLayout::fwd, GemmLayout::dgrad, GemmLayout::wgrad};
+
+// wgrad's A is [K, M]: its rows need M to be a multiple of 8 (16-byte TMA strides).
+int64_t legal_m(GemmLayout layout, int64_t m) { return layout == GemmLayout::wgrad ? (m + 7) / 8 * 8 : m; }
+
+TEST(GpuGemm, EveryLayoutAndDtype) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts)
+    for (DType in : {DType::bf16, DType::f16})
+      for (DType out : {DType::bf16, DType::f16, DType::f32}) run_case({layout, in, out, 1000, 264, 1032});
+}
+
+TEST(GpuGemm, RaggedShapes) {
+  CODA_REQUIRE_SM90();
+  const int64_t ms[] = {1, 127, 1000, 8191};
+  const int64_t nks[][2] = {{8, 8}, {264, 1032}, {1032, 264}, {4104, 4104}};
+  for (GemmLayout layout : kLayouts)
+    for (int64_t m : ms)
+      for (auto nk : nks) run_case({layout, DType::bf16, DType::bf16, legal_m(layout, m), nk[0], nk[1]});
+}
+
+TEST(GpuGemm, LongK) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts) run_case({layout, DType::bf16, DType::f32, legal_m(layout, 127), 264, 16384});
+}
+
+TEST(GpuGemm, AlphaBetaWithC) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts)
+    for (DType out : {DType::bf16, DType::f16, DType::f32}) {
+      run_case({layout, DType::bf16, out, 1000, 264, 520, 0.5f, -1.5f, CMode::separate});
+      run_case({layout, DType::f16, out, 1000, 264, 520, 2.f, 0.f, CMode::separate}); // C never read
+    }
+}
+
+TEST(GpuGemm, BetaWithCAliasingD) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts)
+    for (DType out : {DType::bf16, DType::f32})
+      run_case({layout, DType::bf16, out, 1000, 1032, 264, 1.f, 1.f, CMode::alias_d});
+}
+
+// A few small shapes, cheap enough for compute-sanitizer (tools/gpu_check.sh runs these).
+TEST(GpuGemm, SmallForSanitizer) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts) {
+    run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 127), 264, 200});
+    run_case({layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
+  }
+}
+
+TEST(GpuGemm, RejectsWhatItCannotRun) {
+  CODA_REQUIRE_SM90();
+  DeviceBuffer buf(1 << 20);
+  GemmArgs args;
+  args.a = device_view(buf.ptr, DType::bf16, 64, 64);
+  args.b = device_view(buf.ptr, DType::bf16, 64, 64);
+  args.d = device_view(buf.ptr, DType::bf16, 64, 64);
+  args.c = device_view(buf.ptr, DType::f32, 64, 64);
+  args.beta = 1.f;
+  EXPECT_THROW(gpu::gemm(args, nullptr), Error); // C dtype differs from D
+  args.c = TensorView{};
+  args.a = device_view(static_cast<char*>(buf.ptr) + 2, DType::bf16, 64, 64);
+  EXPECT_THROW(gpu::gemm(args, nullptr), Error); // A not 16-byte aligned
+}
+
+} // namespace
+} // namespace coda
