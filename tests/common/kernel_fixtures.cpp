@@ -1,0 +1,209 @@
+#include "tests/common/kernel_fixtures.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+
+#include "tests/common/check.hpp"
+
+namespace coda::test {
+namespace {
+
+constexpr size_t kGuardBytes = 64;
+constexpr unsigned char kGuardByte = 0xA5;
+
+// splitmix64: a well-mixed 64-bit step, so neighbouring seeds give unrelated streams.
+uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+} // namespace
+
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
+    : dtype_(dtype), shape_(std::move(shape)) {
+  numel_ = 1;
+  for (int64_t s : shape_) numel_ *= s;
+  const size_t bytes = size_t(numel_ * dtype_size(dtype_)) + kGuardBytes;
+  storage_.resize((bytes + sizeof(Chunk) - 1) / sizeof(Chunk));
+  std::memset(this->bytes(), kGuardByte, storage_.size() * sizeof(Chunk));
+  poison();
+}
+
+HostTensor HostTensor::random(DType dtype, std::vector<int64_t> shape, uint64_t seed, double lo,
+                              double hi) {
+  HostTensor t(dtype, std::move(shape));
+  const std::vector<double> v = random_doubles(size_t(t.numel_), seed, lo, hi);
+  for (int64_t i = 0; i < t.numel_; ++i) t.set(i, v[size_t(i)]);
+  return t;
+}
+
+HostTensor HostTensor::of(DType dtype, std::vector<int64_t> shape,
+                          const std::vector<double>& values) {
+  HostTensor t(dtype, std::move(shape));
+  if (int64_t(values.size()) != t.numel_) throw std::invalid_argument("HostTensor::of: size");
+  for (int64_t i = 0; i < t.numel_; ++i) t.set(i, values[size_t(i)]);
+  return t;
+}
+
+HostTensor HostTensor::of_ints(std::vector<int64_t> shape, const std::vector<int32_t>& values) {
+  HostTensor t(DType::i32, std::move(shape));
+  if (int64_t(values.size()) != t.numel_) throw std::invalid_argument("HostTensor::of_ints: size");
+  std::memcpy(t.bytes(), values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+TensorView HostTensor::view() {
+  TensorView v;
+  if (storage_.empty()) return v;
+  v.data = bytes();
+  v.dtype = dtype_;
+  v.rank = int32_t(shape_.size());
+  int64_t stride = 1;
+  for (int i = v.rank - 1; i >= 0; --i) {
+    v.shape[i] = shape_[size_t(i)];
+    v.stride[i] = stride;
+    stride *= shape_[size_t(i)];
+  }
+  return v;
+}
+
+void HostTensor::set(int64_t i, double value) {
+  unsigned char* p = bytes() + i * dtype_size(dtype_);
+  switch (dtype_) {
+  case DType::bf16: {
+    const uint16_t bits = float_to_bf16_bits(float(value));
+    std::memcpy(p, &bits, 2);
+    break;
+  }
+  case DType::f16: {
+    const uint16_t bits = float_to_f16_bits(float(value));
+    std::memcpy(p, &bits, 2);
+    break;
+  }
+  case DType::f32: {
+    const float f = float(value);
+    std::memcpy(p, &f, 4);
+    break;
+  }
+  case DType::i32: {
+    const int32_t k = std::isnan(value) ? INT32_MAX : int32_t(value);
+    std::memcpy(p, &k, 4);
+    break;
+  }
+  }
+}
+
+double HostTensor::get(int64_t i) const {
+  const unsigned char* p = bytes() + i * dtype_size(dtype_);
+  uint16_t bits = 0;
+  float f = 0;
+  int32_t k = 0;
+  switch (dtype_) {
+  case DType::bf16:
+    std::memcpy(&bits, p, 2);
+    return bf16_bits_to_float(bits);
+  case DType::f16:
+    std::memcpy(&bits, p, 2);
+    return f16_bits_to_float(bits);
+  case DType::f32:
+    std::memcpy(&f, p, 4);
+    return f;
+  case DType::i32:
+    std::memcpy(&k, p, 4);
+    return k;
+  }
+  return NAN;
+}
+
+std::vector<double> HostTensor::values() const {
+  std::vector<double> v(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) v[size_t(i)] = get(i);
+  return v;
+}
+
+std::vector<int32_t> HostTensor::ints() const {
+  std::vector<int32_t> v(static_cast<size_t>(numel_));
+  if (numel_ > 0) std::memcpy(v.data(), bytes(), v.size() * sizeof(int32_t));
+  return v;
+}
+
+void HostTensor::poison() {
+  for (int64_t i = 0; i < numel_; ++i) set(i, NAN);
+}
+
+bool HostTensor::guard_intact() const {
+  const size_t begin = size_t(numel_ * dtype_size(dtype_));
+  const size_t end = storage_.size() * sizeof(Chunk);
+  for (size_t i = begin; i < end; ++i)
+    if (bytes()[i] != kGuardByte) return false;
+  return true;
+}
+
+ref::Rounding lowp(DType dtype) { return ref::Rounding::for_dtype(dtype); }
+
+Seeds::Seeds() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
+  state_ = mix(test_seed() ^ std::hash<std::string>{}(name));
+}
+
+uint64_t Seeds::next() { return state_ = mix(state_); }
+
+std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(lo, hi);
+  std::vector<double> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::string check_output(const std::string& name, const HostTensor& out,
+                         const std::vector<double>& exact, const std::vector<double>& unfused) {
+  if (!out.guard_intact()) return name + ": the call wrote past the end of the output";
+  return check_against_baseline(name, out.values(), exact, unfused);
+}
+
+std::string check_output(const std::string& name, const HostTensor& out, double exact,
+                         double unfused) {
+  return check_output(name, out, std::vector<double>{exact}, std::vector<double>{unfused});
+}
+
+HostTensor random_sumsq_partials(int64_t M, int64_t width, uint64_t seed) {
+  const std::vector<double> x = random_doubles(size_t(M * width), seed);
+  return HostTensor::of(
+      DType::f32, {M, ref::partial_blocks(width)},
+      ref::rms_stats(ref::Rounding{}, M, width, x, std::vector<double>(size_t(width), 1.0))
+          .sumsq_partials);
+}
+
+std::vector<int32_t> packed_positions(int64_t M, int64_t seq_len, int32_t first_offset) {
+  std::vector<int32_t> positions(static_cast<size_t>(M));
+  for (int64_t m = 0; m < M; ++m)
+    positions[size_t(m)] = int32_t(m % seq_len) + (m < seq_len ? first_offset : 0);
+  return positions;
+}
+
+std::vector<double> rope_inv_freq_f32(int64_t head_dim) {
+  std::vector<double> inv_freq = ref::rope_inv_freq(head_dim, 10000.0);
+  for (double& f : inv_freq) f = double(float(f));
+  return inv_freq;
+}
+
+std::string dtype_label(DType dtype) { return dtype_name(dtype); }
+
+std::vector<double> transposed(const std::vector<double>& x, int64_t rows, int64_t cols) {
+  std::vector<double> t(x.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = x[size_t(r * cols + c)];
+  return t;
+}
+
+} // namespace coda::test

@@ -1,0 +1,94 @@
+// Shared helpers of the per-kernel tests: host tensors that own their memory (poisoned with NaN
+// and fenced by guard bytes), per-test seeds, and the one comparison every output goes through.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "coda/core/tensor.hpp"
+#include "reference/kernels.hpp"
+
+namespace coda::test {
+
+// A contiguous host tensor for the public API. A default-constructed one is absent (its view
+// has a null pointer, for optional arguments). Guard bytes after the last element catch any
+// write past the end.
+class HostTensor {
+public:
+  HostTensor() = default;
+  // Every element NaN (i32: 0x7fffffff), so an output the call forgot to write fails its check.
+  HostTensor(DType dtype, std::vector<int64_t> shape);
+
+  // Uniform in [lo, hi), rounded to dtype (not i32).
+  static HostTensor random(DType dtype, std::vector<int64_t> shape, uint64_t seed, double lo = -1,
+                           double hi = 1);
+  // The given values, rounded to dtype (i32: truncated).
+  static HostTensor of(DType dtype, std::vector<int64_t> shape, const std::vector<double>& values);
+  static HostTensor of_ints(std::vector<int64_t> shape, const std::vector<int32_t>& values);
+
+  DType dtype() const { return dtype_; }
+  int64_t numel() const { return numel_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  TensorView view();                  // empty TensorView when absent
+  std::vector<double> values() const; // the stored elements as doubles
+  std::vector<int32_t> ints() const;  // the stored elements of an i32 tensor
+  void poison();                      // every element NaN again
+  bool guard_intact() const;
+
+private:
+  struct alignas(16) Chunk {
+    unsigned char bytes[16];
+  };
+  unsigned char* bytes() { return storage_.empty() ? nullptr : storage_.front().bytes; }
+  const unsigned char* bytes() const { return storage_.empty() ? nullptr : storage_.front().bytes; }
+  void set(int64_t i, double value);
+  double get(int64_t i) const;
+
+  DType dtype_ = DType::f32;
+  std::vector<int64_t> shape_;
+  int64_t numel_ = 0;
+  std::vector<Chunk> storage_; // the elements, then guard bytes
+};
+
+// The unfused path's rounding for a 16-bit (or f32) dtype.
+ref::Rounding lowp(DType dtype);
+
+// Seeds for one test: test_seed() mixed with the running test's full name, then a counter, so
+// each tensor of each test gets its own fresh stream.
+class Seeds {
+public:
+  Seeds();
+  uint64_t next();
+
+private:
+  uint64_t state_;
+};
+
+// Uniform doubles in [lo, hi) (not rounded).
+std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1, double hi = 1);
+
+// An output checked by the tolerance rule (check.hpp) after its guard bytes: empty on success.
+std::string check_output(const std::string& name, const HostTensor& out,
+                         const std::vector<double>& exact, const std::vector<double>& unfused);
+// A scalar output (the loss, a grad scale) as a [1] tensor.
+std::string check_output(const std::string& name, const HostTensor& out, double exact,
+                         double unfused);
+
+// Realistic row partials of x² for a normalized GEMM: fp32 block sums of a random x [M, width].
+HostTensor random_sumsq_partials(int64_t M, int64_t width, uint64_t seed);
+
+// Packed sequences: positions restart at 0 every seq_len tokens, the first one starting at
+// first_offset (a sequence continued from an earlier chunk).
+std::vector<int32_t> packed_positions(int64_t M, int64_t seq_len, int32_t first_offset);
+
+// inv_freq of RoPE (base 10000) rounded to fp32, as the kernels read it.
+std::vector<double> rope_inv_freq_f32(int64_t head_dim);
+
+// "bf16" / "f16" for parameterized test names.
+std::string dtype_label(DType dtype);
+
+// Row-major [rows, cols] -> [cols, rows].
+std::vector<double> transposed(const std::vector<double>& x, int64_t rows, int64_t cols);
+
+} // namespace coda::test

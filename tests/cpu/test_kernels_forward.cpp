@@ -1,0 +1,399 @@
+// The forward kernels (plain GEMM, K0, K1, K2, K4, K5) through the public API on host memory,
+// each output and partial held to the fp64 reference by the tolerance rule (check.hpp): no worse
+// than twice the error of the ordinary unfused bf16 / f16 path. Inputs are fresh per run,
+// outputs poisoned with NaN and fenced by guard bytes; M, N are ragged against the 128 tile.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <tuple>
+
+#include "coda/coda.hpp"
+#include "reference/kernels.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+
+namespace coda::test {
+namespace {
+
+struct Shape {
+  int64_t M, N, K;
+};
+std::string label(const Shape& s) {
+  return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
+}
+
+// Ragged M (1, 37, 129, 200) and N (8, 136, 264, one exact tile), K multiples of 8.
+const Shape kShapes[] = {{1, 8, 16}, {37, 136, 64}, {200, 264, 32}, {129, 128, 8}};
+const DType kHalfTypes[] = {DType::bf16, DType::f16};
+// The unfused path with fp32 tensors: the bar for statistics the fused kernels keep in fp32.
+const ref::Rounding kFp32{ref::Rounding::Kind::f32};
+
+using DtypeShape = std::tuple<DType, Shape>;
+std::string dtype_shape_name(const testing::TestParamInfo<DtypeShape>& info) {
+  return dtype_label(std::get<0>(info.param)) + "_" + label(std::get<1>(info.param));
+}
+const auto kDtypeShapes =
+    testing::Combine(testing::ValuesIn(kHalfTypes), testing::ValuesIn(kShapes));
+
+// ---- plain GEMM: D = alpha op(A) op(B) + beta C in every layout, D in the input type or f32.
+
+using GemmParam = std::tuple<DType, GemmLayout, bool /*f32 output*/, bool /*with C*/>;
+
+class Gemm : public testing::TestWithParam<GemmParam> {};
+
+TEST_P(Gemm, MatchesReferenceInEveryLayout) {
+  const auto [dtype, layout, f32_out, with_c] = GetParam();
+  const ref::Layout ref_layout = layout == GemmLayout::fwd     ? ref::Layout::fwd
+                                 : layout == GemmLayout::dgrad ? ref::Layout::dgrad
+                                                               : ref::Layout::wgrad;
+  const DType d_type = f32_out ? DType::f32 : dtype;
+  Seeds seeds;
+  for (const Shape s : {Shape{40, 136, 64}, Shape{8, 8, 24}, Shape{200, 24, 8}}) {
+    const bool wgrad = layout == GemmLayout::wgrad, fwd = layout == GemmLayout::fwd;
+    auto a = HostTensor::random(dtype, wgrad ? std::vector{s.K, s.M} : std::vector{s.M, s.K},
+                                seeds.next());
+    auto b = HostTensor::random(dtype, fwd ? std::vector{s.N, s.K} : std::vector{s.K, s.N},
+                                seeds.next());
+    HostTensor c = with_c ? HostTensor::random(d_type, {s.M, s.N}, seeds.next()) : HostTensor();
+    HostTensor d(d_type, {s.M, s.N});
+    GemmArgs args{.layout = layout, .a = a.view(), .b = b.view(), .d = d.view(), .c = c.view()};
+    args.alpha = with_c ? 0.75f : 1.f;
+    args.beta = with_c ? -1.5f : 0.f;
+    gemm(args);
+
+    const ref::GemmInputs in{ref_layout, s.M,        s.N,        s.K,      a.values(),
+                             b.values(), c.values(), args.alpha, args.beta};
+    CODA_EXPECT_PASSES(
+        check_output("d " + label(s), d, ref::gemm({}, in), ref::gemm(lowp(d_type), in)));
+  }
+}
+
+std::string gemm_name(const testing::TestParamInfo<GemmParam>& info) {
+  const GemmLayout layout = std::get<1>(info.param);
+  return dtype_label(std::get<0>(info.param)) +
+         (layout == GemmLayout::fwd     ? "_fwd"
+          : layout == GemmLayout::dgrad ? "_dgrad"
+                                        : "_wgrad") +
+         (std::get<2>(info.param) ? "_f32out" : "_halfout") +
+         (std::get<3>(info.param) ? "_alpha_beta_c" : "_plain");
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Gemm,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::Values(GemmLayout::fwd, GemmLayout::dgrad,
+                                                          GemmLayout::wgrad),
+                                          testing::Bool(), testing::Bool()),
+                         gemm_name);
+
+// ---- K0: out = a·wᵀ + residual, out_scaled = out * gamma, row partials of out².
+
+struct ResidualRmsCase {
+  HostTensor a, w, residual, gamma, out, out_scaled, partials;
+  ResidualRmsCase(DType dtype, const Shape& s, Seeds& seeds)
+      : a(HostTensor::random(dtype, {s.M, s.K}, seeds.next())),
+        w(HostTensor::random(dtype, {s.N, s.K}, seeds.next())),
+        residual(HostTensor::random(dtype, {s.M, s.N}, seeds.next())),
+        gamma(HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5)), out(dtype, {s.M, s.N}),
+        out_scaled(dtype, {s.M, s.N}), partials(DType::f32, {s.M, ref::partial_blocks(s.N)}) {}
+  ref::ResidualRmsInputs inputs(const Shape& s) const {
+    return {s.M, s.N, s.K, a.values(), w.values(), residual.values(), gamma.values()};
+  }
+  ResidualRmsArgs args() {
+    return {.a = a.view(),
+            .w = w.view(),
+            .residual = residual.view(),
+            .gamma = gamma.view(),
+            .out = out.view(),
+            .out_scaled = out_scaled.view(),
+            .sumsq_partials = partials.view()};
+  }
+};
+
+void expect_residual_rms_matches(DType dtype, const ref::ResidualRmsInputs& in, HostTensor& out,
+                                 HostTensor& out_scaled, HostTensor& partials) {
+  const auto exact = ref::residual_rms({}, in), unfused = ref::residual_rms(lowp(dtype), in);
+  CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
+  CODA_EXPECT_PASSES(check_output("out_scaled", out_scaled, exact.out_scaled, unfused.out_scaled));
+  CODA_EXPECT_PASSES(
+      check_output("sumsq_partials", partials, exact.sumsq_partials, unfused.sumsq_partials));
+}
+
+class ResidualRms : public testing::TestWithParam<DtypeShape> {};
+
+TEST_P(ResidualRms, OutputsAndPartialsMatchReference) {
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  ResidualRmsCase c(dtype, s, seeds);
+  gemm_residual_rms(c.args());
+  expect_residual_rms_matches(dtype, c.inputs(s), c.out, c.out_scaled, c.partials);
+}
+
+TEST_P(ResidualRms, OutputMayAliasResidual) {
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  ResidualRmsCase c(dtype, s, seeds);
+  const ref::ResidualRmsInputs in = c.inputs(s);
+  ResidualRmsArgs args = c.args();
+  args.out = args.residual; // the residual stream updated in place
+  gemm_residual_rms(args);
+  expect_residual_rms_matches(dtype, in, c.residual, c.out_scaled, c.partials);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, ResidualRms, kDtypeShapes, dtype_shape_name);
+
+// ---- The normalized GEMMs K1, K2, K4, K5: z = rstd[m] * (a·wᵀ), rstd from row partials.
+
+struct NormedGemmCase {
+  HostTensor a, w, partials, rstd;
+  float eps;
+  NormedGemmCase(DType dtype, int64_t M, int64_t N, int64_t K, Seeds& seeds, float eps = 1e-6f)
+      : a(HostTensor::random(dtype, {M, K}, seeds.next())),
+        w(HostTensor::random(dtype, {N, K}, seeds.next())),
+        partials(random_sumsq_partials(M, K, seeds.next())), rstd(DType::f32, {M}), eps(eps) {}
+  ref::NormedGemmInputs inputs() const {
+    return {a.shape()[0], w.shape()[0],      a.shape()[1], a.values(),
+            w.values(),   partials.values(), eps};
+  }
+};
+
+class RmsScale : public testing::TestWithParam<DtypeShape> {};
+
+TEST_P(RmsScale, OutputAndRstdMatchReference) {
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  NormedGemmCase c(dtype, s.M, s.N, s.K, seeds);
+  HostTensor out(dtype, {s.M, s.N});
+  gemm_rms_scale({.a = c.a.view(),
+                  .w = c.w.view(),
+                  .sumsq_partials = c.partials.view(),
+                  .eps = c.eps,
+                  .out = out.view(),
+                  .rstd_out = c.rstd.view()});
+  const auto in = c.inputs();
+  const auto exact = ref::rms_scale({}, in), unfused = ref::rms_scale(lowp(dtype), in);
+  CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
+  CODA_EXPECT_PASSES(check_output("rstd_out", c.rstd, exact.rstd, unfused.rstd));
+}
+
+// The first layer's statistics kernel may write a single partial column; eps is large enough
+// to matter; rstd_out is optional.
+TEST_P(RmsScale, AcceptsSingleColumnPartialsWithoutRstdOut) {
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  NormedGemmCase c(dtype, s.M, s.N, s.K, seeds, 0.25f);
+  const std::vector<double> x = random_doubles(size_t(s.M * s.K), seeds.next());
+  c.partials = HostTensor::of(
+      DType::f32, {s.M, 1},
+      ref::rms_stats({}, s.M, s.K, x, std::vector<double>(size_t(s.K), 1.0), s.K).sumsq_partials);
+  HostTensor out(dtype, {s.M, s.N});
+  gemm_rms_scale({.a = c.a.view(),
+                  .w = c.w.view(),
+                  .sumsq_partials = c.partials.view(),
+                  .eps = c.eps,
+                  .out = out.view(),
+                  .rstd_out = {}}); // absent
+  const auto in = c.inputs();
+  CODA_EXPECT_PASSES(
+      check_output("out", out, ref::rms_scale({}, in).out, ref::rms_scale(lowp(dtype), in).out));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsScale, kDtypeShapes, dtype_shape_name);
+
+// K2: the fused interleaved gate/up GEMM, N = 2F with F = 8, 136, 264, 128.
+const Shape kSwigluShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 32}, {129, 256, 8}};
+class RmsSwiglu : public testing::TestWithParam<DtypeShape> {};
+
+TEST_P(RmsSwiglu, PreactivationAndActivationMatchReference) {
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  NormedGemmCase c(dtype, s.M, s.N, s.K, seeds);
+  HostTensor preact(dtype, {s.M, s.N}), act(dtype, {s.M, s.N / 2});
+  gemm_rms_swiglu({.a = c.a.view(),
+                   .w = c.w.view(),
+                   .sumsq_partials = c.partials.view(),
+                   .eps = c.eps,
+                   .preact = preact.view(),
+                   .act = act.view(),
+                   .rstd_out = c.rstd.view()});
+  const auto in = c.inputs();
+  const auto exact = ref::rms_swiglu({}, in), unfused = ref::rms_swiglu(lowp(dtype), in);
+  CODA_EXPECT_PASSES(check_output("preact", preact, exact.preact, unfused.preact));
+  CODA_EXPECT_PASSES(check_output("act", act, exact.act, unfused.act));
+  CODA_EXPECT_PASSES(check_output("rstd_out", c.rstd, exact.rstd, unfused.rstd));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsSwiglu,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kSwigluShapes)),
+                         dtype_shape_name);
+
+// ---- K4: RoPE on the Q and K heads of the fused QKV projection (GQA), per-token positions.
+
+struct RopeCase {
+  int32_t n_q_heads, n_kv_heads, head_dim;
+  int64_t M, K;
+  bool llama3_table;
+};
+std::string label(const RopeCase& r) {
+  return "q" + std::to_string(r.n_q_heads) + "_kv" + std::to_string(r.n_kv_heads) + "_hd" +
+         std::to_string(r.head_dim) + "_M" + std::to_string(r.M) + "_K" + std::to_string(r.K) +
+         (r.llama3_table ? "_llama3" : "");
+}
+const RopeCase kRopeCases[] = {{4, 2, 16, 37, 64, false},
+                               {4, 2, 64, 200, 32, false},
+                               {4, 2, 64, 1, 16, false},
+                               {3, 1, 8, 130, 24, false},
+                               {4, 2, 64, 67, 64, true}};
+
+ref::RopeTable rope_table(const RopeCase& rc) {
+  ref::RopeTable t;
+  t.shape = {rc.n_q_heads, rc.n_kv_heads, rc.head_dim};
+  // Packed sequences of 23 tokens; the first continues a sequence at position 1000.
+  t.positions = packed_positions(rc.M, 23, 1000);
+  if (rc.llama3_table) {
+    t.inv_freq = ref::rope_inv_freq_llama3(rc.head_dim, 500000.0, {});
+    for (double& f : t.inv_freq) f = double(float(f));
+  } else {
+    t.inv_freq = rope_inv_freq_f32(rc.head_dim);
+  }
+  return t;
+}
+
+using DtypeRope = std::tuple<DType, RopeCase>;
+class RmsRope : public testing::TestWithParam<DtypeRope> {};
+
+TEST_P(RmsRope, RotatedQkvMatchesReference) {
+  const auto [dtype, rc] = GetParam();
+  const ref::RopeTable table = rope_table(rc);
+  const int64_t N = table.shape.width();
+  Seeds seeds;
+  NormedGemmCase c(dtype, rc.M, N, rc.K, seeds);
+  auto positions = HostTensor::of_ints({rc.M}, table.positions);
+  auto inv_freq = HostTensor::of(DType::f32, {rc.head_dim / 2}, table.inv_freq);
+  HostTensor out(dtype, {rc.M, N});
+  gemm_rms_rope({.a = c.a.view(),
+                 .w = c.w.view(),
+                 .sumsq_partials = c.partials.view(),
+                 .eps = c.eps,
+                 .rope = {.positions = positions.view(),
+                          .inv_freq = inv_freq.view(),
+                          .n_q_heads = rc.n_q_heads,
+                          .n_kv_heads = rc.n_kv_heads,
+                          .head_dim = rc.head_dim},
+                 .out = out.view(),
+                 .rstd_out = c.rstd.view()});
+  const auto in = c.inputs();
+  const auto exact = ref::rms_rope({}, in, table), unfused = ref::rms_rope(lowp(dtype), in, table);
+  CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
+  CODA_EXPECT_PASSES(check_output("rstd_out", c.rstd, exact.rstd, unfused.rstd));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsRope,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kRopeCases)),
+                         [](const testing::TestParamInfo<DtypeRope>& info) {
+                           return dtype_label(std::get<0>(info.param)) + "_" +
+                                  label(std::get<1>(info.param));
+                         });
+
+// ---- K5: logits, logsumexp row partials and the fp32 target logit; a vocabulary that is not
+// a multiple of 128, targets that are ignore_index or out of range (target_logit 0).
+
+struct LseCase {
+  int64_t M, V, K;
+};
+const LseCase kLseCases[] = {{37, 296, 64}, {200, 136, 32}, {1, 1000, 16}, {64, 8, 8}};
+
+using DtypeLse = std::tuple<DType, LseCase>;
+class RmsLse : public testing::TestWithParam<DtypeLse> {};
+
+// One K5 call on fresh inputs, with its inputs as the reference reads them.
+struct RmsLseRun {
+  NormedGemmCase c;
+  std::vector<int32_t> targets;
+  HostTensor logits, lse_partials, target_logit;
+
+  RmsLseRun(DType dtype, const LseCase& lc, Seeds& seeds)
+      : c(dtype, lc.M, lc.V, lc.K, seeds), targets(size_t(lc.M)), logits(dtype, {lc.M, lc.V}),
+        lse_partials(DType::f32, {lc.M, ref::partial_blocks(lc.V)}),
+        target_logit(DType::f32, {lc.M}) {
+    const std::vector<double> u = random_doubles(targets.size(), seeds.next(), 0, 1);
+    for (size_t m = 0; m < targets.size(); ++m)
+      targets[m] = m % 5 == 1 ? -100 : m % 7 == 3 ? int32_t(lc.V) : int32_t(u[m] * double(lc.V));
+    if (lc.M > 2) targets[2] = int32_t(lc.V) - 1; // the last (ragged) column
+    auto target_tensor = HostTensor::of_ints({lc.M}, targets);
+    gemm_rms_lse({.a = c.a.view(),
+                  .w = c.w.view(),
+                  .sumsq_partials = c.partials.view(),
+                  .eps = c.eps,
+                  .targets = target_tensor.view(),
+                  .logits = logits.view(),
+                  .lse_partials = lse_partials.view(),
+                  .target_logit = target_logit.view(),
+                  .rstd_out = c.rstd.view()});
+  }
+};
+
+TEST_P(RmsLse, LogitsPartialsAndTargetLogitMatchReference) {
+  const auto [dtype, lc] = GetParam();
+  Seeds seeds;
+  RmsLseRun run(dtype, lc, seeds);
+  const auto in = run.c.inputs();
+  const auto exact = ref::rms_lse({}, in, run.targets),
+             unfused = ref::rms_lse(lowp(dtype), in, run.targets);
+  CODA_EXPECT_PASSES(check_output("logits", run.logits, exact.logits, unfused.logits));
+  CODA_EXPECT_PASSES(
+      check_output("lse_partials", run.lse_partials, exact.lse_partials, unfused.lse_partials));
+  CODA_EXPECT_PASSES(
+      check_output("target_logit", run.target_logit, exact.target_logit, unfused.target_logit));
+  CODA_EXPECT_PASSES(check_output("rstd_out", run.c.rstd, exact.rstd, unfused.rstd));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsLse,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kLseCases)),
+                         [](const testing::TestParamInfo<DtypeLse>& info) {
+                           const LseCase& c = std::get<1>(info.param);
+                           return dtype_label(std::get<0>(info.param)) + "_M" +
+                                  std::to_string(c.M) + "_V" + std::to_string(c.V) + "_K" +
+                                  std::to_string(c.K);
+                         });
+
+// ---- Statistics the fused kernels keep in fp32 (args.hpp: K0's partials square the unrounded
+// sum acc + residual; K5's partials and target logit come from the fp32 logits) are held to the
+// fp32 unfused path, about 10^4 times tighter than the bf16 one. Shapes with hundreds of
+// partials, so that the worst fp32 rounding error of either side is a stable statistic.
+
+class Fp32Statistics : public testing::TestWithParam<DType> {};
+
+TEST_P(Fp32Statistics, ResidualRmsPartialsComeFromUnroundedSum) {
+  const DType dtype = GetParam();
+  const Shape s{200, 264, 64};
+  Seeds seeds;
+  ResidualRmsCase c(dtype, s, seeds);
+  gemm_residual_rms(c.args());
+  const ref::ResidualRmsInputs in = c.inputs(s);
+  CODA_EXPECT_PASSES(check_output("sumsq_partials", c.partials,
+                                  ref::residual_rms({}, in).sumsq_partials,
+                                  ref::residual_rms(kFp32, in).sumsq_partials));
+}
+
+TEST_P(Fp32Statistics, RmsLsePartialsAndTargetLogitComeFromFp32Logits) {
+  const DType dtype = GetParam();
+  Seeds seeds;
+  RmsLseRun run(dtype, {200, 296, 32}, seeds);
+  const auto in = run.c.inputs();
+  const auto exact = ref::rms_lse({}, in, run.targets), fp32 = ref::rms_lse(kFp32, in, run.targets);
+  CODA_EXPECT_PASSES(
+      check_output("lse_partials", run.lse_partials, exact.lse_partials, fp32.lse_partials));
+  CODA_EXPECT_PASSES(
+      check_output("target_logit", run.target_logit, exact.target_logit, fp32.target_logit));
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, Fp32Statistics, testing::ValuesIn(kHalfTypes),
+                         [](const testing::TestParamInfo<DType>& info) {
+                           return dtype_label(info.param);
+                         });
+
+} // namespace
+} // namespace coda::test
