@@ -17,12 +17,15 @@ __device__ __forceinline__ uint32_t map_shared_to_cta(const void* smem_ptr, uint
   return remote;
 }
 
-// PTX ISA "mbarrier.arrive" with .shared::cluster: one arrival (release, cluster scope) on the
-// mbarrier at the same offset as `bar` in CTA `cta_rank` (possibly this CTA).
+// PTX ISA "mbarrier.arrive" with .shared::cluster: one arrival on the mbarrier at the same
+// offset as `bar` in CTA `cta_rank` (possibly this CTA), with the default .release.cta semantics.
+// NOTE: not .release.cluster (what cuda::ptx offers): that compiles to MEMBAR.ALL.GPU before
+// every arrival, and the consumers' per-stage releases then cost a third of the mainloop's
+// throughput. The arrival only says "my wgmmas finished reading this stage"; nothing written
+// before it must become visible to the peer.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta_rank) {
   const uint32_t remote = map_shared_to_cta(bar, cta_rank);
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-               : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
 __device__ __forceinline__ uint32_t cluster_cta_rank() { return cuda::ptx::get_sreg_cluster_ctarank(); }

@@ -72,7 +72,7 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
 
   template <int kBlocks, int kN> __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
-#pragma unroll 1
+#pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local memory
     for (int mb = 0; mb < kBlocks; ++mb) {
 #pragma unroll
       for (int s = 0; s < kSubtilesN; ++s) {
