@@ -10,6 +10,7 @@ template <GemmLayout kLayout, class InT, class OutT>
 GemmLauncher launcher_for(gemm::KernelId kernel) {
   switch (kernel) {
   case gemm::KernelId::wide: return &gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>::run;
+  case gemm::KernelId::pingpong: return &gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>::run;
   }
   return nullptr;
 }

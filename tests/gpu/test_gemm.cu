@@ -13,7 +13,11 @@
 
 #include <cuda_runtime.h>
 
+#include "coda/arch/smem_desc.hpp"
 #include "coda/core/error.hpp"
+#include "coda/gemm/fragment.hpp"
+#include "coda/gemm/heuristic.hpp"
+#include "coda/gemm/scheduler.hpp"
 #include "gpu/backend.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
@@ -265,7 +269,20 @@ TEST(GpuGemm, SmallForSanitizer) {
   for (GemmLayout layout : kLayouts) {
     run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 127), 264, 200});
     run_case({layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
+    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 200}); // the ping-pong kernel
   }
+}
+
+// The 128 x 128 ping-pong kernel, which the heuristic picks for this shape (wide tiles: 40 of
+// them on 132 SMs), in every layout and output dtype, with C aliasing D.
+TEST(GpuGemm, PingpongKernel) {
+  CODA_REQUIRE_SM90();
+  int sms = 0;
+  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  ASSERT_EQ(gemm::choose_plan(1000, 1032, 520, sms).kernel, gemm::KernelId::pingpong);
+  for (GemmLayout layout : kLayouts)
+    for (DType out : {DType::bf16, DType::f16, DType::f32})
+      run_case({layout, DType::f16, out, 1000, 1032, 520, 0.5f, 1.f, CMode::alias_d});
 }
 
 TEST(GpuGemm, RejectsWhatItCannotRun) {
@@ -281,6 +298,63 @@ TEST(GpuGemm, RejectsWhatItCannotRun) {
   args.c = TensorView{};
   args.a = device_view(static_cast<char*>(buf.ptr) + 2, DType::bf16, 64, 64);
   EXPECT_THROW(gpu::gemm(args, nullptr), Error); // A not 16-byte aligned
+}
+
+// Host-side pieces of the kernel (no GPU needed).
+
+TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
+  for (int32_t cluster : {1, 2})
+    for (int32_t group : {1, 3, 8})
+      for (auto shape : {std::pair{1, 1}, std::pair{7, 5}, std::pair{64, 12}, std::pair{33, 112}}) {
+        gemm::TileScheduler s;
+        s.tiles_m = shape.first, s.tiles_n = shape.second, s.cluster_m = cluster, s.group_m = group;
+        std::vector<int> hits(size_t(s.units_m() * cluster * s.tiles_n), 0);
+        for (int64_t u = 0; u < s.num_units(); ++u)
+          for (int32_t r = 0; r < cluster; ++r) {
+            const gemm::TileCoord t = s.tile(u, r);
+            ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.units_m() * cluster && t.n_block >= 0 && t.n_block < s.tiles_n);
+            ++hits[size_t(t.m_block * s.tiles_n + t.n_block)];
+          }
+        for (int h : hits) EXPECT_EQ(h, 1);
+      }
+}
+
+TEST(GemmHost, HeuristicAvoidsEmptyWaves) {
+  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide);   // 1024 tiles
+  EXPECT_EQ(gemm::choose_plan(2048, 2048, 8192, 132).kernel, gemm::KernelId::wide);   // 128 tiles
+  EXPECT_EQ(gemm::choose_plan(3072, 2048, 8192, 132).kernel, gemm::KernelId::pingpong); // 1.45 waves
+  EXPECT_GE(gemm::choose_plan(1, 8, 8, 132).group_m, 1);
+}
+
+TEST(GemmHost, FragmentMapCoversTheBlockOnce) {
+  std::vector<int> hits(64 * 256, 0);
+  for (int t = 0; t < 128; ++t)
+    for (int i = 0; i < 128; ++i) ++hits[size_t(gemm::FragmentMap::row(t, i) * 256 + gemm::FragmentMap::col(t, i))];
+  for (int h : hits) EXPECT_EQ(h, 1);
+  EXPECT_EQ(gemm::FragmentMap::col(5, 1), 2 * 1 + 1); // pairs (2k, 2k+1) in registers (i, i+1)
+  EXPECT_EQ(gemm::FragmentMap::row(40, 2), 16 + 2 + 8);
+}
+
+TEST(GemmHost, SwizzlePermutesChunksWithinRows) {
+  for (arch::Swizzle mode : {arch::Swizzle::b64, arch::Swizzle::b128}) {
+    const uint32_t span = uint32_t(mode);
+    for (uint32_t row = 0; row < 16; ++row) {
+      std::vector<int> seen(span / 16, 0);
+      for (uint32_t chunk = 0; chunk < span / 16; ++chunk) {
+        const uint32_t off = arch::swizzle_offset(mode, row * span + chunk * 16 + 4);
+        EXPECT_EQ(off / span, row);
+        EXPECT_EQ(off % 16, 4u);
+        ++seen[(off % span) / 16];
+      }
+      for (int s : seen) EXPECT_EQ(s, 1);
+    }
+  }
+  EXPECT_EQ(arch::swizzle_offset(arch::Swizzle::b128, 128 + 16), 128u); // row 1, chunk 1 -> 0
+  const uint64_t desc = arch::make_wgmma_desc_sw128(0x1230, 8192, 1024);
+  EXPECT_EQ(desc & 0x3fff, 0x123u);
+  EXPECT_EQ((desc >> 16) & 0x3fff, 8192u >> 4);
+  EXPECT_EQ((desc >> 32) & 0x3fff, 1024u >> 4);
+  EXPECT_EQ(desc >> 62, 1u);
 }
 
 } // namespace

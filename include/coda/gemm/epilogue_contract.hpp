@@ -23,8 +23,14 @@
 
 namespace coda::gemm {
 
-// bar.sync ids of the GEMM kernel; id 0 is __syncthreads.
-enum class NamedBarrier : uint32_t { epilogue_warpgroup0 = 1, epilogue_warpgroup1 = 2 };
+// bar.sync ids of the GEMM kernel; id 0 is __syncthreads. mma_turn_*: ping-pong hand-over of
+// the tensor cores between the consumer warpgroups (the kernel's, not the epilogue's).
+enum class NamedBarrier : uint32_t {
+  epilogue_warpgroup0 = 1,
+  epilogue_warpgroup1 = 2,
+  mma_turn_warpgroup0 = 3,
+  mma_turn_warpgroup1 = 4,
+};
 
 // Where a consumer warpgroup's rows of the current tile start in D. The warpgroup owns
 // kBlocks * 64 rows from row0 and kN columns from col0 (the accumulator's shape); rows and

@@ -26,6 +26,14 @@ template <class Mainloop, class Epilogue> struct KernelSharedStorage {
   typename Epilogue::SharedStorage epilogue;
 };
 
+// Ping-pong turn-taking over two named barriers of both consumer warpgroups (256 threads): the
+// warpgroup whose turn it is waits (bar.sync) on its barrier; the other arrives on it when done.
+__device__ __forceinline__ void mma_turn(int warpgroup, bool arrive) {
+  const uint32_t id = uint32_t(NamedBarrier::mma_turn_warpgroup0) + uint32_t(warpgroup);
+  if (arrive) arch::named_barrier_arrive(id, 2 * arch::kWarpgroupSize);
+  else arch::named_barrier_sync(id, 2 * arch::kWarpgroupSize);
+}
+
 template <class Config, class Mainloop, class Epilogue>
 __device__ void consume(const KernelParams<Mainloop, Epilogue>& params, KernelSharedStorage<Mainloop, Epilogue>& smem,
                         typename Mainloop::Pipeline& pipe, uint32_t cta_rank) {
@@ -42,15 +50,21 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params, KernelSh
   if (!kCooperative) st.advance(uint32_t(consumer * k_blocks));
 
   const int64_t clusters = gridDim.x / Config::kClusterM;
+  const int64_t units = params.scheduler.num_units();
   int64_t iteration = 0;
-  for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units();
-       unit += clusters, ++iteration) {
+  for (int64_t unit = blockIdx.x / Config::kClusterM; unit < units; unit += clusters, ++iteration) {
     if (!kCooperative && iteration % Config::kConsumerWarpgroups != consumer) continue;
     const TileCoord tile = params.scheduler.tile(unit, int32_t(cta_rank));
     const int first_block = kCooperative ? consumer * Config::kMmaBlocksM : 0;
     const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64, tile.n_block * Config::kTileN};
     epilogue.begin_tile(rows);
+    // Ping-pong: wait for the other warpgroup to finish its tile's MMAs before starting ours.
+    // NOTE: besides ordering the tensor cores, this keeps the pipeline barriers at most one phase
+    // ahead of the waiter: a warpgroup that skipped the other's k-blocks would otherwise wait on
+    // a barrier several phases behind, and parity waits cannot tell those phases apart.
+    if (!kCooperative && iteration > 0) mma_turn(consumer, /*arrive=*/false);
     Mainloop::mma_tile(params.mainloop, smem.mainloop, pipe, st, acc, first_block, lane);
+    if (!kCooperative && unit + clusters < units) mma_turn(1 - consumer, /*arrive=*/true);
     epilogue.visit(acc, rows);
     epilogue.end_tile(rows);
     if (!kCooperative) st.advance(uint32_t((Config::kConsumerWarpgroups - 1) * k_blocks));
