@@ -28,7 +28,8 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw std::runtime_error(std::string(what) + ": cublasLt status " + std::to_string(int(s)));
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": cublasLt status " + std::to_string(int(s)));
 }
 
 struct BenchCase {
@@ -39,7 +40,8 @@ struct BenchCase {
 };
 
 // The three GEMMs of an nn.Linear with weight [out, in] over `tokens` tokens.
-void add_linear(std::vector<BenchCase>& cases, const std::string& name, int64_t out, int64_t in, int64_t tokens) {
+void add_linear(std::vector<BenchCase>& cases, const std::string& name, int64_t out, int64_t in,
+                int64_t tokens) {
   cases.push_back({name + ".fwd", coda::GemmLayout::fwd, "fwd", tokens, out, in});
   cases.push_back({name + ".dgrad", coda::GemmLayout::dgrad, "dgrad", tokens, in, out});
   cases.push_back({name + ".wgrad", coda::GemmLayout::wgrad, "wgrad", out, in, tokens});
@@ -48,8 +50,12 @@ void add_linear(std::vector<BenchCase>& cases, const std::string& name, int64_t 
 std::vector<BenchCase> bench_cases() {
   std::vector<BenchCase> cases;
   constexpr int64_t kTokens = 8192;
-  struct Model { const char* name; int64_t hidden, mlp, q_heads, kv_heads, head_dim; };
-  for (const Model& mdl : {Model{"llama1b", 2048, 8192, 32, 8, 64}, Model{"llama8b", 4096, 14336, 32, 8, 128}}) {
+  struct Model {
+    const char* name;
+    int64_t hidden, mlp, q_heads, kv_heads, head_dim;
+  };
+  for (const Model& mdl :
+       {Model{"llama1b", 2048, 8192, 32, 8, 64}, Model{"llama8b", 4096, 14336, 32, 8, 128}}) {
     const std::string p = mdl.name;
     const int64_t qkv = (mdl.q_heads + 2 * mdl.kv_heads) * mdl.head_dim;
     add_linear(cases, p + ".qkv", qkv, mdl.hidden, kTokens);
@@ -63,7 +69,8 @@ std::vector<BenchCase> bench_cases() {
 }
 
 __global__ void fill_uniform(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     uint64_t x = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
     x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
     p[i] = __float2bfloat16(float(x >> 40) * (2.f / 16777216.f) - 1.f);
@@ -93,33 +100,42 @@ struct CublasGemm {
     // dgrad: X = B[K,N] (col-major N x K), Y = A (K x M). wgrad: X = B[K,N] (N x K), Y = A[K,M]
     // (col-major M x K, transposed).
     const bool tx = c.layout == coda::GemmLayout::fwd, ty = c.layout == coda::GemmLayout::wgrad;
-    const cublasOperation_t opx = tx ? CUBLAS_OP_T : CUBLAS_OP_N, opy = ty ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t opx = tx ? CUBLAS_OP_T : CUBLAS_OP_N,
+                            opy = ty ? CUBLAS_OP_T : CUBLAS_OP_N;
     check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)), "TRANSA");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)), "TRANSB");
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)),
+          "TRANSA");
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)),
+          "TRANSB");
     check(tx ? cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, c.k, c.n, c.k)
-             : cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, c.n, c.k, c.n), "layout X");
+             : cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, c.n, c.k, c.n),
+          "layout X");
     check(ty ? cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, c.m, c.k, c.m)
-             : cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, c.k, c.m, c.k), "layout Y");
+             : cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, c.k, c.m, c.k),
+          "layout Y");
     check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, c.n, c.m, c.n), "layout D");
     cublasLtMatmulPreference_t pref;
     check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                               sizeof(workspace_bytes)), "workspace pref");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace_bytes, sizeof(workspace_bytes)),
+          "workspace pref");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lx, ly, ld, ld, pref, 1, &result, &found), "AlgoGetHeuristic");
+    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lx, ly, ld, ld, pref, 1, &result, &found),
+          "AlgoGetHeuristic");
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) throw std::runtime_error("cuBLASLt has no algorithm for " + c.name);
     algo = result.algo; // the heuristic's first choice: what cuBLAS itself would run
   }
   ~CublasGemm() {
-    cublasLtMatrixLayoutDestroy(lx), cublasLtMatrixLayoutDestroy(ly), cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatrixLayoutDestroy(lx), cublasLtMatrixLayoutDestroy(ly),
+        cublasLtMatrixLayoutDestroy(ld);
     cublasLtMatmulDescDestroy(op);
   }
   void run(const void* a, const void* b, void* d, cudaStream_t s) const {
     const float alpha = 1.f, beta = 0.f;
-    check(cublasLtMatmul(handle, op, &alpha, b, lx, a, ly, &beta, d, ld, d, ld, &algo, workspace, workspace_bytes, s),
+    check(cublasLtMatmul(handle, op, &alpha, b, lx, a, ly, &beta, d, ld, d, ld, &algo, workspace,
+                         workspace_bytes, s),
           "cublasLtMatmul");
   }
 };
@@ -149,9 +165,10 @@ double compare_outputs(const void* d_coda, const void* d_cublas, int64_t numel) 
   return diff / scale;
 }
 
-Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush, size_t flush_bytes,
-                  int runs, cudaStream_t s) {
-  Buffer a(size_t(c.m * c.k * 2)), b(size_t(c.n * c.k * 2)), d(size_t(c.m * c.n * 2)), d_ref(size_t(c.m * c.n * 2));
+Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush,
+                  size_t flush_bytes, int runs, cudaStream_t s) {
+  Buffer a(size_t(c.m * c.k * 2)), b(size_t(c.n * c.k * 2)), d(size_t(c.m * c.n * 2)),
+      d_ref(size_t(c.m * c.n * 2));
   fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.p), c.m * c.k, 1);
   fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(b.p), c.n * c.k, 2);
   check(cudaGetLastError(), "fill");
@@ -184,12 +201,15 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
     check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
     out.push_back(ms);
   };
-  for (int i = 0; i < runs; ++i) timed(run_coda, t_coda), timed(run_cublas, t_cublas); // interleaved
+  for (int i = 0; i < runs; ++i)
+    timed(run_coda, t_coda), timed(run_cublas, t_cublas); // interleaved
   cudaEventDestroy(start), cudaEventDestroy(stop);
   return {c, median(t_coda), median(t_cublas), compare_outputs(d.p, d_ref.p, c.m * c.n)};
 }
 
-double tflops(const BenchCase& c, double ms) { return 2.0 * double(c.m) * double(c.n) * double(c.k) / (ms * 1e9); }
+double tflops(const BenchCase& c, double ms) {
+  return 2.0 * double(c.m) * double(c.n) * double(c.k) / (ms * 1e9);
+}
 
 } // namespace
 
@@ -199,14 +219,20 @@ int main(int argc, char** argv) {
   int runs = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--commit") commit = argv[i + 1];
-    else if (flag == "--out") out_path = argv[i + 1];
-    else if (flag == "--runs") runs = std::max(1, std::atoi(argv[i + 1]));
-    else if (flag == "--filter") filter = argv[i + 1];
-    else return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
+    if (flag == "--commit")
+      commit = argv[i + 1];
+    else if (flag == "--out")
+      out_path = argv[i + 1];
+    else if (flag == "--runs")
+      runs = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--filter")
+      filter = argv[i + 1];
+    else
+      return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
   }
   try {
-    if (!coda::gpu::device_supported()) return std::fprintf(stderr, "bench_gemm needs an sm_90 GPU\n"), 1;
+    if (!coda::gpu::device_supported())
+      return std::fprintf(stderr, "bench_gemm needs an sm_90 GPU\n"), 1;
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, 0), "properties");
     cudaStream_t s;
@@ -217,15 +243,15 @@ int main(int argc, char** argv) {
     Buffer ws(ws_bytes), flush(flush_bytes);
 
     std::vector<Result> results;
-    std::printf("%-24s %6s %6s %6s  %9s %9s  %7s %9s\n", "case", "M", "N", "K", "coda TF/s", "cuBLAS", "ratio",
-                "rel diff");
+    std::printf("%-24s %6s %6s %6s  %9s %9s  %7s %9s\n", "case", "M", "N", "K", "coda TF/s",
+                "cuBLAS", "ratio", "rel diff");
     for (const BenchCase& c : bench_cases()) {
       if (c.name.find(filter) == std::string::npos) continue;
       const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, s);
       results.push_back(r);
-      std::printf("%-24s %6lld %6lld %6lld  %9.1f %9.1f  %7.3f %9.2e\n", c.name.c_str(), (long long)c.m,
-                  (long long)c.n, (long long)c.k, tflops(c, r.coda_ms), tflops(c, r.cublas_ms), r.cublas_ms / r.coda_ms,
-                  r.max_rel_diff);
+      std::printf("%-24s %6lld %6lld %6lld  %9.1f %9.1f  %7.3f %9.2e\n", c.name.c_str(),
+                  (long long)c.m, (long long)c.n, (long long)c.k, tflops(c, r.coda_ms),
+                  tflops(c, r.cublas_ms), r.cublas_ms / r.coda_ms, r.max_rel_diff);
       std::fflush(stdout);
     }
     double log_sum = 0, worst = 1e30;
@@ -243,15 +269,17 @@ int main(int argc, char** argv) {
     std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
     FILE* f = std::fopen(out_path.c_str(), "w");
     if (!f) return std::fprintf(stderr, "cannot write %s\n", out_path.c_str()), 1;
-    std::fprintf(f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"cases\": [\n", prop.name,
-                 date, commit.c_str());
+    std::fprintf(
+        f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"cases\": [\n",
+        prop.name, date, commit.c_str());
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      std::fprintf(f,
-                   "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
-                   "\"coda_ms\": %.5f, \"cublas_ms\": %.5f}%s\n",
-                   r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k, r.coda_ms,
-                   r.cublas_ms, i + 1 < results.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, "
+          "\"coda_ms\": %.5f, \"cublas_ms\": %.5f}%s\n",
+          r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
+          r.coda_ms, r.cublas_ms, i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

@@ -19,9 +19,12 @@ int current_device_sms() {
 
 GemmLauncher find_launcher(GemmLayout layout, DType in, DType out, gemm::KernelId kernel) {
   switch (layout) {
-  case GemmLayout::fwd: return gemm_launcher<GemmLayout::fwd>(in, out, kernel);
-  case GemmLayout::dgrad: return gemm_launcher<GemmLayout::dgrad>(in, out, kernel);
-  case GemmLayout::wgrad: return gemm_launcher<GemmLayout::wgrad>(in, out, kernel);
+  case GemmLayout::fwd:
+    return gemm_launcher<GemmLayout::fwd>(in, out, kernel);
+  case GemmLayout::dgrad:
+    return gemm_launcher<GemmLayout::dgrad>(in, out, kernel);
+  case GemmLayout::wgrad:
+    return gemm_launcher<GemmLayout::wgrad>(in, out, kernel);
   }
   return nullptr;
 }
@@ -49,8 +52,9 @@ void gemm(const GemmArgs& args, Stream stream) {
   const gemm::GemmPlan plan = gemm::choose_plan(args.m(), args.n(), args.k(), current_device_sms());
   const GemmLauncher launch = find_launcher(args.layout, args.a.dtype, args.d.dtype, plan.kernel);
   if (!launch)
-    throw Error(Status::not_supported, std::string("no GPU GEMM kernel for ") + dtype_name(args.a.dtype) +
-                                           " inputs and " + dtype_name(args.d.dtype) + " output");
+    throw Error(Status::not_supported, std::string("no GPU GEMM kernel for ") +
+                                           dtype_name(args.a.dtype) + " inputs and " +
+                                           dtype_name(args.d.dtype) + " output");
   launch(args, plan.group_m, stream);
 }
 

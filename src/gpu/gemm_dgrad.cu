@@ -3,7 +3,8 @@
 
 namespace coda::gpu {
 
-template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType in, DType out, gemm::KernelId kernel) {
+template <>
+GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType in, DType out, gemm::KernelId kernel) {
   return detail::launcher_for_types<GemmLayout::dgrad>(in, out, kernel);
 }
 

@@ -9,26 +9,37 @@ namespace coda::gpu::detail {
 template <GemmLayout kLayout, class InT, class OutT>
 GemmLauncher launcher_for(gemm::KernelId kernel) {
   switch (kernel) {
-  case gemm::KernelId::wide: return &gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>::run;
-  case gemm::KernelId::pingpong: return &gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>::run;
+  case gemm::KernelId::wide:
+    return &gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>::run;
+  case gemm::KernelId::pingpong:
+    return &gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>::run;
   }
   return nullptr;
 }
 
-template <GemmLayout kLayout, class InT> GemmLauncher launcher_for_out(DType out, gemm::KernelId kernel) {
+template <GemmLayout kLayout, class InT>
+GemmLauncher launcher_for_out(DType out, gemm::KernelId kernel) {
   switch (out) {
-  case DType::bf16: return launcher_for<kLayout, InT, bf16>(kernel);
-  case DType::f16: return launcher_for<kLayout, InT, f16>(kernel);
-  case DType::f32: return launcher_for<kLayout, InT, float>(kernel);
-  default: return nullptr;
+  case DType::bf16:
+    return launcher_for<kLayout, InT, bf16>(kernel);
+  case DType::f16:
+    return launcher_for<kLayout, InT, f16>(kernel);
+  case DType::f32:
+    return launcher_for<kLayout, InT, float>(kernel);
+  default:
+    return nullptr;
   }
 }
 
-template <GemmLayout kLayout> GemmLauncher launcher_for_types(DType in, DType out, gemm::KernelId kernel) {
+template <GemmLayout kLayout>
+GemmLauncher launcher_for_types(DType in, DType out, gemm::KernelId kernel) {
   switch (in) {
-  case DType::bf16: return launcher_for_out<kLayout, bf16>(out, kernel);
-  case DType::f16: return launcher_for_out<kLayout, f16>(out, kernel);
-  default: return nullptr;
+  case DType::bf16:
+    return launcher_for_out<kLayout, bf16>(out, kernel);
+  case DType::f16:
+    return launcher_for_out<kLayout, f16>(out, kernel);
+  default:
+    return nullptr;
   }
 }
 

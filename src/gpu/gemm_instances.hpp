@@ -13,7 +13,8 @@ namespace coda::gpu {
 using GemmLauncher = void (*)(const GemmArgs& args, int32_t group_m, Stream stream);
 
 // nullptr when the combination is not compiled.
-template <GemmLayout kLayout> GemmLauncher gemm_launcher(DType in, DType out, gemm::KernelId kernel);
+template <GemmLayout kLayout>
+GemmLauncher gemm_launcher(DType in, DType out, gemm::KernelId kernel);
 
 template <> GemmLauncher gemm_launcher<GemmLayout::fwd>(DType, DType, gemm::KernelId);
 template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType, DType, gemm::KernelId);

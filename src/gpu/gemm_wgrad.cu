@@ -3,7 +3,8 @@
 
 namespace coda::gpu {
 
-template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType in, DType out, gemm::KernelId kernel) {
+template <>
+GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType in, DType out, gemm::KernelId kernel) {
   return detail::launcher_for_types<GemmLayout::wgrad>(in, out, kernel);
 }
 

@@ -64,13 +64,15 @@ struct Case {
 std::string describe(const Case& c) {
   static const char* layouts[] = {"fwd", "dgrad", "wgrad"};
   static const char* cmodes[] = {"", " +C", " +C aliasing D"};
-  return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) + " M=" +
-         std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
+  return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) +
+         " M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
          cmodes[int(c.c)] + " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
 }
 
 ref::Layout ref_layout(GemmLayout l) {
-  return l == GemmLayout::fwd ? ref::Layout::fwd : l == GemmLayout::dgrad ? ref::Layout::dgrad : ref::Layout::wgrad;
+  return l == GemmLayout::fwd     ? ref::Layout::fwd
+         : l == GemmLayout::dgrad ? ref::Layout::dgrad
+                                  : ref::Layout::wgrad;
 }
 
 // Host tensor of any dtype, as raw bytes plus float values (already rounded to the dtype).
@@ -114,8 +116,8 @@ float round_out(DType t, float x) {
 // times further from the exact result than a round-to-nearest sequential sum, so a sequential
 // fp32 baseline would reject cuBLAS itself for fp32 outputs. a: [rows, K] (op(A) rows),
 // bt: [N, K] (op(B) transposed); returns [rows, N].
-std::vector<float> tensor_core_fp32_gemm(const std::vector<float>& a, const std::vector<float>& bt, int64_t rows,
-                                         int64_t n, int64_t k) {
+std::vector<float> tensor_core_fp32_gemm(const std::vector<float>& a, const std::vector<float>& bt,
+                                         int64_t rows, int64_t n, int64_t k) {
   std::vector<float> out(size_t(rows * n));
   for (int64_t i = 0; i < rows; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -124,7 +126,8 @@ std::vector<float> tensor_core_fp32_gemm(const std::vector<float>& a, const std:
       float acc = 0.f;
       for (int64_t k0 = 0; k0 < k; k0 += 16) {
         double chunk = 0; // 16 products of 16-bit floats: exact in double
-        for (int64_t kk = k0; kk < std::min(k, k0 + 16); ++kk) chunk += double(x[kk]) * double(y[kk]);
+        for (int64_t kk = k0; kk < std::min(k, k0 + 16); ++kk)
+          chunk += double(x[kk]) * double(y[kk]);
         const double exact = double(acc) + chunk;
         float rounded = float(exact);
         if (std::fabs(double(rounded)) > std::fabs(exact)) rounded = std::nextafter(rounded, 0.f);
@@ -160,8 +163,9 @@ TensorView device_view(void* p, DType t, int64_t rows, int64_t cols) {
 
 void run_case(const Case& c) {
   SCOPED_TRACE(describe(c));
-  const uint64_t seed = test::test_seed() ^ (uint64_t(c.m) * 1000003u + uint64_t(c.n) * 10007u + uint64_t(c.k) +
-                                            uint64_t(c.layout) * 31u + uint64_t(c.in) * 7u + uint64_t(c.out));
+  const uint64_t seed =
+      test::test_seed() ^ (uint64_t(c.m) * 1000003u + uint64_t(c.n) * 10007u + uint64_t(c.k) +
+                           uint64_t(c.layout) * 31u + uint64_t(c.in) * 7u + uint64_t(c.out));
   const bool a_km = c.layout == GemmLayout::wgrad; // A stored [K, M]
   const bool b_nk = c.layout == GemmLayout::fwd;   // B stored [N, K]
   HostTensor a = random_tensor(c.in, size_t(c.m * c.k), seed + 1);
@@ -174,8 +178,10 @@ void run_case(const Case& c) {
   cuda_ok(cudaMemcpy(da.ptr, a.bytes.data(), a.bytes.size(), cudaMemcpyHostToDevice));
   cuda_ok(cudaMemcpy(db.ptr, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice));
   cuda_ok(cudaMemset(dd.ptr, 0xff, d_bytes)); // NaN in every dtype
-  if (c.c == CMode::separate) cuda_ok(cudaMemcpy(dc.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
-  if (c.c == CMode::alias_d) cuda_ok(cudaMemcpy(dd.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
+  if (c.c == CMode::separate)
+    cuda_ok(cudaMemcpy(dc.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
+  if (c.c == CMode::alias_d)
+    cuda_ok(cudaMemcpy(dd.ptr, cin.bytes.data(), cin.bytes.size(), cudaMemcpyHostToDevice));
 
   GemmArgs args;
   args.layout = c.layout;
@@ -198,12 +204,14 @@ void run_case(const Case& c) {
   std::vector<float> a_rows(size_t(r * c.k)), bt(size_t(c.n * c.k));
   for (int64_t i = 0; i < r; ++i)
     for (int64_t k = 0; k < c.k; ++k) {
-      const float v = a.values[size_t(a_km ? k * c.m + rows[size_t(i)] : rows[size_t(i)] * c.k + k)];
+      const float v =
+          a.values[size_t(a_km ? k * c.m + rows[size_t(i)] : rows[size_t(i)] * c.k + k)];
       a64[size_t(a_km ? k * r + i : i * c.k + k)] = v;
       a_rows[size_t(i * c.k + k)] = v;
     }
   for (int64_t j = 0; j < c.n; ++j)
-    for (int64_t k = 0; k < c.k; ++k) bt[size_t(j * c.k + k)] = b.values[size_t(b_nk ? j * c.k + k : k * c.n + j)];
+    for (int64_t k = 0; k < c.k; ++k)
+      bt[size_t(j * c.k + k)] = b.values[size_t(b_nk ? j * c.k + k : k * c.n + j)];
   std::vector<double> ref64(size_t(r * c.n));
   ref::gemm(ref_layout(c.layout), r, c.n, c.k, a64.data(), b64.data(), ref64.data());
   const std::vector<float> acc32 = tensor_core_fp32_gemm(a_rows, bt, r, c.n, c.k);
@@ -224,13 +232,16 @@ void run_case(const Case& c) {
 constexpr GemmLayout kLayouts[] = {GemmLayout::fwd, GemmLayout::dgrad, GemmLayout::wgrad};
 
 // wgrad's A is [K, M]: its rows need M to be a multiple of 8 (16-byte TMA strides).
-int64_t legal_m(GemmLayout layout, int64_t m) { return layout == GemmLayout::wgrad ? (m + 7) / 8 * 8 : m; }
+int64_t legal_m(GemmLayout layout, int64_t m) {
+  return layout == GemmLayout::wgrad ? (m + 7) / 8 * 8 : m;
+}
 
 TEST(GpuGemm, EveryLayoutAndDtype) {
   CODA_REQUIRE_SM90();
   for (GemmLayout layout : kLayouts)
     for (DType in : {DType::bf16, DType::f16})
-      for (DType out : {DType::bf16, DType::f16, DType::f32}) run_case({layout, in, out, 1000, 264, 1032});
+      for (DType out : {DType::bf16, DType::f16, DType::f32})
+        run_case({layout, in, out, 1000, 264, 1032});
 }
 
 TEST(GpuGemm, RaggedShapes) {
@@ -239,12 +250,14 @@ TEST(GpuGemm, RaggedShapes) {
   const int64_t nks[][2] = {{8, 8}, {264, 1032}, {1032, 264}, {4104, 4104}};
   for (GemmLayout layout : kLayouts)
     for (int64_t m : ms)
-      for (auto nk : nks) run_case({layout, DType::bf16, DType::bf16, legal_m(layout, m), nk[0], nk[1]});
+      for (auto nk : nks)
+        run_case({layout, DType::bf16, DType::bf16, legal_m(layout, m), nk[0], nk[1]});
 }
 
 TEST(GpuGemm, LongK) {
   CODA_REQUIRE_SM90();
-  for (GemmLayout layout : kLayouts) run_case({layout, DType::bf16, DType::f32, legal_m(layout, 127), 264, 16384});
+  for (GemmLayout layout : kLayouts)
+    run_case({layout, DType::bf16, DType::f32, legal_m(layout, 127), 264, 16384});
 }
 
 TEST(GpuGemm, AlphaBetaWithC) {
@@ -252,7 +265,8 @@ TEST(GpuGemm, AlphaBetaWithC) {
   for (GemmLayout layout : kLayouts)
     for (DType out : {DType::bf16, DType::f16, DType::f32}) {
       run_case({layout, DType::bf16, out, 1000, 264, 520, 0.5f, -1.5f, CMode::separate});
-      run_case({layout, DType::f16, out, 1000, 264, 520, 2.f, 0.f, CMode::separate}); // C never read
+      run_case(
+          {layout, DType::f16, out, 1000, 264, 520, 2.f, 0.f, CMode::separate}); // C never read
     }
 }
 
@@ -268,7 +282,8 @@ TEST(GpuGemm, SmallForSanitizer) {
   CODA_REQUIRE_SM90();
   for (GemmLayout layout : kLayouts) {
     run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 127), 264, 200});
-    run_case({layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
+    run_case(
+        {layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
     run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 200}); // the ping-pong kernel
   }
 }
@@ -312,7 +327,8 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
         for (int64_t u = 0; u < s.num_units(); ++u)
           for (int32_t r = 0; r < cluster; ++r) {
             const gemm::TileCoord t = s.tile(u, r);
-            ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.units_m() * cluster && t.n_block >= 0 && t.n_block < s.tiles_n);
+            ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.units_m() * cluster && t.n_block >= 0 &&
+                        t.n_block < s.tiles_n);
             ++hits[size_t(t.m_block * s.tiles_n + t.n_block)];
           }
         for (int h : hits) EXPECT_EQ(h, 1);
@@ -320,16 +336,18 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
 }
 
 TEST(GemmHost, HeuristicAvoidsEmptyWaves) {
-  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide);   // 1024 tiles
-  EXPECT_EQ(gemm::choose_plan(2048, 2048, 8192, 132).kernel, gemm::KernelId::wide);   // 128 tiles
-  EXPECT_EQ(gemm::choose_plan(3072, 2048, 8192, 132).kernel, gemm::KernelId::pingpong); // 1.45 waves
+  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide); // 1024 tiles
+  EXPECT_EQ(gemm::choose_plan(2048, 2048, 8192, 132).kernel, gemm::KernelId::wide); // 128 tiles
+  EXPECT_EQ(gemm::choose_plan(3072, 2048, 8192, 132).kernel,
+            gemm::KernelId::pingpong); // 1.45 waves
   EXPECT_GE(gemm::choose_plan(1, 8, 8, 132).group_m, 1);
 }
 
 TEST(GemmHost, FragmentMapCoversTheBlockOnce) {
   std::vector<int> hits(64 * 256, 0);
   for (int t = 0; t < 128; ++t)
-    for (int i = 0; i < 128; ++i) ++hits[size_t(gemm::FragmentMap::row(t, i) * 256 + gemm::FragmentMap::col(t, i))];
+    for (int i = 0; i < 128; ++i)
+      ++hits[size_t(gemm::FragmentMap::row(t, i) * 256 + gemm::FragmentMap::col(t, i))];
   for (int h : hits) EXPECT_EQ(h, 1);
   EXPECT_EQ(gemm::FragmentMap::col(5, 1), 2 * 1 + 1); // pairs (2k, 2k+1) in registers (i, i+1)
   EXPECT_EQ(gemm::FragmentMap::row(40, 2), 16 + 2 + 8);

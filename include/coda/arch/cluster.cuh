@@ -28,7 +28,9 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t 
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
-__device__ __forceinline__ uint32_t cluster_cta_rank() { return cuda::ptx::get_sreg_cluster_ctarank(); }
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  return cuda::ptx::get_sreg_cluster_ctarank();
+}
 
 // All threads of all CTAs of the cluster (barrier.cluster, via cuda::ptx): arrive with release
 // semantics and wait with acquire, so mbarrier inits and smem writes before it are visible.

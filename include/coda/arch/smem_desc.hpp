@@ -27,7 +27,8 @@ CODA_HD constexpr uint32_t swizzle_offset(Swizzle mode, uint32_t offset) {
 // Only 128-byte swizzle is used for operands (a 64-element bf16/f16 row is one 128-byte span).
 CODA_HD constexpr uint64_t make_wgmma_desc_sw128(uint32_t smem_addr, uint32_t leading_byte_offset,
                                                  uint32_t stride_byte_offset) {
-  return uint64_t((smem_addr >> 4) & 0x3fffu) | (uint64_t((leading_byte_offset >> 4) & 0x3fffu) << 16) |
+  return uint64_t((smem_addr >> 4) & 0x3fffu) |
+         (uint64_t((leading_byte_offset >> 4) & 0x3fffu) << 16) |
          (uint64_t((stride_byte_offset >> 4) & 0x3fffu) << 32) | (uint64_t(1) << 62);
 }
 

@@ -8,11 +8,12 @@ namespace coda::arch {
 // PTX ISA "stmatrix" (Warp Level Matrix Instructions), .m8n8.x4.b16, not transposed: four 8x8
 // matrices of 16-bit elements. Register r_i of lane l holds row l/4, columns 2(l%4), 2(l%4)+1 of
 // matrix i; lanes 8i..8i+7 give the shared addresses of the 8 rows (16 bytes each) of matrix i.
-__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1, uint32_t r2,
-                                            uint32_t r3) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared::cta.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
-               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
-               : "memory");
+__device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uint32_t r1,
+                                            uint32_t r2, uint32_t r3) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.shared::cta.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
+      "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+      : "memory");
 }
 
 } // namespace coda::arch

@@ -24,13 +24,12 @@ template <int kRegs> __device__ __forceinline__ void setmaxnreg_dec() {
 // PTX ISA "elect.sync": true in exactly one active lane of the (fully active) warp.
 __device__ __forceinline__ bool elect_one_sync() {
   uint32_t elected = 0;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "elect.sync _|p, 0xffffffff;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(elected));
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "elect.sync _|p, 0xffffffff;\n"
+               "selp.u32 %0, 1, 0, p;\n"
+               "}\n"
+               : "=r"(elected));
   return elected != 0;
 }
 

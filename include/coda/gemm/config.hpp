@@ -19,8 +19,12 @@ enum class Major : int { k = 0, mn = 1 };
 
 // fwd: A [M, K] and B [N, K] are K-major. dgrad: B [K, N] is N-major. wgrad: A [K, M] is
 // M-major too. The wgmma transpose bits and the TMA boxes absorb the difference.
-constexpr Major a_major(GemmLayout layout) { return layout == GemmLayout::wgrad ? Major::mn : Major::k; }
-constexpr Major b_major(GemmLayout layout) { return layout == GemmLayout::fwd ? Major::k : Major::mn; }
+constexpr Major a_major(GemmLayout layout) {
+  return layout == GemmLayout::wgrad ? Major::mn : Major::k;
+}
+constexpr Major b_major(GemmLayout layout) {
+  return layout == GemmLayout::fwd ? Major::k : Major::mn;
+}
 
 template <int kTileM_, int kTileN_, int kStages_, int kClusterM_, Schedule kSchedule_>
 struct GemmConfig {
@@ -42,7 +46,8 @@ struct GemmConfig {
   static constexpr int kProducerRegisters = 40;
   static constexpr int kConsumerRegisters = 232;
 
-  static_assert(kTileK == 64, "operand tiles are one 128-byte swizzle span (64 elements) deep in K");
+  static_assert(kTileK == 64,
+                "operand tiles are one 128-byte swizzle span (64 elements) deep in K");
   static_assert(kTileN == 128 || kTileN == 256, "wgmma wrappers exist for N = 128 and 256");
   static_assert(kSchedule != Schedule::cooperative || kTileM == 128,
                 "cooperative schedule: two warpgroups of 64 rows, so tile M must be 128");
@@ -51,7 +56,8 @@ struct GemmConfig {
   static_assert(kAccumulatorsPerThread <= 128,
                 "a consumer thread holds at most 128 fp32 accumulators (register budget 232)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
-  static_assert(kTileN / 64 % kClusterM == 0, "each CTA of a cluster multicasts whole 64-column atoms of B");
+  static_assert(kTileN / 64 % kClusterM == 0,
+                "each CTA of a cluster multicasts whole 64-column atoms of B");
   static_assert(kStages >= 2 && kStages <= 8, "2 to 8 pipeline stages");
   static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 65536,
                 "register split exceeds the 64K registers of an SM");

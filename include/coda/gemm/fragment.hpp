@@ -18,7 +18,9 @@ struct FragmentMap {
   CODA_HD static constexpr int row(int thread, int reg) {
     return 16 * (thread / 32) + (thread % 32) / 4 + 8 * ((reg >> 1) & 1);
   }
-  CODA_HD static constexpr int col(int thread, int reg) { return 8 * (reg >> 2) + 2 * (thread % 4) + (reg & 1); }
+  CODA_HD static constexpr int col(int thread, int reg) {
+    return 8 * (reg >> 2) + 2 * (thread % 4) + (reg & 1);
+  }
 };
 
 // The accumulators of one consumer warpgroup: kBlocksM blocks of 64 rows by kN columns.

@@ -30,12 +30,15 @@ template <class Mainloop, class Epilogue> struct KernelSharedStorage {
 // warpgroup whose turn it is waits (bar.sync) on its barrier; the other arrives on it when done.
 __device__ __forceinline__ void mma_turn(int warpgroup, bool arrive) {
   const uint32_t id = uint32_t(NamedBarrier::mma_turn_warpgroup0) + uint32_t(warpgroup);
-  if (arrive) arch::named_barrier_arrive(id, 2 * arch::kWarpgroupSize);
-  else arch::named_barrier_sync(id, 2 * arch::kWarpgroupSize);
+  if (arrive)
+    arch::named_barrier_arrive(id, 2 * arch::kWarpgroupSize);
+  else
+    arch::named_barrier_sync(id, 2 * arch::kWarpgroupSize);
 }
 
 template <class Config, class Mainloop, class Epilogue>
-__device__ void consume(const KernelParams<Mainloop, Epilogue>& params, KernelSharedStorage<Mainloop, Epilogue>& smem,
+__device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
+                        KernelSharedStorage<Mainloop, Epilogue>& smem,
                         typename Mainloop::Pipeline& pipe, uint32_t cta_rank) {
   const int consumer = int(threadIdx.x) / arch::kWarpgroupSize - 1;
   const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
@@ -56,7 +59,8 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params, KernelSh
     if (!kCooperative && iteration % Config::kConsumerWarpgroups != consumer) continue;
     const TileCoord tile = params.scheduler.tile(unit, int32_t(cta_rank));
     const int first_block = kCooperative ? consumer * Config::kMmaBlocksM : 0;
-    const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64, tile.n_block * Config::kTileN};
+    const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64,
+                            tile.n_block * Config::kTileN};
     epilogue.begin_tile(rows);
     // Ping-pong: wait for the other warpgroup to finish its tile's MMAs before starting ours.
     // NOTE: besides ordering the tensor cores, this keeps the pipeline barriers at most one phase
@@ -83,7 +87,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = int(threadIdx.x) / arch::kWarpgroupSize;
   const uint32_t cta_rank = Config::kClusterM > 1 ? arch::cluster_cta_rank() : 0;
   constexpr int kReleasersPerCta =
-      (Config::kSchedule == Schedule::cooperative ? Config::kConsumerWarpgroups : 1) * (arch::kWarpgroupSize / arch::kWarpSize);
+      (Config::kSchedule == Schedule::cooperative ? Config::kConsumerWarpgroups : 1) *
+      (arch::kWarpgroupSize / arch::kWarpSize);
   typename Mainloop::Pipeline pipe{smem.mainloop.barriers};
 
   if (threadIdx.x == 0) {
@@ -93,17 +98,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     Epilogue::init(smem.epilogue);
   }
   // Barrier inits must be visible cluster-wide before any peer multicasts or arrives remotely.
-  if constexpr (Config::kClusterM > 1) arch::cluster_sync();
-  else __syncthreads();
+  if constexpr (Config::kClusterM > 1)
+    arch::cluster_sync();
+  else
+    __syncthreads();
 
   if (warpgroup == 0) {
     arch::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x / arch::kWarpSize == 0 && arch::elect_one_sync()) {
       typename Mainloop::State st;
       const int64_t clusters = gridDim.x / Config::kClusterM;
-      for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units(); unit += clusters)
-        Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st, params.scheduler.tile(unit, int32_t(cta_rank)),
-                            cta_rank);
+      for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units();
+           unit += clusters)
+        Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
+                            params.scheduler.tile(unit, int32_t(cta_rank)), cta_rank);
     }
     __syncwarp();
   } else {

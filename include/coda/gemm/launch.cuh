@@ -31,29 +31,33 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
   using SharedStorage = KernelSharedStorage<Main, Epi>;
   // NOTE: + 1024 is alignment slack: the kernel rounds the dynamic smem base up to 1024 bytes.
   static constexpr size_t kSharedBytes = sizeof(SharedStorage) + 1024;
-  static_assert(kSharedBytes <= kMaxSharedBytes,
-                "pipeline stages + epilogue buffers exceed the 227 KB of shared memory; use fewer stages");
+  static_assert(
+      kSharedBytes <= kMaxSharedBytes,
+      "pipeline stages + epilogue buffers exceed the 227 KB of shared memory; use fewer stages");
 
   static Params make_params(const GemmArgs& args, int32_t group_m) {
     const int64_t M = args.m(), N = args.n(), K = args.k();
     constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
     const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
     Params p{};
-    p.mainloop.a = make_tensor_map("A", kMnA ? TensorMapShape{args.a.data, args.a.dtype, uint64_t(M), uint64_t(K),
-                                                              uint64_t(args.a.stride[0]), 64, 64, sw128}
-                                             : TensorMapShape{args.a.data, args.a.dtype, uint64_t(K), uint64_t(M),
-                                                              uint64_t(args.a.stride[0]), 64, Config::kTileM, sw128});
+    p.mainloop.a = make_tensor_map(
+        "A", kMnA ? TensorMapShape{args.a.data, args.a.dtype, uint64_t(M), uint64_t(K),
+                                   uint64_t(args.a.stride[0]), 64, 64, sw128}
+                  : TensorMapShape{args.a.data, args.a.dtype, uint64_t(K), uint64_t(M),
+                                   uint64_t(args.a.stride[0]), 64, Config::kTileM, sw128});
     p.mainloop.b = make_tensor_map(
-        "B", kMnB ? TensorMapShape{args.b.data, args.b.dtype, uint64_t(N), uint64_t(K), uint64_t(args.b.stride[0]), 64,
-                                   64, sw128}
-                  : TensorMapShape{args.b.data, args.b.dtype, uint64_t(K), uint64_t(N), uint64_t(args.b.stride[0]), 64,
-                                   Main::kSliceRowsB, sw128});
+        "B", kMnB ? TensorMapShape{args.b.data, args.b.dtype, uint64_t(N), uint64_t(K),
+                                   uint64_t(args.b.stride[0]), 64, 64, sw128}
+                  : TensorMapShape{args.b.data, args.b.dtype, uint64_t(K), uint64_t(N),
+                                   uint64_t(args.b.stride[0]), 64, Main::kSliceRowsB, sw128});
     p.mainloop.k_blocks = int32_t(ceil_div<int64_t>(K, Config::kTileK));
 
-    const CUtensorMapSwizzle sw_out = Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    const CUtensorMapSwizzle sw_out =
+        Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
     auto out_map = [&](const char* what, const TensorView& t) {
-      return make_tensor_map(what, TensorMapShape{t.data, t.dtype, uint64_t(N), uint64_t(M), uint64_t(t.stride[0]),
-                                                  uint32_t(Epi::kSubCols), uint32_t(Epi::kSubRows), sw_out});
+      return make_tensor_map(what, TensorMapShape{t.data, t.dtype, uint64_t(N), uint64_t(M),
+                                                  uint64_t(t.stride[0]), uint32_t(Epi::kSubCols),
+                                                  uint32_t(Epi::kSubRows), sw_out});
     };
     p.epilogue.d = out_map("D", args.d);
     p.epilogue.load_c = args.has_c() && args.beta != 0.f;
@@ -72,11 +76,13 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
   static int max_active_clusters(const void* kernel) {
     static int cached = 0;
     if (cached == 0) {
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSharedBytes)),
+      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kSharedBytes)),
                  "setting the GEMM kernel's shared memory size");
       int device = 0, sms = 0;
       check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "querying SM count");
+      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+                 "querying SM count");
       cudaLaunchConfig_t cfg{};
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeClusterDimension;
@@ -88,7 +94,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg), "cudaOccupancyMaxActiveClusters");
+      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
+                 "cudaOccupancyMaxActiveClusters");
       cached = std::max(clusters, 1);
     }
     return cached;
@@ -99,7 +106,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     const Params params = make_params(args, group_m);
     const int64_t units = params.scheduler.num_units();
     if (units == 0) return;
-    const int64_t clusters = std::min<int64_t>(max_active_clusters(reinterpret_cast<const void*>(kernel)), units);
+    const int64_t clusters =
+        std::min<int64_t>(max_active_clusters(reinterpret_cast<const void*>(kernel)), units);
 
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr{};

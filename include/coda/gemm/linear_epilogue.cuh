@@ -34,15 +34,16 @@ namespace coda::gemm {
 template <class OutT, int kWarpgroups> struct LinearEpilogue {
   static constexpr int kSubRows = 64, kSubCols = 32; // one subtile: 64 rows x 32 columns
   static constexpr int kRowBytes = kSubCols * int(sizeof(OutT));
-  static constexpr arch::Swizzle kSwizzle = kRowBytes == 128 ? arch::Swizzle::b128 : arch::Swizzle::b64;
+  static constexpr arch::Swizzle kSwizzle =
+      kRowBytes == 128 ? arch::Swizzle::b128 : arch::Swizzle::b64;
   static constexpr uint32_t kSubtileBytes = kSubRows * kRowBytes;
   static constexpr bool k16Bit = sizeof(OutT) == 2;
 
   struct Params {
-    CUtensorMap d;   // dims {N, M}, box {32, 64}, swizzle = row bytes of the subtile
-    CUtensorMap c;   // same geometry as d; unused unless load_c
+    CUtensorMap d; // dims {N, M}, box {32, 64}, swizzle = row bytes of the subtile
+    CUtensorMap c; // same geometry as d; unused unless load_c
     float alpha, beta;
-    int32_t load_c;  // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
+    int32_t load_c; // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
   };
 
   struct SharedStorage {
@@ -53,10 +54,10 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
 
   const Params& params;
   SharedStorage& smem;
-  const int warpgroup;   // consumer warpgroup index
-  const int thread;      // 0..127 in the warpgroup
-  uint32_t subtile = 0;  // subtiles visited so far: buffer = subtile & 1
-  uint32_t c_phase = 0;  // bit b: phase of c_full[warpgroup][b]
+  const int warpgroup;  // consumer warpgroup index
+  const int thread;     // 0..127 in the warpgroup
+  uint32_t subtile = 0; // subtiles visited so far: buffer = subtile & 1
+  uint32_t c_phase = 0; // bit b: phase of c_full[warpgroup][b]
 
   __device__ static void init(SharedStorage& smem) {
     for (int w = 0; w < kWarpgroups; ++w)
@@ -70,9 +71,11 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
     if (params.load_c && thread == 0) load_c(subtile & 1, tile.row0, tile.col0);
   }
 
-  template <int kBlocks, int kN> __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
+  template <int kBlocks, int kN>
+  __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
-#pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local memory
+#pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local
+               // memory
     for (int mb = 0; mb < kBlocks; ++mb) {
 #pragma unroll
       for (int s = 0; s < kSubtilesN; ++s) {
@@ -84,7 +87,8 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
         const bool last = mb == kBlocks - 1 && s == kSubtilesN - 1;
         if (params.load_c && thread == 0 && !last) {
           const bool next_row_block = s == kSubtilesN - 1;
-          load_c(buf ^ 1, next_row_block ? row0 + kSubRows : row0, next_row_block ? tile.col0 : col0 + kSubCols);
+          load_c(buf ^ 1, next_row_block ? row0 + kSubRows : row0,
+                 next_row_block ? tile.col0 : col0 + kSubCols);
         }
         float v[16]; // this thread's 16 values of the subtile, FragmentMap order
 #pragma unroll
@@ -95,8 +99,8 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
         sync();
         if (thread == 0) {
           const int32_t coords[2] = {col0, row0};
-          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &params.d,
-                                          coords, smem.d[warpgroup][buf]);
+          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared,
+                                          &params.d, coords, smem.d[warpgroup][buf]);
           cuda::ptx::cp_async_bulk_commit_group();
         }
         ++subtile;
@@ -112,17 +116,19 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
 
 private:
   __device__ void sync() {
-    arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup, arch::kWarpgroupSize);
+    arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup,
+                             arch::kWarpgroupSize);
   }
 
   __device__ void load_c(uint32_t buf, int32_t row0, int32_t col0) {
     namespace ptx = cuda::ptx;
     uint64_t* bar = &smem.c_full[warpgroup][buf];
-    const uint32_t bytes = kSubtileBytes; // (a constexpr member cannot bind to the const& parameter)
+    const uint32_t bytes =
+        kSubtileBytes; // (a constexpr member cannot bind to the const& parameter)
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
     const int32_t coords[2] = {col0, row0};
-    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.c[warpgroup][buf], &params.c, coords,
-                              bar);
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.c[warpgroup][buf],
+                              &params.c, coords, bar);
   }
 
   // Byte offset of (row, col) of the subtile in its swizzled buffer.

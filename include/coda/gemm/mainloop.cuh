@@ -44,12 +44,14 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
     alignas(1024) uint8_t b[kStages][kTileBytesB];
     PipelineBarriers<kStages> barriers;
   };
-  static_assert(kTileBytesA % arch::kSwizzleAtomBytes == 0 && kTileBytesB % arch::kSwizzleAtomBytes == 0,
+  static_assert(kTileBytesA % arch::kSwizzleAtomBytes == 0 &&
+                    kTileBytesB % arch::kSwizzleAtomBytes == 0,
                 "operand tiles must stay 1024-byte aligned for the 128-byte swizzle");
 
   struct Params {
     CUtensorMap a; // K-major: dims {K, M}, box {64, kTileM}; MN-major: dims {M, K}, box {64, 64}
-    CUtensorMap b; // K-major: dims {K, N}, box {64, kSliceRowsB}; MN-major: dims {N, K}, box {64, 64}
+    CUtensorMap
+        b; // K-major: dims {K, N}, box {64, kSliceRowsB}; MN-major: dims {N, K}, box {64, 64}
     int32_t k_blocks; // ceil(K / 64); the K tail is zero-filled by TMA
   };
 
@@ -101,7 +103,8 @@ private:
     for (int mb = 0; mb < Accum::kBlocks; ++mb) arch::wgmma_fence_operand(acc.reg[mb]);
   }
 
-  __device__ static void load_a(const Params& p, uint8_t* dst, uint64_t* full, int32_t m0, int32_t k0) {
+  __device__ static void load_a(const Params& p, uint8_t* dst, uint64_t* full, int32_t m0,
+                                int32_t k0) {
     namespace ptx = cuda::ptx;
     if constexpr (kMajorA == Major::k) {
       const int32_t coords[2] = {k0, m0};
@@ -110,16 +113,16 @@ private:
 #pragma unroll
       for (int atom = 0; atom < Config::kTileM / 64; ++atom) {
         const int32_t coords[2] = {m0 + 64 * atom, k0};
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst + atom * kAtomBytes, &p.a,
-                                  coords, full);
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, dst + atom * kAtomBytes,
+                                  &p.a, coords, full);
       }
     }
   }
 
   // B is shared by the cluster: this CTA loads its slice and multicasts it to every CTA, into the
   // same offset, completing the same-offset `full` barrier of each.
-  __device__ static void load_b(const Params& p, uint8_t* dst, uint64_t* full, int32_t n0, int32_t k0,
-                                uint32_t cta_rank) {
+  __device__ static void load_b(const Params& p, uint8_t* dst, uint64_t* full, int32_t n0,
+                                int32_t k0, uint32_t cta_rank) {
     namespace ptx = cuda::ptx;
     const uint16_t all_ctas = uint16_t((1u << kClusterM) - 1);
     auto copy = [&](uint8_t* to, int32_t c0, int32_t c1) {
@@ -127,10 +130,12 @@ private:
       if constexpr (kClusterM == 1)
         ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, to, &p.b, coords, full);
       else
-        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, to, &p.b, coords, full, all_ctas);
+        ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, to, &p.b, coords, full,
+                                  all_ctas);
     };
     if constexpr (kMajorB == Major::k) {
-      copy(dst + cta_rank * kSliceRowsB * arch::kOperandRowBytes, k0, n0 + int32_t(cta_rank * kSliceRowsB));
+      copy(dst + cta_rank * kSliceRowsB * arch::kOperandRowBytes, k0,
+           n0 + int32_t(cta_rank * kSliceRowsB));
     } else {
       constexpr int kAtomsPerCta = Config::kTileN / 64 / kClusterM;
 #pragma unroll
@@ -141,13 +146,16 @@ private:
     }
   }
 
-  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of all of B (see smem_desc.hpp).
+  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of all of B (see
+  // smem_desc.hpp).
   __device__ static uint64_t desc_a(const uint8_t* tile, int block, int kk) {
     const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
     if constexpr (kMajorA == Major::k)
-      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 32, 16, arch::kSwizzleAtomBytes);
+      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 32, 16,
+                                         arch::kSwizzleAtomBytes);
     else
-      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 16 * arch::kOperandRowBytes,
+      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes +
+                                             kk * 16 * arch::kOperandRowBytes,
                                          kAtomBytes, arch::kSwizzleAtomBytes);
   }
   __device__ static uint64_t desc_b(const uint8_t* tile, int kk) {
@@ -169,7 +177,8 @@ private:
 #pragma unroll
       for (int mb = 0; mb < Accum::kBlocks; ++mb) {
         const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
-        arch::wgmma_m64k16<Config::kTileN, kIsBf16, kTransA, kTransB>(acc.reg[mb], a, b, (kb | kk) != 0);
+        arch::wgmma_m64k16<Config::kTileN, kIsBf16, kTransA, kTransB>(acc.reg[mb], a, b,
+                                                                      (kb | kk) != 0);
       }
     }
   }

@@ -57,7 +57,9 @@ template <int kStages, int kClusterM> struct MainloopPipeline {
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
                                          cuda::ptx::space_shared, &bars.full[st.index], bytes);
   }
-  __device__ __forceinline__ uint64_t* full_barrier(PipelineState<kStages> st) { return &bars.full[st.index]; }
+  __device__ __forceinline__ uint64_t* full_barrier(PipelineState<kStages> st) {
+    return &bars.full[st.index];
+  }
 
   __device__ __forceinline__ void consumer_wait(PipelineState<kStages> st) {
     mbarrier_wait(&bars.full[st.index], st.phase);
