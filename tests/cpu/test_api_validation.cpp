@@ -1088,9 +1088,10 @@ TEST(ApiValidationCuda, KernelNotYetOnTheGpu) {
 TEST(ApiValidationCuda, DeviceConvertersMatchHost) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
   constexpr int64_t F = 6, Kc = 10, pitch = 16;
-  const auto stacked = coda::test::random_vector<bf16>(2 * F * pitch, coda::test::test_seed() + 30);
-  std::vector<bf16> fused_host(2 * F * Kc);
-  TensorView s = make_view(const_cast<bf16*>(stacked.data()), bf16, 2 * F, Kc);
+  const auto stacked =
+      coda::test::random_vector<coda::bf16>(2 * F * pitch, coda::test::test_seed() + 30);
+  std::vector<coda::bf16> fused_host(2 * F * Kc);
+  TensorView s = make_view(const_cast<coda::bf16*>(stacked.data()), bf16, 2 * F, Kc);
   s.stride[0] = pitch;
   interleave_gate_up(s, make_view(fused_host.data(), bf16, 2 * F, Kc));
 
@@ -1107,7 +1108,7 @@ TEST(ApiValidationCuda, DeviceConvertersMatchHost) {
   ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   cudaStreamDestroy(stream);
 
-  std::vector<bf16> fused_dev(fused_host.size()), back(stacked.size());
+  std::vector<coda::bf16> fused_dev(fused_host.size()), back(stacked.size());
   ASSERT_EQ(cudaMemcpy(fused_dev.data(), f_dev.data, fused_dev.size() * 2, cudaMemcpyDeviceToHost),
             cudaSuccess);
   ASSERT_EQ(cudaMemcpy(back.data(), back_dev.data, back.size() * 2, cudaMemcpyDeviceToHost),
