@@ -64,9 +64,11 @@ void cross_entropy(const CrossEntropyArgs& args) {
     store_float(args.zeta, i, zeta);
   }
   const bool mean = args.reduction == LossReduction::mean;
-  // With no valid row, mean gives 0/0 = NaN and a scale of 1/0, as torch's mean reduction does.
-  store_float(args.loss, 0, mean ? float(loss_sum / double(valid)) : float(loss_sum));
-  store_float(args.grad_scale, 0, mean ? 1.f / float(valid) : 1.f);
+  // With no valid row (a micro-batch that is all padding) the mean is defined as 0 with a zero
+  // gradient scale, unlike torch's NaN, so one padded batch cannot poison a training run.
+  const bool none = valid == 0;
+  store_float(args.loss, 0, mean ? (none ? 0.f : float(loss_sum / double(valid))) : float(loss_sum));
+  store_float(args.grad_scale, 0, mean ? (none ? 0.f : 1.f / float(valid)) : 1.f);
 }
 
 } // namespace coda::cpu

@@ -384,6 +384,22 @@ TEST(CrossEntropyErrors, TargetOutsideVocabularyIsRejectedBeforeAnyOutputIsWritt
     for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "an output was written";
 }
 
+// A micro-batch that is all padding: the mean is defined as 0 with a zero gradient scale (not
+// torch's NaN), and dlogits are zero, so the step contributes nothing instead of NaN.
+TEST(CrossEntropyAllIgnored, MeanIsZeroWithZeroGradScaleAndZeroGradient) {
+  Seeds seeds;
+  const CrossEntropyCase c{9, 136};
+  CrossEntropyInputs in = make_cross_entropy_inputs(DType::bf16, c, -100, LossReduction::mean, seeds);
+  in.targets = HostTensor::of_ints({c.M}, std::vector<int32_t>(size_t(c.M), -100));
+  in.ref.targets = in.targets.ints();
+  CrossEntropyOutputs out(DType::bf16, c);
+  cross_entropy(cross_entropy_args(in, out, LossReduction::mean));
+  EXPECT_EQ(out.loss.values()[0], 0.0);
+  EXPECT_EQ(out.grad_scale.values()[0], 0.0);
+  for (double v : out.dlogits.values()) ASSERT_EQ(v, 0.0);
+  expect_cross_entropy_matches(DType::bf16, in.ref, out, out.dlogits);
+}
+
 // ---- The zeta identity, in fp64 on the references: with zeta = (1/D) sum_k z dz over the
 // consumer's output (K7, rope_backward, cross_entropy), K6 equals the textbook RMSNorm backward
 // of g = dz · W, and its h_hat and dgamma equal the textbook ones.

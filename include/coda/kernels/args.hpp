@@ -3,15 +3,16 @@
 // CPU backend (host pointers) or the GPU backend (device pointers).
 //
 // Conventions every kernel shares:
-//  * Activations are row-major [M, width]; M = tokens (any M >= 1).
+//  * Activations are row-major [M, width]; M = tokens (any M >= 1). Every row of every
+//    16-bit tensor is 16-byte aligned: widths (N, K, F, V, ...) are multiples of 8.
 //  * Weights are stored as nn.Linear stores them: [out_features, in_features].
 //  * 16-bit tensors are bf16 or f16, all of one call alike; statistics, partials, rstd, zeta
 //    and scales are f32; positions and targets are i32.
 //  * Partial reductions: "row partials" are [M, ceil(N / kReduceBlock)] f32, entry (m, b) reduces
 //    columns [b*kReduceBlock, (b+1)*kReduceBlock) of row m. "Column partials" are
 //    [N, ceil(M / kReduceBlock)] f32, entry (n, b) reduces rows [b*kReduceBlock, ...) of column n.
-//    Consumers of row partials accept any width P >= 1 (they sum the row), so the first layer's
-//    statistics kernel may write a single column.
+//    Producers write exactly num_reduce_blocks(width) columns; consumers of row partials accept
+//    any width P >= 1 (they sum the row).
 //  * The fused gate/up layout is interleaved by row pairs: fused row 2j is gate row j and fused
 //    row 2j+1 is up row j (so a pre-activation row reads g0,u0,g1,u1,...). Converters to and
 //    from Hugging Face's [gate; up] stacking are in coda/coda.hpp.
@@ -172,6 +173,7 @@ enum class LossReduction : int32_t { mean = 0, sum = 1 };
 //   loss = sum or mean over rows whose target != ignore_index       [1] f32
 //   dlogits = softmax(logits) - onehot(target), rows with ignore_index zero   (may alias logits)
 //   grad_scale = 1 / #valid (mean) or 1 (sum)   [1] f32: the caller multiplies dloss by it
+//   (with no valid row the mean loss is 0 and grad_scale 0, rather than torch's NaN)
 //   zeta[m] = sum_n logits[m, n] * dlogits[m, n]   [M] f32 (unscaled)
 // Targets outside [0, V) that are not ignore_index are an error on the CPU backend.
 struct CrossEntropyArgs {
