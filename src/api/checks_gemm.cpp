@@ -17,11 +17,15 @@ Device validate(const GemmArgs& args) {
     v.input("a", args.a, Elem::half, {any("M"), any("K")});
   const int64_t M = wgrad ? args.a.shape[1] : args.a.shape[0];
   const int64_t K = wgrad ? args.a.shape[0] : args.a.shape[1];
-  if (wgrad)
+  // Only row lengths must be multiples of 8 (16-byte rows for TMA). In wgrad both operands are
+  // stored [K, *], so K (the token count) is an outer dimension and may be anything.
+  if (wgrad) {
     v.gemm_dim("M", M, "a"); // a [K, M] is stored with M-element rows
-  else
+    v.at_least_one("K", K, "a");
+  } else {
     v.at_least_one("M", M, "a");
-  v.gemm_dim("K", K, "a");
+    v.gemm_dim("K", K, "a");
+  }
   if (args.layout == GemmLayout::fwd)
     v.input("b", args.b, Elem::half, {any("N"), exactly("K", K)});
   else

@@ -48,8 +48,10 @@ TEST_P(Gemm, MatchesReferenceInEveryLayout) {
                                                                : ref::Layout::wgrad;
   const DType d_type = f32_out ? DType::f32 : dtype;
   Seeds seeds;
-  for (const Shape s : {Shape{40, 136, 64}, Shape{8, 8, 24}, Shape{200, 24, 8}}) {
-    const bool wgrad = layout == GemmLayout::wgrad, fwd = layout == GemmLayout::fwd;
+  const bool wgrad = layout == GemmLayout::wgrad, fwd = layout == GemmLayout::fwd;
+  std::vector<Shape> shapes{{40, 136, 64}, {8, 8, 24}, {200, 24, 8}};
+  if (wgrad) shapes.push_back({40, 136, 37}); // K = tokens, an outer dimension: any count
+  for (const Shape s : shapes) {
     auto a = HostTensor::random(dtype, wgrad ? std::vector{s.K, s.M} : std::vector{s.M, s.K},
                                 seeds.next());
     auto b = HostTensor::random(dtype, fwd ? std::vector{s.N, s.K} : std::vector{s.K, s.N},
