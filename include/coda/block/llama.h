@@ -1,0 +1,153 @@
+/* The Llama block of coda/block/llama.hpp through the C ABI: plain C99, usable from C, C++ and
+ * ctypes. Every struct mirrors its C++ namesake field for field (coda::llama::Config, the
+ * weight / input / output / saved / gradient structs); llama.hpp documents the shapes, dtypes
+ * and the schedule. Each function returns a coda_status; on failure nothing was written and
+ * coda_last_error() says what to fix. No C++ exception crosses this interface. */
+#ifndef CODA_BLOCK_LLAMA_H
+#define CODA_BLOCK_LLAMA_H
+
+#include "coda/coda.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum coda_llama_layer {
+  CODA_LLAMA_FIRST = 0,
+  CODA_LLAMA_MIDDLE = 1,
+  CODA_LLAMA_LAST = 2
+} coda_llama_layer;
+
+typedef enum coda_llama_pass { CODA_LLAMA_FORWARD = 0, CODA_LLAMA_BACKWARD = 1 } coda_llama_pass;
+
+typedef struct coda_llama_config {
+  int64_t hidden;       /* D */
+  int64_t intermediate; /* F (middle and last layers) */
+  int32_t n_heads;
+  int32_t n_kv_heads;
+  int32_t head_dim; /* even */
+  int64_t vocab;    /* last layer only */
+  float eps;
+  int32_t ignore_index;   /* e.g. -100 */
+  int32_t loss_reduction; /* coda_loss_reduction */
+} coda_llama_config;
+
+typedef struct coda_llama_rope {
+  coda_tensor positions; /* [M] i32 */
+  coda_tensor inv_freq;  /* [head_dim / 2] f32 */
+} coda_llama_rope;
+
+/* ---- first layer */
+typedef struct coda_llama_first_weights {
+  coda_tensor attn_norm, w_qkv;
+} coda_llama_first_weights;
+typedef struct coda_llama_first_inputs {
+  coda_tensor x;
+  coda_llama_rope rope;
+} coda_llama_first_inputs;
+typedef struct coda_llama_first_outputs {
+  coda_tensor qkv;
+} coda_llama_first_outputs;
+typedef struct coda_llama_first_saved {
+  coda_tensor rstd;
+} coda_llama_first_saved;
+typedef struct coda_llama_first_grads {
+  coda_tensor dx;   /* in/out: accumulated into */
+  coda_tensor dqkv; /* in */
+  coda_llama_first_weights dweights;
+} coda_llama_first_grads;
+
+/* ---- middle layer */
+typedef struct coda_llama_middle_weights {
+  coda_tensor w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv;
+} coda_llama_middle_weights;
+typedef struct coda_llama_middle_inputs {
+  coda_tensor x0, y0;
+  coda_llama_rope rope;
+} coda_llama_middle_inputs;
+typedef struct coda_llama_middle_outputs {
+  coda_tensor x2, qkv;
+} coda_llama_middle_outputs;
+typedef struct coda_llama_middle_saved {
+  coda_tensor x1, z1, r1, r2;
+} coda_llama_middle_saved;
+typedef struct coda_llama_middle_grads {
+  coda_tensor dx;   /* in: d loss / d x2; out: d loss / d x0 */
+  coda_tensor dqkv; /* in */
+  coda_tensor dy0;  /* out */
+  coda_llama_middle_weights dweights;
+} coda_llama_middle_grads;
+
+/* ---- last layer */
+typedef struct coda_llama_last_weights {
+  coda_tensor w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head;
+} coda_llama_last_weights;
+typedef struct coda_llama_last_inputs {
+  coda_tensor x0, y0, targets;
+} coda_llama_last_inputs;
+typedef struct coda_llama_last_outputs {
+  coda_tensor loss;   /* [1] f32 */
+  coda_tensor logits; /* optional [M, V] */
+} coda_llama_last_outputs;
+typedef struct coda_llama_last_saved {
+  coda_tensor x1, z1, r1, x2, r2, dlogits, grad_scale, zeta;
+} coda_llama_last_saved;
+typedef struct coda_llama_last_grads {
+  coda_scalar dloss;
+  coda_tensor dx, dy0; /* out */
+  coda_llama_last_weights dweights;
+} coda_llama_last_grads;
+
+/* Bytes of workspace one call needs (layer: coda_llama_layer, pass: coda_llama_pass). */
+CODA_API coda_status coda_llama_workspace_size(int32_t layer, int32_t pass,
+                                               const coda_llama_config* config, int64_t tokens,
+                                               size_t* bytes);
+
+/* accumulate != 0: weight and gamma gradients are added into dweights instead of written. */
+CODA_API coda_status coda_llama_first_forward(const coda_llama_config* config,
+                                              const coda_llama_first_weights* weights,
+                                              const coda_llama_first_inputs* inputs,
+                                              const coda_llama_first_outputs* outputs,
+                                              const coda_llama_first_saved* saved,
+                                              const coda_tensor* workspace, coda_stream_t stream);
+CODA_API coda_status coda_llama_first_backward(
+    const coda_llama_config* config, const coda_llama_first_weights* weights,
+    const coda_llama_first_inputs* inputs, const coda_llama_first_outputs* outputs,
+    const coda_llama_first_saved* saved, const coda_llama_first_grads* grads, int32_t accumulate,
+    const coda_tensor* workspace, coda_stream_t stream);
+
+CODA_API coda_status coda_llama_middle_forward(const coda_llama_config* config,
+                                               const coda_llama_middle_weights* weights,
+                                               const coda_llama_middle_inputs* inputs,
+                                               const coda_llama_middle_outputs* outputs,
+                                               const coda_llama_middle_saved* saved,
+                                               const coda_tensor* workspace, coda_stream_t stream);
+CODA_API coda_status coda_llama_middle_backward(
+    const coda_llama_config* config, const coda_llama_middle_weights* weights,
+    const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,
+    const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads, int32_t accumulate,
+    const coda_tensor* workspace, coda_stream_t stream);
+
+CODA_API coda_status coda_llama_last_forward(const coda_llama_config* config,
+                                             const coda_llama_last_weights* weights,
+                                             const coda_llama_last_inputs* inputs,
+                                             const coda_llama_last_outputs* outputs,
+                                             const coda_llama_last_saved* saved,
+                                             const coda_tensor* workspace, coda_stream_t stream);
+CODA_API coda_status coda_llama_last_backward(const coda_llama_config* config,
+                                              const coda_llama_last_weights* weights,
+                                              const coda_llama_last_inputs* inputs,
+                                              const coda_llama_last_saved* saved,
+                                              const coda_llama_last_grads* grads,
+                                              int32_t accumulate, const coda_tensor* workspace,
+                                              coda_stream_t stream);
+
+/* The message of the last failing coda_llama_* call on this thread (coda_last_error() for the
+ * kernels). A stand-in until the block shares coda_last_error()'s slot. */
+CODA_API const char* coda_llama_last_error(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* CODA_BLOCK_LLAMA_H */

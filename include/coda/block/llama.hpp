@@ -1,0 +1,191 @@
+// The Llama block as CODA's fused schedule (coda-paper.md sections 4.2 and 4.5), forward and
+// backward, in CODA's "shifted" decomposition: one call runs from the attention output of layer
+// l to the post-RoPE QKV of layer l+1, so attention itself stays outside.
+//
+//   first  : x (embedding output)  -> RMSNorm -> QKV -> RoPE -> qkv_0
+//   middle : (x0, y0 = attention_l output) -> out-proj + residual -> RMSNorm -> gate/up -> SwiGLU
+//            -> down + residual = x2 -> RMSNorm -> QKV_{l+1} -> RoPE -> qkv_{l+1}
+//   last   : (x0, y0) -> ... -> down + residual = x2 -> final RMSNorm -> LM head -> cross-entropy
+//
+// Every entry point validates its own arguments (throwing coda::Error that names the offending
+// field and the expected shape), then calls only the public kernel API of coda/coda.hpp, so the
+// same schedule runs on the CPU backend (host tensors) and the GPU backend (device tensors).
+//
+// Layouts and dtypes:
+//  * Activations are row-major [M, width], M = tokens. 16-bit tensors (activations, weights,
+//    saved activations, gradients of activations) are all bf16 or all f16; rstd, zeta, loss and
+//    the gradient scale are f32; positions and targets are i32. Weight and gamma gradients may be
+//    bf16, f16 or f32 (each independently).
+//  * Weights are stored as nn.Linear stores them, [out_features, in_features]. The fused gate/up
+//    weight is interleaved by row pairs (coda::interleave_gate_up converts Hugging Face's
+//    [gate; up]); the fused QKV weight is [Q; K; V] with Hugging Face's rotate-half RoPE.
+//  * All tensors are contiguous and live on one device.
+//
+// Scratch space: each call takes a caller-owned workspace of at least
+// workspace_size(layer, pass, config, tokens) bytes (any dtype, contiguous, on the tensors'
+// device). Its contents are undefined between calls.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "coda/core/error.hpp"
+#include "coda/core/tensor.hpp"
+#include "coda/kernels/args.hpp"
+
+namespace coda::llama {
+
+struct Config {
+  int64_t hidden = 0;       // D, the residual stream and RMSNorm width
+  int64_t intermediate = 0; // F, the SwiGLU width (the fused gate/up weight has 2F rows)
+  int32_t n_heads = 0;      // query heads
+  int32_t n_kv_heads = 0;   // key/value heads (GQA when fewer than n_heads)
+  int32_t head_dim = 0;     // even
+  int64_t vocab = 0;        // V, last layer only
+  float eps = 1e-6f;        // RMSNorm epsilon
+  int32_t ignore_index = -100;
+  LossReduction loss_reduction = LossReduction::mean;
+
+  int64_t attention_width() const { return int64_t(n_heads) * head_dim; }
+  int64_t qkv_width() const { return int64_t(n_heads + 2 * n_kv_heads) * head_dim; }
+};
+
+enum class Layer : int32_t { first = 0, middle = 1, last = 2 };
+enum class Pass : int32_t { forward = 0, backward = 1 };
+
+// Bytes of scratch one call needs; a pure function of the layer, pass, config and token count.
+size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens);
+
+// Per-token rotary embedding inputs (coda::RopeSpec without the head counts, which come from
+// the Config).
+struct Rope {
+  TensorView positions; // [M] i32
+  TensorView inv_freq;  // [head_dim / 2] f32
+};
+
+// ---------------------------------------------------------------------------------------------
+// First layer: h = x * gamma (no producing GEMM to fuse into), full-row rstd, then K4.
+
+struct FirstWeights {
+  TensorView attn_norm; // gamma [D]
+  TensorView w_qkv;     // [(n_heads + 2 n_kv_heads) head_dim, D]
+};
+struct FirstInputs {
+  TensorView x; // [M, D] the residual stream (embedding output)
+  Rope rope;
+};
+struct FirstOutputs {
+  TensorView qkv; // [M, qkv_width] post-RoPE, for attention of layer 0
+};
+struct FirstSaved {
+  TensorView rstd; // [M] f32
+};
+struct FirstGrads {
+  TensorView dx;         // [M, D] in: residual gradient from layer 0's block; out: d loss / d x
+  TensorView dqkv;       // [M, qkv_width] in: from attention backward (read only)
+  FirstWeights dweights; // out (or accumulated into, see `accumulate`)
+};
+
+void first_forward(const Config& config, const FirstWeights& weights, const FirstInputs& inputs,
+                   const FirstOutputs& outputs, const FirstSaved& saved,
+                   const TensorView& workspace, Stream stream = nullptr);
+
+// accumulate: add the weight and gamma gradients into dweights (gradient accumulation) instead
+// of overwriting them. dx is always accumulated into (the residual identity).
+void first_backward(const Config& config, const FirstWeights& weights, const FirstInputs& inputs,
+                    const FirstOutputs& outputs, const FirstSaved& saved, const FirstGrads& grads,
+                    bool accumulate, const TensorView& workspace, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Middle layer (coda-paper 4.2): 4 GEMMs (K0, K2, K0, K4); the two rstd reductions run inside
+// K2's and K4's epilogues, which read the partials of their own rows and write r1 and r2.
+
+struct MiddleWeights {
+  TensorView w_out;     // W0 [D, n_heads head_dim]   attention output projection of layer l
+  TensorView ffn_norm;  // gamma0 [D]                 pre-MLP RMSNorm of layer l
+  TensorView w_gate_up; // W1 [2F, D]                 fused gate/up, rows interleaved
+  TensorView w_down;    // W2 [D, F]
+  TensorView attn_norm; // gamma1 [D]                 pre-attention RMSNorm of layer l+1
+  TensorView w_qkv;     // W3 [qkv_width, D]          QKV projection of layer l+1
+};
+struct MiddleInputs {
+  TensorView x0; // [M, D] residual stream entering layer l's attention residual
+  TensorView y0; // [M, n_heads head_dim] attention output of layer l
+  Rope rope;     // of layer l+1's tokens
+};
+struct MiddleOutputs {
+  TensorView x2;  // [M, D] residual stream leaving layer l
+  TensorView qkv; // [M, qkv_width] post-RoPE, for attention of layer l+1
+};
+struct MiddleSaved {
+  TensorView x1; // [M, D]  residual stream after attention
+  TensorView z1; // [M, 2F] gate/up pre-activation (interleaved)
+  TensorView r1; // [M] f32 rstd of x1
+  TensorView r2; // [M] f32 rstd of x2
+};
+struct MiddleGrads {
+  TensorView dx;          // [M, D] in: d loss / d x2; out: d loss / d x0 (accumulated in place)
+  TensorView dqkv;        // [M, qkv_width] in: from attention backward of layer l+1 (read only)
+  TensorView dy0;         // [M, n_heads head_dim] out: for attention backward of layer l
+  MiddleWeights dweights; // out (or accumulated into, see `accumulate`)
+};
+
+void middle_forward(const Config& config, const MiddleWeights& weights, const MiddleInputs& inputs,
+                    const MiddleOutputs& outputs, const MiddleSaved& saved,
+                    const TensorView& workspace, Stream stream = nullptr);
+
+// coda-paper 4.5: B0 rope_backward, B1 K6, B2 dW3, B3 K7, B4 dW2, B5 K6, B6 dW1, B7 dy0, B8 dW0.
+void middle_backward(const Config& config, const MiddleWeights& weights, const MiddleInputs& inputs,
+                     const MiddleOutputs& outputs, const MiddleSaved& saved,
+                     const MiddleGrads& grads, bool accumulate, const TensorView& workspace,
+                     Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// Last layer: the middle layer's F1..F3, then the final RMSNorm + LM head (K5) and the
+// cross-entropy forward-backward (its gradient is computed in the forward and saved).
+
+struct LastWeights {
+  TensorView w_out;      // W0 [D, n_heads head_dim]
+  TensorView ffn_norm;   // gamma0 [D]
+  TensorView w_gate_up;  // W1 [2F, D] interleaved
+  TensorView w_down;     // W2 [D, F]
+  TensorView final_norm; // gamma [D]
+  TensorView lm_head;    // [V, D]
+};
+struct LastInputs {
+  TensorView x0;      // [M, D]
+  TensorView y0;      // [M, n_heads head_dim]
+  TensorView targets; // [M] i32, in [0, V) or config.ignore_index
+};
+struct LastOutputs {
+  TensorView loss;   // [1] f32, mean or sum over non-ignored tokens (config.loss_reduction)
+  TensorView logits; // optional [M, V]: a copy of the logits (otherwise they live only briefly
+                     // in saved.dlogits)
+};
+struct LastSaved {
+  TensorView x1;         // [M, D]
+  TensorView z1;         // [M, 2F]
+  TensorView r1;         // [M] f32
+  TensorView x2;         // [M, D] residual stream before the final norm
+  TensorView r2;         // [M] f32
+  TensorView dlogits;    // [M, V] softmax - onehot (unscaled)
+  TensorView grad_scale; // [1] f32 1 / #valid (mean) or 1 (sum)
+  TensorView zeta;       // [M] f32 sum_n logits * dlogits
+};
+struct LastGrads {
+  Scalar dloss;         // d (outer loss) / d loss, e.g. 1 or the loss scale
+  TensorView dx;        // [M, D] out: d loss / d x0 (written, there is no incoming gradient)
+  TensorView dy0;       // [M, n_heads head_dim] out
+  LastWeights dweights; // out (or accumulated into, see `accumulate`)
+};
+
+void last_forward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
+                  const LastOutputs& outputs, const LastSaved& saved, const TensorView& workspace,
+                  Stream stream = nullptr);
+
+// B1 is K6 with A = dlogits, alpha = dloss * grad_scale, zeta = saved.zeta * alpha / D.
+void last_backward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
+                   const LastSaved& saved, const LastGrads& grads, bool accumulate,
+                   const TensorView& workspace, Stream stream = nullptr);
+
+} // namespace coda::llama

@@ -1,0 +1,163 @@
+// The last layer (coda-paper 4.2 "Last layer", 4.5 "Last layer"): F1..F3, the final RMSNorm
+// with the LM head (K5), and the cross-entropy forward-backward, whose gradient the forward
+// saves. Its backward has no incoming residual gradient: K6 writes dx.
+#include <string>
+
+#include "block/scratch.hpp"
+#include "block/steps.hpp"
+#include "block/validate.hpp"
+#include "coda/coda.hpp"
+
+namespace coda::llama {
+
+using api::Elem;
+using api::exactly;
+using namespace detail;
+
+namespace {
+
+MlpForward mlp_forward_of(const LastWeights& w, const LastInputs& in, const LastSaved& saved) {
+  return MlpForward{in.x0,        in.y0,    w.w_out,  w.ffn_norm, w.w_gate_up, w.w_down,
+                    w.final_norm, saved.x1, saved.z1, saved.r1,   saved.x2};
+}
+
+// Registers the forward's tensors but for its outputs; returns M.
+int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
+                              const LastWeights& w, const LastInputs& in, const LastSaved& saved) {
+  const int64_t m = check_mlp_tensors(v, produced, c, Layer::last, mlp_forward_of(w, in, saved));
+  const api::Dim vocab = exactly("vocab", c.vocab);
+  v.input("weights.final_norm", w.final_norm, Elem::half, {hidden_dim(c)});
+  v.input("weights.lm_head", w.lm_head, Elem::half, {vocab, hidden_dim(c)});
+  add(v, produced, "saved.x2", saved.x2, Elem::half, {tokens_dim(m), hidden_dim(c)});
+  add(v, produced, "saved.r2", saved.r2, Elem::f32, {tokens_dim(m)});
+  add(v, produced, "saved.dlogits", saved.dlogits, Elem::half, {tokens_dim(m), vocab});
+  add(v, produced, "saved.grad_scale", saved.grad_scale, Elem::f32, {exactly("1", 1)});
+  add(v, produced, "saved.zeta", saved.zeta, Elem::f32, {tokens_dim(m)});
+  return m;
+}
+
+// alpha = dloss * grad_scale, the scale of dlogits: inside K6 (`k6`) and, as a host number, for
+// the LM head's weight gradient and zeta (`host`).
+struct LossScale {
+  Scalar k6;
+  float host = 1.f;
+};
+
+// NOTE: coda::gemm's alpha and reduce_row_partials' scale are host floats, so a scale that
+// lives on the device (grad_scale = 1/#valid of a mean, or a device dloss) cannot reach the
+// LM head's weight gradient and zeta without a copy to the host. The sum with a host dloss is
+// exact everywhere (grad_scale is 1 by cross_entropy's contract); the rest reads the host
+// tensors on the CPU backend and is not_supported on the GPU until the kernel API takes a device
+// scalar there.
+LossScale loss_scale(const api::Validator& v, const Config& c, const Scalar& dloss,
+                     const TensorView& grad_scale) {
+  if (c.loss_reduction == LossReduction::sum && dloss.tensor.data == nullptr)
+    return LossScale{Scalar{dloss.value, grad_scale}, dloss.value};
+  if (grad_scale.device != Device::cpu)
+    v.fail(Status::not_supported,
+           "a mean loss or a device-resident dloss puts the backward's scale on the device, and "
+           "the kernel API cannot yet apply a device scalar to the LM head's weight gradient; use "
+           "config.loss_reduction = sum with a host dloss (grads.dloss.value = 1 / #valid "
+           "tokens gives the mean's gradient)");
+  float host = dloss.value * *grad_scale.ptr<float>();
+  if (dloss.tensor.data != nullptr) host *= *dloss.tensor.ptr<float>();
+  return LossScale{Scalar{host, {}}, host};
+}
+
+} // namespace
+
+void last_forward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
+                  const LastOutputs& outputs, const LastSaved& saved, const TensorView& workspace,
+                  Stream stream) {
+  api::Validator v("coda::llama::last_forward");
+  const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, saved);
+  v.input("inputs.targets", inputs.targets, Elem::i32, {tokens_dim(m)});
+  v.output("outputs.loss", outputs.loss, Elem::f32, {exactly("1", 1)});
+  v.optional_output("outputs.logits", outputs.logits, Elem::half,
+                    {tokens_dim(m), exactly("vocab", config.vocab)});
+  check_workspace(v, workspace, Layer::last, Pass::forward, config, m);
+  v.finish();
+
+  Arena arena(workspace);
+  const LastForwardScratch s = carve_last_forward(arena, config, m, inputs.x0.dtype);
+  mlp_forward(mlp_forward_of(weights, inputs, saved), config.eps, s.mlp, stream); // F1..F3
+
+  // Without a logits output, the logits go straight into saved.dlogits, which the
+  // cross-entropy then overwrites in place with their gradient.
+  const TensorView logits = outputs.logits.data ? outputs.logits : saved.dlogits;
+
+  RmsLseArgs head; // K5 (and r2 from S2 inside its epilogue)
+  head.a = s.mlp.h;
+  head.w = weights.lm_head;
+  head.sumsq_partials = s.mlp.sumsq;
+  head.eps = config.eps;
+  head.targets = inputs.targets;
+  head.logits = logits;
+  head.lse_partials = s.lse_partials;
+  head.target_logit = s.target_logit;
+  head.rstd_out = saved.r2;
+  gemm_rms_lse(head, stream);
+
+  CrossEntropyArgs ce;
+  ce.logits = logits;
+  ce.lse_partials = s.lse_partials;
+  ce.target_logit = s.target_logit;
+  ce.targets = inputs.targets;
+  ce.ignore_index = config.ignore_index;
+  ce.reduction = config.loss_reduction;
+  ce.loss = outputs.loss;
+  ce.dlogits = saved.dlogits;
+  ce.grad_scale = saved.grad_scale;
+  ce.zeta = saved.zeta;
+  ce.workspace = s.ce_workspace;
+  cross_entropy(ce, stream);
+}
+
+void last_backward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
+                   const LastSaved& saved, const LastGrads& grads, bool accumulate,
+                   const TensorView& workspace, Stream stream) {
+  const LastWeights& dw = grads.dweights;
+  const MlpBackward mlp{inputs.y0,      weights.w_out, weights.ffn_norm, weights.w_gate_up,
+                        weights.w_down, saved.x1,      saved.z1,         saved.r1,
+                        grads.dx,       grads.dy0,     dw.w_out,         dw.ffn_norm,
+                        dw.w_gate_up,   dw.w_down};
+
+  api::Validator v("coda::llama::last_backward");
+  const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, saved);
+  check_scalar(v, "grads.dloss.value", "grads.dloss.tensor", grads.dloss);
+  check_mlp_gradients(v, config, m, mlp);
+  v.output("grads.dweights.final_norm", dw.final_norm, Elem::half_or_f32, {hidden_dim(config)});
+  v.output("grads.dweights.lm_head", dw.lm_head, Elem::half_or_f32,
+           {exactly("vocab", config.vocab), hidden_dim(config)});
+  check_workspace(v, workspace, Layer::last, Pass::backward, config, m);
+  v.finish();
+  const LossScale alpha = loss_scale(v, config, grads.dloss, saved.grad_scale);
+
+  Arena arena(workspace);
+  const LastBackwardScratch s = carve_last_backward(arena, config, m, inputs.x0.dtype);
+
+  RowReduceArgs zeta; // zeta = alpha * zetaL / D: the loss's zeta, scaled like its gradient
+  zeta.partials = make_view(saved.zeta.data, DType::f32, m, 1, saved.zeta.device);
+  zeta.partials.device_index = saved.zeta.device_index;
+  zeta.scale = float(double(alpha.host) / double(config.hidden));
+  zeta.out = s.norm.zeta;
+  reduce_row_partials(zeta, stream);
+
+  NormBackward final_norm; // B1 K6 with A = dlogits (dx written), A3 dgamma, dW_lm
+  final_norm.dz = saved.dlogits;
+  final_norm.w = weights.lm_head;
+  final_norm.x = saved.x2;
+  final_norm.rstd = saved.r2;
+  final_norm.gamma = weights.final_norm;
+  final_norm.alpha = alpha.k6;
+  final_norm.wgrad_alpha = alpha.host;
+  final_norm.accumulate_dx = false;
+  final_norm.dx = grads.dx;
+  final_norm.dgamma = dw.final_norm;
+  final_norm.dw = dw.lm_head;
+  norm_backward(final_norm, accumulate, s.norm, stream);
+
+  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.norm, stream); // B3..B8
+}
+
+} // namespace coda::llama

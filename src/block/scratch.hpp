@@ -1,0 +1,87 @@
+// The block's scratch tensors, carved out of the caller's workspace. One carving function per
+// call describes its layout; workspace_size() runs the same function on a counting Arena, so the
+// size query and the schedule can never disagree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "coda/block/llama.hpp"
+
+namespace coda::llama::detail {
+
+// Hands out 256-byte-aligned, contiguous tensors from one block of memory. Without memory it
+// only counts the bytes it would hand out.
+class Arena {
+public:
+  Arena() = default;                        // counting only
+  explicit Arena(const TensorView& memory); // carves from memory (its device and index)
+
+  TensorView matrix(DType dtype, int64_t rows, int64_t cols);
+  TensorView vector(DType dtype, int64_t n);
+  TensorView bytes(size_t n); // raw scratch for a kernel's own workspace (f32 elements)
+  size_t used() const { return used_; }
+
+private:
+  size_t take(size_t bytes);
+
+  char* base_ = nullptr;
+  Device device_ = Device::cpu;
+  int32_t device_index_ = 0;
+  size_t used_ = 0;
+};
+
+// F1..F3 of the forward, shared by the middle and the last layer.
+struct MlpForwardScratch {
+  TensorView h;     // [M, D] gamma-scaled GEMM input: h1 for K2, then h2 for the next norm's GEMM
+  TensorView sumsq; // [M, ceil(D/128)] f32 row partials of x^2: S1, then S2
+  TensorView y1;    // [M, F] SwiGLU output
+};
+
+// One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient).
+struct NormBackwardScratch {
+  TensorView h_hat;           // [M, D] normalized input of the consumer GEMM
+  TensorView dgamma_partials; // [D, ceil(M/128)] f32 column partials
+  TensorView zeta;            // [M] f32
+};
+
+// B3..B6 of the backward, shared by the middle and the last layer.
+struct MlpBackwardScratch {
+  TensorView y1;            // [M, F] recomputed SwiGLU output
+  TensorView dz1;           // [M, 2F] gradient of the gate/up pre-activation
+  TensorView zeta_partials; // [M, ceil(F/128)] f32
+};
+
+struct FirstForwardScratch {
+  TensorView h;     // [M, D]
+  TensorView sumsq; // [M, ceil(D/128)] f32
+};
+struct FirstBackwardScratch {
+  TensorView dz; // [M, qkv_width] pre-RoPE gradient
+  NormBackwardScratch norm;
+};
+struct LastForwardScratch {
+  MlpForwardScratch mlp;
+  TensorView lse_partials; // [M, ceil(V/128)] f32
+  TensorView target_logit; // [M] f32
+  TensorView ce_workspace; // cross_entropy_workspace_size(M) bytes
+};
+struct MiddleBackwardScratch {
+  TensorView dz2; // [M, qkv_width]
+  NormBackwardScratch norm;
+  MlpBackwardScratch mlp;
+};
+struct LastBackwardScratch {
+  NormBackwardScratch norm;
+  MlpBackwardScratch mlp;
+};
+
+// `act` is the 16-bit activation dtype of the call.
+MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act);
+FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act);
+FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act);
+LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act);
+MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act);
+LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act);
+
+} // namespace coda::llama::detail

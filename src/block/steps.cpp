@@ -1,0 +1,129 @@
+#include "block/steps.hpp"
+
+#include "coda/coda.hpp"
+
+namespace coda::llama::detail {
+
+RopeSpec rope_spec(const Config& c, const Rope& rope) {
+  RopeSpec spec;
+  spec.positions = rope.positions;
+  spec.inv_freq = rope.inv_freq;
+  spec.n_q_heads = c.n_heads;
+  spec.n_kv_heads = c.n_kv_heads;
+  spec.head_dim = c.head_dim;
+  return spec;
+}
+
+void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
+                     bool accumulate, Stream stream) {
+  GemmArgs g;
+  g.layout = GemmLayout::wgrad;
+  g.a = dy;
+  g.b = x;
+  g.d = dw;
+  g.alpha = alpha;
+  if (accumulate) {
+    g.c = dw;
+    g.beta = 1.f;
+  }
+  gemm(g, stream);
+}
+
+void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream) {
+  ResidualRmsArgs attention_residual; // F1
+  attention_residual.a = f.y0;
+  attention_residual.w = f.w_out;
+  attention_residual.residual = f.x0;
+  attention_residual.gamma = f.ffn_norm;
+  attention_residual.out = f.x1;
+  attention_residual.out_scaled = scratch.h;
+  attention_residual.sumsq_partials = scratch.sumsq;
+  gemm_residual_rms(attention_residual, stream);
+
+  RmsSwigluArgs gate_up; // F2 (and A1: r1 from S1 inside its epilogue)
+  gate_up.a = scratch.h;
+  gate_up.w = f.w_gate_up;
+  gate_up.sumsq_partials = scratch.sumsq;
+  gate_up.eps = eps;
+  gate_up.preact = f.z1;
+  gate_up.act = scratch.y1;
+  gate_up.rstd_out = f.r1;
+  gemm_rms_swiglu(gate_up, stream);
+
+  ResidualRmsArgs mlp_residual; // F3: h1 and S1 are dead, so h2 and S2 reuse their space
+  mlp_residual.a = scratch.y1;
+  mlp_residual.w = f.w_down;
+  mlp_residual.residual = f.x1;
+  mlp_residual.gamma = f.next_norm;
+  mlp_residual.out = f.x2;
+  mlp_residual.out_scaled = scratch.h;
+  mlp_residual.sumsq_partials = scratch.sumsq;
+  gemm_residual_rms(mlp_residual, stream);
+}
+
+void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
+                   Stream stream) {
+  RmsBackwardArgs k6;
+  k6.dz = b.dz;
+  k6.w = b.w;
+  k6.x = b.x;
+  k6.rstd = b.rstd;
+  k6.zeta = scratch.zeta;
+  k6.gamma = b.gamma;
+  k6.alpha = b.alpha;
+  k6.accumulate = b.accumulate_dx;
+  k6.dx = b.dx;
+  k6.h_hat = scratch.h_hat;
+  k6.dgamma_partials = scratch.dgamma_partials;
+  gemm_rms_backward(k6, stream);
+
+  ColReduceArgs dgamma;
+  dgamma.partials = scratch.dgamma_partials;
+  dgamma.accumulate = accumulate_grads;
+  dgamma.out = b.dgamma;
+  reduce_col_partials(dgamma, stream);
+
+  weight_gradient(b.dz, scratch.h_hat, b.dw, b.wgrad_alpha, accumulate_grads, stream);
+}
+
+void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
+                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream) {
+  SwigluBackwardArgs k7; // B3
+  k7.dx = b.dx;
+  k7.w = b.w_down;
+  k7.preact = b.z1;
+  k7.act = mlp.y1;
+  k7.dpreact = mlp.dz1;
+  k7.zeta_partials = mlp.zeta_partials;
+  gemm_swiglu_backward(k7, stream);
+
+  RowReduceArgs zeta; // A4: zeta1 = (1/D) sum_k z1 dz1, D the RMSNorm width
+  zeta.partials = mlp.zeta_partials;
+  zeta.scale = float(1.0 / double(hidden));
+  zeta.out = norm.zeta;
+  reduce_row_partials(zeta, stream);
+
+  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, stream); // B4
+
+  NormBackward ffn; // B5, A5, B6
+  ffn.dz = mlp.dz1;
+  ffn.w = b.w_gate_up;
+  ffn.x = b.x1;
+  ffn.rstd = b.r1;
+  ffn.gamma = b.ffn_norm;
+  ffn.dx = b.dx;
+  ffn.dgamma = b.dffn_norm;
+  ffn.dw = b.dw_gate_up;
+  norm_backward(ffn, accumulate_grads, norm, stream);
+
+  GemmArgs attention_input; // B7: dy0 = dx1 · W0
+  attention_input.layout = GemmLayout::dgrad;
+  attention_input.a = b.dx;
+  attention_input.b = b.w_out;
+  attention_input.d = b.dy0;
+  gemm(attention_input, stream);
+
+  weight_gradient(b.dx, b.y0, b.dw_out, 1.f, accumulate_grads, stream); // B8
+}
+
+} // namespace coda::llama::detail

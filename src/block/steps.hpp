@@ -1,0 +1,61 @@
+// The pieces of the block schedule that more than one layer runs. Each is a fixed sequence of
+// public kernel calls (coda/coda.hpp); tensors are already validated by the entry point.
+#pragma once
+
+#include "block/scratch.hpp"
+#include "coda/block/llama.hpp"
+
+namespace coda::llama::detail {
+
+RopeSpec rope_spec(const Config& c, const Rope& rope);
+
+// dw (+)= alpha · dyᵀ · x: an nn.Linear weight gradient [out, in] from dy [M, out] and
+// x [M, in], tokens being the GEMM's reduction dimension (GemmLayout::wgrad).
+void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
+                     bool accumulate, Stream stream);
+
+// coda-paper 4.2, F1..F3:
+//   F1 K0: x1 = y0·W0ᵀ + x0;  h1 = x1 * ffn_norm;  S1 = row partials of x1²
+//   F2 K2: z1 = r1 * (h1·W1ᵀ); y1 = silu(z1[:, 2j]) * z1[:, 2j+1];  r1 from S1 (rstd_out)
+//   F3 K0: x2 = y1·W2ᵀ + x1;  h2 = x2 * next_norm;  S2
+// Leaves h2 in scratch.h and S2 in scratch.sumsq for the GEMM that consumes x2's norm.
+struct MlpForward {
+  TensorView x0, y0;                                        // inputs
+  TensorView w_out, ffn_norm, w_gate_up, w_down, next_norm; // weights
+  TensorView x1, z1, r1, x2;                                // outputs (saved for the backward)
+};
+void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream);
+
+// One RMSNorm backward through the GEMM that consumed the norm's output (coda-paper 4.3, K6),
+// with zeta already in scratch.zeta:
+//   K6:    g = alpha · dz·w;  dx (+)= rstd * (g * gamma - x * rstd * zeta);  h_hat;  partials
+//   dgamma (+)= sum of the partials
+//   dw     (+)= wgrad_alpha · dzᵀ · h_hat
+struct NormBackward {
+  TensorView dz, w;          // the consumer's output gradient [M, K] and weight [K, D]
+  TensorView x, rstd, gamma; // the norm's input [M, D], its rstd [M], gamma [D]
+  Scalar alpha;              // scale of dz inside K6
+  float wgrad_alpha = 1.f;   // the same scale for the weight gradient
+  bool accumulate_dx = true; // false: dx is written (no incoming residual gradient)
+  TensorView dx, dgamma, dw; // outputs
+};
+void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
+                   Stream stream);
+
+// coda-paper 4.5, B3..B8, once dx holds d loss / d x2 in full:
+//   B3 K7: dy1 = dx·W2; y1 (recomputed), dz1, zeta partials      A4: zeta1
+//   B4: dW2 (+)= dxᵀ·y1
+//   B5 K6: dx += r1 * (dz1·W1 * ffn_norm - x1 * r1 * zeta1)      A5: dffn_norm   B6: dW1
+//   B7: dy0 = dx·W0      B8: dW0 (+)= dxᵀ·y0
+// dx then holds d loss / d x0 (the residual identity).
+struct MlpBackward {
+  TensorView y0;                                     // forward input
+  TensorView w_out, ffn_norm, w_gate_up, w_down;     // weights
+  TensorView x1, z1, r1;                             // saved
+  TensorView dx, dy0;                                // dx in/out, dy0 out
+  TensorView dw_out, dffn_norm, dw_gate_up, dw_down; // weight gradients
+};
+void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
+                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream);
+
+} // namespace coda::llama::detail

@@ -1,0 +1,102 @@
+#include "block/validate.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace coda::llama::detail {
+
+namespace {
+
+const char* layer_name(Layer layer) {
+  switch (layer) {
+  case Layer::first:
+    return "first";
+  case Layer::middle:
+    return "middle";
+  case Layer::last:
+    return "last";
+  }
+  return "unknown";
+}
+
+void positive(const api::Validator& v, const char* field, int64_t value, const char* why) {
+  if (value >= 1) return;
+  v.fail(Status::invalid_argument, std::string("config.") + field + " must be >= 1 (" + why +
+                                       "); got " + std::to_string(value));
+}
+
+} // namespace
+
+void check_config(const api::Validator& v, const Config& c, Layer layer) {
+  positive(v, "hidden", c.hidden, "the residual stream width");
+  positive(v, "n_heads", c.n_heads, "query heads");
+  positive(v, "n_kv_heads", c.n_kv_heads, "key/value heads");
+  positive(v, "head_dim", c.head_dim, "the width of one head");
+  if (c.head_dim % 2 != 0)
+    v.fail(Status::invalid_argument,
+           "config.head_dim must be even (RoPE rotates the pairs (i, i + head_dim/2)); got " +
+               std::to_string(c.head_dim));
+  if (layer != Layer::first) positive(v, "intermediate", c.intermediate, "the SwiGLU width");
+  if (layer == Layer::last) positive(v, "vocab", c.vocab, "the LM head's output width");
+  if (!std::isfinite(c.eps) || c.eps < 0.f)
+    v.fail(Status::invalid_argument,
+           "config.eps must be finite and >= 0; got " + std::to_string(c.eps));
+  if (layer == Layer::last && c.loss_reduction != LossReduction::mean &&
+      c.loss_reduction != LossReduction::sum)
+    v.fail(Status::invalid_argument, "config.loss_reduction must be mean or sum; got " +
+                                         std::to_string(int(c.loss_reduction)));
+}
+
+void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
+                     const Config& c, int64_t tokens) {
+  v.output("workspace", workspace, api::Elem::any, {api::any("bytes / element size")});
+  const size_t needed = workspace_size(layer, pass, c, tokens);
+  const size_t held = size_t(workspace.numel() * dtype_size(workspace.dtype));
+  if (held >= needed) return;
+  v.fail(Status::invalid_argument,
+         "workspace holds " + std::to_string(held) + " bytes but this call needs " +
+             std::to_string(needed) + " (coda::llama::workspace_size(Layer::" + layer_name(layer) +
+             ", Pass::" + (pass == Pass::forward ? "forward" : "backward") +
+             ", config, M=" + std::to_string(tokens) + "))");
+}
+
+void check_scalar(api::Validator& v, const char* value_name, const char* tensor_name,
+                  const Scalar& s) {
+  v.finite(value_name, s.value);
+  v.optional_input(tensor_name, s.tensor, api::Elem::f32, {api::exactly("1", 1)});
+}
+
+int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Layer layer,
+                          const MlpForward& f) {
+  using api::Elem;
+  check_config(v, c, layer);
+  const api::Dim attention = api::exactly("n_heads*head_dim", c.attention_width());
+  const api::Dim intermediate = api::exactly("intermediate", c.intermediate);
+  const api::Dim gate_up = api::exactly("2*intermediate", 2 * c.intermediate);
+  v.input("inputs.x0", f.x0, Elem::half, {api::at_least_one("M"), hidden_dim(c)});
+  const int64_t m = f.x0.shape[0];
+  v.input("inputs.y0", f.y0, Elem::half, {tokens_dim(m), attention});
+  v.input("weights.w_out", f.w_out, Elem::half, {hidden_dim(c), attention});
+  v.input("weights.ffn_norm", f.ffn_norm, Elem::half, {hidden_dim(c)});
+  v.input("weights.w_gate_up", f.w_gate_up, Elem::half, {gate_up, hidden_dim(c)});
+  v.input("weights.w_down", f.w_down, Elem::half, {hidden_dim(c), intermediate});
+  add(v, produced, "saved.x1", f.x1, Elem::half, {tokens_dim(m), hidden_dim(c)});
+  add(v, produced, "saved.z1", f.z1, Elem::half, {tokens_dim(m), gate_up});
+  add(v, produced, "saved.r1", f.r1, Elem::f32, {tokens_dim(m)});
+  return m;
+}
+
+void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b) {
+  using api::Elem;
+  const api::Dim attention = api::exactly("n_heads*head_dim", c.attention_width());
+  v.output("grads.dx", b.dx, Elem::half, {tokens_dim(m), hidden_dim(c)});
+  v.output("grads.dy0", b.dy0, Elem::half, {tokens_dim(m), attention});
+  v.output("grads.dweights.w_out", b.dw_out, Elem::half_or_f32, {hidden_dim(c), attention});
+  v.output("grads.dweights.ffn_norm", b.dffn_norm, Elem::half_or_f32, {hidden_dim(c)});
+  v.output("grads.dweights.w_gate_up", b.dw_gate_up, Elem::half_or_f32,
+           {api::exactly("2*intermediate", 2 * c.intermediate), hidden_dim(c)});
+  v.output("grads.dweights.w_down", b.dw_down, Elem::half_or_f32,
+           {hidden_dim(c), api::exactly("intermediate", c.intermediate)});
+}
+
+} // namespace coda::llama::detail

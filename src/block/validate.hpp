@@ -1,0 +1,52 @@
+// Checks shared by the block's entry points, in the vocabulary of the public API's Validator
+// (src/api/validate.hpp), so a bad block call reads like any other bad coda call. Each entry
+// point registers its own tensors with the shapes the Config implies.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+
+#include "api/validate.hpp"
+#include "block/steps.hpp"
+#include "coda/block/llama.hpp"
+
+namespace coda::llama::detail {
+
+// The Config alone: positive sizes, an even head_dim, a finite eps >= 0, a vocab for the last
+// layer. Throws invalid_argument naming the field.
+void check_config(const api::Validator& v, const Config& c, Layer layer);
+
+// The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device.
+void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
+                     const Config& c, int64_t tokens);
+
+// A Scalar argument: a finite value and an optional [1] f32 tensor. The Validator keeps the
+// names, so they must be string literals.
+void check_scalar(api::Validator& v, const char* value_name, const char* tensor_name,
+                  const Scalar& s);
+
+// Forward outputs and saved activations are outputs of the forward and inputs of the backward.
+enum class Role { input, output };
+inline void add(api::Validator& v, Role role, const char* name, const TensorView& t, api::Elem elem,
+                std::initializer_list<api::Dim> shape) {
+  if (role == Role::input)
+    v.input(name, t, elem, shape);
+  else
+    v.output(name, t, elem, shape);
+}
+
+// The tensors of F1..F3 that the middle and last layers share, under the same names in both
+// ("inputs.x0", "weights.w_down", "saved.z1", ...); next_norm and x2 are left to the caller.
+// Checks the config first; returns M.
+int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Layer layer,
+                          const MlpForward& f);
+
+// The gradients of B3..B8 that the middle and last layers share: grads.dx, grads.dy0 and the
+// four dweights of the attention output projection and the MLP.
+void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b);
+
+// The dims of the block's shapes, named as the Config names them.
+inline api::Dim hidden_dim(const Config& c) { return api::exactly("hidden", c.hidden); }
+inline api::Dim tokens_dim(int64_t m) { return api::exactly("M", m); }
+
+} // namespace coda::llama::detail
