@@ -1,5 +1,7 @@
 #include "block/scratch.hpp"
 
+#include <string>
+
 #include "coda/coda.hpp"
 
 namespace coda::llama::detail {
@@ -14,21 +16,30 @@ Arena::Arena(const TensorView& memory)
     : base_(static_cast<char*>(memory.data)), device_(memory.device),
       device_index_(memory.device_index) {}
 
-size_t Arena::take(size_t bytes) {
-  const size_t offset = (used_ + kAlignment - 1) / kAlignment * kAlignment;
-  used_ = offset + bytes;
+size_t Arena::take(int64_t rows, int64_t cols, DType dtype) {
+  int64_t bytes = 0;
+  size_t offset = 0, end = 0;
+  if (__builtin_mul_overflow(rows, cols, &bytes) ||
+      __builtin_mul_overflow(bytes, dtype_size(dtype), &bytes) ||
+      __builtin_add_overflow(used_, kAlignment - 1, &offset) ||
+      __builtin_add_overflow(offset / kAlignment * kAlignment, size_t(bytes), &end))
+    throw Error(Status::invalid_argument, "coda::llama: the workspace size overflows 64 bits (a [" +
+                                              std::to_string(rows) + ", " + std::to_string(cols) +
+                                              "] scratch tensor); check the config and M");
+  offset = offset / kAlignment * kAlignment;
+  used_ = end;
   return offset;
 }
 
 TensorView Arena::matrix(DType dtype, int64_t rows, int64_t cols) {
-  const size_t offset = take(size_t(rows * cols * dtype_size(dtype)));
+  const size_t offset = take(rows, cols, dtype);
   TensorView v = make_view(base_ ? base_ + offset : nullptr, dtype, rows, cols, device_);
   v.device_index = device_index_;
   return v;
 }
 
 TensorView Arena::vector(DType dtype, int64_t n) {
-  const size_t offset = take(size_t(n * dtype_size(dtype)));
+  const size_t offset = take(n, 1, dtype);
   TensorView v = make_view(base_ ? base_ + offset : nullptr, dtype, n, device_);
   v.device_index = device_index_;
   return v;

@@ -23,7 +23,7 @@ public:
   size_t used() const { return used_; }
 
 private:
-  size_t take(size_t bytes);
+  size_t take(int64_t rows, int64_t cols, DType dtype); // the offset of a new tensor
 
   char* base_ = nullptr;
   Device device_ = Device::cpu;

@@ -435,8 +435,8 @@ struct LastResult {
 
 // with_logits: also write the logits to outputs.logits (otherwise they only pass through
 // saved.dlogits, which the cross-entropy overwrites in place).
-LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate, float dloss,
-                    bool with_logits) {
+LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate,
+                    coda::Scalar dloss, bool with_logits) {
   const llama::Config& c = make.c;
   const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
   LastResult r{HostTensor(DType::f32, {1}),
@@ -463,7 +463,7 @@ LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumula
   HostTensor ws_f = make.workspace(llama::Layer::last, llama::Pass::forward);
   llama::last_forward(c, p.weights(), inputs, {r.loss.view(), r.logits.view()}, saved, ws_f.view());
 
-  const llama::LastGrads grads{{dloss, {}},
+  const llama::LastGrads grads{dloss,
                                r.dx.view(),
                                r.dy0.view(),
                                {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
@@ -499,7 +499,7 @@ TEST_P(BlockCpu, LastLayer) {
     const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
     LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
     const float dloss = 0.75f;
-    LastResult r = run_last(make, p, GetParam().grad_dtype, accumulate, dloss, true);
+    LastResult r = run_last(make, p, GetParam().grad_dtype, accumulate, {dloss, {}}, true);
 
     const ref::LlamaConfig rc = ref_config(c);
     const ref::LastWeights rw = p.textbook();
@@ -538,13 +538,24 @@ TEST_P(BlockCpu, LastLayer) {
   }
 }
 
+// dloss as a [1] tensor times a value is the same scale as the product given as a value.
+TEST_P(BlockCpu, LastLayerDlossTensor) {
+  LastProblem p(make, ref::Reduction::mean);
+  LastResult by_value = run_last(make, p, GetParam().grad_dtype, false, {0.75f, {}}, false);
+  HostTensor half = HostTensor::of(DType::f32, {1}, {0.5});
+  LastResult by_tensor =
+      run_last(make, p, GetParam().grad_dtype, false, {1.5f, half.view()}, false);
+  const std::vector<HostTensor*> a = by_value.all(), b = by_tensor.all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+}
+
 // Bitwise determinism, and the logits output changes nothing: the run without it (logits
 // computed in place in saved.dlogits) gives the same bits as the runs with it.
 TEST_P(BlockCpu, LastLayerIsBitwiseDeterministic) {
   LastProblem p(make, ref::Reduction::mean);
-  LastResult first = run_last(make, p, GetParam().grad_dtype, false, 1.f, true);
-  LastResult second = run_last(make, p, GetParam().grad_dtype, false, 1.f, true);
-  LastResult in_place = run_last(make, p, GetParam().grad_dtype, false, 1.f, false);
+  LastResult first = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, true);
+  LastResult second = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, true);
+  LastResult in_place = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, false);
   EXPECT_TRUE(same_bits(first.logits, second.logits));
   const std::vector<HostTensor*> a = first.all(), b = second.all(), d = in_place.all();
   for (size_t i = 0; i < a.size(); ++i) {
@@ -643,6 +654,10 @@ TEST_F(BlockArguments, WorkspaceSizeChecksItsArguments) {
   EXPECT_THROW(llama::workspace_size(llama::Layer::last, llama::Pass::forward, no_vocab, 16),
                coda::Error);
   EXPECT_NO_THROW(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, no_vocab, 16));
+  llama::Config huge = make.c;
+  huge.vocab = int64_t(1) << 40;
+  EXPECT_THROW(llama::workspace_size(llama::Layer::last, llama::Pass::forward, huge, 1 << 30),
+               coda::Error); // 2^70 bytes of logits partials: an error, not a wrapped size
 }
 
 // ---------------------------------------------------------------------------------------------
