@@ -237,4 +237,7 @@ CODA_API const char* coda_version(void);
 } /* extern "C" */
 #endif
 
+/* The fused Llama block's C ABI (it includes this header first). */
+#include "coda/block/llama.h"
+
 #endif /* CODA_CODA_H */

@@ -40,3 +40,6 @@ void interleave_gate_up(const TensorView& stacked, const TensorView& fused, Stre
 void deinterleave_gate_up(const TensorView& fused, const TensorView& stacked, Stream stream = nullptr);
 
 } // namespace coda
+
+// The fused Llama block (first, middle and last layer, forward and backward).
+#include "coda/block/llama.hpp"

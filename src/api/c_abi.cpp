@@ -3,15 +3,19 @@
 // message. Nothing thrown here or below ever crosses extern "C".
 #include "coda/coda.h"
 
-#include <cstdio>
 #include <exception>
 #include <new>
 #include <string>
 
 #include "coda/coda.hpp"
+#include "api/c_guard.hpp"
 
 namespace coda {
 namespace {
+
+using api::deref;
+using api::guarded;
+using api::view;
 
 static_assert(CODA_OK == int(Status::ok) &&
                   CODA_INVALID_ARGUMENT == int(Status::invalid_argument) &&
@@ -34,48 +38,8 @@ static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
 static_assert(CODA_REDUCE_BLOCK == kReduceBlock && CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");
 
-thread_local char t_last_error[2048] = "";
 
-void set_last_error(const char* prefix, const char* message) noexcept {
-  std::snprintf(t_last_error, sizeof t_last_error, "%s%s", prefix, message);
-}
 
-template <class Body> coda_status guarded(const char* fn, Body&& body) noexcept {
-  try {
-    body();
-    return CODA_OK;
-  } catch (const Error& e) {
-    set_last_error("", e.what());
-    return e.status() == Status::ok ? CODA_INTERNAL : coda_status(int(e.status()));
-  } catch (const std::bad_alloc&) {
-    set_last_error(fn, ": out of host memory");
-  } catch (const std::exception& e) {
-    std::snprintf(t_last_error, sizeof t_last_error, "%s: internal error: %s", fn, e.what());
-  } catch (...) {
-    set_last_error(fn, ": internal error: an unknown exception");
-  }
-  return CODA_INTERNAL;
-}
-
-template <class T> const T& deref(const char* fn, const char* what, const T* p) {
-  if (p == nullptr)
-    throw Error(Status::invalid_argument, std::string(fn) + ": " + what + " is NULL");
-  return *p;
-}
-
-TensorView view(const coda_tensor& t) {
-  TensorView v;
-  v.data = t.data;
-  v.dtype = DType(t.dtype);
-  v.rank = t.rank;
-  for (int i = 0; i < kMaxRank; ++i) {
-    v.shape[i] = t.shape[i];
-    v.stride[i] = t.stride[i];
-  }
-  v.device = Device(t.device);
-  v.device_index = t.device_index;
-  return v;
-}
 
 RopeSpec rope(const coda_rope_spec& r) {
   return {view(r.positions), view(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
@@ -155,7 +119,21 @@ coda_status call(const char* fn, const CArgs* args, coda_stream_t stream, Call c
 } // namespace coda
 
 using coda::call;
-using coda::guarded;
+using coda::api::guarded;
+
+namespace coda::api {
+namespace {
+thread_local std::string t_last_error;
+}
+void set_last_error(const std::string& message) noexcept {
+  try {
+    t_last_error = message;
+  } catch (...) {
+    t_last_error.clear();
+  }
+}
+const char* last_error() noexcept { return t_last_error.c_str(); }
+} // namespace coda::api
 
 extern "C" {
 
@@ -227,8 +205,8 @@ coda_status coda_interleave_gate_up(const coda_tensor* stacked, const coda_tenso
                                     coda_stream_t stream) {
   const char* fn = "coda_interleave_gate_up";
   return guarded(fn, [&] {
-    coda::interleave_gate_up(coda::view(coda::deref(fn, "stacked", stacked)),
-                             coda::view(coda::deref(fn, "fused", fused)), stream);
+    coda::interleave_gate_up(coda::api::view(coda::api::deref(fn, "stacked", stacked)),
+                             coda::api::view(coda::api::deref(fn, "fused", fused)), stream);
   });
 }
 
@@ -236,12 +214,12 @@ coda_status coda_deinterleave_gate_up(const coda_tensor* fused, const coda_tenso
                                       coda_stream_t stream) {
   const char* fn = "coda_deinterleave_gate_up";
   return guarded(fn, [&] {
-    coda::deinterleave_gate_up(coda::view(coda::deref(fn, "fused", fused)),
-                               coda::view(coda::deref(fn, "stacked", stacked)), stream);
+    coda::deinterleave_gate_up(coda::api::view(coda::api::deref(fn, "fused", fused)),
+                               coda::api::view(coda::api::deref(fn, "stacked", stacked)), stream);
   });
 }
 
-const char* coda_last_error(void) { return coda::t_last_error; }
+const char* coda_last_error(void) { return coda::api::last_error(); }
 
 const char* coda_version(void) { return CODA_VERSION_STRING; }
 

@@ -3,16 +3,19 @@
 // thread-local message. Nothing thrown here or below crosses extern "C".
 #include "coda/block/llama.h"
 
-#include <cstdio>
 #include <exception>
 #include <new>
 #include <string>
 
 #include "coda/block/llama.hpp"
 #include "coda/core/error.hpp"
+#include "api/c_guard.hpp"
 
 namespace coda::llama {
 namespace {
+
+using api::deref;
+using api::view;
 
 static_assert(CODA_LLAMA_FIRST == int(Layer::first) && CODA_LLAMA_MIDDLE == int(Layer::middle) &&
                   CODA_LLAMA_LAST == int(Layer::last),
@@ -21,48 +24,8 @@ static_assert(CODA_LLAMA_FORWARD == int(Pass::forward) &&
                   CODA_LLAMA_BACKWARD == int(Pass::backward),
               "coda_llama_pass must equal coda::llama::Pass");
 
-// NOTE: a local stand-in for the last-error slot of src/api/c_abi.cpp, which is private to that
-// file; until it exports a setter, coda_llama_* failures are reported here and by
-// coda_llama_last_error() rather than by coda_last_error().
-thread_local char t_last_error[2048] = "";
 
-template <class Body> coda_status guarded(const char* fn, Body&& body) noexcept {
-  try {
-    body();
-    return CODA_OK;
-  } catch (const Error& e) {
-    std::snprintf(t_last_error, sizeof t_last_error, "%s", e.what());
-    return e.status() == Status::ok ? CODA_INTERNAL : coda_status(int(e.status()));
-  } catch (const std::bad_alloc&) {
-    std::snprintf(t_last_error, sizeof t_last_error, "%s: out of host memory", fn);
-  } catch (const std::exception& e) {
-    std::snprintf(t_last_error, sizeof t_last_error, "%s: internal error: %s", fn, e.what());
-  } catch (...) {
-    std::snprintf(t_last_error, sizeof t_last_error, "%s: internal error: an unknown exception",
-                  fn);
-  }
-  return CODA_INTERNAL;
-}
 
-template <class T> const T& deref(const char* fn, const char* what, const T* p) {
-  if (p == nullptr)
-    throw Error(Status::invalid_argument, std::string(fn) + ": " + what + " is NULL");
-  return *p;
-}
-
-TensorView view(const coda_tensor& t) {
-  TensorView v;
-  v.data = t.data;
-  v.dtype = DType(t.dtype);
-  v.rank = t.rank;
-  for (int i = 0; i < kMaxRank; ++i) {
-    v.shape[i] = t.shape[i];
-    v.stride[i] = t.stride[i];
-  }
-  v.device = Device(t.device);
-  v.device_index = t.device_index;
-  return v;
-}
 
 Config convert(const coda_llama_config& c) {
   Config out;
@@ -134,9 +97,9 @@ template <class C> auto arg(const char* fn, const char* name, const C* p) {
 } // namespace coda::llama
 
 using coda::llama::arg;
-using coda::llama::deref;
-using coda::llama::guarded;
-using coda::llama::view;
+using coda::api::deref;
+using coda::api::guarded;
+using coda::api::view;
 
 extern "C" {
 
@@ -243,6 +206,5 @@ coda_status coda_llama_last_backward(const coda_llama_config* config,
   });
 }
 
-const char* coda_llama_last_error(void) { return coda::llama::t_last_error; }
 
 } // extern "C"

@@ -699,7 +699,7 @@ TEST_F(BlockArguments, CAbiMatchesCpp) {
                                    c_tensor(r2.view())};
   const coda_tensor cws = c_tensor(workspace.view());
   ASSERT_EQ(coda_llama_middle_forward(&config, &cw, &ci, &co, &cs, &cws, nullptr), CODA_OK)
-      << coda_llama_last_error();
+      << coda_last_error();
 
   HostTensor x2_cpp = make.output(64), qkv_cpp = make.output(make.c.qkv_width());
   HostTensor x1_cpp = make.output(64), z1_cpp = make.output(192);
@@ -718,12 +718,12 @@ TEST_F(BlockArguments, CAbiReportsInsteadOfThrowing) {
   EXPECT_EQ(
       coda_llama_middle_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
       CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_llama_last_error()).find("is NULL"), std::string::npos);
+  EXPECT_NE(std::string(coda_last_error()).find("is NULL"), std::string::npos);
 
   size_t bytes = 0;
   EXPECT_EQ(coda_llama_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, -1, &bytes),
             CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_llama_last_error()).find("tokens"), std::string::npos);
+  EXPECT_NE(std::string(coda_last_error()).find("tokens"), std::string::npos);
   EXPECT_EQ(coda_llama_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 16, nullptr),
             CODA_INVALID_ARGUMENT);
 
@@ -736,7 +736,7 @@ TEST_F(BlockArguments, CAbiReportsInsteadOfThrowing) {
   const coda_llama_first_saved saved{none};
   EXPECT_EQ(coda_llama_first_forward(&odd, &w, &in, &out, &saved, &none, nullptr),
             CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_llama_last_error()).find("head_dim"), std::string::npos);
+  EXPECT_NE(std::string(coda_last_error()).find("head_dim"), std::string::npos);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, BlockCpu, ::testing::ValuesIn(kCases),

@@ -142,9 +142,6 @@ CODA_API coda_status coda_llama_last_backward(const coda_llama_config* config,
                                               int32_t accumulate, const coda_tensor* workspace,
                                               coda_stream_t stream);
 
-/* The message of the last failing coda_llama_* call on this thread (coda_last_error() for the
- * kernels). A stand-in until the block shares coda_last_error()'s slot. */
-CODA_API const char* coda_llama_last_error(void);
 
 #ifdef __cplusplus
 } /* extern "C" */
