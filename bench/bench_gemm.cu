@@ -3,9 +3,14 @@
 // follows a 256 MB write that flushes L2; the median of the timed runs is reported.
 //
 //   bench_gemm [--commit HASH] [--out bench/results/gemm.json] [--runs 50] [--filter SUBSTRING]
+//              [--variants 1]
 //
 // Prints a table (TFLOP/s of both, cublas_ms / coda_ms) and the geometric mean of that ratio
-// over the 24 block GEMMs, and writes the JSON described in docs/PERFORMANCE.md.
+// over the 24 block GEMMs, and writes the JSON described in docs/PERFORMANCE.md. coda runs
+// what coda::gemm would (gpu::gemm's plan). With --variants 1 it also times other plans of
+// the same kernels (kernel, raster group, stream-K, deferred stores: see kVariants) in the same
+// interleaved loop and prints their ratios; the JSON keeps the default plan only. Each case
+// also prints the algorithm cuBLASLt's heuristic chose (tile and stage ids of cublasLt.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,7 +25,9 @@
 #include <cuda_runtime.h>
 
 #include "coda/core/error.hpp"
+#include "coda/gemm/heuristic.hpp"
 #include "gpu/backend.hpp"
+#include "gpu/gemm_instances.hpp"
 
 namespace {
 
@@ -126,6 +133,30 @@ struct CublasGemm {
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) throw std::runtime_error("cuBLASLt has no algorithm for " + c.name);
     algo = result.algo; // the heuristic's first choice: what cuBLAS itself would run
+    waves = result.wavesCount;
+  }
+  float waves = 0;
+
+  // "tile T stages S splitK K swizzle W cluster C waves X": ids of cublasLt.h's enums.
+  std::string describe() const {
+    uint32_t tile = 0, stages = 0, split_k = 0, swizzle = 0;
+    uint16_t cluster = 0;
+    size_t got = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                         &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                         sizeof(stages), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,
+                                         sizeof(split_k), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                         sizeof(swizzle), &got);
+    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof(cluster), &got);
+    char text[128];
+    std::snprintf(text, sizeof(text),
+                  "tile %u stages %u splitK %u swizzle %u cluster %u waves %.2f", tile, stages,
+                  split_k, swizzle, unsigned(cluster), double(waves));
+    return text;
   }
   ~CublasGemm() {
     cublasLtMatrixLayoutDestroy(lx), cublasLtMatrixLayoutDestroy(ly),
@@ -145,9 +176,64 @@ double median(std::vector<float> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+// Plans timed with --variants 1 besides gpu::gemm's own.
+struct Variant {
+  const char* name;
+  coda::gemm::GemmPlan (*plan)(const coda::GemmArgs&);
+};
+
+// The plan of worklog step 3: ping-pong for poor waves, group ~ one wave, no stream-K, stores
+// not deferred.
+coda::gemm::GemmPlan previous_plan(const coda::GemmArgs& args) {
+  using namespace coda::gemm;
+  const int64_t m = args.m(), n = args.n(), sms = 132;
+  GemmPlan plan;
+  const int64_t tiles_m = coda::ceil_div<int64_t>(m, 128);
+  const double wide = wave_efficiency(tiles_m * coda::ceil_div<int64_t>(n, 256), sms);
+  const double narrow = wave_efficiency(tiles_m * coda::ceil_div<int64_t>(n, 128), sms);
+  if (wide < 0.8 && narrow > wide + 0.15) plan.kernel = KernelId::pingpong;
+  const int64_t tiles_n = coda::ceil_div<int64_t>(n, plan.kernel == KernelId::wide ? 256 : 128);
+  const int64_t units_m = coda::ceil_div<int64_t>(tiles_m, 2);
+  int64_t g = coda::ceil_div<int64_t>(sms / 2, tiles_n);
+  g = g < 2 ? 2 : g > 16 ? 16 : g;
+  plan.group_m = int32_t(g > units_m ? std::max<int64_t>(units_m, 1) : g);
+  plan.stream_k = StreamKMode::off;
+  plan.defer_stores = false;
+  return plan;
+}
+
+template <bool kDefer, coda::gemm::StreamKMode kStreamK, int kGroup>
+coda::gemm::GemmPlan variant_plan(const coda::GemmArgs& args) {
+  coda::gemm::GemmPlan plan = coda::gpu::default_plan(args);
+  plan.defer_stores = kDefer;
+  plan.stream_k = kStreamK;
+  if (kGroup > 0) plan.group_m = kGroup;
+  return plan;
+}
+
+coda::gemm::GemmPlan pingpong_plan(const coda::GemmArgs& args) {
+  coda::gemm::GemmPlan plan = coda::gpu::default_plan(args);
+  plan.kernel = coda::gemm::KernelId::pingpong;
+  plan.stream_k = coda::gemm::StreamKMode::off;
+  return plan;
+}
+
+using coda::gemm::StreamKMode;
+const Variant kVariants[] = {
+    {"previous", previous_plan},
+    {"no_defer", variant_plan<false, StreamKMode::automatic, 0>},
+    {"no_sk", variant_plan<true, StreamKMode::off, 0>},
+    {"sk_always", variant_plan<true, StreamKMode::always, 0>},
+    {"group4", variant_plan<true, StreamKMode::automatic, 4>},
+    {"group16", variant_plan<true, StreamKMode::automatic, 16>},
+    {"pingpong", pingpong_plan},
+};
+constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
+
 struct Result {
   BenchCase c;
   double coda_ms, cublas_ms, max_rel_diff;
+  std::vector<double> variant_ms; // kVariants order, when timed
 };
 
 // Largest |coda - cublas| / max|cublas| over the first million outputs: a sanity check that
@@ -166,7 +252,7 @@ double compare_outputs(const void* d_coda, const void* d_cublas, int64_t numel) 
 }
 
 Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush,
-                  size_t flush_bytes, int runs, cudaStream_t s) {
+                  size_t flush_bytes, int runs, bool variants, cudaStream_t s) {
   Buffer a(size_t(c.m * c.k * 2)), b(size_t(c.n * c.k * 2)), d(size_t(c.m * c.n * 2)),
       d_ref(size_t(c.m * c.n * 2));
   fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.p), c.m * c.k, 1);
@@ -182,15 +268,23 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
                 : coda::make_view(b.p, coda::DType::bf16, c.k, c.n, coda::Device::cuda);
   args.d = coda::make_view(d.p, coda::DType::bf16, c.m, c.n, coda::Device::cuda);
   CublasGemm cublas(lt, c, ws, ws_bytes);
+  std::printf("  cuBLASLt %s: %s\n", c.name.c_str(), cublas.describe().c_str());
 
   auto run_coda = [&] { coda::gpu::gemm(args, s); };
   auto run_cublas = [&] { cublas.run(a.p, b.p, d_ref.p, s); };
-  for (int i = 0; i < 5; ++i) run_coda(), run_cublas();
+  std::vector<coda::gemm::GemmPlan> plans;
+  if (variants)
+    for (const Variant& v : kVariants) plans.push_back(v.plan(args));
+  for (int i = 0; i < 5; ++i) {
+    run_coda(), run_cublas();
+    for (const auto& plan : plans) coda::gpu::gemm_with_plan(args, plan, s);
+  }
   check(cudaStreamSynchronize(s), "warm-up");
 
   cudaEvent_t start, stop;
   check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
   std::vector<float> t_coda, t_cublas;
+  std::vector<std::vector<float>> t_variants(plans.size());
   auto timed = [&](auto&& fn, std::vector<float>& out) {
     check(cudaMemsetAsync(flush, int(out.size() & 0xff), flush_bytes, s), "L2 flush");
     check(cudaEventRecord(start, s), "record");
@@ -201,10 +295,18 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
     check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
     out.push_back(ms);
   };
-  for (int i = 0; i < runs; ++i)
+  for (int i = 0; i < runs; ++i) {
     timed(run_coda, t_coda), timed(run_cublas, t_cublas); // interleaved
+    for (size_t v = 0; v < plans.size(); ++v)
+      timed([&] { coda::gpu::gemm_with_plan(args, plans[v], s); }, t_variants[v]);
+  }
   cudaEventDestroy(start), cudaEventDestroy(stop);
-  return {c, median(t_coda), median(t_cublas), compare_outputs(d.p, d_ref.p, c.m * c.n)};
+  // The variants write D too: recompute it with the default plan, which the JSON reports.
+  run_coda();
+  check(cudaStreamSynchronize(s), "final run");
+  Result r{c, median(t_coda), median(t_cublas), compare_outputs(d.p, d_ref.p, c.m * c.n), {}};
+  for (const auto& t : t_variants) r.variant_ms.push_back(median(t));
+  return r;
 }
 
 double tflops(const BenchCase& c, double ms) {
@@ -217,6 +319,7 @@ int main(int argc, char** argv) {
   std::string commit = "unknown", out_path = "bench/results/gemm.json";
   std::string filter;
   int runs = 50;
+  bool variants = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--commit")
@@ -227,6 +330,8 @@ int main(int argc, char** argv) {
       runs = std::max(1, std::atoi(argv[i + 1]));
     else if (flag == "--filter")
       filter = argv[i + 1];
+    else if (flag == "--variants")
+      variants = std::atoi(argv[i + 1]) != 0;
     else
       return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
   }
@@ -247,11 +352,14 @@ int main(int argc, char** argv) {
                 "cuBLAS", "ratio", "rel diff");
     for (const BenchCase& c : bench_cases()) {
       if (c.name.find(filter) == std::string::npos) continue;
-      const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, s);
+      const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, variants, s);
       results.push_back(r);
       std::printf("%-24s %6lld %6lld %6lld  %9.1f %9.1f  %7.3f %9.2e\n", c.name.c_str(),
                   (long long)c.m, (long long)c.n, (long long)c.k, tflops(c, r.coda_ms),
                   tflops(c, r.cublas_ms), r.cublas_ms / r.coda_ms, r.max_rel_diff);
+      for (size_t v = 0; v < r.variant_ms.size(); ++v)
+        std::printf("    variant %-10s ratio %.3f\n", kVariants[v].name,
+                    r.cublas_ms / r.variant_ms[v]);
       std::fflush(stdout);
     }
     double log_sum = 0, worst = 1e30;
@@ -263,6 +371,16 @@ int main(int argc, char** argv) {
       }
     std::printf("geomean cublas_ms/coda_ms over %d block GEMMs: %.3f (min %.3f)\n", blocks,
                 std::exp(log_sum / std::max(blocks, 1)), worst);
+    for (int v = 0; variants && v < kNumVariants; ++v) {
+      double sum = 0, low = 1e30;
+      for (const Result& r : results)
+        if (std::strcmp(r.c.layout_name, "square") != 0) {
+          sum += std::log(r.cublas_ms / r.variant_ms[size_t(v)]);
+          low = std::min(low, r.cublas_ms / r.variant_ms[size_t(v)]);
+        }
+      std::printf("variant %-10s geomean %.3f (min %.3f)\n", kVariants[v].name,
+                  std::exp(sum / std::max(blocks, 1)), low);
+    }
 
     char date[32];
     const std::time_t now = std::time(nullptr);

@@ -6,13 +6,17 @@
 
 namespace coda::gpu::detail {
 
+template <class Kernel> void launch(const GemmArgs& args, const gemm::GemmPlan& plan, Stream s) {
+  Kernel::run(args, plan, &stream_k_workspace, s);
+}
+
 template <GemmLayout kLayout, class InT, class OutT>
 GemmLauncher launcher_for(gemm::KernelId kernel) {
   switch (kernel) {
   case gemm::KernelId::wide:
-    return &gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>::run;
+    return &launch<gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>>;
   case gemm::KernelId::pingpong:
-    return &gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>::run;
+    return &launch<gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>>;
   }
   return nullptr;
 }

@@ -3,14 +3,17 @@
 // so they compile in parallel.
 #pragma once
 
+#include <cstddef>
+
 #include "coda/core/types.hpp"
 #include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/problem.hpp"
+#include "coda/gemm/scheduler.hpp"
 #include "coda/kernels/args.hpp"
 
 namespace coda::gpu {
 
-using GemmLauncher = void (*)(const GemmArgs& args, int32_t group_m, Stream stream);
+using GemmLauncher = void (*)(const GemmArgs& args, const gemm::GemmPlan& plan, Stream stream);
 
 // nullptr when the combination is not compiled.
 template <GemmLayout kLayout>
@@ -19,5 +22,15 @@ GemmLauncher gemm_launcher(DType in, DType out, gemm::KernelId kernel);
 template <> GemmLauncher gemm_launcher<GemmLayout::fwd>(DType, DType, gemm::KernelId);
 template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType, DType, gemm::KernelId);
 template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType, DType, gemm::KernelId);
+
+// gpu::gemm with a given plan instead of the heuristic's (tests and benchmarks force kernels,
+// raster groups, stream-K and deferred stores with it). Same checks as gpu::gemm.
+void gemm_with_plan(const GemmArgs& args, const gemm::GemmPlan& plan, Stream stream);
+
+// The plan gpu::gemm uses for `args` on the current device.
+gemm::GemmPlan default_plan(const GemmArgs& args);
+
+// Stream-K scratch of the GPU backend (gemm.cu): see gemm::StreamKWorkspaceFn.
+gemm::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream);
 
 } // namespace coda::gpu

@@ -1,12 +1,15 @@
-// GPU GEMM (gpu::gemm) against the fp64 reference, with the tolerance rule of
-// tests/common/check.hpp: the baseline is an fp32-accumulated GEMM (accumulated the way Hopper
-// tensor cores do, see tensor_core_fp32_gemm) rounded to the output dtype.
-// Skipped (not passed) where there is no sm_90 device.
+// GPU GEMM against the fp64 reference, with the tolerance rule of tests/common/check.hpp: the
+// baseline is an fp32-accumulated GEMM (accumulated the way Hopper tensor cores do, see
+// tensor_core_fp32_gemm) rounded to the output dtype. Results go through the public coda::gemm
+// (validation and dispatch included); cases that force a kernel path (ping-pong, stream-K,
+// stores not deferred) call the backend with a plan. Skipped (not passed) where there is no
+// sm_90 device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -15,12 +18,14 @@
 
 #include "coda/arch/smem_desc.hpp"
 #include "coda/core/error.hpp"
-#include "coda/gemm/fragment.hpp"
+#include "coda/core/fragment.hpp"
 #include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/scheduler.hpp"
 #include "gpu/backend.hpp"
+#include "gpu/gemm_instances.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
+#include "tests/gpu/public_gemm.hpp"
 
 namespace coda {
 namespace {
@@ -59,15 +64,35 @@ struct Case {
   int64_t m, n, k;
   float alpha = 1.f, beta = 0.f;
   CMode c = CMode::none;
+  std::optional<gemm::GemmPlan> plan = std::nullopt; // forced; default: coda::gemm's own
 };
 
 std::string describe(const Case& c) {
   static const char* layouts[] = {"fwd", "dgrad", "wgrad"};
   static const char* cmodes[] = {"", " +C", " +C aliasing D"};
+  static const char* kernels[] = {"wide", "pingpong"};
+  static const char* stream_k[] = {"off", "auto", "always"};
+  std::string plan = "coda::gemm";
+  if (c.plan)
+    plan = std::string("plan ") + kernels[int(c.plan->kernel)] + " stream-K " +
+           stream_k[int(c.plan->stream_k)] + (c.plan->defer_stores ? "" : " stores not deferred");
   return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) +
          " M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
-         cmodes[int(c.c)] + " alpha=" + std::to_string(c.alpha) + " beta=" + std::to_string(c.beta);
+         cmodes[int(c.c)] + " alpha=" + std::to_string(c.alpha) +
+         " beta=" + std::to_string(c.beta) + " (" + plan + ")";
 }
+
+gemm::GemmPlan forced(gemm::KernelId kernel, gemm::StreamKMode stream_k, bool defer = true) {
+  gemm::GemmPlan plan;
+  plan.kernel = kernel;
+  plan.stream_k = stream_k;
+  plan.defer_stores = defer;
+  return plan;
+}
+const gemm::GemmPlan kStreamK = forced(gemm::KernelId::wide, gemm::StreamKMode::always);
+const gemm::GemmPlan kPingpong = forced(gemm::KernelId::pingpong, gemm::StreamKMode::off);
+const gemm::GemmPlan kNotDeferred =
+    forced(gemm::KernelId::wide, gemm::StreamKMode::off, /*defer=*/false);
 
 ref::Layout ref_layout(GemmLayout l) {
   return l == GemmLayout::fwd     ? ref::Layout::fwd
@@ -192,7 +217,10 @@ void run_case(const Case& c) {
   if (c.c == CMode::alias_d) args.c = args.d;
   args.alpha = c.alpha;
   args.beta = c.beta;
-  ASSERT_NO_THROW(gpu::gemm(args, nullptr));
+  if (c.plan)
+    ASSERT_NO_THROW(gpu::gemm_with_plan(args, *c.plan, nullptr));
+  else
+    ASSERT_NO_THROW(test::public_gemm(args, nullptr));
   cuda_ok(cudaDeviceSynchronize());
   std::vector<uint8_t> out(d_bytes);
   cuda_ok(cudaMemcpy(out.data(), dd.ptr, d_bytes, cudaMemcpyDeviceToHost));
@@ -231,7 +259,8 @@ void run_case(const Case& c) {
 
 constexpr GemmLayout kLayouts[] = {GemmLayout::fwd, GemmLayout::dgrad, GemmLayout::wgrad};
 
-// wgrad's A is [K, M]: its rows need M to be a multiple of 8 (16-byte TMA strides).
+// wgrad's A is [K, M]: its rows need M to be a multiple of 8 (16-byte TMA strides); K, an
+// outer dimension of both operands there, may be anything.
 int64_t legal_m(GemmLayout layout, int64_t m) {
   return layout == GemmLayout::wgrad ? (m + 7) / 8 * 8 : m;
 }
@@ -277,6 +306,41 @@ TEST(GpuGemm, BetaWithCAliasingD) {
       run_case({layout, DType::bf16, out, 1000, 1032, 264, 1.f, 1.f, CMode::alias_d});
 }
 
+// wgrad with a token count K that is not a multiple of 8 (nor of the 64-deep k-block): TMA
+// zero-fills the rows of both operands past K.
+TEST(GpuGemm, WgradRaggedK) {
+  CODA_REQUIRE_SM90();
+  for (int64_t k : {1, 63, 1005})
+    for (DType out : {DType::bf16, DType::f32})
+      run_case({GemmLayout::wgrad, DType::bf16, out, 1000, 264, k});
+  run_case({GemmLayout::wgrad, DType::f16, DType::f16, 3072, 2048, 1005, 1.f, 1.f, CMode::alias_d});
+  run_case({GemmLayout::wgrad, DType::bf16, DType::bf16, 1000, 1032, 1005, 1.f, 0.f, CMode::none,
+            kStreamK});
+}
+
+// Stream-K on every unit, whatever the cost model says: units split over several clusters
+// (contributors and owners), ranges inside one unit, and (K = 64: 1 k-block) empty ranges.
+TEST(GpuGemm, StreamK) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts) {
+    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 4104, 1.f, 0.f, CMode::none, kStreamK});
+    run_case(
+        {layout, DType::f16, DType::f32, 8191, 264, 1032, 0.5f, 1.f, CMode::alias_d, kStreamK});
+    run_case({layout, DType::bf16, DType::f16, legal_m(layout, 127), 264, 64, 1.f, 0.f, CMode::none,
+              kStreamK});
+    run_case(
+        {layout, DType::bf16, DType::bf16, 3000, 2056, 520, 2.f, -1.f, CMode::separate, kStreamK});
+  }
+}
+
+// The tile stores of the wide kernel without deferral (coda::gemm defers them for 16-bit D).
+TEST(GpuGemm, StoresNotDeferred) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts)
+    for (DType out : {DType::bf16, DType::f16})
+      run_case({layout, DType::bf16, out, 1000, 1032, 520, 0.5f, 0.f, CMode::none, kNotDeferred});
+}
+
 // A few small shapes, cheap enough for compute-sanitizer (tools/gpu_check.sh runs these).
 TEST(GpuGemm, SmallForSanitizer) {
   CODA_REQUIRE_SM90();
@@ -284,35 +348,18 @@ TEST(GpuGemm, SmallForSanitizer) {
     run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 127), 264, 200});
     run_case(
         {layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
-    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 200}); // the ping-pong kernel
+    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 200, 1.f, 0.f, CMode::none, kPingpong});
+    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 328, 1.f, 0.f, CMode::none, kStreamK});
   }
+  run_case({GemmLayout::wgrad, DType::bf16, DType::bf16, 264, 520, 1005});
 }
 
-// The 128 x 128 ping-pong kernel, which the heuristic picks for this shape (wide tiles: 40 of
-// them on 132 SMs), in every layout and output dtype, with C aliasing D.
+// The 128 x 128 ping-pong kernel in every layout and output dtype, with C aliasing D.
 TEST(GpuGemm, PingpongKernel) {
   CODA_REQUIRE_SM90();
-  int sms = 0;
-  cuda_ok(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  ASSERT_EQ(gemm::choose_plan(1000, 1032, 520, sms).kernel, gemm::KernelId::pingpong);
   for (GemmLayout layout : kLayouts)
     for (DType out : {DType::bf16, DType::f16, DType::f32})
-      run_case({layout, DType::f16, out, 1000, 1032, 520, 0.5f, 1.f, CMode::alias_d});
-}
-
-TEST(GpuGemm, RejectsWhatItCannotRun) {
-  CODA_REQUIRE_SM90();
-  DeviceBuffer buf(1 << 20);
-  GemmArgs args;
-  args.a = device_view(buf.ptr, DType::bf16, 64, 64);
-  args.b = device_view(buf.ptr, DType::bf16, 64, 64);
-  args.d = device_view(buf.ptr, DType::bf16, 64, 64);
-  args.c = device_view(buf.ptr, DType::f32, 64, 64);
-  args.beta = 1.f;
-  EXPECT_THROW(gpu::gemm(args, nullptr), Error); // C dtype differs from D
-  args.c = TensorView{};
-  args.a = device_view(static_cast<char*>(buf.ptr) + 2, DType::bf16, 64, 64);
-  EXPECT_THROW(gpu::gemm(args, nullptr), Error); // A not 16-byte aligned
+      run_case({layout, DType::f16, out, 1000, 1032, 520, 0.5f, 1.f, CMode::alias_d, kPingpong});
 }
 
 // Host-side pieces of the kernel (no GPU needed).
@@ -335,22 +382,90 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
       }
 }
 
-TEST(GemmHost, HeuristicAvoidsEmptyWaves) {
-  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide); // 1024 tiles
-  EXPECT_EQ(gemm::choose_plan(2048, 2048, 8192, 132).kernel, gemm::KernelId::wide); // 128 tiles
-  EXPECT_EQ(gemm::choose_plan(3072, 2048, 8192, 132).kernel,
-            gemm::KernelId::pingpong); // 1.45 waves
-  EXPECT_GE(gemm::choose_plan(1, 8, 8, 132).group_m, 1);
+// Every (unit, k-block) is handed out exactly once, over data-parallel and stream-K work; each
+// worker's stream-K pieces come backwards; each contributor is read by exactly the owner of its
+// unit, and owners only wait for lower-numbered workers.
+TEST(GemmHost, StreamKCoversEveryKBlockOnce) {
+  struct Shape {
+    int32_t tiles_m, tiles_n, k_blocks;
+    int64_t clusters;
+  };
+  for (const Shape sh : {Shape{24, 8, 128, 66}, Shape{64, 8, 32, 66}, Shape{8, 5, 65, 66},
+                         Shape{2, 1, 1, 66}, Shape{7, 3, 3, 4}, Shape{64, 56, 64, 66}})
+    for (gemm::StreamKMode mode : {gemm::StreamKMode::automatic, gemm::StreamKMode::always}) {
+      gemm::TileScheduler s;
+      s.tiles_m = sh.tiles_m, s.tiles_n = sh.tiles_n, s.cluster_m = 2, s.group_m = 8;
+      s.k_blocks = sh.k_blocks;
+      const gemm::StreamKSplit split =
+          gemm::plan_stream_k(s.num_units(), sh.clusters, s.k_blocks, mode);
+      s.sk_first_unit = split.first_unit, s.sk_workers = split.workers;
+      SCOPED_TRACE(std::to_string(s.num_units()) + " units, " + std::to_string(s.k_blocks) +
+                   " k-blocks, stream-K from " + std::to_string(split.first_unit) + " on " +
+                   std::to_string(split.workers));
+      if (mode == gemm::StreamKMode::always) EXPECT_TRUE(s.has_stream_k());
+      std::vector<int> hits(size_t(s.num_units() * s.k_blocks), 0);
+      std::vector<int> read(size_t(sh.clusters), 0);
+      for (int64_t c = 0; c < sh.clusters; ++c) {
+        gemm::WorkIterator work(s, c, sh.clusters);
+        int64_t last_sk_unit = INT64_MAX;
+        for (gemm::WorkItem item; work.next(item);) {
+          ASSERT_TRUE(item.unit >= 0 && item.unit < s.num_units());
+          ASSERT_TRUE(0 <= item.k_begin && item.k_begin < item.k_end && item.k_end <= s.k_blocks);
+          for (int32_t k = item.k_begin; k < item.k_end; ++k)
+            ++hits[size_t(item.unit * s.k_blocks + k)];
+          if (item.unit < s.dp_units()) {
+            EXPECT_EQ(item.k_end - item.k_begin, s.k_blocks);
+            continue;
+          }
+          EXPECT_LT(item.unit, last_sk_unit); // backwards
+          last_sk_unit = item.unit;
+          if (item.k_end < s.k_blocks) EXPECT_TRUE(s.sk_contributes(int32_t(c)));
+          if (item.k_end == s.k_blocks && item.k_begin > 0) { // owner
+            const int32_t first =
+                s.sk_contributors_begin(int32_t(c), int32_t(item.unit - s.dp_units()));
+            int32_t covered = 0;
+            for (int32_t w = first; w < int32_t(c); ++w)
+              if (s.sk_contributes(w)) {
+                ++read[size_t(w)];
+                covered += s.sk_begin(w + 1) -
+                           std::max<int32_t>(s.sk_begin(w),
+                                             int32_t(item.unit - s.dp_units()) * s.k_blocks);
+              }
+            EXPECT_EQ(covered, item.k_begin); // the contributors hold exactly k-blocks [0, k_begin)
+          }
+        }
+      }
+      for (int h : hits) ASSERT_EQ(h, 1);
+      for (int32_t w = 0; w < s.sk_workers; ++w)
+        EXPECT_EQ(read[size_t(w)], s.sk_contributes(w) ? 1 : 0);
+    }
 }
 
-TEST(GemmHost, FragmentMapCoversTheBlockOnce) {
-  std::vector<int> hits(64 * 256, 0);
+TEST(GemmHost, HeuristicSpreadsTheLastWave) {
+  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide);
+  EXPECT_EQ(gemm::choose_plan(8192, 28672, 4096, 132).group_m, 8); // square-ish waves
+  EXPECT_GE(gemm::choose_plan(1, 8, 8, 132).group_m, 1);
+  // 3072 x 2048 x 8192: 96 units on 66 clusters (1.45 rounds) -> stream-K over all of them.
+  EXPECT_EQ(gemm::plan_stream_k(96, 66, 128).workers, 66);
+  EXPECT_EQ(gemm::plan_stream_k(96, 66, 128).first_unit, 0);
+  // 256 units of 32 k-blocks: the partial round (58 of 66) saves less than a partial-sum trip.
+  EXPECT_EQ(gemm::plan_stream_k(256, 66, 32).workers, 0);
+  // 1792 units: the last round holds 10; stream-K over it and the round before.
+  EXPECT_EQ(gemm::plan_stream_k(1792, 66, 64).first_unit, 1792 - 76);
+  EXPECT_EQ(gemm::plan_stream_k(132, 66, 64).workers, 0); // whole rounds
+}
+
+// The epilogue reads a 32-column subtile s of a wgmma block as registers [16 s, 16 s + 16) laid
+// out as a 32-column accumulator: check that against the 256-column map.
+TEST(GemmHost, SubtileRegistersFollowTheNarrowMap) {
+  using Wide = AccumulatorMap<256>;
+  using Subtile = AccumulatorMap<32>;
   for (int t = 0; t < 128; ++t)
-    for (int i = 0; i < 128; ++i)
-      ++hits[size_t(gemm::FragmentMap::row(t, i) * 256 + gemm::FragmentMap::col(t, i))];
-  for (int h : hits) EXPECT_EQ(h, 1);
-  EXPECT_EQ(gemm::FragmentMap::col(5, 1), 2 * 1 + 1); // pairs (2k, 2k+1) in registers (i, i+1)
-  EXPECT_EQ(gemm::FragmentMap::row(40, 2), 16 + 2 + 8);
+    for (int s = 0; s < 8; ++s)
+      for (int i = 0; i < 16; ++i) {
+        EXPECT_EQ(Wide::row(t, 16 * s + i), Subtile::row(t, i));
+        EXPECT_EQ(Wide::col(t, 16 * s + i), 32 * s + Subtile::col(t, i));
+      }
 }
 
 TEST(GemmHost, SwizzlePermutesChunksWithinRows) {

@@ -4,7 +4,7 @@
 //
 // PTX ISA sections are cited by title, in the chapter "Asynchronous Warpgroup Level Matrix
 // Multiply-Accumulate Instructions". Accumulator fragment of m64nNk16 ("Register Fragments:
-// Matrix D"): thread t of the warpgroup holds N/2 floats; coda/gemm/fragment.hpp gives the
+// Matrix D"): thread t of the warpgroup holds N/2 floats; coda/core/fragment.hpp gives the
 // (row, col) of each.
 #pragma once
 

@@ -97,4 +97,15 @@ template <int N> struct AccumulatorMap {
   }
 };
 
+// The fp32 accumulators of one consumer warpgroup: kBlocksM blocks of 64 rows by kN columns.
+// Register i of block b holds row 64 b + Map::row(thread, i) and column Map::col(thread, i); a
+// 32-column slab s of a block is registers [16 s, 16 s + 16), laid out as AccumulatorMap<32>.
+template <int kBlocksM, int kN> struct Accumulator {
+  using Map = AccumulatorMap<kN>;
+  static constexpr int kBlocks = kBlocksM;
+  static constexpr int kColumns = kN;
+  static constexpr int kRegsPerBlock = Map::kRegisters;
+  float reg[kBlocksM][Map::kRegisters]; // [64-row block][register]
+};
+
 } // namespace coda

@@ -13,15 +13,24 @@
 //     __device__ void visit(Accumulator<kBlocks, kN>&, EpilogueTile);   // after it
 //     __device__ void end_tile(EpilogueTile);
 //     __device__ void finish();                             // once, before the kernel exits
+//     // Optional: called once per k-block of every later mainloop, while that k-block's MMAs
+//     // run; may finish the previous tile's stores (it must not touch the accumulators).
+//     __device__ void overlap_with_mainloop(int32_t k_block_in_item);
 //   };
 //
 // All 128 threads of a consumer warpgroup call every member; the warpgroup may synchronize on
 // its own named barrier (NamedBarrier::epilogue_warpgroup0 + consumer index) and no other.
+// A stream-K piece that only contributes partial sums to a tile finished elsewhere gets no
+// begin_tile / visit / end_tile (see scheduler.hpp); the tile's owner visits the full sum.
 #pragma once
 
 #include <cstdint>
 
+#include "coda/core/fragment.hpp"
+
 namespace coda::gemm {
+
+using coda::Accumulator; // the fp32 accumulator registers visit() receives
 
 // bar.sync ids of the GEMM kernel; id 0 is __syncthreads. mma_turn_*: ping-pong hand-over of
 // the tensor cores between the consumer warpgroups (the kernel's, not the epilogue's).
@@ -30,6 +39,8 @@ enum class NamedBarrier : uint32_t {
   epilogue_warpgroup1 = 2,
   mma_turn_warpgroup0 = 3,
   mma_turn_warpgroup1 = 4,
+  stream_k_warpgroup0 = 5, // stream-K partial sums, per consumer warpgroup (kernel's)
+  stream_k_warpgroup1 = 6,
 };
 
 // Where a consumer warpgroup's rows of the current tile start in D. The warpgroup owns

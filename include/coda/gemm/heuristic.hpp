@@ -1,17 +1,17 @@
-// Which compiled kernel runs a given GEMM shape. Plain C++, tested on the CPU.
+// Which compiled kernel runs a given GEMM shape, and how its tiles are ordered and split. Plain
+// C++, tested on the CPU.
 //
 // The kernels (each instantiated for every layout and dtype pair; clusters of 2 along M with B
 // multicast):
 //   wide:     128 x 256 tiles, cooperative. The workhorse: the largest tile whose 128
 //             accumulators per thread fit the 232-register consumers, halving the shared-memory
-//             traffic per MMA compared to 128 x 128.
+//             traffic per MMA compared to 128 x 128. Its last partial wave runs stream-K.
 //   pingpong: 128 x 128 tiles, one per consumer warpgroup, alternating. Twice the tiles, so it
-//             wins where the wide kernel's last wave would run mostly empty (measured on an
-//             H200: 3072 x 2048 x 8192, 1.45 waves of wide tiles, +18%; elsewhere 5-10% slower).
-// The raster group (unit-rows per L2 group) is chosen so that a wave of clusters covers about
-// one group: the tiles running together then share few A row-blocks and B column-blocks.
+//             was the answer to a mostly empty last wave before stream-K (measured on an H200:
+//             3072 x 2048 x 8192, 1.45 waves of wide tiles, +18%; elsewhere 5-10% slower).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "coda/core/types.hpp"
@@ -27,9 +27,17 @@ using WideConfig = GemmConfig<128, 256, sizeof(OutT) == 4 ? 3 : 4, 2, Schedule::
 template <class OutT>
 using PingpongConfig = GemmConfig<128, 128, sizeof(OutT) == 4 ? 5 : 6, 2, Schedule::pingpong>;
 
+constexpr int32_t kClusterM = 2; // both kernels
+
+// Stream-K over the last waves of the wide kernel: never, where the cost model says it pays,
+// or always (tests).
+enum class StreamKMode : int32_t { off = 0, automatic = 1, always = 2 };
+
 struct GemmPlan {
   KernelId kernel = KernelId::wide;
   int32_t group_m = 8; // raster group height, in cluster units along M
+  StreamKMode stream_k = StreamKMode::automatic;
+  bool defer_stores = true; // plain epilogue: store a tile while the next one's MMAs run
 };
 
 // Fraction of the SMs busy over the waves of `tiles` equal tiles (1 = no idle tail).
@@ -38,26 +46,58 @@ inline double wave_efficiency(int64_t tiles, int64_t sms) {
   return waves == 0 ? 1.0 : double(tiles) / double(waves * sms);
 }
 
+// Raster group height g (unit-rows) minimizing what a wave of `clusters` units reads: g unit-rows
+// of A and ceil(clusters / g) column-blocks of B (DeepGEMM's rule, over powers of two).
+inline int32_t choose_group_m(int64_t units_m, int64_t clusters, int64_t unit_rows,
+                              int64_t tile_n) {
+  int64_t best = 1, best_cost = INT64_MAX;
+  for (int64_t g = 1; g <= 16; g *= 2) {
+    const int64_t cost = g * unit_rows + ceil_div<int64_t>(clusters, g) * tile_n;
+    if (cost <= best_cost) best = g, best_cost = cost;
+  }
+  if (best > units_m) best = units_m > 0 ? units_m : 1;
+  return int32_t(best);
+}
+
 inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
   (void)k;
   GemmPlan plan;
   const int64_t tiles_m = ceil_div<int64_t>(m, 128);
-  const double wide = wave_efficiency(tiles_m * ceil_div<int64_t>(n, 256), num_sms);
-  const double narrow = wave_efficiency(tiles_m * ceil_div<int64_t>(n, 128), num_sms);
-  // NOTE: pingpong loses 5-10% per tile; switch only when the wide kernel idles far more.
-  if (wide < 0.8 && narrow > wide + 0.15) plan.kernel = KernelId::pingpong;
+  const int64_t clusters = num_sms / kClusterM;
   const int64_t tile_n = plan.kernel == KernelId::wide ? 256 : 128;
-
-  const int64_t units_m = ceil_div<int64_t>(tiles_m, 2);
-  const int64_t tiles_n = ceil_div<int64_t>(n, tile_n);
-  const int64_t clusters = num_sms / 2;
-  // A group of g unit-rows holds g * tiles_n units; aim for about one wave of clusters per group,
-  // and never fewer than 2 unit-rows (else consecutive units share no A).
-  int64_t g = ceil_div<int64_t>(clusters, tiles_n > 0 ? tiles_n : 1);
-  g = g < 2 ? 2 : g > 16 ? 16 : g;
-  if (g > units_m) g = units_m > 0 ? units_m : 1;
-  plan.group_m = int32_t(g);
+  plan.group_m =
+      choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters, kClusterM * 128, tile_n);
   return plan;
+}
+
+// The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.
+struct StreamKSplit {
+  int64_t first_unit; // units before it are data-parallel
+  int32_t workers;    // 0: no stream-K
+};
+
+// Cost model in k-blocks of one cluster. Data-parallel, the last two rounds of units take two
+// units' time (one when there is a single round). Stream-K spreads those units evenly and pays,
+// per unit it owns, a partial-sum round trip through L2 for each contributor (128 KB per CTA,
+// about kFixupBlocks k-blocks). Stream-K is used when it saves more than kMargin k-blocks.
+inline StreamKSplit plan_stream_k(int64_t units, int64_t clusters, int32_t k_blocks,
+                                  StreamKMode mode = StreamKMode::automatic) {
+  constexpr double kFixupBlocks = 4, kMargin = 2;
+  const StreamKSplit none{units, 0};
+  if (mode == StreamKMode::off || clusters < 2 || units == 0) return none;
+  const int64_t rounds = ceil_div(units, clusters);
+  const int64_t dp_rounds = rounds > 2 ? rounds - 2 : 0;
+  const int64_t sk_units = units - dp_rounds * clusters;
+  if (sk_units * k_blocks * clusters >= (int64_t(1) << 31)) return none; // 32-bit k-block space
+  if (mode == StreamKMode::always) return StreamKSplit{dp_rounds * clusters, int32_t(clusters)};
+  if (units % clusters == 0 || k_blocks < 2) return none;
+  const double share = double(sk_units * k_blocks) / double(clusters); // k-blocks per worker
+  // A unit spans at most ceil(k_blocks / share) + 1 ranges, so that many minus one contribute.
+  const double contributors = share >= k_blocks ? 1.0 : std::ceil(k_blocks / share);
+  const double stream_k = share + contributors * kFixupBlocks;
+  const double data_parallel = double((rounds - dp_rounds) * k_blocks);
+  if (stream_k + kMargin >= data_parallel) return none;
+  return StreamKSplit{dp_rounds * clusters, int32_t(clusters)};
 }
 
 } // namespace coda::gemm

@@ -12,6 +12,7 @@
 #include "coda/gemm/config.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/scheduler.hpp"
+#include "coda/gemm/stream_k.cuh"
 
 namespace coda::gemm {
 
@@ -19,6 +20,7 @@ template <class Mainloop, class Epilogue> struct KernelParams {
   typename Mainloop::Params mainloop;
   typename Epilogue::Params epilogue;
   TileScheduler scheduler;
+  StreamKWorkspace stream_k; // used when the scheduler has stream-K units
 };
 
 template <class Mainloop, class Epilogue> struct KernelSharedStorage {
@@ -36,6 +38,26 @@ __device__ __forceinline__ void mma_turn(int warpgroup, bool arrive) {
     arch::named_barrier_sync(id, 2 * arch::kWarpgroupSize);
 }
 
+template <class Epilogue>
+__device__ __forceinline__ void overlap_with_mainloop(Epilogue& epilogue, int32_t k_block) {
+  if constexpr (requires { epilogue.overlap_with_mainloop(k_block); })
+    epilogue.overlap_with_mainloop(k_block);
+}
+
+// Stream-K owner: add the partial sums of the contributors to the unit into `acc`, in worker
+// order (so the sum is the same run to run).
+template <class Config, class Accum>
+__device__ void add_stream_k_partials(const TileScheduler& sched, const StreamKWorkspace& ws,
+                                      const WorkItem& item, int32_t worker, uint32_t cta_rank,
+                                      int consumer, int thread, Accum& acc) {
+  using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
+  const uint32_t barrier = uint32_t(NamedBarrier::stream_k_warpgroup0) + uint32_t(consumer);
+  const int32_t first = sched.sk_contributors_begin(worker, int32_t(item.unit - sched.dp_units()));
+  for (int32_t w = first; w < worker; ++w)
+    if (sched.sk_contributes(w))
+      stream_k_accumulate(acc, ws, Slots::slot(w, cta_rank, consumer), thread, barrier);
+}
+
 template <class Config, class Mainloop, class Epilogue>
 __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
                         KernelSharedStorage<Mainloop, Epilogue>& smem,
@@ -44,31 +66,49 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
   const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
   const uint32_t lane = threadIdx.x % arch::kWarpSize;
   constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
-  const int32_t k_blocks = params.mainloop.k_blocks;
+  const TileScheduler& sched = params.scheduler;
+  const int32_t k_blocks = sched.k_blocks;
 
   Epilogue epilogue(params.epilogue, smem.epilogue, consumer, thread);
   typename Mainloop::Accum acc;
   typename Mainloop::State st;
   // Ping-pong: the warpgroups take alternate tiles; each skips the other's k-blocks in the ring.
+  // (Ping-pong launches have no stream-K units, so every item is a whole tile.)
   if (!kCooperative) st.advance(uint32_t(consumer * k_blocks));
 
+  const int64_t cluster = blockIdx.x / Config::kClusterM;
   const int64_t clusters = gridDim.x / Config::kClusterM;
-  const int64_t units = params.scheduler.num_units();
-  int64_t iteration = 0;
-  for (int64_t unit = blockIdx.x / Config::kClusterM; unit < units; unit += clusters, ++iteration) {
+  WorkIterator work(sched, cluster, clusters);
+  WorkItem item;
+  for (int64_t iteration = 0; work.next(item); ++iteration) {
     if (!kCooperative && iteration % Config::kConsumerWarpgroups != consumer) continue;
-    const TileCoord tile = params.scheduler.tile(unit, int32_t(cta_rank));
+    const TileCoord tile = sched.tile(item.unit, int32_t(cta_rank));
     const int first_block = kCooperative ? consumer * Config::kMmaBlocksM : 0;
     const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64,
                             tile.n_block * Config::kTileN};
-    epilogue.begin_tile(rows);
+    // Stream-K: a piece that stops short of the last k-block only contributes partial sums.
+    const bool contributes = kCooperative && item.k_end < k_blocks;
+    if (!contributes) epilogue.begin_tile(rows);
     // Ping-pong: wait for the other warpgroup to finish its tile's MMAs before starting ours.
     // NOTE: besides ordering the tensor cores, this keeps the pipeline barriers at most one phase
     // ahead of the waiter: a warpgroup that skipped the other's k-blocks would otherwise wait on
     // a barrier several phases behind, and parity waits cannot tell those phases apart.
     if (!kCooperative && iteration > 0) mma_turn(consumer, /*arrive=*/false);
-    Mainloop::mma_tile(params.mainloop, smem.mainloop, pipe, st, acc, first_block, lane);
-    if (!kCooperative && unit + clusters < units) mma_turn(1 - consumer, /*arrive=*/true);
+    Mainloop::mma_tile(smem.mainloop, pipe, st, acc, first_block, item.k_begin, item.k_end, lane,
+                       [&](int32_t k_block) { overlap_with_mainloop(epilogue, k_block); });
+    if (!kCooperative && item.unit + clusters < sched.num_units())
+      mma_turn(1 - consumer, /*arrive=*/true);
+    if constexpr (kCooperative) {
+      if (contributes) {
+        using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
+        stream_k_publish(acc, params.stream_k, Slots::slot(cluster, cta_rank, consumer), thread,
+                         uint32_t(NamedBarrier::stream_k_warpgroup0) + uint32_t(consumer));
+        continue;
+      }
+      if (item.k_begin > 0)
+        add_stream_k_partials<Config>(sched, params.stream_k, item, int32_t(cluster), cta_rank,
+                                      consumer, thread, acc);
+    }
     epilogue.visit(acc, rows);
     epilogue.end_tile(rows);
     if (!kCooperative) st.advance(uint32_t((Config::kConsumerWarpgroups - 1) * k_blocks));
@@ -107,11 +147,12 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     arch::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x / arch::kWarpSize == 0 && arch::elect_one_sync()) {
       typename Mainloop::State st;
-      const int64_t clusters = gridDim.x / Config::kClusterM;
-      for (int64_t unit = blockIdx.x / Config::kClusterM; unit < params.scheduler.num_units();
-           unit += clusters)
+      WorkIterator work(params.scheduler, blockIdx.x / Config::kClusterM,
+                        gridDim.x / Config::kClusterM);
+      for (WorkItem item; work.next(item);)
         Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
-                            params.scheduler.tile(unit, int32_t(cta_rank)), cta_rank);
+                            params.scheduler.tile(item.unit, int32_t(cta_rank)), item.k_begin,
+                            item.k_end, cta_rank);
     }
     __syncwarp();
   } else {

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "coda/gemm/config.hpp"
+#include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/kernel.cuh"
 #include "coda/gemm/linear_epilogue.cuh"
 #include "coda/gemm/mainloop.cuh"
@@ -24,9 +25,19 @@ inline void check_cuda(cudaError_t e, const char* what) {
     throw Error(Status::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Stream-K scratch for a launch on `stream`: partials of `partial_bytes` and `flag_bytes` of
+// zeroed flags, both unused by any launch that can run at the same time. {} when none is
+// available (then the launch runs without stream-K).
+using StreamKWorkspaceFn = StreamKWorkspace (*)(size_t partial_bytes, size_t flag_bytes,
+                                                Stream stream);
+
 template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKernel {
+  static constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
   using Main = Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>;
-  using Epi = LinearEpilogue<OutT, Config::kConsumerWarpgroups>;
+  // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
+  // next mainloop; ping-pong: the other warpgroup's MMAs already overlap them.
+  using Epi = LinearEpilogue<OutT, Config::kConsumerWarpgroups, kCooperative>;
+  using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
   using Params = KernelParams<Main, Epi>;
   using SharedStorage = KernelSharedStorage<Main, Epi>;
   // NOTE: + 1024 is alignment slack: the kernel rounds the dynamic smem base up to 1024 bytes.
@@ -35,7 +46,7 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
       kSharedBytes <= kMaxSharedBytes,
       "pipeline stages + epilogue buffers exceed the 227 KB of shared memory; use fewer stages");
 
-  static Params make_params(const GemmArgs& args, int32_t group_m) {
+  static Params make_params(const GemmArgs& args, const GemmPlan& plan) {
     const int64_t M = args.m(), N = args.n(), K = args.k();
     constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
     const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
@@ -50,7 +61,6 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
                                    uint64_t(args.b.stride[0]), 64, 64, sw128}
                   : TensorMapShape{args.b.data, args.b.dtype, uint64_t(K), uint64_t(N),
                                    uint64_t(args.b.stride[0]), 64, Main::kSliceRowsB, sw128});
-    p.mainloop.k_blocks = int32_t(ceil_div<int64_t>(K, Config::kTileK));
 
     const CUtensorMapSwizzle sw_out =
         Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
@@ -64,11 +74,13 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     p.epilogue.c = p.epilogue.load_c ? out_map("C", args.c) : p.epilogue.d;
     p.epilogue.alpha = args.alpha;
     p.epilogue.beta = args.beta;
+    p.epilogue.defer_stores = plan.defer_stores;
 
     p.scheduler.tiles_m = int32_t(ceil_div<int64_t>(M, Config::kTileM));
     p.scheduler.tiles_n = int32_t(ceil_div<int64_t>(N, Config::kTileN));
     p.scheduler.cluster_m = Config::kClusterM;
-    p.scheduler.group_m = group_m;
+    p.scheduler.group_m = plan.group_m;
+    p.scheduler.k_blocks = int32_t(ceil_div<int64_t>(K, Config::kTileK));
     return p;
   }
 
@@ -101,13 +113,33 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     return cached;
   }
 
-  static void run(const GemmArgs& args, int32_t group_m, Stream stream) {
+  // Stream-K over the last waves when the plan allows it and the cost model says it pays;
+  // returns the clusters to launch.
+  static int64_t split_stream_k(Params& p, const GemmPlan& plan, int64_t max_clusters,
+                                StreamKWorkspaceFn workspace, Stream stream) {
+    const int64_t units = p.scheduler.num_units();
+    const int64_t data_parallel = std::min(max_clusters, units);
+    if (!kCooperative || !workspace) return data_parallel;
+    const StreamKSplit split =
+        plan_stream_k(units, max_clusters, p.scheduler.k_blocks, plan.stream_k);
+    if (split.workers == 0) return data_parallel;
+    const int64_t slots = Slots::count(split.workers);
+    p.stream_k = workspace(size_t(slots * stream_k_slot_bytes(Config::kAccumulatorsPerThread)),
+                           size_t(slots) * sizeof(int32_t), stream);
+    if (!p.stream_k.partials) return data_parallel;
+    p.scheduler.sk_first_unit = split.first_unit;
+    p.scheduler.sk_workers = split.workers;
+    return max_clusters;
+  }
+
+  static void run(const GemmArgs& args, const GemmPlan& plan, StreamKWorkspaceFn workspace,
+                  Stream stream) {
     const auto kernel = gemm_kernel<Config, Main, Epi>;
-    const Params params = make_params(args, group_m);
-    const int64_t units = params.scheduler.num_units();
-    if (units == 0) return;
+    Params params = make_params(args, plan);
+    if (params.scheduler.num_units() == 0) return;
     const int64_t clusters =
-        std::min<int64_t>(max_active_clusters(reinterpret_cast<const void*>(kernel)), units);
+        split_stream_k(params, plan, max_active_clusters(reinterpret_cast<const void*>(kernel)),
+                       workspace, stream);
 
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr{};

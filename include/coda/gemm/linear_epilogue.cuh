@@ -11,6 +11,12 @@
 // while the next subtile is computed. TMA clips the store and zero-fills the load at the edges.
 // C may alias D: a tile's C region is read (into registers) before its D region is written, and
 // no two warpgroups share a region.
+//
+// Deferred stores (kOverlapStores, 16-bit D, no C, Params::defer_stores): visit() only packs the
+// tile into 64 registers of bf16/f16 pairs; overlap_with_mainloop() stores one subtile per
+// k-block of the next mainloop, so the tensor cores do not idle while a tile is stored (the
+// cooperative kernel's warpgroups would otherwise both store at once). Subtiles a short k-range
+// leaves pending are stored by the next visit() or by finish().
 #pragma once
 
 #include <cstdint>
@@ -24,26 +30,32 @@
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/stmatrix.cuh"
 #include "coda/arch/warpgroup.cuh"
+#include "coda/core/fragment.hpp"
 #include "coda/core/types.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
-#include "coda/gemm/fragment.hpp"
 #include "coda/gemm/pipeline.cuh"
 
 namespace coda::gemm {
 
-template <class OutT, int kWarpgroups> struct LinearEpilogue {
+template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct LinearEpilogue {
   static constexpr int kSubRows = 64, kSubCols = 32; // one subtile: 64 rows x 32 columns
+  using SubtileMap = AccumulatorMap<kSubCols>;       // its 16 registers of a thread
   static constexpr int kRowBytes = kSubCols * int(sizeof(OutT));
   static constexpr arch::Swizzle kSwizzle =
       kRowBytes == 128 ? arch::Swizzle::b128 : arch::Swizzle::b64;
   static constexpr uint32_t kSubtileBytes = kSubRows * kRowBytes;
   static constexpr bool k16Bit = sizeof(OutT) == 2;
+  static constexpr bool kCanDefer = kOverlapStores && k16Bit;
+  // Subtiles held back per tile (the last ones): 16-bit pairs of 4 subtiles are 32 registers,
+  // what the 232-register consumers have left beside 128 accumulators (8 subtiles spill).
+  static constexpr int kMaxDeferred = 4;
 
   struct Params {
     CUtensorMap d; // dims {N, M}, box {32, 64}, swizzle = row bytes of the subtile
     CUtensorMap c; // same geometry as d; unused unless load_c
     float alpha, beta;
-    int32_t load_c; // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
+    int32_t load_c;       // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
+    int32_t defer_stores; // with kOverlapStores and load_c == 0: visit() defers the stores
   };
 
   struct SharedStorage {
@@ -58,6 +70,10 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
   const int thread;     // 0..127 in the warpgroup
   uint32_t subtile = 0; // subtiles visited so far: buffer = subtile & 1
   uint32_t c_phase = 0; // bit b: phase of c_full[warpgroup][b]
+  // The deferred subtiles: a queue of packed pairs (SubtileMap order), head at deferred[0].
+  uint32_t deferred[kCanDefer ? kMaxDeferred : 1][8];
+  int32_t deferred_left = 0;                    // subtiles in the queue
+  int32_t deferred_row0 = 0, deferred_col0 = 0; // where the head goes (the next ones: +32 cols)
 
   __device__ static void init(SharedStorage& smem) {
     for (int w = 0; w < kWarpgroups; ++w)
@@ -74,6 +90,9 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
   template <int kBlocks, int kN>
   __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
+    if constexpr (kCanDefer) {
+      if (params.defer_stores && !params.load_c) return defer(acc, tile);
+    }
 #pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local
                // memory
     for (int mb = 0; mb < kBlocks; ++mb) {
@@ -90,19 +109,14 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
           load_c(buf ^ 1, next_row_block ? row0 + kSubRows : row0,
                  next_row_block ? tile.col0 : col0 + kSubCols);
         }
-        float v[16]; // this thread's 16 values of the subtile, FragmentMap order
+        float v[16]; // this thread's 16 values of the subtile, SubtileMap order
 #pragma unroll
         for (int i = 0; i < 16; ++i) v[i] = params.alpha * acc.reg[mb][16 * s + i];
         if (params.load_c) add_c(v, buf);
         write_d(v, buf);
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
         sync();
-        if (thread == 0) {
-          const int32_t coords[2] = {col0, row0};
-          cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared,
-                                          &params.d, coords, smem.d[warpgroup][buf]);
-          cuda::ptx::cp_async_bulk_commit_group();
-        }
+        if (thread == 0) store_d(buf, row0, col0);
         ++subtile;
       }
     }
@@ -110,7 +124,12 @@ template <class OutT, int kWarpgroups> struct LinearEpilogue {
 
   __device__ void end_tile(EpilogueTile) {}
 
+  __device__ void overlap_with_mainloop(int32_t) {
+    if constexpr (kCanDefer) store_deferred(1);
+  }
+
   __device__ void finish() {
+    if constexpr (kCanDefer) store_deferred(kMaxDeferred);
     if (thread == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 
@@ -118,6 +137,68 @@ private:
   __device__ void sync() {
     arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup,
                              arch::kWarpgroupSize);
+  }
+
+  // Stores the tile's first subtiles now and packs the last kMaxDeferred for later.
+  template <int kBlocks, int kN>
+  __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
+    constexpr int kSubtilesN = kN / kSubCols, kSubtiles = kBlocks * kSubtilesN;
+    static_assert(kSubtilesN % kMaxDeferred == 0,
+                  "the deferred subtiles are the last columns of the last 64-row block");
+    constexpr int kFirstDeferred = kSubtiles - kMaxDeferred;
+    store_deferred(kMaxDeferred); // what the previous tile's (short) mainloop left
+#pragma unroll
+    for (int j = 0; j < kSubtiles; ++j) {
+      const int mb = j / kSubtilesN, s = j % kSubtilesN;
+      uint32_t packed[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        packed[i] = pack(params.alpha * acc.reg[mb][16 * s + 2 * i],
+                         params.alpha * acc.reg[mb][16 * s + 2 * i + 1]);
+      if (j < kFirstDeferred) {
+        store_subtile(packed, tile.row0 + mb * kSubRows, tile.col0 + s * kSubCols);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) deferred[j - kFirstDeferred][i] = packed[i];
+      }
+    }
+    deferred_left = kMaxDeferred;
+    deferred_row0 = tile.row0 + kFirstDeferred / kSubtilesN * kSubRows;
+    deferred_col0 = tile.col0 + kFirstDeferred % kSubtilesN * kSubCols;
+  }
+
+  // Stores up to `count` of the deferred subtiles not stored yet, in order.
+  __device__ void store_deferred(int count) {
+    for (; count > 0 && deferred_left > 0; --count, --deferred_left) {
+      store_subtile(deferred[0], deferred_row0, deferred_col0);
+      deferred_col0 += kSubCols;
+      // NOTE: the queue shifts down in registers; selecting deferred[deferred_next] instead
+      // makes the compiler index a local-memory copy of the array.
+#pragma unroll
+      for (int j = 0; j + 1 < kMaxDeferred; ++j)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) deferred[j][i] = deferred[j + 1][i];
+    }
+  }
+
+  // The warpgroup writes one subtile of 16-bit pairs to the next D buffer; one thread stores it.
+  __device__ void store_subtile(const uint32_t (&packed)[8], int32_t row0, int32_t col0) {
+    const uint32_t buf = subtile & 1;
+    if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+    sync();
+    stmatrix_subtile(packed, buf);
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    sync();
+    if (thread == 0) store_d(buf, row0, col0);
+    ++subtile;
+  }
+
+  // One thread: TMA-store D buffer `buf` (written and fenced by the warpgroup) at (row0, col0).
+  __device__ void store_d(uint32_t buf, int32_t row0, int32_t col0) {
+    const int32_t coords[2] = {col0, row0};
+    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &params.d,
+                                    coords, smem.d[warpgroup][buf]);
+    cuda::ptx::cp_async_bulk_commit_group();
   }
 
   __device__ void load_c(uint32_t buf, int32_t row0, int32_t col0) {
@@ -142,7 +223,7 @@ private:
     const uint8_t* c = smem.c[warpgroup][buf];
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
-      const uint32_t off = offset(FragmentMap::row(thread, i), FragmentMap::col(thread, i));
+      const uint32_t off = offset(SubtileMap::row(thread, i), SubtileMap::col(thread, i));
       float c0, c1;
       if constexpr (k16Bit) {
         const uint32_t packed = *reinterpret_cast<const uint32_t*>(c + off);
@@ -167,24 +248,32 @@ private:
     }
   }
 
-  // 16-bit D: two stmatrix.x4 per warp, each an 8-register column pair block (16 columns).
-  // Lane l addresses row 16*warp + (l & 15), column 16*j + 8*(l >> 4) of the subtile.
+  // 16-bit D: packed[i] = the pair (v[2i], v[2i+1]); two stmatrix.x4 per warp, each an
+  // 8-register column pair block (16 columns). Lane l addresses row 16*warp + (l & 15), column
+  // 16*j + 8*(l >> 4) of the subtile.
+  __device__ void stmatrix_subtile(const uint32_t (&packed)[8], uint32_t buf) {
+    const int warp = thread / 32, lane = thread % 32;
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(smem.d[warpgroup][buf]));
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t addr = base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
+      arch::stmatrix_x4(addr, packed[4 * j], packed[4 * j + 1], packed[4 * j + 2],
+                        packed[4 * j + 3]);
+    }
+  }
+
   // fp32 D: each thread stores its column pairs directly.
   __device__ void write_d(const float (&v)[16], uint32_t buf) {
-    uint8_t* d = smem.d[warpgroup][buf];
     if constexpr (k16Bit) {
-      const int warp = thread / 32, lane = thread % 32;
-      const uint32_t base = uint32_t(__cvta_generic_to_shared(d));
+      uint32_t packed[8];
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint32_t addr = base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
-        arch::stmatrix_x4(addr, pack(v[8 * j], v[8 * j + 1]), pack(v[8 * j + 2], v[8 * j + 3]),
-                          pack(v[8 * j + 4], v[8 * j + 5]), pack(v[8 * j + 6], v[8 * j + 7]));
-      }
+      for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
+      stmatrix_subtile(packed, buf);
     } else {
+      uint8_t* d = smem.d[warpgroup][buf];
 #pragma unroll
       for (int i = 0; i < 16; i += 2) {
-        const uint32_t off = offset(FragmentMap::row(thread, i), FragmentMap::col(thread, i));
+        const uint32_t off = offset(SubtileMap::row(thread, i), SubtileMap::col(thread, i));
         *reinterpret_cast<float2*>(d + off) = make_float2(v[i], v[i + 1]);
       }
     }

@@ -15,8 +15,8 @@
 
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/wgmma.cuh"
+#include "coda/core/fragment.hpp"
 #include "coda/gemm/config.hpp"
-#include "coda/gemm/fragment.hpp"
 #include "coda/gemm/pipeline.cuh"
 #include "coda/gemm/scheduler.hpp"
 
@@ -52,15 +52,15 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
     CUtensorMap a; // K-major: dims {K, M}, box {64, kTileM}; MN-major: dims {M, K}, box {64, 64}
     CUtensorMap
         b; // K-major: dims {K, N}, box {64, kSliceRowsB}; MN-major: dims {N, K}, box {64, 64}
-    int32_t k_blocks; // ceil(K / 64); the K tail is zero-filled by TMA
-  };
+  };       // (k-blocks: TileScheduler::k_blocks = ceil(K / 64); TMA zero-fills the K tail)
 
-  // Producer, one thread: stream the k-blocks of one tile through the ring.
+  // Producer, one thread: stream k-blocks [k_begin, k_end) of one tile through the ring.
   __device__ static void load_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
-                                   TileCoord tile, uint32_t cta_rank) {
+                                   TileCoord tile, int32_t k_begin, int32_t k_end,
+                                   uint32_t cta_rank) {
     const int32_t m0 = tile.m_block * Config::kTileM;
     const int32_t n0 = tile.n_block * Config::kTileN;
-    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+    for (int32_t kb = k_begin; kb < k_end; ++kb) {
       pipe.producer_acquire(st, kStageBytes);
       uint64_t* full = pipe.full_barrier(st);
       const int32_t k0 = kb * Config::kTileK;
@@ -70,25 +70,30 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
     }
   }
 
-  // One consumer warpgroup: accumulate one tile's k-blocks (k_blocks >= 1; the first wgmma
-  // overwrites the accumulators). `first_block` is the first 64-row block of the tile this
-  // warpgroup owns. Each k-block's stage is released once the wgmmas of the next k-block are
-  // issued and the previous batch has retired (one batch in flight).
+  // One consumer warpgroup: accumulate k-blocks [k_begin, k_end) of one tile (at least one; the
+  // first wgmma overwrites the accumulators). `first_block` is the first 64-row block of the
+  // tile this warpgroup owns. Each k-block's stage is released once the wgmmas of the next
+  // k-block are issued and the previous batch has retired (one batch in flight).
+  // `while_mma(i)` runs after the i-th k-block's wgmmas are issued, while the tensor cores work
+  // on them; it must not touch the accumulators.
   // NOTE: no other path may write the accumulators (e.g. zeroing them for K = 0): the copies
   // at the merge break ptxas's contiguous HGMMA register range and cost ~40 registers of spills.
-  __device__ static void mma_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
-                                  Accum& acc, int first_block, uint32_t lane) {
+  template <class WhileMma>
+  __device__ static void mma_tile(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
+                                  int first_block, int32_t k_begin, int32_t k_end, uint32_t lane,
+                                  WhileMma&& while_mma) {
     fence_accumulators(acc);
     State previous = st;
-    for (int32_t kb = 0; kb < p.k_blocks; ++kb) {
+    for (int32_t kb = k_begin; kb < k_end; ++kb) {
       pipe.consumer_wait(st);
       arch::wgmma_fence();
-      mma_stage(smem, st.index, acc, first_block, kb);
+      mma_stage(smem, st.index, acc, first_block, kb == k_begin);
       arch::wgmma_commit_group();
-      if (kb > 0) {
+      if (kb > k_begin) {
         arch::wgmma_wait_group<1>();
         pipe.consumer_release(previous, lane);
       }
+      while_mma(kb - k_begin);
       previous = st;
       st.advance();
     }
@@ -168,7 +173,7 @@ private:
   }
 
   __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Accum& acc, int first_block,
-                                   int32_t kb) {
+                                   bool first_k_block) {
     constexpr int kTransA = kMajorA == Major::mn ? 1 : 0;
     constexpr int kTransB = kMajorB == Major::mn ? 1 : 0;
 #pragma unroll
@@ -178,7 +183,7 @@ private:
       for (int mb = 0; mb < Accum::kBlocks; ++mb) {
         const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
         arch::wgmma_m64k16<Config::kTileN, kIsBf16, kTransA, kTransB>(acc.reg[mb], a, b,
-                                                                      (kb | kk) != 0);
+                                                                      !first_k_block || kk != 0);
       }
     }
   }
