@@ -2,28 +2,40 @@
 # The GPU machine's check of the GEMM: build (ninja), GPU tests, compute-sanitizer on small shapes,
 # the cuBLASLt benchmark, SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
 # table is printed last. Run from the repository root:
-#   OUT=/tmp/out CODA_COMMIT=$(git rev-parse HEAD) tools/gpu_check.sh [--no-sanitizer] [--no-bench]
-# Needs a GoogleTest source tree at .deps/googletest (copy /usr/src/googletest there).
+#   OUT=/tmp/out tools/gpu_check.sh [--no-sanitizer | --sanitizers=memcheck,...] [--no-bench]
+#                                   [--variants]
+#   tools/gpu_check.sh --build-only        # build here, to run elsewhere with --prebuilt
+#   OUT=/tmp/out tools/gpu_check.sh --prebuilt [--no-sanitizer] ...   # run what BUILD holds
+# The measured code is exactly a commit: with uncommitted changes in the tree, the build uses
+# `git archive HEAD` unpacked into a temporary folder (where git is missing, the working tree,
+# and the commit is recorded as <hash>-dirty). --build-only writes that commit to $BUILD/COMMIT,
+# so a machine that only runs the binaries (--prebuilt; e.g. the GPU machine, whose cold start
+# leaves little time for a build) still records it.
+# Needs a GoogleTest source tree at .deps/googletest (copy /usr/src/googletest there) where
+# no packaged GoogleTest exists.
 set -uo pipefail
 
 OUT=${OUT:-/tmp/coda_gpu_check}
 BUILD=${BUILD:-build-gpu-check}
 JOBS=${JOBS:-$(nproc)}
-SANITIZE=1
+SANITIZERS=memcheck,racecheck,synccheck
 BENCH=1
+VARIANTS=0
+BUILD_ONLY=0
+PREBUILT=0
 for arg in "$@"; do
   case "$arg" in
-  --no-sanitizer) SANITIZE=0 ;;
+  --no-sanitizer) SANITIZERS= ;;
+  --sanitizers=*) SANITIZERS=${arg#--sanitizers=} ;;
   --no-bench) BENCH=0 ;;
+  --variants) VARIANTS=1 ;;
+  --build-only) BUILD_ONLY=1 ;;
+  --prebuilt) PREBUILT=1 ;;
   *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
 mkdir -p "$OUT"
-
-COMMIT=${CODA_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
-if [[ -z ${CODA_COMMIT:-} ]] && git rev-parse HEAD >/dev/null 2>&1 && [[ -n $(git status --porcelain 2>/dev/null) ]]; then
-  COMMIT="$COMMIT-dirty"
-fi
+BUILD=$(mkdir -p "$BUILD" && cd "$BUILD" && pwd)
 
 declare -A STATUS
 step() { # step NAME TIMEOUT_S LOG COMMAND...
@@ -36,11 +48,44 @@ step() { # step NAME TIMEOUT_S LOG COMMAND...
   return $rc
 }
 
-step configure 300 configure.log cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCODA_GTEST_SOURCE="$PWD/.deps/googletest" -DCMAKE_CUDA_FLAGS="-Xptxas=-v" \
-  -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
-# (the last two: CMake 3.25 does not know that nvcc 12+ accepts -std=c++20)
-step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_gpu_tests bench_gemm
+# Source tree and commit: HEAD itself when the tree is clean, else HEAD's archive.
+SRC=$PWD
+if ((PREBUILT)); then
+  COMMIT=$(cat "$BUILD/COMMIT" 2>/dev/null || echo unknown)
+elif git rev-parse --verify -q HEAD >/dev/null 2>&1; then
+  COMMIT=$(git rev-parse --short=12 HEAD)
+  if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+    SRC=$(mktemp -d /tmp/coda-src.XXXXXX)
+    trap 'rm -rf "$SRC"' EXIT
+    if ! git archive HEAD | tar -x -C "$SRC"; then
+      echo "git archive failed; building the working tree" >&2
+      SRC=$PWD
+      COMMIT="$COMMIT-dirty"
+    fi
+  fi
+else
+  echo "git does not work here; building the working tree" >&2
+  COMMIT="unknown-dirty"
+fi
+
+if ((!PREBUILT)); then
+  step configure 300 configure.log cmake -S "$SRC" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCODA_GTEST_SOURCE="$PWD/.deps/googletest" -DCMAKE_CUDA_FLAGS="-Xptxas=-v" \
+    -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
+  # (the last two: CMake 3.25 does not know that nvcc 12+ accepts -std=c++20)
+  # The build log is where the ptxas resource lines live; keep it with the binaries.
+  step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_gpu_tests bench_gemm
+  cp "$OUT/build.log" "$BUILD/build.log" 2>/dev/null
+  echo "$COMMIT" >"$BUILD/COMMIT"
+  if ((BUILD_ONLY)); then
+    echo "built $COMMIT in $BUILD: ${STATUS[configure]}, ${STATUS[build]}"
+    exit 0
+  fi
+else
+  cp "$BUILD/build.log" "$OUT/build.log" 2>/dev/null
+  # The binaries find libcoda.so through the RPATH of the machine that built them.
+  export LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 TESTS="$BUILD/tests/coda_gpu_tests"
 
 # A hang (a pipeline deadlock) shows up in the smoke step within seconds; then nothing else runs.
@@ -51,22 +96,22 @@ if [[ -x $TESTS ]]; then
 fi
 if ((!HUNG)); then
   step gpu_tests 180 gpu_tests.log "$TESTS"
-  if ((SANITIZE)); then
-    for tool in memcheck racecheck synccheck; do
-      step "sanitizer_$tool" 120 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
-        "$TESTS" --gtest_filter='*SmallForSanitizer*'
-    done
-  fi
+  for tool in ${SANITIZERS//,/ }; do
+    step "sanitizer_$tool" 120 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      "$TESTS" --gtest_filter='*SmallForSanitizer*'
+  done
 fi
 if ((BENCH)) && ((!HUNG)) && [[ -x $BUILD/bench/bench_gemm ]]; then
-  step bench 240 bench.log "$BUILD/bench/bench_gemm" --commit "$COMMIT" --out "$OUT/gemm.json"
+  step bench 240 bench.log "$BUILD/bench/bench_gemm" --commit "$COMMIT" --out "$OUT/gemm.json" \
+    --variants "$VARIANTS"
 fi
 
 LIB=$(find "$BUILD" -name 'libcoda.so*' -type f | head -1)
 HGMMA=$( [[ -n $LIB ]] && cuobjdump --dump-sass "$LIB" 2>/dev/null | grep -c HGMMA || echo 0)
 SPILLS=$(grep -cE '[1-9][0-9]* bytes spill (stores|loads)' "$OUT/build.log" 2>/dev/null)
+STACK=$(grep -cE '[1-9][0-9]* bytes stack frame' "$OUT/build.log" 2>/dev/null)
 WARNINGS=$(grep -cE 'C7508|C7510|C7511|C7515' "$OUT/build.log" 2>/dev/null)
-grep -E 'Used [0-9]+ registers|spill' "$OUT/build.log" >"$OUT/ptxas.log" 2>/dev/null
+grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.log" 2>/dev/null
 
 echo "== coda GPU check ($COMMIT) =="
 printf '%-22s %s\n' "step" "result"
@@ -75,8 +120,10 @@ for name in configure build smoke gpu_tests sanitizer_memcheck sanitizer_raceche
 done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
 printf '%-22s %s\n' "ptxas spill lines" "$SPILLS"
+printf '%-22s %s\n' "ptxas stack lines" "$STACK"
 printf '%-22s %s\n' "C7508/10/11/15" "$WARNINGS"
 grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/smoke.log" "$OUT/gpu_tests.log" 2>/dev/null
+grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" 2>/dev/null | head -10
 grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT"/sanitizer_*.log 2>/dev/null
 grep -hE 'Failure|exceeds|NaN at|what\(\)' "$OUT/smoke.log" "$OUT/gpu_tests.log" 2>/dev/null | head -20
-grep -E '^geomean' "$OUT/bench.log" 2>/dev/null
+grep -E '^geomean|^variant ' "$OUT/bench.log" 2>/dev/null
