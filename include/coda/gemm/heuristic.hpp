@@ -77,12 +77,14 @@ struct StreamKSplit {
 };
 
 // Cost model in k-blocks of one cluster. Data-parallel, the last two rounds of units take two
-// units' time (one when there is a single round). Stream-K spreads those units evenly and pays,
-// per unit it owns, a partial-sum round trip through L2 for each contributor (128 KB per CTA,
+// units' time (one when there is a single round). Stream-K spreads those units evenly, runs its
+// k-blocks kSlowdown slower (measured on an H200, step 4 of docs/gemm-worklog.md: stream-K over
+// 1.88 units per cluster lost 1.5-2% where this model without the slowdown predicted a 4% gain)
+// and pays, per contributor of a unit it owns, a partial-sum trip through L2 (128 KB per CTA,
 // about kFixupBlocks k-blocks). Stream-K is used when it saves more than kMargin k-blocks.
 inline StreamKSplit plan_stream_k(int64_t units, int64_t clusters, int32_t k_blocks,
                                   StreamKMode mode = StreamKMode::automatic) {
-  constexpr double kFixupBlocks = 4, kMargin = 2;
+  constexpr double kSlowdown = 1.12, kFixupBlocks = 4, kMargin = 2;
   const StreamKSplit none{units, 0};
   if (mode == StreamKMode::off || clusters < 2 || units == 0) return none;
   const int64_t rounds = ceil_div(units, clusters);
@@ -94,7 +96,7 @@ inline StreamKSplit plan_stream_k(int64_t units, int64_t clusters, int32_t k_blo
   const double share = double(sk_units * k_blocks) / double(clusters); // k-blocks per worker
   // A unit spans at most ceil(k_blocks / share) + 1 ranges, so that many minus one contribute.
   const double contributors = share >= k_blocks ? 1.0 : std::ceil(k_blocks / share);
-  const double stream_k = share + contributors * kFixupBlocks;
+  const double stream_k = share * kSlowdown + contributors * kFixupBlocks;
   const double data_parallel = double((rounds - dp_rounds) * k_blocks);
   if (stream_k + kMargin >= data_parallel) return none;
   return StreamKSplit{dp_rounds * clusters, int32_t(clusters)};

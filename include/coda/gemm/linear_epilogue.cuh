@@ -12,11 +12,12 @@
 // C may alias D: a tile's C region is read (into registers) before its D region is written, and
 // no two warpgroups share a region.
 //
-// Deferred stores (kOverlapStores, 16-bit D, no C, Params::defer_stores): visit() only packs the
-// tile into 64 registers of bf16/f16 pairs; overlap_with_mainloop() stores one subtile per
-// k-block of the next mainloop, so the tensor cores do not idle while a tile is stored (the
-// cooperative kernel's warpgroups would otherwise both store at once). Subtiles a short k-range
-// leaves pending are stored by the next visit() or by finish().
+// Deferred stores (kOverlapStores, 16-bit D, no C, Params::defer_stores), so the tensor cores do
+// not idle while a tile is stored (the cooperative kernel's warpgroups would otherwise both store
+// at once): visit() writes the first 4 subtiles at once, through the 2 D and the 2 (unused) C
+// buffers with one barrier pair, and keeps the last 4 as 32 registers of bf16/f16 pairs;
+// overlap_with_mainloop() stores those one per k-block of the next mainloop. Subtiles a short
+// k-range leaves pending are stored by the next visit() or by finish().
 #pragma once
 
 #include <cstdint>
@@ -139,14 +140,18 @@ private:
                              arch::kWarpgroupSize);
   }
 
-  // Stores the tile's first subtiles now and packs the last kMaxDeferred for later.
+  // Stores the tile's first subtiles now, at once, and packs the last kMaxDeferred for later.
   template <int kBlocks, int kN>
   __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols, kSubtiles = kBlocks * kSubtilesN;
     static_assert(kSubtilesN % kMaxDeferred == 0,
                   "the deferred subtiles are the last columns of the last 64-row block");
     constexpr int kFirstDeferred = kSubtiles - kMaxDeferred;
+    static_assert(kFirstDeferred <= 4, "the first subtiles go out through 4 buffers at once");
     store_deferred(kMaxDeferred); // what the previous tile's (short) mainloop left
+    // Every store issued so far has read its buffer (they ran during the mainloop).
+    if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+    sync();
 #pragma unroll
     for (int j = 0; j < kSubtiles; ++j) {
       const int mb = j / kSubtilesN, s = j % kSubtilesN;
@@ -156,12 +161,22 @@ private:
         packed[i] = pack(params.alpha * acc.reg[mb][16 * s + 2 * i],
                          params.alpha * acc.reg[mb][16 * s + 2 * i + 1]);
       if (j < kFirstDeferred) {
-        store_subtile(packed, tile.row0 + mb * kSubRows, tile.col0 + s * kSubCols);
+        stmatrix_subtile(packed, batch_buffer(j));
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) deferred[j - kFirstDeferred][i] = packed[i];
       }
     }
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    sync();
+    if (thread == 0)
+#pragma unroll
+      for (int j = 0; j < kFirstDeferred; ++j)
+        store_buffer(batch_buffer(j), tile.row0 + j / kSubtilesN * kSubRows,
+                     tile.col0 + j % kSubtilesN * kSubCols);
+    // The batch's last two bulk groups read D buffers 0 and 1: the deferred stores continue the
+    // alternation from buffer 0, whose wait for all but the newest group covers them.
+    subtile = 0;
     deferred_left = kMaxDeferred;
     deferred_row0 = tile.row0 + kFirstDeferred / kSubtilesN * kSubRows;
     deferred_col0 = tile.col0 + kFirstDeferred % kSubtilesN * kSubCols;
@@ -181,12 +196,18 @@ private:
     }
   }
 
+  // Buffer j of a batch: C 0, C 1, D 0, D 1 (C is never loaded when stores are deferred; it has
+  // D's subtile geometry and swizzle).
+  __device__ uint8_t* batch_buffer(int j) {
+    return j < 2 ? smem.c[warpgroup][j] : smem.d[warpgroup][j - 2];
+  }
+
   // The warpgroup writes one subtile of 16-bit pairs to the next D buffer; one thread stores it.
   __device__ void store_subtile(const uint32_t (&packed)[8], int32_t row0, int32_t col0) {
     const uint32_t buf = subtile & 1;
     if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
     sync();
-    stmatrix_subtile(packed, buf);
+    stmatrix_subtile(packed, smem.d[warpgroup][buf]);
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
     sync();
     if (thread == 0) store_d(buf, row0, col0);
@@ -195,9 +216,13 @@ private:
 
   // One thread: TMA-store D buffer `buf` (written and fenced by the warpgroup) at (row0, col0).
   __device__ void store_d(uint32_t buf, int32_t row0, int32_t col0) {
+    store_buffer(smem.d[warpgroup][buf], row0, col0);
+  }
+  // One thread: TMA-store a subtile buffer at (row0, col0) of D, as its own bulk group.
+  __device__ void store_buffer(uint8_t* buffer, int32_t row0, int32_t col0) {
     const int32_t coords[2] = {col0, row0};
     cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &params.d,
-                                    coords, smem.d[warpgroup][buf]);
+                                    coords, buffer);
     cuda::ptx::cp_async_bulk_commit_group();
   }
 
@@ -251,9 +276,9 @@ private:
   // 16-bit D: packed[i] = the pair (v[2i], v[2i+1]); two stmatrix.x4 per warp, each an
   // 8-register column pair block (16 columns). Lane l addresses row 16*warp + (l & 15), column
   // 16*j + 8*(l >> 4) of the subtile.
-  __device__ void stmatrix_subtile(const uint32_t (&packed)[8], uint32_t buf) {
+  __device__ void stmatrix_subtile(const uint32_t (&packed)[8], uint8_t* buffer) {
     const int warp = thread / 32, lane = thread % 32;
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(smem.d[warpgroup][buf]));
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const uint32_t addr = base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
@@ -268,7 +293,7 @@ private:
       uint32_t packed[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
-      stmatrix_subtile(packed, buf);
+      stmatrix_subtile(packed, smem.d[warpgroup][buf]);
     } else {
       uint8_t* d = smem.d[warpgroup][buf];
 #pragma unroll

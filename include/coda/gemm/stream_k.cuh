@@ -59,7 +59,7 @@ __device__ void stream_k_publish(const Accumulator<kBlocks, kN>& acc, const Stre
 }
 
 // All 128 threads of the owner warpgroup: acc += the partial of `slot`, once it is published.
-template <int kBlocks, int kN, int kLoadsInFlight = 4>
+template <int kBlocks, int kN>
 __device__ void stream_k_accumulate(Accumulator<kBlocks, kN>& acc, const StreamKWorkspace& ws,
                                     int64_t slot, int thread, uint32_t barrier) {
   if (thread == 0) {
@@ -77,9 +77,6 @@ __device__ void stream_k_accumulate(Accumulator<kBlocks, kN>& acc, const StreamK
       const float4 p = __ldcg(src + (mb * kN / 2 + i) / 4 * arch::kWarpgroupSize);
       acc.reg[mb][i] += p.x, acc.reg[mb][i + 1] += p.y;
       acc.reg[mb][i + 2] += p.z, acc.reg[mb][i + 3] += p.w;
-      // NOTE: at most kLoadsInFlight float4 loads ahead: hoisting all of them would need 128
-      // more registers than the consumers have.
-      if ((i / 4 + 1) % kLoadsInFlight == 0) asm volatile("" ::: "memory");
     }
 }
 
