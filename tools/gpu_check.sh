@@ -55,8 +55,9 @@ if ((PREBUILT)); then
 elif git rev-parse --verify -q HEAD >/dev/null 2>&1; then
   COMMIT=$(git rev-parse --short=12 HEAD)
   if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-    SRC=$(mktemp -d /tmp/coda-src.XXXXXX)
-    trap 'rm -rf "$SRC"' EXIT
+    # A fixed place, so the build folder's CMake cache keeps matching its source folder.
+    SRC=$BUILD/source
+    rm -rf "$SRC" && mkdir -p "$SRC"
     if ! git archive HEAD | tar -x -C "$SRC"; then
       echo "git archive failed; building the working tree" >&2
       SRC=$PWD
@@ -79,7 +80,8 @@ if ((!PREBUILT)); then
   echo "$COMMIT" >"$BUILD/COMMIT"
   if ((BUILD_ONLY)); then
     echo "built $COMMIT in $BUILD: ${STATUS[configure]}, ${STATUS[build]}"
-    exit 0
+    [[ ${STATUS[build]} == rc=0* ]]
+    exit
   fi
 else
   cp "$BUILD/build.log" "$OUT/build.log" 2>/dev/null
