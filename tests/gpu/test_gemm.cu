@@ -415,6 +415,7 @@ TEST(GemmHost, StreamKCoversEveryKBlockOnce) {
         for (gemm::WorkItem item; work.next(item);) {
           ASSERT_TRUE(item.unit >= 0 && item.unit < s.num_units());
           ASSERT_TRUE(0 <= item.k_begin && item.k_begin < item.k_end && item.k_end <= s.k_blocks);
+          ASSERT_TRUE(0 <= item.k_rotation && item.k_rotation < item.k_end - item.k_begin);
           for (int32_t k = item.k_begin; k < item.k_end; ++k)
             ++hits[size_t(item.unit * s.k_blocks + k)];
           if (item.unit < s.dp_units()) {

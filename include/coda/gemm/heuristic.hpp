@@ -78,13 +78,13 @@ struct StreamKSplit {
 
 // Cost model in k-blocks of one cluster. Data-parallel, the last two rounds of units take two
 // units' time (one when there is a single round). Stream-K spreads those units evenly, runs its
-// k-blocks kSlowdown slower (measured on an H200, step 4 of docs/gemm-worklog.md: stream-K over
-// 1.88 units per cluster lost 1.5-2% where this model without the slowdown predicted a 4% gain)
-// and pays, per contributor of a unit it owns, a partial-sum trip through L2 (128 KB per CTA,
-// about kFixupBlocks k-blocks). Stream-K is used when it saves more than kMargin k-blocks.
+// k-blocks kSlowdown slower and pays, per contributor of a unit it owns, a partial-sum trip
+// through L2 (128 KB per CTA, about kFixupBlocks k-blocks). Stream-K is used when it saves more
+// than kMargin k-blocks. Measured on an H200 (docs/gemm-worklog.md, steps 4-6): before the
+// k-blocks of concurrent pieces were aligned (scheduler.hpp) the slowdown was ~1.12.
 inline StreamKSplit plan_stream_k(int64_t units, int64_t clusters, int32_t k_blocks,
                                   StreamKMode mode = StreamKMode::automatic) {
-  constexpr double kSlowdown = 1.12, kFixupBlocks = 4, kMargin = 2;
+  constexpr double kSlowdown = 1.06, kFixupBlocks = 4, kMargin = 2;
   const StreamKSplit none{units, 0};
   if (mode == StreamKMode::off || clusters < 2 || units == 0) return none;
   const int64_t rounds = ceil_div(units, clusters);

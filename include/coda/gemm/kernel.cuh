@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       for (WorkItem item; work.next(item);)
         Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
                             params.scheduler.tile(item.unit, int32_t(cta_rank)), item.k_begin,
-                            item.k_end, cta_rank);
+                            item.k_end, item.k_rotation, cta_rank);
     }
     __syncwarp();
   } else {

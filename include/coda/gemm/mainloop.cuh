@@ -54,19 +54,22 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
         b; // K-major: dims {K, N}, box {64, kSliceRowsB}; MN-major: dims {N, K}, box {64, 64}
   };       // (k-blocks: TileScheduler::k_blocks = ceil(K / 64); TMA zero-fills the K tail)
 
-  // Producer, one thread: stream k-blocks [k_begin, k_end) of one tile through the ring.
+  // Producer, one thread: stream k-blocks [k_begin, k_end) of one tile through the ring, from
+  // k_begin + k_rotation on, wrapping around (the consumers only count stages).
   __device__ static void load_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
                                    TileCoord tile, int32_t k_begin, int32_t k_end,
-                                   uint32_t cta_rank) {
+                                   int32_t k_rotation, uint32_t cta_rank) {
     const int32_t m0 = tile.m_block * Config::kTileM;
     const int32_t n0 = tile.n_block * Config::kTileN;
-    for (int32_t kb = k_begin; kb < k_end; ++kb) {
+    int32_t kb = k_begin + k_rotation;
+    for (int32_t i = k_begin; i < k_end; ++i) {
       pipe.producer_acquire(st, kStageBytes);
       uint64_t* full = pipe.full_barrier(st);
       const int32_t k0 = kb * Config::kTileK;
       load_a(p, smem.a[st.index], full, m0, k0);
       load_b(p, smem.b[st.index], full, n0, k0, cta_rank);
       st.advance();
+      if (++kb == k_end) kb = k_begin;
     }
   }
 
