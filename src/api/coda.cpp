@@ -8,6 +8,7 @@
 
 #if CODA_WITH_CUDA
 #include "gpu/backend.hpp"
+#include "gpu/kernels_fused.hpp"
 #endif
 
 namespace coda {
@@ -22,6 +23,25 @@ void gemm(const GemmArgs& args, Stream stream) {
 
 namespace {
 
+// Validate, then run on the backend of the tensors' device.
+template <class Args, class CpuKernel, class GpuKernel>
+void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel,
+         GpuKernel gpu_kernel) {
+  if (api::validate(args) == Device::cpu) return cpu_kernel(args);
+  api::require_supported_gpu(name);
+#if CODA_WITH_CUDA
+  gpu_kernel(args, stream);
+#else
+  (void)stream, (void)gpu_kernel;
+#endif
+}
+
+#if CODA_WITH_CUDA
+#define CODA_GPU_KERNEL(fn) [](const auto& x, Stream s) { gpu::fn(x, s); }
+#else
+#define CODA_GPU_KERNEL(fn) [](const auto&, Stream) {}
+#endif
+
 // Kernels the GPU backend does not have yet: validated the same way, then not_supported on
 // device memory. Each moves to the pattern of gemm() when its gpu:: function lands.
 template <class Args, class CpuKernel>
@@ -32,21 +52,31 @@ void run_cpu_only(const char* name, const Args& args, CpuKernel cpu_kernel) {
 
 } // namespace
 
-void gemm_residual_rms(const ResidualRmsArgs& args, Stream) {
-  run_cpu_only("gemm_residual_rms", args,
-               [](const ResidualRmsArgs& x) { cpu::gemm_residual_rms(x); });
+void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream) {
+  run(
+      "gemm_residual_rms", args, stream,
+      [](const ResidualRmsArgs& x) { cpu::gemm_residual_rms(x); },
+      CODA_GPU_KERNEL(gemm_residual_rms));
 }
-void gemm_rms_scale(const RmsScaleArgs& args, Stream) {
-  run_cpu_only("gemm_rms_scale", args, [](const RmsScaleArgs& x) { cpu::gemm_rms_scale(x); });
+void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
+  run(
+      "gemm_rms_scale", args, stream, [](const RmsScaleArgs& x) { cpu::gemm_rms_scale(x); },
+      CODA_GPU_KERNEL(gemm_rms_scale));
 }
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream) {
-  run_cpu_only("gemm_rms_swiglu", args, [](const RmsSwigluArgs& x) { cpu::gemm_rms_swiglu(x); });
+void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
+  run(
+      "gemm_rms_swiglu", args, stream, [](const RmsSwigluArgs& x) { cpu::gemm_rms_swiglu(x); },
+      CODA_GPU_KERNEL(gemm_rms_swiglu));
 }
-void gemm_rms_rope(const RmsRopeArgs& args, Stream) {
-  run_cpu_only("gemm_rms_rope", args, [](const RmsRopeArgs& x) { cpu::gemm_rms_rope(x); });
+void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
+  run(
+      "gemm_rms_rope", args, stream, [](const RmsRopeArgs& x) { cpu::gemm_rms_rope(x); },
+      CODA_GPU_KERNEL(gemm_rms_rope));
 }
-void gemm_rms_lse(const RmsLseArgs& args, Stream) {
-  run_cpu_only("gemm_rms_lse", args, [](const RmsLseArgs& x) { cpu::gemm_rms_lse(x); });
+void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
+  run(
+      "gemm_rms_lse", args, stream, [](const RmsLseArgs& x) { cpu::gemm_rms_lse(x); },
+      CODA_GPU_KERNEL(gemm_rms_lse));
 }
 void gemm_rms_backward(const RmsBackwardArgs& args, Stream) {
   run_cpu_only("gemm_rms_backward", args,
@@ -56,8 +86,10 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream) {
   run_cpu_only("gemm_swiglu_backward", args,
                [](const SwigluBackwardArgs& x) { cpu::gemm_swiglu_backward(x); });
 }
-void rms_stats(const RmsStatsArgs& args, Stream) {
-  run_cpu_only("rms_stats", args, [](const RmsStatsArgs& x) { cpu::rms_stats(x); });
+void rms_stats(const RmsStatsArgs& args, Stream stream) {
+  run(
+      "rms_stats", args, stream, [](const RmsStatsArgs& x) { cpu::rms_stats(x); },
+      CODA_GPU_KERNEL(rms_stats));
 }
 void rstd_from_partials(const RstdArgs& args, Stream) {
   run_cpu_only("rstd_from_partials", args, [](const RstdArgs& x) { cpu::rstd_from_partials(x); });

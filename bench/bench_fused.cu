@@ -1,0 +1,536 @@
+// The fused forward kernels (K0, K1, K2, K4, K5) at the Llama-3.2-1B and Llama-3.1-8B forward
+// shapes (8192 tokens, bf16), each against
+//   coda_gemm: coda's plain GEMM of the same shape (the mainloop the fused kernel runs on),
+//   cublas:    cuBLASLt's plain GEMM of the same shape,
+//   unfused:   cuBLASLt's GEMM plus the simplest correct CUDA kernels doing the rest of the math
+//              (an rstd kernel, then one elementwise / block-reduction kernel).
+// All run in this process on the same random inputs, interleaved run by run; each timed run
+// follows a 256 MB write that flushes L2; CUDA events; the median of the timed runs is reported.
+// The fused kernel runs on its default GEMM schedule (coda_ms in the JSON) and, for the table,
+// on each schedule forced (cooperative 128 x 256 and ping-pong 128 x 128 tiles).
+//
+//   bench_fused [--commit HASH] [--out bench/results/fused.json] [--runs 50] [--filter K2]
+//
+// Prints a table and writes the JSON described in docs/PERFORMANCE.md (fused section).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "coda/core/error.hpp"
+#include "gpu/backend.hpp"
+#include "gpu/kernels_fused.hpp"
+
+namespace {
+
+using coda::Device;
+using coda::DType;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": cublasLt status " + std::to_string(int(s)));
+}
+
+struct Model {
+  const char* name;
+  int64_t hidden, mlp, q_heads, kv_heads, head_dim;
+  int64_t qkv() const { return (q_heads + 2 * kv_heads) * head_dim; }
+};
+constexpr int64_t kTokens = 8192, kVocab = 128256;
+
+struct Case {
+  std::string kernel; // "K0" | "K1" | "K2" | "K4" | "K5"
+  const Model* model;
+  int64_t m, n, k;
+};
+
+std::vector<Case> bench_cases(const std::vector<Model>& models) {
+  std::vector<Case> cases;
+  for (const Model& md : models) {
+    cases.push_back({"K0", &md, kTokens, md.hidden, md.q_heads * md.head_dim}); // out-proj
+    cases.push_back({"K0", &md, kTokens, md.hidden, md.mlp});                   // down-proj
+    cases.push_back({"K1", &md, kTokens, md.qkv(), md.hidden});
+    cases.push_back({"K2", &md, kTokens, 2 * md.mlp, md.hidden});
+    cases.push_back({"K4", &md, kTokens, md.qkv(), md.hidden});
+    cases.push_back({"K5", &md, kTokens, kVocab, md.hidden});
+  }
+  return cases;
+}
+
+// ---- inputs
+
+__device__ uint64_t mix(uint64_t x) {
+  x *= 0x9E3779B97F4A7C15ull;
+  x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
+  return x;
+}
+__global__ void fill_uniform(__nv_bfloat16* p, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2bfloat16(lo + (hi - lo) * float(mix(uint64_t(i) + seed) >> 40) / 16777216.f);
+}
+__global__ void fill_partials(float* p, int64_t n, uint64_t seed, float scale) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = scale * (0.5f + float(mix(uint64_t(i) + seed) >> 40) / 16777216.f);
+}
+__global__ void fill_ints(int32_t* p, int64_t n, uint64_t seed, int32_t modulo) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = int32_t(mix(uint64_t(i) + seed) % uint64_t(modulo));
+}
+__global__ void fill_inv_freq(float* p, int32_t half, int32_t head_dim) {
+  const int i = threadIdx.x;
+  if (i < half) p[i] = powf(500000.f, -2.f * float(i) / float(head_dim));
+}
+
+struct Buffer {
+  void* p = nullptr;
+  explicit Buffer(size_t bytes) {
+    check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
+  }
+  ~Buffer() { cudaFree(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  template <class T> T* as() const { return static_cast<T*>(p); }
+};
+
+coda::TensorView view(const Buffer& b, DType t, int64_t rows, int64_t cols) {
+  return coda::make_view(b.p, t, rows, cols, Device::cuda);
+}
+coda::TensorView view(const Buffer& b, DType t, int64_t n) {
+  return coda::make_view(b.p, t, n, Device::cuda);
+}
+
+// ---- cuBLASLt: D[M, N] = A[M, K] · W[N, K]ᵀ, bf16, fp32 accumulate (column-major: Dᵀ = W · Aᵀ).
+struct CublasGemm {
+  cublasLtHandle_t handle;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t lw = nullptr, la = nullptr, ld = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  void* workspace;
+  size_t workspace_bytes;
+
+  CublasGemm(cublasLtHandle_t h, int64_t m, int64_t n, int64_t k, void* ws, size_t ws_bytes)
+      : handle(h), workspace(ws), workspace_bytes(ws_bytes) {
+    const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
+    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "TRANSA");
+    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt)),
+          "TRANSB");
+    check(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, k, n, k), "layout W");
+    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k), "layout A");
+    check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n), "layout D");
+    cublasLtMatmulPreference_t pref;
+    check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                               &workspace_bytes, sizeof(workspace_bytes)),
+          "workspace pref");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lw, la, ld, ld, pref, 1, &result, &found),
+          "AlgoGetHeuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) throw std::runtime_error("cuBLASLt has no algorithm");
+    algo = result.algo;
+  }
+  ~CublasGemm() {
+    cublasLtMatrixLayoutDestroy(lw), cublasLtMatrixLayoutDestroy(la),
+        cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+  }
+  void run(const void* a, const void* w, void* d, cudaStream_t s) const {
+    const float alpha = 1.f, beta = 0.f;
+    check(cublasLtMatmul(handle, op, &alpha, w, lw, a, la, &beta, d, ld, d, ld, &algo, workspace,
+                         workspace_bytes, s),
+          "cublasLtMatmul");
+  }
+};
+
+// ---- the unfused path's kernels: each reads the rounded output of the step before it.
+
+__device__ float bf(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __nv_bfloat16 to_bf(float x) { return __float2bfloat16(x); }
+
+// Sum (or max) over a 128-thread block.
+template <bool kMax> __device__ float block_reduce(float x, float* scratch) {
+  for (int mask = 16; mask >= 1; mask /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, mask);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < 4; ++w) r = kMax ? fmaxf(r, scratch[w]) : r + scratch[w];
+  __syncthreads();
+  return r;
+}
+
+// rstd[m] = rsqrt(sum_b partials[m, b] / width + eps).
+__global__ void rstd_kernel(const float* partials, int32_t count, int32_t rows, float width,
+                            float eps, float* rstd) {
+  const int64_t m = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (m >= rows) return;
+  float sum = 0.f;
+  for (int b = 0; b < count; ++b) sum += partials[m * count + b];
+  rstd[m] = rsqrtf(sum / width + eps);
+}
+
+// K0: x = round(y + residual); h = round(x * gamma); partials of x² per 128 columns.
+// Grid (M, ceil(N / 128)), 128 threads: one column each.
+__global__ void residual_rms_kernel(const __nv_bfloat16* y, const __nv_bfloat16* residual,
+                                    const __nv_bfloat16* gamma, __nv_bfloat16* out,
+                                    __nv_bfloat16* out_scaled, float* partials, int32_t n) {
+  __shared__ float scratch[4];
+  const int64_t m = blockIdx.x;
+  const int32_t col = blockIdx.y * 128 + threadIdx.x;
+  float x = 0.f;
+  if (col < n) {
+    const int64_t i = m * n + col;
+    x = bf(to_bf(bf(y[i]) + bf(residual[i])));
+    out[i] = to_bf(x);
+    out_scaled[i] = to_bf(x * bf(gamma[col]));
+  }
+  const float sum = block_reduce<false>(x * x, scratch);
+  if (threadIdx.x == 0) partials[m * gridDim.y + blockIdx.y] = sum;
+}
+
+// K1: out = round(rstd[m] * y).
+__global__ void row_scale_kernel(const __nv_bfloat16* y, const float* rstd, __nv_bfloat16* out,
+                                 int64_t n, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = to_bf(rstd[i / n] * bf(y[i]));
+}
+
+// K2: preact = round(rstd * y); act[m, j] = round(silu(g) * u) from the rounded pair.
+__global__ void swiglu_kernel(const __nv_bfloat162* y, const float* rstd, __nv_bfloat162* preact,
+                              __nv_bfloat16* act, int64_t f, int64_t total) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float r = rstd[i / f];
+    const float2 z = __bfloat1622float2(y[i]);
+    const __nv_bfloat162 zr = __floats2bfloat162_rn(r * z.x, r * z.y);
+    preact[i] = zr;
+    const float g = __low2float(zr), u = __high2float(zr);
+    act[i] = to_bf(g / (1.f + expf(-g)) * u);
+  }
+}
+
+// K4: z = round(rstd * y), then rotate-half RoPE on the Q and K heads, rounded.
+// Grid (M, heads), head_dim / 2 threads: one pair each.
+__global__ void rope_kernel(const __nv_bfloat16* y, const float* rstd, const int32_t* positions,
+                            const float* inv_freq, __nv_bfloat16* out, int32_t n, int32_t head_dim,
+                            int32_t rotated_heads) {
+  const int64_t m = blockIdx.x;
+  const int32_t half = head_dim / 2, i = threadIdx.x;
+  const int64_t base = m * n + int64_t(blockIdx.y) * head_dim;
+  const float r = rstd[m];
+  const float a = bf(to_bf(r * bf(y[base + i]))), b = bf(to_bf(r * bf(y[base + i + half])));
+  if (int32_t(blockIdx.y) >= rotated_heads) {
+    out[base + i] = to_bf(a), out[base + i + half] = to_bf(b);
+    return;
+  }
+  float s, c;
+  sincosf(float(positions[m]) * inv_freq[i], &s, &c);
+  out[base + i] = to_bf(a * c - b * s);
+  out[base + i + half] = to_bf(b * c + a * s);
+}
+
+// K5: logits = round(rstd * y); lse partials per 128 columns and the target logit from them.
+// Grid (M, ceil(V / 128)), 128 threads.
+__global__ void lse_kernel(const __nv_bfloat16* y, const float* rstd, const int32_t* targets,
+                           __nv_bfloat16* logits, float* partials, float* target_logit, int32_t v) {
+  __shared__ float scratch[4];
+  const int64_t m = blockIdx.x;
+  const int32_t col = blockIdx.y * 128 + threadIdx.x;
+  float l = -INFINITY;
+  if (col < v) {
+    l = bf(to_bf(rstd[m] * bf(y[m * v + col])));
+    logits[m * v + col] = to_bf(l);
+    if (targets[m] == col) target_logit[m] = l;
+  }
+  const float mx = block_reduce<true>(l, scratch);
+  const float sum = block_reduce<false>(col < v ? expf(l - mx) : 0.f, scratch);
+  if (threadIdx.x == 0) partials[m * gridDim.y + blockIdx.y] = mx + logf(sum);
+}
+
+unsigned grid_for(int64_t total) {
+  return unsigned(std::min<int64_t>((total + 255) / 256, 132 * 16));
+}
+
+// ---- one case
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+struct Result {
+  Case c;
+  double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
+  double cooperative_ms, pingpong_ms; // the fused kernel on each schedule
+};
+
+// Largest |a - b| / max|b| over the first million elements of two bf16 tensors: a sanity check
+// that the fused kernel and the unfused path computed the same main output.
+double compare(const void* x, const void* y, int64_t numel) {
+  const size_t n = size_t(std::min<int64_t>(numel, 1 << 20));
+  std::vector<__nv_bfloat16> a(n), b(n);
+  check(cudaMemcpy(a.data(), x, n * 2, cudaMemcpyDeviceToHost), "copy");
+  check(cudaMemcpy(b.data(), y, n * 2, cudaMemcpyDeviceToHost), "copy");
+  double diff = 0, scale = 1e-30;
+  for (size_t i = 0; i < n; ++i) {
+    diff = std::max(diff, double(std::fabs(__bfloat162float(a[i]) - __bfloat162float(b[i]))));
+    scale = std::max(scale, double(std::fabs(__bfloat162float(b[i]))));
+  }
+  return diff / scale;
+}
+
+Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush,
+                  size_t flush_bytes, int runs, cudaStream_t s) {
+  const int64_t M = c.m, N = c.n, K = c.k;
+  const Model& md = *c.model;
+  const DType bf16 = DType::bf16, f32 = DType::f32;
+  const int64_t P_in = (K + 127) / 128, P_out = (N + 127) / 128;
+  Buffer a(size_t(M * K * 2)), w(size_t(N * K * 2)), out(size_t(M * N * 2)),
+      side(size_t(M * N * 2)), gemm_out(size_t(M * N * 2)), y(size_t(M * N * 2)),
+      unfused_out(size_t(M * N * 2)), unfused_side(size_t(M * N * 2)), residual(size_t(M * N * 2)),
+      gamma(size_t(N * 2)), partials_in(size_t(M * P_in * 4)), partials_out(size_t(M * P_out * 4)),
+      rstd(size_t(M * 4)), rstd_unfused(size_t(M * 4)), positions(size_t(M * 4)),
+      inv_freq(size_t(md.head_dim * 2)), targets(size_t(M * 4)), target_logit(size_t(M * 4));
+  fill_uniform<<<1024, 256, 0, s>>>(a.as<__nv_bfloat16>(), M * K, 1, -1.f, 1.f);
+  fill_uniform<<<1024, 256, 0, s>>>(w.as<__nv_bfloat16>(), N * K, 2, -0.05f, 0.05f);
+  fill_uniform<<<1024, 256, 0, s>>>(residual.as<__nv_bfloat16>(), M * N, 3, -1.f, 1.f);
+  fill_uniform<<<64, 256, 0, s>>>(gamma.as<__nv_bfloat16>(), N, 4, 0.5f, 1.5f);
+  // Sums of squares of K values in [-1, 1] (mean 1/3 each).
+  fill_partials<<<256, 256, 0, s>>>(partials_in.as<float>(), M * P_in, 5, 128.f / 3.f);
+  fill_ints<<<64, 256, 0, s>>>(positions.as<int32_t>(), M, 6, 8192);
+  fill_ints<<<64, 256, 0, s>>>(targets.as<int32_t>(), M, 7, int32_t(N));
+  fill_inv_freq<<<1, 128, 0, s>>>(inv_freq.as<float>(), int32_t(md.head_dim / 2),
+                                  int32_t(md.head_dim));
+  check(cudaGetLastError(), "fill");
+
+  const coda::TensorView A = view(a, bf16, M, K), W = view(w, bf16, N, K);
+  const coda::TensorView Pin = view(partials_in, f32, M, P_in);
+  const float eps = 1e-5f;
+  std::function<void()> run_fused, run_rest;
+  const int rstd_grid = int((M + 255) / 256);
+  auto unfused_rstd = [&] {
+    rstd_kernel<<<rstd_grid, 256, 0, s>>>(partials_in.as<float>(), int32_t(P_in), int32_t(M),
+                                          float(K), eps, rstd_unfused.as<float>());
+  };
+  // Raw pointers for the launch lambdas (the buffers outlive them).
+  const auto* Y = y.as<__nv_bfloat16>();
+  auto* u_out = unfused_out.as<__nv_bfloat16>();
+  auto* u_side = unfused_side.as<__nv_bfloat16>();
+  const float* u_rstd = rstd_unfused.as<float>();
+  const auto* res = residual.as<__nv_bfloat16>();
+  const auto* gam = gamma.as<__nv_bfloat16>();
+  float* p_out = partials_out.as<float>();
+  const int32_t* pos = positions.as<int32_t>();
+  const int32_t* tgt = targets.as<int32_t>();
+  const float* freq = inv_freq.as<float>();
+  float* tl = target_logit.as<float>();
+  const int64_t head_dim = md.head_dim, rotated_heads = md.q_heads + md.kv_heads;
+  if (c.kernel == "K0") {
+    coda::ResidualRmsArgs args{A,
+                               W,
+                               view(residual, bf16, M, N),
+                               view(gamma, bf16, N),
+                               view(out, bf16, M, N),
+                               view(side, bf16, M, N),
+                               view(partials_out, f32, M, P_out)};
+    run_fused = [=] { coda::gpu::gemm_residual_rms(args, s); };
+    run_rest = [=] {
+      residual_rms_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(
+          Y, res, gam, u_out, u_side, p_out, int32_t(N));
+    };
+  } else if (c.kernel == "K1") {
+    coda::RmsScaleArgs args{A, W, Pin, eps, view(out, bf16, M, N), view(rstd, f32, M)};
+    run_fused = [=] { coda::gpu::gemm_rms_scale(args, s); };
+    run_rest = [=] {
+      unfused_rstd();
+      row_scale_kernel<<<grid_for(M * N), 256, 0, s>>>(Y, u_rstd, u_out, N, M * N);
+    };
+  } else if (c.kernel == "K2") {
+    coda::RmsSwigluArgs args{
+        A, W, Pin, eps, view(out, bf16, M, N), view(side, bf16, M, N / 2), view(rstd, f32, M)};
+    run_fused = [=] { coda::gpu::gemm_rms_swiglu(args, s); };
+    run_rest = [=] {
+      unfused_rstd();
+      swiglu_kernel<<<grid_for(M * N / 2), 256, 0, s>>>(
+          reinterpret_cast<const __nv_bfloat162*>(Y), u_rstd,
+          reinterpret_cast<__nv_bfloat162*>(u_out), u_side, N / 2, M * N / 2);
+    };
+  } else if (c.kernel == "K4") {
+    coda::RopeSpec rope{view(positions, DType::i32, M), view(inv_freq, f32, md.head_dim / 2),
+                        int32_t(md.q_heads), int32_t(md.kv_heads), int32_t(md.head_dim)};
+    coda::RmsRopeArgs args{A, W, Pin, eps, rope, view(out, bf16, M, N), view(rstd, f32, M)};
+    run_fused = [=] { coda::gpu::gemm_rms_rope(args, s); };
+    run_rest = [=] {
+      unfused_rstd();
+      rope_kernel<<<dim3(unsigned(M), unsigned(N / head_dim)), unsigned(head_dim / 2), 0, s>>>(
+          Y, u_rstd, pos, freq, u_out, int32_t(N), int32_t(head_dim), int32_t(rotated_heads));
+    };
+  } else {
+    coda::RmsLseArgs args{A,
+                          W,
+                          Pin,
+                          eps,
+                          view(targets, DType::i32, M),
+                          view(out, bf16, M, N),
+                          view(partials_out, f32, M, P_out),
+                          view(target_logit, f32, M),
+                          view(rstd, f32, M)};
+    run_fused = [=] { coda::gpu::gemm_rms_lse(args, s); };
+    run_rest = [=] {
+      unfused_rstd();
+      lse_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(Y, u_rstd, tgt, u_out, p_out,
+                                                                    tl, int32_t(N));
+    };
+  }
+
+  coda::GemmArgs plain;
+  plain.a = A, plain.b = W, plain.d = view(gemm_out, bf16, M, N);
+  CublasGemm cublas(lt, M, N, K, ws, ws_bytes);
+  auto run_gemm = [&] { coda::gpu::gemm(plain, s); };
+  auto run_cublas = [&] { cublas.run(a.p, w.p, gemm_out.p, s); };
+  auto run_unfused = [&] {
+    cublas.run(a.p, w.p, y.p, s);
+    run_rest();
+  };
+  auto forced = [&](coda::gpu::FusedSchedule schedule) {
+    return [&, schedule] {
+      coda::gpu::set_fused_schedule(schedule);
+      run_fused();
+      coda::gpu::set_fused_schedule(coda::gpu::FusedSchedule::automatic);
+    };
+  };
+  const std::function<void()> run_cooperative = forced(coda::gpu::FusedSchedule::cooperative);
+  const std::function<void()> run_pingpong = forced(coda::gpu::FusedSchedule::pingpong);
+  for (int i = 0; i < 3; ++i)
+    run_fused(), run_gemm(), run_cublas(), run_unfused(), run_cooperative(), run_pingpong();
+  check(cudaStreamSynchronize(s), "warm-up");
+  check(cudaGetLastError(), "warm-up");
+
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong;
+  auto timed = [&](const std::function<void()>& fn, std::vector<float>& times) {
+    check(cudaMemsetAsync(flush, int(times.size() & 0xff), flush_bytes, s), "L2 flush");
+    check(cudaEventRecord(start, s), "record");
+    fn();
+    check(cudaEventRecord(stop, s), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    times.push_back(ms);
+  };
+  for (int i = 0; i < runs; ++i) {
+    timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
+    timed(run_unfused, t_unfused), timed(run_cooperative, t_cooperative);
+    timed(run_pingpong, t_pingpong);
+  }
+  check(cudaGetLastError(), "timed runs");
+  cudaEventDestroy(start), cudaEventDestroy(stop);
+  return {c,
+          median(t_fused),
+          median(t_gemm),
+          median(t_cublas),
+          median(t_unfused),
+          compare(out.p, unfused_out.p, M * N),
+          median(t_cooperative),
+          median(t_pingpong)};
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::string commit = "unknown", out_path = "bench/results/fused.json", filter;
+  int runs = 50;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--commit")
+      commit = argv[i + 1];
+    else if (flag == "--out")
+      out_path = argv[i + 1];
+    else if (flag == "--runs")
+      runs = std::max(1, std::atoi(argv[i + 1]));
+    else if (flag == "--filter")
+      filter = argv[i + 1];
+    else
+      return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
+  }
+  try {
+    if (!coda::gpu::device_supported())
+      return std::fprintf(stderr, "bench_fused needs an sm_90 GPU\n"), 1;
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "properties");
+    cudaStream_t s;
+    check(cudaStreamCreate(&s), "stream");
+    cublasLtHandle_t lt;
+    check(cublasLtCreate(&lt), "cublasLtCreate");
+    const size_t ws_bytes = size_t(32) << 20, flush_bytes = size_t(256) << 20;
+    Buffer ws(ws_bytes), flush(flush_bytes);
+    const std::vector<Model> models{{"llama-1b", 2048, 8192, 32, 8, 64},
+                                    {"llama-8b", 4096, 14336, 32, 8, 128}};
+
+    std::vector<Result> results;
+    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s  %9s\n", "", "model", "M",
+                "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm", "unf/fused",
+                "coop/gemm", "pp/gemm", "rel diff");
+    for (const Case& c : bench_cases(models)) {
+      const std::string name = c.kernel + " " + c.model->name;
+      if (name.find(filter) == std::string::npos) continue;
+      const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, s);
+      results.push_back(r);
+      std::printf(
+          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f  %9.2e\n",
+          c.kernel.c_str(), c.model->name, (long long)c.m, (long long)c.n, (long long)c.k,
+          r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms, r.coda_ms / r.coda_gemm_ms,
+          r.unfused_ms / r.coda_ms, r.cooperative_ms / r.coda_gemm_ms,
+          r.pingpong_ms / r.coda_gemm_ms, r.max_rel_diff);
+      std::fflush(stdout);
+    }
+
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    FILE* f = std::fopen(out_path.c_str(), "w");
+    if (!f) return std::fprintf(stderr, "cannot write %s\n", out_path.c_str()), 1;
+    std::fprintf(
+        f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"cases\": [\n",
+        prop.name, date, commit.c_str());
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "    {\"kernel\": \"%s\", \"model\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
+                   "%lld, \"coda_ms\": %.5f, \"coda_gemm_ms\": %.5f, \"cublas_ms\": %.5f, "
+                   "\"unfused_ms\": %.5f, \"coda_cooperative_ms\": %.5f, \"coda_pingpong_ms\": "
+                   "%.5f}%s\n",
+                   r.c.kernel.c_str(), r.c.model->name, (long long)r.c.m, (long long)r.c.n,
+                   (long long)r.c.k, r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms,
+                   r.cooperative_ms, r.pingpong_ms, i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    cublasLtDestroy(lt);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_fused: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,122 @@
+// Device side of ReduceOverN (coda/epilogue/ops/reduce_over_n.hpp): one partial per (row,
+// kReduceBlock-column block), [M, ceil(N / kReduceBlock)] f32, with Sum, SumOfSquares or
+// LogSumExp (coda/epilogue/reduction.hpp).
+//
+// A row of a 64-row block lives in the 4 lanes of one quad. Each thread folds its own columns of
+// the row into a state, in increasing column order, across the subtiles of the block; at the
+// block's last subtile the quad merges by shuffles (xor 1, then xor 2: the order the host op
+// follows) and lane 0 writes the partial. Columns at or past N are skipped (zero is not the
+// identity of every reduction). Each partial has one writer: no atomics.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/reduction.hpp"
+#include "coda/epilogue/tile.hpp"
+#include "coda/kernels/args.hpp"
+
+namespace coda::epilogue::device {
+
+// A reduction state through __shfl_xor_sync, one 32-bit word at a time.
+template <class State> __device__ __forceinline__ State shuffle_xor(State s, int mask) {
+  static_assert(sizeof(State) % 4 == 0, "states are made of 32-bit words");
+  uint32_t words[sizeof(State) / 4];
+  memcpy(words, &s, sizeof(State));
+#pragma unroll
+  for (int w = 0; w < int(sizeof(State) / 4); ++w)
+    words[w] = __shfl_xor_sync(0xffffffffu, words[w], mask);
+  memcpy(&s, words, sizeof(State));
+  return s;
+}
+
+// Folds one subtile's 8 values of a row into a state. By default one after another, in
+// increasing column order (the host op's order).
+template <class R> struct SubtileFold {
+  __device__ static void apply(typename R::State& state, const float (&x)[8],
+                               const bool (&valid)[8]) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (valid[k]) R::add(state, x[k]);
+  }
+};
+// LogSumExp: the subtile's maximum first, so that the 8 exponentials of R::add are independent
+// (none rescales), then one merge. The online order would chain every exp through the running
+// maximum, and with two warps per scheduler that latency chain costs more than the GEMM tile.
+template <> struct SubtileFold<LogSumExp<float>> {
+  using R = LogSumExp<float>;
+  __device__ static void apply(R::State& state, const float (&x)[8], const bool (&valid)[8]) {
+    float top = -math::infinity<float>();
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (valid[k]) top = math::max(top, x[k]);
+    R::State subtile{top, 0.f};
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (valid[k]) R::add(subtile, x[k]);
+    state = R::merge(state, subtile);
+  }
+};
+
+template <class Shape, template <class> class Reduction> struct ReduceOverN : OpBase {
+  using R = Reduction<float>;
+  using State = typename R::State;
+  static constexpr bool kRollSubtiles = std::is_same_v<R, LogSumExp<float>>; // an exp per value
+  static constexpr int kSlabsPerBlock = int(kReduceBlock) / Shape::kSubCols;
+  static_assert(Shape::kCols % kReduceBlock == 0, "tiles hold whole reduction blocks");
+
+  struct Params {
+    float* partials = nullptr; // [rows, blocks], row stride `stride`
+    int64_t stride = 0;
+    int32_t rows = 0;   // M
+    int32_t cols = 0;   // N: columns at or past it are not reduced
+    int32_t blocks = 0; // ceil(N / kReduceBlock)
+    float scale = 1.f;  // applied to each finished partial
+  };
+  using Ctx = OpContext<Params, SharedStorage>;
+
+  State state[2]; // this thread's two rows of the current block
+
+  __device__ void begin_kernel(const Ctx&) { state[0] = state[1] = R::identity(); }
+
+  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
+    const Params& p = c.params;
+    if (st.col0 + Shape::kSubCols <= p.cols) // the whole subtile lies inside N
+      fold(c, st, v, true);
+    else
+      fold(c, st, v, false);
+    if ((st.slab + 1) % kSlabsPerBlock != 0) return;
+    const int32_t block =
+        (st.col0 - (kSlabsPerBlock - 1) * Shape::kSubCols) / int32_t(kReduceBlock);
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      State merged = R::merge(state[s], shuffle_xor(state[s], 1));
+      merged = R::merge(merged, shuffle_xor(merged, 2));
+      const int32_t row = st.row0 + SubtileMap::slot_row(c.wg.thread, s);
+      if (c.wg.quad_lane() == 0 && row < p.rows && block < p.blocks)
+        p.partials[int64_t(row) * p.stride + block] = p.scale * R::finish(merged);
+      state[s] = R::identity();
+    }
+  }
+
+private:
+  __device__ void fold(const Ctx& c, const Subtile& st, const float (&v)[16], bool inside) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      // Registers 4j + 2s + e hold columns 8j + 2q + e of row slot s: increasing columns.
+      float x[8];
+      bool valid[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int i = 4 * (k / 2) + 2 * s + k % 2;
+        x[k] = v[i];
+        valid[k] = inside || st.col0 + SubtileMap::col(c.wg.thread, i) < c.params.cols;
+      }
+      SubtileFold<R>::apply(state[s], x, valid);
+    }
+  }
+};
+
+} // namespace coda::epilogue::device

@@ -1,0 +1,87 @@
+// Device side of Rope (coda/epilogue/ops/rope.hpp): rotate-half RoPE (+theta) on the Q and K heads
+// of a fused [Q | K | V] projection; V heads (columns at or past rotated_cols) pass through.
+//
+// Column c of a head pairs with c + head_dim/2, register i with i + head_dim/4 of the same thread
+// (coda/core/fragment.hpp), so a tile that holds whole heads rotates without shuffles, but the
+// partners lie in different 32-column subtiles: RoPE runs in the prepass over the whole 64-row
+// block. A thread's first-half columns within a head are 8j + 2q + e (j < head_dim/16, e < 2);
+// it computes the rotation of each such frequency once per row and applies it to every head of
+// the tile. The angles come from the shared rope_rotation (accurate sin/cos of position *
+// inv_freq); the frequency table is copied to shared memory once per kernel.
+#pragma once
+
+#include <cstdint>
+
+#include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/ops/rope.hpp"
+
+namespace coda::epilogue::device {
+
+// The shared rope_rotation, called rather than inlined: its accurate sin and cos (with their
+// large-argument paths) would otherwise be copied once per frequency and row of a thread.
+__device__ __noinline__ static RopeRotation rope_rotation_call(int32_t position, float inv_freq) {
+  return rope_rotation(position, inv_freq);
+}
+
+template <class Shape, int kHeadDim> struct Rope : OpBase {
+  static constexpr int kHalf = kHeadDim / 2;
+  static constexpr int kHeads = Shape::kCols / kHeadDim;
+  static_assert(kHeadDim % 16 == 0 && Shape::kCols % kHeadDim == 0,
+                "tiles hold whole heads; head_dim/2 is a multiple of 8 columns");
+
+  struct Params {
+    const int32_t* positions = nullptr; // [M]
+    const float* inv_freq = nullptr;    // [head_dim / 2]
+    int32_t rows = 0;                   // M
+    int32_t rotated_cols = 0;           // (n_q_heads + n_kv_heads) * head_dim
+  };
+  struct SharedStorage {
+    float inv_freq[Shape::kWarpgroups][kHalf];
+  };
+
+  using Ctx = OpContext<Params, SharedStorage>;
+
+  int32_t position[Shape::kBlocks][2]; // of this thread's two rows per block
+
+  // The table is read after the driver's barrier at the start of the first visit.
+  __device__ void begin_kernel(const Ctx& c) {
+    for (int i = c.wg.thread; i < kHalf; i += arch::kWarpgroupSize)
+      c.smem.inv_freq[c.wg.index][i] = c.params.inv_freq[i];
+  }
+
+  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+#pragma unroll
+    for (int b = 0; b < Shape::kBlocks; ++b)
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int32_t row = tile.row0 + 64 * b + Shape::Fragment::slot_row(c.wg.thread, s);
+        position[b][s] = row < c.params.rows ? c.params.positions[row] : 0;
+      }
+  }
+
+  template <int kRegs>
+  __device__ void visit_block(const Ctx& c, float (&regs)[kRegs], gemm::EpilogueTile tile,
+                              int block) {
+    const Params& p = c.params;
+    const float* inv_freq = c.smem.inv_freq[c.wg.index];
+    if (tile.col0 >= p.rotated_cols) return; // only V heads in this tile
+#pragma unroll
+    for (int j = 0; j < kHalf / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float freq = inv_freq[8 * j + 2 * c.wg.quad_lane() + e];
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const RopeRotation rot = rope_rotation_call(position[block][s], freq);
+#pragma unroll
+          for (int h = 0; h < kHeads; ++h) {
+            if (tile.col0 + h * kHeadDim >= p.rotated_cols) continue;
+            const int first = 4 * (h * kHeadDim / 8 + j) + 2 * s + e;
+            rope_rotate(regs[first], regs[first + kHeadDim / 4], rot.cos, rot.sin);
+          }
+        }
+      }
+  }
+};
+
+} // namespace coda::epilogue::device

@@ -1,0 +1,133 @@
+// Device side of ScalePerRow (coda/epilogue/ops/scale_per_row.hpp): x * s[m]. The factor is
+// given ([M] f32) or is RMSNorm's rstd, finished here from the row partials of the sum of
+// squares: each tile reads the few partials of its own rows (no separate reduction launch).
+//
+// Before the mainloop, begin_tile copies the warpgroup's rows of partials into shared memory by
+// cp.async (up to kStagedPartials per row; wider partials are read from global memory after the
+// mainloop instead). The 4 lanes that share a row each sum a quarter of its partials and merge;
+// each thread keeps the factors of its two rows per 64-row block in registers.
+//
+// Pass::subtile scales in the per-subtile pass; Pass::prepass scales the whole block first, for
+// chains whose later ops run in the prepass (RoPE after the rstd scale in K4).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_pipeline_primitives.h>
+
+#include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/ops/scale_per_row.hpp"
+#include "coda/epilogue/reduction.hpp"
+
+namespace coda::epilogue::device {
+
+enum class Pass { subtile, prepass };
+
+template <class Shape, Pass kPass = Pass::subtile> struct ScalePerRow : OpBase {
+  static constexpr int kStagedPartials = 32;
+  // Partial b of row r sits at column (b + 4 (r % 8)) % 32: the 8 rows x 4 quad lanes a warp
+  // reads at once (partials k + q of its rows) hit 32 banks.
+  __device__ static int staged_col(int r, int b) { return (b + 4 * (r & 7)) & 31; }
+
+  struct Params {
+    const float* factors = nullptr;  // [M], or null: rstd from the partials
+    const float* partials = nullptr; // [M, count], row stride `stride`
+    int64_t stride = 0;
+    int32_t count = 0;            // partials per row (any >= 1)
+    int32_t rows = 0;             // M
+    float width = 1.f, eps = 0.f; // rstd = rsqrt(sum / width + eps)
+    float* factors_out = nullptr; // optional [M]: the factors, written by the n = 0 tiles
+  };
+  struct SharedStorage {
+    float partials[Shape::kWarpgroups][Shape::kRows][kStagedPartials];
+  };
+
+  using Ctx = OpContext<Params, SharedStorage>;
+
+  float factor[Shape::kBlocks][2]; // the factors of this thread's two rows per block
+
+  __device__ static bool staged_path(const Params& p) {
+    return p.factors == nullptr && p.count <= kStagedPartials;
+  }
+  __device__ static int32_t row_of(const Ctx& c, gemm::EpilogueTile tile, int block, int slot) {
+    return tile.row0 + 64 * block + Shape::Fragment::slot_row(c.wg.thread, slot);
+  }
+
+  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+    const Params& p = c.params;
+    if (p.factors != nullptr) { // given factors: plain loads, consumed after the mainloop
+#pragma unroll
+      for (int b = 0; b < Shape::kBlocks; ++b)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int32_t row = row_of(c, tile, b, s);
+          factor[b][s] = row < p.rows ? p.factors[row] : 1.f;
+        }
+      return;
+    }
+    if (!staged_path(p)) return;
+    float(*staged)[kStagedPartials] = c.smem.partials[c.wg.index];
+    const int count = Shape::kRows * p.count;
+    for (int e = c.wg.thread; e < count; e += arch::kWarpgroupSize) {
+      const int r = e / p.count, b = e - r * p.count;
+      const int64_t row = int64_t(tile.row0) + r;
+      const bool valid = row < p.rows;
+      const float* src = valid ? p.partials + row * p.stride + b : p.partials;
+      __pipeline_memcpy_async(&staged[r][staged_col(r, b)], src, sizeof(float),
+                              valid ? 0 : sizeof(float));
+    }
+  }
+
+  __device__ void begin_visit(const Ctx& c, gemm::EpilogueTile tile) {
+    const Params& p = c.params;
+    if (p.factors == nullptr) {
+      const bool staged_rows = staged_path(p);
+      const float(*staged)[kStagedPartials] = c.smem.partials[c.wg.index];
+      const int q = c.wg.quad_lane();
+#pragma unroll
+      for (int b = 0; b < Shape::kBlocks; ++b)
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          const int32_t row = row_of(c, tile, b, s);
+          const int r = row - tile.row0;
+          // The 4 lanes sharing the row each sum every 4th partial (a 4 times shorter chain of
+          // dependent adds), then merge as a quad: a fixed order, the same in every lane.
+          float sum = Sum<float>::identity();
+          if (staged_rows) {
+#pragma unroll 4
+            for (int k = q; k < p.count; k += 4) Sum<float>::add(sum, staged[r][staged_col(r, k)]);
+          } else if (row < p.rows) {
+#pragma unroll 4
+            for (int k = q; k < p.count; k += 4)
+              Sum<float>::add(sum, p.partials[int64_t(row) * p.stride + k]);
+          }
+          sum = Sum<float>::merge(sum, __shfl_xor_sync(0xffffffffu, sum, 1));
+          sum = Sum<float>::merge(sum, __shfl_xor_sync(0xffffffffu, sum, 2));
+          factor[b][s] = rstd_from_sum_of_squares(sum, p.width, p.eps);
+        }
+    }
+    if (p.factors_out != nullptr && tile.col0 == 0 && c.wg.quad_lane() == 0)
+#pragma unroll
+      for (int b = 0; b < Shape::kBlocks; ++b)
+#pragma unroll
+        for (int s = 0; s < 2; ++s)
+          if (row_of(c, tile, b, s) < p.rows) p.factors_out[row_of(c, tile, b, s)] = factor[b][s];
+  }
+
+  template <int kRegs>
+  __device__ void visit_block(const Ctx&, float (&regs)[kRegs], gemm::EpilogueTile, int block) {
+    if constexpr (kPass == Pass::prepass)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i)
+        regs[i] = scale_per_row(regs[i], factor[block][Shape::Fragment::row_slot(i)]);
+  }
+
+  __device__ void visit(const Ctx&, const Subtile& st, float (&v)[16]) {
+    if constexpr (kPass == Pass::subtile)
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        v[i] = scale_per_row(v[i], factor[st.block][Shape::Fragment::row_slot(i)]);
+  }
+};
+
+} // namespace coda::epilogue::device

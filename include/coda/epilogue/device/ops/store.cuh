@@ -1,0 +1,51 @@
+// Device side of StoreTile (coda/epilogue/ops/store.hpp): the fragment's current values, rounded
+// once to T, written to an [M, N] tensor: the main output or a side output taken at this point
+// of the op chain. Registers -> swizzled shared memory (stmatrix for 16-bit) -> TMA store, which
+// clips rows and columns past the edges. kReduceAdd stores by TMA reduce-add instead
+// (out += value, in T: the existing value and the sum each round once; no atomics).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda/ptx>
+
+#include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/device/tensor_maps.hpp"
+#include "coda/epilogue/device/tile_io.cuh"
+
+namespace coda::epilogue::device {
+
+template <class Shape, class T, bool kReduceAdd = false> struct TileStore : OpBase {
+  using Layout = SubtileLayout<T>;
+
+  struct Params {
+    CUtensorMap map; // subtile_map of the output
+  };
+  struct SharedStorage {
+    alignas(1024) uint8_t tile[Shape::kWarpgroups][2][Layout::kBytes];
+  };
+
+  using Ctx = OpContext<Params, SharedStorage>;
+
+  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
+    write_subtile<T>(c.smem.tile[c.wg.index][st.slot], c.wg.thread, v);
+  }
+
+  __device__ void issue(const Ctx& c, const Subtile& st) {
+    namespace ptx = cuda::ptx;
+    const int32_t coords[2] = {st.col0, st.row0};
+    if constexpr (kReduceAdd)
+      ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
+                                       &c.params.map, coords, c.smem.tile[c.wg.index][st.slot]);
+    else
+      ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &c.params.map, coords,
+                                c.smem.tile[c.wg.index][st.slot]);
+  }
+
+  static Params params(const char* what, const TensorView& out) {
+    return Params{subtile_map(what, out)};
+  }
+};
+
+} // namespace coda::epilogue::device

@@ -1,0 +1,30 @@
+// The fused forward kernels of the GPU backend (K0, K1, K2, K4, K5 and the first layer's
+// statistics; coda/kernels/args.hpp has their math). Each GEMM kernel is one launch of the
+// persistent GEMM with a FusedEpilogue (coda/epilogue/device). Entry points take validated
+// arguments on the current device, launch on `stream` and return without synchronizing; shapes
+// the GPU path does not cover throw Status::not_supported.
+#pragma once
+
+#include "coda/kernels/args.hpp"
+
+namespace coda::gpu {
+
+// The GEMM schedule under the fused kernels (coda/epilogue/device/launch.cuh): cooperative
+// 128 x 256 tiles (both consumer warpgroups on one tile, the plain GEMM's workhorse) or ping-pong
+// 128 x 128 tiles (the warpgroups on alternate tiles, so one's epilogue overlaps the other's
+// MMAs, at the cost of a smaller tile). `automatic` takes each kernel's default, the faster one
+// on the H200 at the Llama shapes (docs/PERFORMANCE.md): ping-pong for K2 and K5 (heavy
+// epilogues: silu, exp per logit), cooperative for the others. The others force one, so that
+// benchmarks and tests can compare them. Process-wide, not thread-safe.
+enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2 };
+void set_fused_schedule(FusedSchedule schedule);
+
+void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream); // K0
+void gemm_rms_scale(const RmsScaleArgs& args, Stream stream);       // K1
+void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream);     // K2
+// K4: head_dim 64 or 128 (a 256-column tile holds whole heads).
+void gemm_rms_rope(const RmsRopeArgs& args, Stream stream);
+void gemm_rms_lse(const RmsLseArgs& args, Stream stream); // K5
+void rms_stats(const RmsStatsArgs& args, Stream stream);
+
+} // namespace coda::gpu

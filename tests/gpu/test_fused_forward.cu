@@ -1,0 +1,569 @@
+// The fused forward kernels on the GPU (K0, K1, K2, K4, K5 and rms_stats) through the public API
+// on device memory, each output held
+//  * to the fp64 reference by the tolerance rule (tests/common/check.hpp): no worse than twice
+//    the error of the ordinary unfused bf16 / f16 path, and
+//  * to the CPU backend (the same op chains on the host): max |gpu - cpu| <= 2 max |unfused - cpu|
+//    + 1e-6, i.e. the two backends agree to within the unfused path's error.
+// Inputs are fresh per run, outputs poisoned with NaN and fenced by guard bytes on the device;
+// M, N are ragged against the 128 x 256 tiles; some shapes take several waves of tiles.
+// Skipped (not passed) where there is no sm_90 device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "coda/coda.hpp"
+#include "gpu/backend.hpp"
+#include "gpu/kernels_fused.hpp"
+#include "reference/kernels.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+
+namespace coda::test {
+namespace {
+
+bool have_sm90() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return gpu::device_supported();
+}
+
+#define CODA_REQUIRE_SM90()                                                                        \
+  do {                                                                                             \
+    if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";                                              \
+  } while (0)
+
+constexpr size_t kGuardBytes = 256;
+constexpr unsigned char kGuardByte = 0x5A;
+
+// A device copy of a host tensor (its NaN poison included) followed by guard bytes.
+class DeviceTensor {
+public:
+  explicit DeviceTensor(HostTensor& host) : host_(&host) {
+    const TensorView h = host.view();
+    if (h.data == nullptr) return;
+    bytes_ = size_t(host.numel() * dtype_size(host.dtype()));
+    EXPECT_EQ(cudaMalloc(&data_, bytes_ + kGuardBytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data_, h.data, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+    EXPECT_EQ(cudaMemset(static_cast<char*>(data_) + bytes_, kGuardByte, kGuardBytes), cudaSuccess);
+  }
+  ~DeviceTensor() { cudaFree(data_); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+
+  TensorView view() const {
+    TensorView v = host_->view();
+    if (v.data == nullptr) return v;
+    v.data = data_;
+    v.device = Device::cuda;
+    v.device_index = 0;
+    return v;
+  }
+  // The device contents back into the host tensor; false if a guard byte changed.
+  bool copy_back() {
+    if (data_ == nullptr) return true;
+    EXPECT_EQ(cudaMemcpy(host_->view().data, data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<unsigned char> guard(kGuardBytes);
+    EXPECT_EQ(cudaMemcpy(guard.data(), static_cast<char*>(data_) + bytes_, kGuardBytes,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (unsigned char g : guard)
+      if (g != kGuardByte) return false;
+    return true;
+  }
+
+private:
+  HostTensor* host_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Every kernel runs on both GEMM schedules (gpu/kernels_fused.hpp); the default one is one of them.
+const gpu::FusedSchedule kSchedules[] = {gpu::FusedSchedule::cooperative,
+                                         gpu::FusedSchedule::pingpong};
+std::string schedule_name(gpu::FusedSchedule s) {
+  return s == gpu::FusedSchedule::cooperative ? "cooperative 128x256" : "ping-pong 128x128";
+}
+// Sets the schedule for the scope of one GPU run, then back to automatic.
+struct ScheduleScope {
+  explicit ScheduleScope(gpu::FusedSchedule s) { gpu::set_fused_schedule(s); }
+  ~ScheduleScope() { gpu::set_fused_schedule(gpu::FusedSchedule::automatic); }
+};
+
+void synchronize_ok() {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The GPU output against the fp64 reference and against the CPU backend's output.
+void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
+                    const std::vector<double>& exact, const std::vector<double>& unfused) {
+  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
+  CODA_EXPECT_PASSES(
+      check_against_baseline(name + " vs the CPU backend", gpu.values(), cpu.values(), unfused));
+}
+
+const DType kHalfTypes[] = {DType::bf16, DType::f16};
+
+struct Shape {
+  int64_t M, N, K;
+};
+std::string label(const Shape& s) {
+  return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
+}
+using DtypeShape = std::tuple<DType, Shape>;
+std::string dtype_shape_name(const testing::TestParamInfo<DtypeShape>& info) {
+  return dtype_label(std::get<0>(info.param)) + "_" + label(std::get<1>(info.param));
+}
+
+// Ragged M (1, 37, 129, 200, 300) and N (8, 136, 264, 520, 1000) against 128 x 256 tiles; K
+// from one partial k-block (16) to many with a tail (1032); 2176 x 2048 takes more tiles than
+// a wave of clusters, so CTAs carry their epilogue state from tile to tile.
+const Shape kShapes[] = {{1, 8, 16},      {37, 136, 64},     {200, 264, 64},
+                         {129, 520, 256}, {300, 1000, 1032}, {2176, 2048, 128}};
+
+// ---- K0 gemm_residual_rms
+
+struct ResidualRmsCase {
+  HostTensor a, w, residual, gamma, out, out_scaled, partials;
+  ResidualRmsCase(DType dtype, const Shape& s, Seeds& seeds)
+      : a(HostTensor::random(dtype, {s.M, s.K}, seeds.next())),
+        w(HostTensor::random(dtype, {s.N, s.K}, seeds.next())),
+        residual(HostTensor::random(dtype, {s.M, s.N}, seeds.next())),
+        gamma(HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5)), out(dtype, {s.M, s.N}),
+        out_scaled(dtype, {s.M, s.N}), partials(DType::f32, {s.M, ref::partial_blocks(s.N)}) {}
+  ResidualRmsArgs args() {
+    return {.a = a.view(),
+            .w = w.view(),
+            .residual = residual.view(),
+            .gamma = gamma.view(),
+            .out = out.view(),
+            .out_scaled = out_scaled.view(),
+            .sumsq_partials = partials.view()};
+  }
+};
+
+void run_residual_rms(DType dtype, const Shape& s, bool alias_out) {
+  Seeds seeds;
+  const ResidualRmsCase inputs(dtype, s, seeds);
+  const ref::ResidualRmsInputs in{s.M,
+                                  s.N,
+                                  s.K,
+                                  inputs.a.values(),
+                                  inputs.w.values(),
+                                  inputs.residual.values(),
+                                  inputs.gamma.values()};
+  ResidualRmsCase cpu = inputs;
+  gemm_residual_rms(cpu.args());
+  const auto exact = ref::residual_rms({}, in), unfused = ref::residual_rms(lowp(dtype), in);
+
+  for (const gpu::FusedSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const ScheduleScope scope(schedule);
+    ResidualRmsCase gpu = inputs; // fresh NaN-poisoned outputs
+    DeviceTensor a(gpu.a), w(gpu.w), residual(gpu.residual), gamma(gpu.gamma), out(gpu.out),
+        out_scaled(gpu.out_scaled), partials(gpu.partials);
+    ResidualRmsArgs args{.a = a.view(),
+                         .w = w.view(),
+                         .residual = residual.view(),
+                         .gamma = gamma.view(),
+                         .out = alias_out ? residual.view() : out.view(),
+                         .out_scaled = out_scaled.view(),
+                         .sumsq_partials = partials.view()};
+    gemm_residual_rms(args);
+    synchronize_ok();
+    DeviceTensor& out_dev = alias_out ? residual : out;
+    HostTensor& out_host = alias_out ? gpu.residual : gpu.out;
+    EXPECT_TRUE(out_dev.copy_back() && out_scaled.copy_back() && partials.copy_back())
+        << "a write past the end of an output";
+    expect_matches("out", out_host, cpu.out, exact.out, unfused.out);
+    expect_matches("out_scaled", gpu.out_scaled, cpu.out_scaled, exact.out_scaled,
+                   unfused.out_scaled);
+    expect_matches("sumsq_partials", gpu.partials, cpu.partials, exact.sumsq_partials,
+                   unfused.sumsq_partials);
+  }
+}
+
+class FusedResidualRms : public testing::TestWithParam<DtypeShape> {};
+TEST_P(FusedResidualRms, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  run_residual_rms(std::get<0>(GetParam()), std::get<1>(GetParam()), false);
+}
+TEST_P(FusedResidualRms, OutputMayAliasResidual) {
+  CODA_REQUIRE_SM90();
+  run_residual_rms(std::get<0>(GetParam()), std::get<1>(GetParam()), true);
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedResidualRms,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kShapes)),
+                         dtype_shape_name);
+
+// ---- The normalized GEMMs K1, K2, K4, K5: z = rstd[m] * (a · wᵀ), rstd from row partials.
+
+struct NormedInputs {
+  HostTensor a, w, partials;
+  float eps;
+  NormedInputs(DType dtype, int64_t M, int64_t N, int64_t K, Seeds& seeds, float eps = 1e-6f)
+      : a(HostTensor::random(dtype, {M, K}, seeds.next())),
+        w(HostTensor::random(dtype, {N, K}, seeds.next())),
+        partials(random_sumsq_partials(M, K, seeds.next())), eps(eps) {}
+  ref::NormedGemmInputs inputs() const {
+    return {a.shape()[0], w.shape()[0],      a.shape()[1], a.values(),
+            w.values(),   partials.values(), eps};
+  }
+};
+
+// The inputs on the device.
+struct DeviceNormed {
+  DeviceTensor a, w, partials;
+  explicit DeviceNormed(NormedInputs& in) : a(in.a), w(in.w), partials(in.partials) {}
+};
+
+// K1 on `in`, on the CPU backend and on the GPU (both schedules); checks both outputs.
+void check_rms_scale(DType dtype, NormedInputs& in, bool with_rstd) {
+  const int64_t M = in.a.shape()[0], N = in.w.shape()[0];
+  HostTensor cpu_out(dtype, {M, N});
+  HostTensor cpu_rstd = with_rstd ? HostTensor(DType::f32, {M}) : HostTensor();
+  gemm_rms_scale({.a = in.a.view(),
+                  .w = in.w.view(),
+                  .sumsq_partials = in.partials.view(),
+                  .eps = in.eps,
+                  .out = cpu_out.view(),
+                  .rstd_out = cpu_rstd.view()});
+  const auto exact = ref::rms_scale({}, in.inputs()),
+             unfused = ref::rms_scale(lowp(dtype), in.inputs());
+  DeviceNormed d(in);
+  for (const gpu::FusedSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const ScheduleScope scope(schedule);
+    HostTensor gpu_out(dtype, {M, N});
+    HostTensor gpu_rstd = with_rstd ? HostTensor(DType::f32, {M}) : HostTensor();
+    DeviceTensor out(gpu_out), rstd(gpu_rstd);
+    gemm_rms_scale({.a = d.a.view(),
+                    .w = d.w.view(),
+                    .sumsq_partials = d.partials.view(),
+                    .eps = in.eps,
+                    .out = out.view(),
+                    .rstd_out = rstd.view()});
+    synchronize_ok();
+    EXPECT_TRUE(out.copy_back() && rstd.copy_back()) << "a write past the end of an output";
+    expect_matches("out", gpu_out, cpu_out, exact.out, unfused.out);
+    if (with_rstd) expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+  }
+}
+
+class FusedRmsScale : public testing::TestWithParam<DtypeShape> {};
+TEST_P(FusedRmsScale, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  const auto [dtype, s] = GetParam();
+  Seeds seeds;
+  NormedInputs in(dtype, s.M, s.N, s.K, seeds);
+  check_rms_scale(dtype, in, true);
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsScale,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kShapes)),
+                         dtype_shape_name);
+
+// Partials wider than the shared-memory staging (K = 4224: 33 per row) are read from global
+// memory; a single partial column (the first layer's statistics) and no rstd_out; a large eps.
+TEST(FusedRmsScaleWidths, WidePartialsSingleColumnAndNoRstdOut) {
+  CODA_REQUIRE_SM90();
+  Seeds seeds;
+  NormedInputs wide(DType::bf16, 130, 264, 4224, seeds);
+  check_rms_scale(DType::bf16, wide, true);
+  NormedInputs single(DType::f16, 200, 136, 64, seeds, 0.25f);
+  const std::vector<double> x = random_doubles(size_t(200 * 64), seeds.next());
+  single.partials = HostTensor::of(
+      DType::f32, {200, 1},
+      ref::rms_stats({}, 200, 64, x, std::vector<double>(64, 1.0), 64).sumsq_partials);
+  check_rms_scale(DType::f16, single, false);
+}
+
+// ---- K2 gemm_rms_swiglu: N = 2F with F = 8, 136, 264, 520.
+
+const Shape kSwigluShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 512}, {129, 1040, 96}};
+
+void check_rms_swiglu(DType dtype, const Shape& s) {
+  Seeds seeds;
+  NormedInputs in(dtype, s.M, s.N, s.K, seeds);
+  HostTensor cpu_pre(dtype, {s.M, s.N}), cpu_act(dtype, {s.M, s.N / 2}),
+      cpu_rstd(DType::f32, {s.M});
+  gemm_rms_swiglu({.a = in.a.view(),
+                   .w = in.w.view(),
+                   .sumsq_partials = in.partials.view(),
+                   .eps = in.eps,
+                   .preact = cpu_pre.view(),
+                   .act = cpu_act.view(),
+                   .rstd_out = cpu_rstd.view()});
+  const auto exact = ref::rms_swiglu({}, in.inputs()),
+             unfused = ref::rms_swiglu(lowp(dtype), in.inputs());
+  DeviceNormed d(in);
+  for (const gpu::FusedSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const ScheduleScope scope(schedule);
+    HostTensor gpu_pre(dtype, {s.M, s.N}), gpu_act(dtype, {s.M, s.N / 2}),
+        gpu_rstd(DType::f32, {s.M});
+    DeviceTensor pre(gpu_pre), act(gpu_act), rstd(gpu_rstd);
+    gemm_rms_swiglu({.a = d.a.view(),
+                     .w = d.w.view(),
+                     .sumsq_partials = d.partials.view(),
+                     .eps = in.eps,
+                     .preact = pre.view(),
+                     .act = act.view(),
+                     .rstd_out = rstd.view()});
+    synchronize_ok();
+    EXPECT_TRUE(pre.copy_back() && act.copy_back() && rstd.copy_back())
+        << "a write past the end of an output";
+    expect_matches("preact", gpu_pre, cpu_pre, exact.preact, unfused.preact);
+    expect_matches("act", gpu_act, cpu_act, exact.act, unfused.act);
+    expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+  }
+}
+
+class FusedRmsSwiglu : public testing::TestWithParam<DtypeShape> {};
+TEST_P(FusedRmsSwiglu, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_rms_swiglu(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsSwiglu,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kSwigluShapes)),
+                         dtype_shape_name);
+
+// ---- K4 gemm_rms_rope: GQA, head_dim 64 and 128, QKV widths that are not a multiple of 256.
+
+struct RopeCase {
+  int32_t n_q_heads, n_kv_heads, head_dim;
+  int64_t M, K;
+};
+std::string label(const RopeCase& r) {
+  return "q" + std::to_string(r.n_q_heads) + "_kv" + std::to_string(r.n_kv_heads) + "_hd" +
+         std::to_string(r.head_dim) + "_M" + std::to_string(r.M) + "_K" + std::to_string(r.K);
+}
+const RopeCase kRopeCases[] = {{4, 2, 64, 200, 64},   {3, 1, 64, 37, 128}, {32, 8, 64, 67, 64},
+                               {4, 1, 128, 130, 256}, {3, 1, 128, 1, 16},  {6, 2, 128, 300, 72}};
+
+void check_rms_rope(DType dtype, const RopeCase& rc) {
+  ref::RopeTable table;
+  table.shape = {rc.n_q_heads, rc.n_kv_heads, rc.head_dim};
+  table.positions = packed_positions(rc.M, 23, 1000); // packed sequences, one continued
+  table.inv_freq = rope_inv_freq_f32(rc.head_dim);
+  const int64_t N = table.shape.width();
+  Seeds seeds;
+  NormedInputs in(dtype, rc.M, N, rc.K, seeds);
+  auto positions = HostTensor::of_ints({rc.M}, table.positions);
+  auto inv_freq = HostTensor::of(DType::f32, {rc.head_dim / 2}, table.inv_freq);
+  HostTensor cpu_out(dtype, {rc.M, N}), cpu_rstd(DType::f32, {rc.M});
+  const RopeSpec host_rope{positions.view(), inv_freq.view(), rc.n_q_heads, rc.n_kv_heads,
+                           rc.head_dim};
+  gemm_rms_rope({.a = in.a.view(),
+                 .w = in.w.view(),
+                 .sumsq_partials = in.partials.view(),
+                 .eps = in.eps,
+                 .rope = host_rope,
+                 .out = cpu_out.view(),
+                 .rstd_out = cpu_rstd.view()});
+  const auto exact = ref::rms_rope({}, in.inputs(), table),
+             unfused = ref::rms_rope(lowp(dtype), in.inputs(), table);
+  DeviceNormed d(in);
+  DeviceTensor pos(positions), freq(inv_freq);
+  for (const gpu::FusedSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const ScheduleScope scope(schedule);
+    HostTensor gpu_out(dtype, {rc.M, N}), gpu_rstd(DType::f32, {rc.M});
+    DeviceTensor out(gpu_out), rstd(gpu_rstd);
+    gemm_rms_rope({.a = d.a.view(),
+                   .w = d.w.view(),
+                   .sumsq_partials = d.partials.view(),
+                   .eps = in.eps,
+                   .rope = {pos.view(), freq.view(), rc.n_q_heads, rc.n_kv_heads, rc.head_dim},
+                   .out = out.view(),
+                   .rstd_out = rstd.view()});
+    synchronize_ok();
+    EXPECT_TRUE(out.copy_back() && rstd.copy_back()) << "a write past the end of an output";
+    expect_matches("out", gpu_out, cpu_out, exact.out, unfused.out);
+    expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+  }
+}
+
+using DtypeRope = std::tuple<DType, RopeCase>;
+class FusedRmsRope : public testing::TestWithParam<DtypeRope> {};
+TEST_P(FusedRmsRope, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_rms_rope(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsRope,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kRopeCases)),
+                         [](const testing::TestParamInfo<DtypeRope>& info) {
+                           return dtype_label(std::get<0>(info.param)) + "_" +
+                                  label(std::get<1>(info.param));
+                         });
+
+// Head sizes whose heads a 256-column tile cannot hold whole: a clear error, no output written.
+TEST(FusedRmsRopeLimits, OtherHeadDimsAreNotSupported) {
+  CODA_REQUIRE_SM90();
+  Seeds seeds;
+  NormedInputs in(DType::bf16, 16, 96, 16, seeds); // 4 + 2 * 1 heads of 16
+  auto positions = HostTensor::of_ints({16}, packed_positions(16, 16, 0));
+  auto inv_freq = HostTensor::of(DType::f32, {8}, rope_inv_freq_f32(16));
+  HostTensor out_host(DType::bf16, {16, 96});
+  DeviceNormed d(in);
+  DeviceTensor pos(positions), freq(inv_freq), out(out_host);
+  try {
+    gemm_rms_rope({.a = d.a.view(),
+                   .w = d.w.view(),
+                   .sumsq_partials = d.partials.view(),
+                   .rope = {pos.view(), freq.view(), 4, 1, 16},
+                   .out = out.view()});
+    ADD_FAILURE() << "head_dim 16 ran on the GPU";
+  } catch (const Error& e) {
+    EXPECT_EQ(int(e.status()), int(Status::not_supported)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("head_dim 64 and 128"), std::string::npos) << e.what();
+  }
+  synchronize_ok();
+  EXPECT_TRUE(out.copy_back());
+  for (double v : out_host.values()) ASSERT_TRUE(std::isnan(v)) << "an output was written";
+}
+
+// ---- K5 gemm_rms_lse: vocabularies that are not a multiple of 128 or 256, targets that are
+// ignore_index, out of range, or the last (ragged) column.
+
+struct LseCase {
+  int64_t M, V, K;
+};
+const LseCase kLseCases[] = {{37, 296, 64}, {200, 136, 32},   {1, 1000, 16},
+                             {64, 8, 8},    {130, 1000, 200}, {257, 2056, 64}};
+
+void check_rms_lse(DType dtype, const LseCase& lc) {
+  Seeds seeds;
+  NormedInputs in(dtype, lc.M, lc.V, lc.K, seeds);
+  std::vector<int32_t> targets(size_t(lc.M));
+  const std::vector<double> u = random_doubles(targets.size(), seeds.next(), 0, 1);
+  for (size_t m = 0; m < targets.size(); ++m)
+    targets[m] = m % 5 == 1 ? -100 : m % 7 == 3 ? int32_t(lc.V) : int32_t(u[m] * double(lc.V));
+  if (lc.M > 2) targets[2] = int32_t(lc.V) - 1;
+  auto target_tensor = HostTensor::of_ints({lc.M}, targets);
+  const int64_t P = ref::partial_blocks(lc.V);
+  HostTensor cpu_logits(dtype, {lc.M, lc.V}), cpu_lse(DType::f32, {lc.M, P}),
+      cpu_target(DType::f32, {lc.M}), cpu_rstd(DType::f32, {lc.M});
+  gemm_rms_lse({.a = in.a.view(),
+                .w = in.w.view(),
+                .sumsq_partials = in.partials.view(),
+                .eps = in.eps,
+                .targets = target_tensor.view(),
+                .logits = cpu_logits.view(),
+                .lse_partials = cpu_lse.view(),
+                .target_logit = cpu_target.view(),
+                .rstd_out = cpu_rstd.view()});
+  const auto exact = ref::rms_lse({}, in.inputs(), targets),
+             unfused = ref::rms_lse(lowp(dtype), in.inputs(), targets);
+  DeviceNormed d(in);
+  DeviceTensor tgt(target_tensor);
+  for (const gpu::FusedSchedule schedule : kSchedules) {
+    SCOPED_TRACE(schedule_name(schedule));
+    const ScheduleScope scope(schedule);
+    HostTensor gpu_logits(dtype, {lc.M, lc.V}), gpu_lse(DType::f32, {lc.M, P}),
+        gpu_target(DType::f32, {lc.M}), gpu_rstd(DType::f32, {lc.M});
+    DeviceTensor logits(gpu_logits), lse(gpu_lse), target(gpu_target), rstd(gpu_rstd);
+    gemm_rms_lse({.a = d.a.view(),
+                  .w = d.w.view(),
+                  .sumsq_partials = d.partials.view(),
+                  .eps = in.eps,
+                  .targets = tgt.view(),
+                  .logits = logits.view(),
+                  .lse_partials = lse.view(),
+                  .target_logit = target.view(),
+                  .rstd_out = rstd.view()});
+    synchronize_ok();
+    EXPECT_TRUE(logits.copy_back() && lse.copy_back() && target.copy_back() && rstd.copy_back())
+        << "a write past the end of an output";
+    expect_matches("logits", gpu_logits, cpu_logits, exact.logits, unfused.logits);
+    expect_matches("lse_partials", gpu_lse, cpu_lse, exact.lse_partials, unfused.lse_partials);
+    expect_matches("target_logit", gpu_target, cpu_target, exact.target_logit,
+                   unfused.target_logit);
+    expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+  }
+}
+
+using DtypeLse = std::tuple<DType, LseCase>;
+class FusedRmsLse : public testing::TestWithParam<DtypeLse> {};
+TEST_P(FusedRmsLse, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_rms_lse(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsLse,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kLseCases)),
+                         [](const testing::TestParamInfo<DtypeLse>& info) {
+                           const LseCase& c = std::get<1>(info.param);
+                           return dtype_label(std::get<0>(info.param)) + "_M" +
+                                  std::to_string(c.M) + "_V" + std::to_string(c.V) + "_K" +
+                                  std::to_string(c.K);
+                         });
+
+// ---- rms_stats: h = round(x * gamma), row partials of x².
+
+struct StatsShape {
+  int64_t M, N;
+};
+const StatsShape kStatsShapes[] = {{1, 8}, {37, 136}, {200, 264}, {129, 2048}, {5, 4104}};
+
+void check_rms_stats(DType dtype, const StatsShape& s) {
+  Seeds seeds;
+  auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
+  auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
+  const int64_t P = ref::partial_blocks(s.N);
+  HostTensor gpu_h(dtype, {s.M, s.N}), gpu_p(DType::f32, {s.M, P});
+  HostTensor cpu_h = gpu_h, cpu_p = gpu_p;
+  rms_stats({x.view(), gamma.view(), cpu_h.view(), cpu_p.view()});
+  DeviceTensor dx(x), dgamma(gamma), h(gpu_h), p(gpu_p);
+  rms_stats({dx.view(), dgamma.view(), h.view(), p.view()});
+  synchronize_ok();
+  EXPECT_TRUE(h.copy_back() && p.copy_back()) << "a write past the end of an output";
+  const auto exact = ref::rms_stats({}, s.M, s.N, x.values(), gamma.values()),
+             unfused = ref::rms_stats(lowp(dtype), s.M, s.N, x.values(), gamma.values());
+  expect_matches("out_scaled", gpu_h, cpu_h, exact.out_scaled, unfused.out_scaled);
+  expect_matches("sumsq_partials", gpu_p, cpu_p, exact.sumsq_partials, unfused.sumsq_partials);
+}
+
+using DtypeStats = std::tuple<DType, StatsShape>;
+class FusedRmsStats : public testing::TestWithParam<DtypeStats> {};
+TEST_P(FusedRmsStats, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_rms_stats(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsStats,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kStatsShapes)),
+                         [](const testing::TestParamInfo<DtypeStats>& info) {
+                           const StatsShape& s = std::get<1>(info.param);
+                           return dtype_label(std::get<0>(info.param)) + "_M" +
+                                  std::to_string(s.M) + "_N" + std::to_string(s.N);
+                         });
+
+// ---- Small shapes (two tiles along M and N each) for compute-sanitizer.
+
+TEST(FusedSmallForSanitizer, EveryKernel) {
+  CODA_REQUIRE_SM90();
+  run_residual_rms(DType::bf16, {130, 264, 72}, false);
+  Seeds seeds;
+  NormedInputs in(DType::bf16, 130, 264, 72, seeds);
+  check_rms_scale(DType::bf16, in, true);
+  check_rms_swiglu(DType::f16, {130, 272, 72});
+  check_rms_rope(DType::bf16, {3, 1, 64, 130, 72});
+  check_rms_lse(DType::bf16, {130, 296, 72});
+  check_rms_stats(DType::f16, {37, 264});
+}
+
+} // namespace
+} // namespace coda::test

@@ -1,0 +1,172 @@
+// Device epilogue primitives that the forward kernels do not use, composed here into test
+// kernels through the public device epilogue API, and the GeGLU example kernel:
+//  * ScaleByScalar from a device pointer, TileStore by TMA reduce-add into an existing output,
+//    ReduceOverM column partials (shuffles + shared memory across both warpgroups of a tile);
+//  * examples/fused_geglu.cuh.
+// Each output is held to an fp64 host computation by the tolerance rule (check.hpp), with the
+// unfused path spelled out here: a rounded GEMM output, then each op rounding its own output.
+// Skipped (not passed) where there is no sm_90 device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "coda/epilogue/device/epilogue.cuh"
+#include "examples/fused_geglu.cuh"
+#include "gpu/backend.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+
+namespace coda::test {
+namespace {
+
+namespace ep = coda::epilogue::device;
+using ep::FusedShape;
+
+bool have_sm90() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return false;
+  }
+  return gpu::device_supported();
+}
+
+#define CODA_REQUIRE_SM90()                                                                        \
+  do {                                                                                             \
+    if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";                                              \
+  } while (0)
+
+// A device buffer holding a copy of a host tensor's elements.
+struct DeviceCopy {
+  void* data = nullptr;
+  size_t bytes = 0;
+  explicit DeviceCopy(HostTensor& host) : bytes(size_t(host.numel() * dtype_size(host.dtype()))) {
+    EXPECT_EQ(cudaMalloc(&data, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(data, host.view().data, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  ~DeviceCopy() { cudaFree(data); }
+  TensorView view(const HostTensor& host) const {
+    TensorView v = const_cast<HostTensor&>(host).view();
+    v.data = data;
+    v.device = Device::cuda;
+    return v;
+  }
+  void copy_to(HostTensor& host) const {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(host.view().data, data, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
+double round_as(DType t, double x) {
+  return t == DType::bf16 ? round_to<bf16>(float(x)) : round_to<f16>(float(x));
+}
+
+// acc[m, n] = sum_k a[m, k] w[n, k] in fp64.
+std::vector<double> gemm_nt(const std::vector<double>& a, const std::vector<double>& w, int64_t M,
+                            int64_t N, int64_t K) {
+  std::vector<double> acc(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a[size_t(m * K + k)] * w[size_t(n * K + k)];
+      acc[size_t(m * N + n)] = s;
+    }
+  return acc;
+}
+
+// ---- out += s * acc (TMA reduce-add), s = value * (*tensor), and the column partials of s * acc.
+
+template <class T>
+using AccumulateEpilogue =
+    ep::FusedEpilogue<FusedShape, ep::ScaleByScalar, ep::TileStore<FusedShape, T, true>,
+                      ep::ReduceOverM<FusedShape, epilogue::Sum>>;
+
+template <class T> void check_accumulate(int64_t M, int64_t N, int64_t K) {
+  constexpr DType kType = dtype_of<T>::value;
+  Seeds seeds;
+  auto a = HostTensor::random(kType, {M, K}, seeds.next());
+  auto w = HostTensor::random(kType, {N, K}, seeds.next());
+  auto out = HostTensor::random(kType, {M, N}, seeds.next());
+  auto factor = HostTensor::of(DType::f32, {1}, {-1.5});
+  const int64_t blocks = ceil_div<int64_t>(M, 128);
+  HostTensor partials(DType::f32, {N, blocks});
+  const std::vector<double> before = out.values();
+  DeviceCopy da(a), dw(w), dout(out), dfactor(factor), dpartials(partials);
+
+  using Epi = AccumulateEpilogue<T>;
+  typename Epi::Params p{};
+  ep::get<0>(p) = {0.75f, static_cast<const float*>(dfactor.data)};
+  ep::get<1>(p) = ep::TileStore<FusedShape, T, true>::params("out", dout.view(out));
+  ep::get<2>(p) = {static_cast<float*>(dpartials.data), blocks, int32_t(M), int32_t(N),
+                   int32_t(blocks)};
+  ep::FusedGemm<Epi, T>::run(da.view(a), dw.view(w), p, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  dout.copy_to(out);
+  dpartials.copy_to(partials);
+
+  const std::vector<double> acc = gemm_nt(a.values(), w.values(), M, N, K);
+  std::vector<double> exact(acc.size()), unfused(acc.size());
+  std::vector<double> exact_p(size_t(N * blocks), 0.0), unfused_p(size_t(N * blocks), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      const size_t i = size_t(m * N + n), b = size_t(n * blocks + m / 128);
+      const double y = 0.75 * -1.5 * acc[i], y_rounded = round_as(kType, y);
+      exact[i] = before[i] + y;
+      unfused[i] = round_as(kType, before[i] + y_rounded); // GEMM output, then an add kernel
+      exact_p[b] += y;
+      unfused_p[b] = double(float(unfused_p[b]) + float(y_rounded)); // fp32 sums of the output
+    }
+  CODA_EXPECT_PASSES(check_against_baseline("out", out.values(), exact, unfused));
+  CODA_EXPECT_PASSES(
+      check_against_baseline("column partials", partials.values(), exact_p, unfused_p));
+}
+
+struct Shape {
+  int64_t M, N, K;
+};
+// Ragged M and N; the last shape takes several waves of tiles.
+const Shape kShapes[] = {{1, 8, 16}, {200, 264, 64}, {300, 520, 200}, {2176, 2048, 64}};
+
+TEST(FusedOps, ScalarReduceAddStoreAndColumnPartials) {
+  CODA_REQUIRE_SM90();
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                 " K=" + std::to_string(s.K));
+    check_accumulate<bf16>(s.M, s.N, s.K);
+    check_accumulate<f16>(s.M, s.N, s.K);
+  }
+}
+
+// ---- examples/fused_geglu.cuh
+
+TEST(FusedExample, GegluMatchesReference) {
+  CODA_REQUIRE_SM90();
+  for (const Shape& s : {Shape{37, 272, 64}, Shape{300, 1040, 96}}) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " 2F=" + std::to_string(s.N));
+    Seeds seeds;
+    auto a = HostTensor::random(DType::bf16, {s.M, s.K}, seeds.next());
+    auto w = HostTensor::random(DType::bf16, {s.N, s.K}, seeds.next());
+    HostTensor act(DType::bf16, {s.M, s.N / 2});
+    DeviceCopy da(a), dw(w), dact(act);
+    examples::gemm_geglu<bf16>(da.view(a), dw.view(w), dact.view(act), nullptr);
+    ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+    dact.copy_to(act);
+
+    const std::vector<double> z = gemm_nt(a.values(), w.values(), s.M, s.N, s.K);
+    std::vector<double> exact(size_t(s.M * s.N / 2)), unfused(exact.size());
+    for (size_t i = 0; i < exact.size(); ++i) {
+      exact[i] = examples::GegluGate{}(z[2 * i], z[2 * i + 1]);
+      const float g = float(round_as(DType::bf16, z[2 * i])),
+                  u = float(round_as(DType::bf16, z[2 * i + 1]));
+      unfused[i] = round_as(DType::bf16, examples::GegluGate{}(g, u));
+    }
+    CODA_EXPECT_PASSES(check_against_baseline("act", act.values(), exact, unfused));
+  }
+}
+
+} // namespace
+} // namespace coda::test
