@@ -179,13 +179,13 @@ double median(std::vector<float> v) {
 // Plans timed with --variants 1 besides gpu::gemm's own.
 struct Variant {
   const char* name;
-  coda::gemm::GemmPlan (*plan)(const coda::GemmArgs&);
+  coda::sm90::GemmPlan (*plan)(const coda::GemmArgs&);
 };
 
 // The plan of worklog step 3: ping-pong for poor waves, group ~ one wave, no stream-K, stores
 // not deferred.
-coda::gemm::GemmPlan previous_plan(const coda::GemmArgs& args) {
-  using namespace coda::gemm;
+coda::sm90::GemmPlan previous_plan(const coda::GemmArgs& args) {
+  using namespace coda::sm90;
   const int64_t m = args.m(), n = args.n(), sms = 132;
   GemmPlan plan;
   const int64_t tiles_m = coda::ceil_div<int64_t>(m, 128);
@@ -202,23 +202,23 @@ coda::gemm::GemmPlan previous_plan(const coda::GemmArgs& args) {
   return plan;
 }
 
-template <bool kDefer, coda::gemm::StreamKMode kStreamK, int kGroup>
-coda::gemm::GemmPlan variant_plan(const coda::GemmArgs& args) {
-  coda::gemm::GemmPlan plan = coda::gpu::default_plan(args);
+template <bool kDefer, coda::sm90::StreamKMode kStreamK, int kGroup>
+coda::sm90::GemmPlan variant_plan(const coda::GemmArgs& args) {
+  coda::sm90::GemmPlan plan = coda::gpu::default_plan(args);
   plan.defer_stores = kDefer;
   plan.stream_k = kStreamK;
   if (kGroup > 0) plan.group_m = kGroup;
   return plan;
 }
 
-coda::gemm::GemmPlan pingpong_plan(const coda::GemmArgs& args) {
-  coda::gemm::GemmPlan plan = coda::gpu::default_plan(args);
-  plan.kernel = coda::gemm::KernelId::pingpong;
-  plan.stream_k = coda::gemm::StreamKMode::off;
+coda::sm90::GemmPlan pingpong_plan(const coda::GemmArgs& args) {
+  coda::sm90::GemmPlan plan = coda::gpu::default_plan(args);
+  plan.kernel = coda::sm90::KernelId::pingpong;
+  plan.stream_k = coda::sm90::StreamKMode::off;
   return plan;
 }
 
-using coda::gemm::StreamKMode;
+using coda::sm90::StreamKMode;
 const Variant kVariants[] = {
     {"same", variant_plan<true, StreamKMode::automatic, 0>}, // the default again: order bias
     {"previous", previous_plan},
@@ -273,7 +273,7 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
 
   auto run_coda = [&] { coda::gpu::gemm(args, s); };
   auto run_cublas = [&] { cublas.run(a.p, b.p, d_ref.p, s); };
-  std::vector<coda::gemm::GemmPlan> plans;
+  std::vector<coda::sm90::GemmPlan> plans;
   if (variants)
     for (const Variant& v : kVariants) plans.push_back(v.plan(args));
   for (int i = 0; i < 5; ++i) {

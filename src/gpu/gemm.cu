@@ -29,7 +29,7 @@ int current_device_sms() {
   return sms;
 }
 
-GemmLauncher find_launcher(GemmLayout layout, DType in, DType out, gemm::KernelId kernel) {
+GemmLauncher find_launcher(GemmLayout layout, DType in, DType out, sm90::KernelId kernel) {
   switch (layout) {
   case GemmLayout::fwd:
     return gemm_launcher<GemmLayout::fwd>(in, out, kernel);
@@ -54,11 +54,11 @@ bool device_supported() {
   return major == 9 && minor == 0;
 }
 
-gemm::GemmPlan default_plan(const GemmArgs& args) {
-  return gemm::choose_plan(args.m(), args.n(), args.k(), current_device_sms());
+sm90::GemmPlan default_plan(const GemmArgs& args) {
+  return sm90::choose_plan(args.m(), args.n(), args.k(), current_device_sms());
 }
 
-void gemm_with_plan(const GemmArgs& args, const gemm::GemmPlan& plan, Stream stream) {
+void gemm_with_plan(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream) {
   if (!device_supported())
     throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
   if (args.has_c() && args.c.dtype != args.d.dtype)
@@ -86,7 +86,7 @@ void gemm(const GemmArgs& args, Stream stream) {
 // stream and replayed while that stream runs eager GEMMs, or a stream destroyed with a GEMM in
 // flight whose handle a new stream reuses. A caller-supplied workspace in the public API would
 // remove both (ARCHITECTURE section 6); until then such callers should not overlap those GEMMs.
-gemm::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream) {
+sm90::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream) {
   struct Scratch {
     void* base = nullptr;
     size_t partial_bytes = 0, flag_bytes = 0;
@@ -122,7 +122,7 @@ gemm::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_byte
     s.partial_bytes = flags_offset;
     s.flag_bytes = flag_bytes;
   }
-  return gemm::StreamKWorkspace{
+  return sm90::StreamKWorkspace{
       static_cast<float*>(s.base),
       reinterpret_cast<int32_t*>(static_cast<char*>(s.base) + s.partial_bytes)};
 }

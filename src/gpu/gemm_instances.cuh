@@ -6,23 +6,23 @@
 
 namespace coda::gpu::detail {
 
-template <class Kernel> void launch(const GemmArgs& args, const gemm::GemmPlan& plan, Stream s) {
+template <class Kernel> void launch(const GemmArgs& args, const sm90::GemmPlan& plan, Stream s) {
   Kernel::run(args, plan, &stream_k_workspace, s);
 }
 
 template <GemmLayout kLayout, class InT, class OutT>
-GemmLauncher launcher_for(gemm::KernelId kernel) {
+GemmLauncher launcher_for(sm90::KernelId kernel) {
   switch (kernel) {
-  case gemm::KernelId::wide:
-    return &launch<gemm::GemmKernel<gemm::WideConfig<OutT>, kLayout, InT, OutT>>;
-  case gemm::KernelId::pingpong:
-    return &launch<gemm::GemmKernel<gemm::PingpongConfig<OutT>, kLayout, InT, OutT>>;
+  case sm90::KernelId::wide:
+    return &launch<sm90::GemmKernel<sm90::WideConfig<OutT>, kLayout, InT, OutT>>;
+  case sm90::KernelId::pingpong:
+    return &launch<sm90::GemmKernel<sm90::PingpongConfig<OutT>, kLayout, InT, OutT>>;
   }
   return nullptr;
 }
 
 template <GemmLayout kLayout, class InT>
-GemmLauncher launcher_for_out(DType out, gemm::KernelId kernel) {
+GemmLauncher launcher_for_out(DType out, sm90::KernelId kernel) {
   switch (out) {
   case DType::bf16:
     return launcher_for<kLayout, InT, bf16>(kernel);
@@ -36,7 +36,7 @@ GemmLauncher launcher_for_out(DType out, gemm::KernelId kernel) {
 }
 
 template <GemmLayout kLayout>
-GemmLauncher launcher_for_types(DType in, DType out, gemm::KernelId kernel) {
+GemmLauncher launcher_for_types(DType in, DType out, sm90::KernelId kernel) {
   switch (in) {
   case DType::bf16:
     return launcher_for_out<kLayout, bf16>(out, kernel);

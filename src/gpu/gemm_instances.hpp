@@ -13,24 +13,24 @@
 
 namespace coda::gpu {
 
-using GemmLauncher = void (*)(const GemmArgs& args, const gemm::GemmPlan& plan, Stream stream);
+using GemmLauncher = void (*)(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream);
 
 // nullptr when the combination is not compiled.
 template <GemmLayout kLayout>
-GemmLauncher gemm_launcher(DType in, DType out, gemm::KernelId kernel);
+GemmLauncher gemm_launcher(DType in, DType out, sm90::KernelId kernel);
 
-template <> GemmLauncher gemm_launcher<GemmLayout::fwd>(DType, DType, gemm::KernelId);
-template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType, DType, gemm::KernelId);
-template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType, DType, gemm::KernelId);
+template <> GemmLauncher gemm_launcher<GemmLayout::fwd>(DType, DType, sm90::KernelId);
+template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType, DType, sm90::KernelId);
+template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType, DType, sm90::KernelId);
 
 // gpu::gemm with a given plan instead of the heuristic's (tests and benchmarks force kernels,
 // raster groups, stream-K and deferred stores with it). Same checks as gpu::gemm.
-void gemm_with_plan(const GemmArgs& args, const gemm::GemmPlan& plan, Stream stream);
+void gemm_with_plan(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream);
 
 // The plan gpu::gemm uses for `args` on the current device.
-gemm::GemmPlan default_plan(const GemmArgs& args);
+sm90::GemmPlan default_plan(const GemmArgs& args);
 
-// Stream-K scratch of the GPU backend (gemm.cu): see gemm::StreamKWorkspaceFn.
-gemm::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream);
+// Stream-K scratch of the GPU backend (gemm.cu): see sm90::StreamKWorkspaceFn.
+sm90::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream);
 
 } // namespace coda::gpu

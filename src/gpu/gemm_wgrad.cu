@@ -4,7 +4,7 @@
 namespace coda::gpu {
 
 template <>
-GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType in, DType out, gemm::KernelId kernel) {
+GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType in, DType out, sm90::KernelId kernel) {
   return detail::launcher_for_types<GemmLayout::wgrad>(in, out, kernel);
 }
 

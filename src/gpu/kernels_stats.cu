@@ -61,7 +61,7 @@ template <class T> void run_rms_stats(const RmsStatsArgs& args, Stream stream) {
       args.x.ptr<const T>(), args.x.stride[0], args.gamma.ptr<const T>(), args.out_scaled.ptr<T>(),
       args.out_scaled.stride[0], args.sumsq_partials.ptr<float>(), args.sumsq_partials.stride[0],
       int32_t(rows), int32_t(cols));
-  gemm::check_cuda(cudaGetLastError(), "launching rms_stats");
+  sm90::check_cuda(cudaGetLastError(), "launching rms_stats");
 }
 
 } // namespace

@@ -25,7 +25,7 @@
 #include "gpu/gemm_instances.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
-#include "tests/gpu/public_gemm.hpp"
+#include "coda/coda.hpp"
 
 namespace coda {
 namespace {
@@ -64,7 +64,7 @@ struct Case {
   int64_t m, n, k;
   float alpha = 1.f, beta = 0.f;
   CMode c = CMode::none;
-  std::optional<gemm::GemmPlan> plan = std::nullopt; // forced; default: coda::gemm's own
+  std::optional<sm90::GemmPlan> plan = std::nullopt; // forced; default: coda::gemm's own
 };
 
 std::string describe(const Case& c) {
@@ -82,17 +82,17 @@ std::string describe(const Case& c) {
          " beta=" + std::to_string(c.beta) + " (" + plan + ")";
 }
 
-gemm::GemmPlan forced(gemm::KernelId kernel, gemm::StreamKMode stream_k, bool defer = true) {
-  gemm::GemmPlan plan;
+sm90::GemmPlan forced(sm90::KernelId kernel, sm90::StreamKMode stream_k, bool defer = true) {
+  sm90::GemmPlan plan;
   plan.kernel = kernel;
   plan.stream_k = stream_k;
   plan.defer_stores = defer;
   return plan;
 }
-const gemm::GemmPlan kStreamK = forced(gemm::KernelId::wide, gemm::StreamKMode::always);
-const gemm::GemmPlan kPingpong = forced(gemm::KernelId::pingpong, gemm::StreamKMode::off);
-const gemm::GemmPlan kNotDeferred =
-    forced(gemm::KernelId::wide, gemm::StreamKMode::off, /*defer=*/false);
+const sm90::GemmPlan kStreamK = forced(sm90::KernelId::wide, sm90::StreamKMode::always);
+const sm90::GemmPlan kPingpong = forced(sm90::KernelId::pingpong, sm90::StreamKMode::off);
+const sm90::GemmPlan kNotDeferred =
+    forced(sm90::KernelId::wide, sm90::StreamKMode::off, /*defer=*/false);
 
 ref::Layout ref_layout(GemmLayout l) {
   return l == GemmLayout::fwd     ? ref::Layout::fwd
@@ -222,7 +222,7 @@ void run_case(const Case& c) {
   if (c.plan)
     ASSERT_NO_THROW(gpu::gemm_with_plan(args, *c.plan, nullptr));
   else if (public_dtypes)
-    ASSERT_NO_THROW(test::public_gemm(args, nullptr));
+    ASSERT_NO_THROW(coda::gemm(args, nullptr));
   else
     ASSERT_NO_THROW(gpu::gemm(args, nullptr));
   cuda_ok(cudaDeviceSynchronize());
@@ -372,12 +372,12 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
   for (int32_t cluster : {1, 2})
     for (int32_t group : {1, 3, 8})
       for (auto shape : {std::pair{1, 1}, std::pair{7, 5}, std::pair{64, 12}, std::pair{33, 112}}) {
-        gemm::TileScheduler s;
+        sm90::TileScheduler s;
         s.tiles_m = shape.first, s.tiles_n = shape.second, s.cluster_m = cluster, s.group_m = group;
         std::vector<int> hits(size_t(s.units_m() * cluster * s.tiles_n), 0);
         for (int64_t u = 0; u < s.num_units(); ++u)
           for (int32_t r = 0; r < cluster; ++r) {
-            const gemm::TileCoord t = s.tile(u, r);
+            const sm90::TileCoord t = s.tile(u, r);
             ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.units_m() * cluster && t.n_block >= 0 &&
                         t.n_block < s.tiles_n);
             ++hits[size_t(t.m_block * s.tiles_n + t.n_block)];
@@ -396,23 +396,23 @@ TEST(GemmHost, StreamKCoversEveryKBlockOnce) {
   };
   for (const Shape sh : {Shape{24, 8, 128, 66}, Shape{64, 8, 32, 66}, Shape{8, 5, 65, 66},
                          Shape{2, 1, 1, 66}, Shape{7, 3, 3, 4}, Shape{64, 56, 64, 66}})
-    for (gemm::StreamKMode mode : {gemm::StreamKMode::automatic, gemm::StreamKMode::always}) {
-      gemm::TileScheduler s;
+    for (sm90::StreamKMode mode : {sm90::StreamKMode::automatic, sm90::StreamKMode::always}) {
+      sm90::TileScheduler s;
       s.tiles_m = sh.tiles_m, s.tiles_n = sh.tiles_n, s.cluster_m = 2, s.group_m = 8;
       s.k_blocks = sh.k_blocks;
-      const gemm::StreamKSplit split =
-          gemm::plan_stream_k(s.num_units(), sh.clusters, s.k_blocks, mode);
+      const sm90::StreamKSplit split =
+          sm90::plan_stream_k(s.num_units(), sh.clusters, s.k_blocks, mode);
       s.sk_first_unit = split.first_unit, s.sk_workers = split.workers;
       SCOPED_TRACE(std::to_string(s.num_units()) + " units, " + std::to_string(s.k_blocks) +
                    " k-blocks, stream-K from " + std::to_string(split.first_unit) + " on " +
                    std::to_string(split.workers));
-      if (mode == gemm::StreamKMode::always) EXPECT_TRUE(s.has_stream_k());
+      if (mode == sm90::StreamKMode::always) EXPECT_TRUE(s.has_stream_k());
       std::vector<int> hits(size_t(s.num_units() * s.k_blocks), 0);
       std::vector<int> read(size_t(sh.clusters), 0);
       for (int64_t c = 0; c < sh.clusters; ++c) {
-        gemm::WorkIterator work(s, c, sh.clusters);
+        sm90::WorkIterator work(s, c, sh.clusters);
         int64_t last_sk_unit = INT64_MAX;
-        for (gemm::WorkItem item; work.next(item);) {
+        for (sm90::WorkItem item; work.next(item);) {
           ASSERT_TRUE(item.unit >= 0 && item.unit < s.num_units());
           ASSERT_TRUE(0 <= item.k_begin && item.k_begin < item.k_end && item.k_end <= s.k_blocks);
           ASSERT_TRUE(0 <= item.k_rotation && item.k_rotation < item.k_end - item.k_begin);
@@ -447,18 +447,18 @@ TEST(GemmHost, StreamKCoversEveryKBlockOnce) {
 }
 
 TEST(GemmHost, HeuristicSpreadsTheLastWave) {
-  EXPECT_EQ(gemm::choose_plan(8192, 4096, 4096, 132).kernel, gemm::KernelId::wide);
-  EXPECT_EQ(gemm::choose_plan(8192, 28672, 4096, 132).group_m, 8); // square-ish waves
-  EXPECT_GE(gemm::choose_plan(1, 8, 8, 132).group_m, 1);
+  EXPECT_EQ(sm90::choose_plan(8192, 4096, 4096, 132).kernel, sm90::KernelId::wide);
+  EXPECT_EQ(sm90::choose_plan(8192, 28672, 4096, 132).group_m, 8); // square-ish waves
+  EXPECT_GE(sm90::choose_plan(1, 8, 8, 132).group_m, 1);
   // 3072 x 2048 x 8192: 96 units on 66 clusters (1.45 rounds) -> stream-K over all of them.
-  EXPECT_EQ(gemm::plan_stream_k(96, 66, 128).workers, 66);
-  EXPECT_EQ(gemm::plan_stream_k(96, 66, 128).first_unit, 0);
+  EXPECT_EQ(sm90::plan_stream_k(96, 66, 128).workers, 66);
+  EXPECT_EQ(sm90::plan_stream_k(96, 66, 128).first_unit, 0);
   // 256 units: the partial round (58 of 66) saves less than stream-K costs (measured).
-  EXPECT_EQ(gemm::plan_stream_k(256, 66, 32).workers, 0);
-  EXPECT_EQ(gemm::plan_stream_k(256, 66, 128).workers, 0);
+  EXPECT_EQ(sm90::plan_stream_k(256, 66, 32).workers, 0);
+  EXPECT_EQ(sm90::plan_stream_k(256, 66, 128).workers, 0);
   // 1792 units: the last round holds 10; stream-K over it and the round before.
-  EXPECT_EQ(gemm::plan_stream_k(1792, 66, 64).first_unit, 1792 - 76);
-  EXPECT_EQ(gemm::plan_stream_k(132, 66, 64).workers, 0); // whole rounds
+  EXPECT_EQ(sm90::plan_stream_k(1792, 66, 64).first_unit, 1792 - 76);
+  EXPECT_EQ(sm90::plan_stream_k(132, 66, 64).workers, 0); // whole rounds
 }
 
 // The epilogue reads a 32-column subtile s of a wgmma block as registers [16 s, 16 s + 16) laid

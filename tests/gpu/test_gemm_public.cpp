@@ -1,5 +1,4 @@
-// coda::gemm's GPU path through the public header: the wrapper test_gemm.cu calls (see
-// public_gemm.hpp), and what the public entry point must refuse before any kernel runs.
+// What coda::gemm's GPU path must refuse before any kernel runs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,11 +6,8 @@
 #include <cuda_runtime.h>
 
 #include "coda/coda.hpp"
-#include "tests/gpu/public_gemm.hpp"
 
 namespace coda {
-
-void test::public_gemm(const GemmArgs& args, Stream stream) { coda::gemm(args, stream); }
 
 namespace {
 

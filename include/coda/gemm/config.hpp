@@ -7,7 +7,7 @@
 
 #include "coda/gemm/problem.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 // How the two consumer warpgroups share work.
 //   cooperative: both work on one tile, each owning half of its rows (tile M split in two);
@@ -68,4 +68,4 @@ template <class Config> constexpr int stage_bytes() {
   return (Config::kTileM + Config::kTileN) * Config::kTileK * 2;
 }
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -28,7 +28,7 @@
 
 #include "coda/core/fragment.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 using coda::Accumulator; // the fp32 accumulator registers visit() receives
 
@@ -52,4 +52,4 @@ struct EpilogueTile {
   int32_t col0;
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

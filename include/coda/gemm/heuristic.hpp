@@ -17,7 +17,7 @@
 #include "coda/core/types.hpp"
 #include "coda/gemm/config.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 enum class KernelId : int32_t { wide = 0, pingpong = 1 };
 
@@ -102,4 +102,4 @@ inline StreamKSplit plan_stream_k(int64_t units, int64_t clusters, int32_t k_blo
   return StreamKSplit{dp_rounds * clusters, int32_t(clusters)};
 }
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -14,7 +14,7 @@
 #include "coda/gemm/scheduler.hpp"
 #include "coda/gemm/stream_k.cuh"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 template <class Mainloop, class Epilogue> struct KernelParams {
   typename Mainloop::Params mainloop;
@@ -164,4 +164,4 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   if constexpr (Config::kClusterM > 1) arch::cluster_sync();
 }
 
-} // namespace coda::gemm
+} // namespace coda::sm90

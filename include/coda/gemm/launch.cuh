@@ -15,7 +15,7 @@
 #include "coda/gemm/tensor_map.hpp"
 #include "coda/kernels/args.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 // The largest dynamic shared memory an sm_90 CTA may opt into (227 KB).
 constexpr size_t kMaxSharedBytes = 232448;
@@ -156,4 +156,4 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
   }
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

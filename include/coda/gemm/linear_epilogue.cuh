@@ -36,7 +36,7 @@
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct LinearEpilogue {
   static constexpr int kSubRows = 64, kSubCols = 32; // one subtile: 64 rows x 32 columns
@@ -305,4 +305,4 @@ private:
   }
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -20,7 +20,7 @@
 #include "coda/gemm/pipeline.cuh"
 #include "coda/gemm/scheduler.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
   static constexpr Major kMajorA = a_major(kLayout);
@@ -192,4 +192,4 @@ private:
   }
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -13,7 +13,7 @@
 
 #include "coda/arch/cluster.cuh"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 template <int kStages> struct PipelineState {
   uint32_t index = 0;
@@ -76,4 +76,4 @@ template <int kStages, int kClusterM> struct MainloopPipeline {
   }
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -22,7 +22,7 @@
 
 #include "coda/core/types.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 struct TileCoord {
   int32_t m_block; // tile index along M (may be past the end for the idle half of a cluster)
@@ -131,4 +131,4 @@ struct WorkIterator {
   }
 };
 
-} // namespace coda::gemm
+} // namespace coda::sm90

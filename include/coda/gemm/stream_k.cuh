@@ -18,7 +18,7 @@
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/scheduler.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 // Slot (worker, cta rank, consumer warpgroup) of StreamKWorkspace.
 template <int kClusterM, int kWarpgroups> struct StreamKSlots {
@@ -80,4 +80,4 @@ __device__ void stream_k_accumulate(Accumulator<kBlocks, kN>& acc, const StreamK
     }
 }
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -12,7 +12,7 @@
 #include "coda/core/error.hpp"
 #include "coda/core/types.hpp"
 
-namespace coda::gemm {
+namespace coda::sm90 {
 
 struct TensorMapShape {
   const void* base;
@@ -81,4 +81,4 @@ inline CUtensorMap make_tensor_map(const char* what, const TensorMapShape& s) {
   return map;
 }
 
-} // namespace coda::gemm
+} // namespace coda::sm90

@@ -79,14 +79,14 @@ struct OpBase {
   struct SharedStorage {};
   template <class Storage> __device__ static void init(Storage&) {}
   template <class C> __device__ void begin_kernel(const C&) {}
-  template <class C> __device__ void begin_tile(const C&, gemm::EpilogueTile, uint32_t) {}
-  template <class C> __device__ void begin_visit(const C&, gemm::EpilogueTile) {}
+  template <class C> __device__ void begin_tile(const C&, sm90::EpilogueTile, uint32_t) {}
+  template <class C> __device__ void begin_visit(const C&, sm90::EpilogueTile) {}
   template <class C, int kRegs>
-  __device__ void visit_block(const C&, float (&)[kRegs], gemm::EpilogueTile, int) {}
+  __device__ void visit_block(const C&, float (&)[kRegs], sm90::EpilogueTile, int) {}
   template <class C> __device__ void prefetch(const C&, const Subtile&) {}
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
   template <class C> __device__ void issue(const C&, const Subtile&) {}
-  template <class C> __device__ void end_tile(const C&, gemm::EpilogueTile) {}
+  template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
 
 // A tuple addressed by position (the same op type may appear twice in a list).
@@ -133,14 +133,14 @@ public:
     for_each([&](auto& op, const auto& c) { op.begin_kernel(c); });
   }
 
-  __device__ void begin_tile(gemm::EpilogueTile tile) {
+  __device__ void begin_tile(sm90::EpilogueTile tile) {
     const uint32_t slot = subtile_ & 1;
     for_each([&](auto& op, const auto& c) { op.begin_tile(c, tile, slot); });
     __pipeline_commit();
   }
 
   template <int kBlocks, int kN>
-  __device__ void visit(Accumulator<kBlocks, kN>& acc, gemm::EpilogueTile tile) {
+  __device__ void visit(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
     static_assert(kBlocks == Shape::kBlocks && kN == Shape::kCols,
                   "the epilogue's TileShape must match the GEMM config's warpgroup tile");
     // The per-tile cp.async copies of every thread are visible to all after this barrier.
@@ -162,7 +162,7 @@ public:
     }
   }
 
-  __device__ void end_tile(gemm::EpilogueTile tile) {
+  __device__ void end_tile(sm90::EpilogueTile tile) {
     for_each([&](auto& op, const auto& c) { op.end_tile(c, tile); });
   }
 
@@ -175,7 +175,7 @@ private:
 
   // One 64 x 32 subtile through the op chain: wait for its buffers, visit, TMA-store.
   template <int kRegs>
-  __device__ __forceinline__ void visit_subtile(float (&regs)[kRegs], gemm::EpilogueTile tile,
+  __device__ __forceinline__ void visit_subtile(float (&regs)[kRegs], sm90::EpilogueTile tile,
                                                 int block, int slab) {
     const Subtile st{tile.row0 + block * Shape::kSubRows, tile.col0 + slab * Shape::kSubCols, block,
                      slab, subtile_ & 1};
@@ -215,7 +215,7 @@ private:
   }
 
   __device__ void sync() {
-    arch::named_barrier_sync(uint32_t(gemm::NamedBarrier::epilogue_warpgroup0) + wg_.index,
+    arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index,
                              arch::kWarpgroupSize);
   }
 

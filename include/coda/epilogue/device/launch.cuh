@@ -30,23 +30,23 @@ using FusedShape = CooperativeShape; // the default
 
 template <class Shape> struct ScheduleOf;
 template <> struct ScheduleOf<CooperativeShape> {
-  static constexpr gemm::Schedule kSchedule = gemm::Schedule::cooperative;
+  static constexpr sm90::Schedule kSchedule = sm90::Schedule::cooperative;
   static constexpr int kMaxStages = 4;
 };
 template <> struct ScheduleOf<PingpongShape> {
-  static constexpr gemm::Schedule kSchedule = gemm::Schedule::pingpong;
+  static constexpr sm90::Schedule kSchedule = sm90::Schedule::pingpong;
   static constexpr int kMaxStages = 6;
 };
 
 template <class Shape, int kStages>
-using FusedConfig = gemm::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule>;
+using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule>;
 
 // Dynamic shared memory of the kernel with kStages pipeline stages (+ 1024 bytes of alignment
 // slack: the kernel rounds the base up to 1024 bytes).
 template <class Epi, class InT, int kStages> constexpr size_t fused_shared_bytes() {
   using Config = FusedConfig<typename Epi::TileShape, kStages>;
-  using Main = gemm::Mainloop<Config, GemmLayout::fwd, std::is_same_v<InT, bf16>>;
-  return sizeof(gemm::KernelSharedStorage<Main, Epi>) + 1024;
+  using Main = sm90::Mainloop<Config, GemmLayout::fwd, std::is_same_v<InT, bf16>>;
+  return sizeof(sm90::KernelSharedStorage<Main, Epi>) + 1024;
 }
 
 // As many stages as fit beside the epilogue's shared memory, at most kStages.
@@ -54,7 +54,7 @@ template <class Epi, class InT, int kStages = ScheduleOf<typename Epi::TileShape
 constexpr int fused_stages() {
   if constexpr (kStages <= 2)
     return 2;
-  else if constexpr (fused_shared_bytes<Epi, InT, kStages>() <= gemm::kMaxSharedBytes)
+  else if constexpr (fused_shared_bytes<Epi, InT, kStages>() <= sm90::kMaxSharedBytes)
     return kStages;
   else
     return fused_stages<Epi, InT, kStages - 1>();
@@ -63,12 +63,12 @@ constexpr int fused_stages() {
 template <class Epi, class InT> struct FusedGemm {
   using Shape = typename Epi::TileShape;
   using Config = FusedConfig<Shape, fused_stages<Epi, InT>()>;
-  using Main = gemm::Mainloop<Config, GemmLayout::fwd, std::is_same_v<InT, bf16>>;
-  using Params = gemm::KernelParams<Main, Epi>;
+  using Main = sm90::Mainloop<Config, GemmLayout::fwd, std::is_same_v<InT, bf16>>;
+  using Params = sm90::KernelParams<Main, Epi>;
   static constexpr size_t kSharedBytes = fused_shared_bytes<Epi, InT, Config::kStages>();
   static_assert(Config::kMmaBlocksM == Shape::kBlocks,
                 "the epilogue's TileShape is the configuration's warpgroup tile");
-  static_assert(kSharedBytes <= gemm::kMaxSharedBytes,
+  static_assert(kSharedBytes <= sm90::kMaxSharedBytes,
                 "pipeline stages + epilogue buffers exceed the 227 KB of shared memory");
 
   // a [M, K] and w [N, K] (16-byte aligned rows); `epilogue` holds the ops' parameters.
@@ -77,14 +77,14 @@ template <class Epi, class InT> struct FusedGemm {
     const int64_t m = a.shape[0], k = a.shape[1], n = w.shape[0];
     if (m == 0 || n == 0) return;
     if (k == 0) throw Error(Status::not_supported, "the fused GPU GEMMs need K > 0");
-    const auto kernel = gemm::gemm_kernel<Config, Main, Epi>;
+    const auto kernel = sm90::gemm_kernel<Config, Main, Epi>;
     Params params{};
     const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
     params.mainloop.a =
-        gemm::make_tensor_map("a", {a.data, a.dtype, uint64_t(k), uint64_t(m),
+        sm90::make_tensor_map("a", {a.data, a.dtype, uint64_t(k), uint64_t(m),
                                     uint64_t(a.stride[0]), 64, uint32_t(Config::kTileM), sw128});
     params.mainloop.b =
-        gemm::make_tensor_map("w", {w.data, w.dtype, uint64_t(k), uint64_t(n),
+        sm90::make_tensor_map("w", {w.data, w.dtype, uint64_t(k), uint64_t(n),
                                     uint64_t(w.stride[0]), 64, uint32_t(Main::kSliceRowsB), sw128});
     params.epilogue = epilogue;
     params.scheduler.tiles_m = int32_t(ceil_div<int64_t>(m, Config::kTileM));
@@ -110,7 +110,7 @@ template <class Epi, class InT> struct FusedGemm {
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    gemm::check_cuda(cudaLaunchKernelEx(&cfg, kernel, params), "launching a fused GEMM kernel");
+    sm90::check_cuda(cudaLaunchKernelEx(&cfg, kernel, params), "launching a fused GEMM kernel");
   }
 
 private:
@@ -118,12 +118,12 @@ private:
   template <class Kernel> static int64_t max_active_clusters(Kernel kernel) {
     static int cached = 0;
     if (cached == 0) {
-      gemm::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      sm90::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             int(kSharedBytes)),
                        "setting a fused GEMM kernel's shared memory size");
       int device = 0, sms = 0;
-      gemm::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-      gemm::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+      sm90::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+      sm90::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
                        "querying the SM count");
       cudaLaunchConfig_t cfg{};
       cudaLaunchAttribute attr{};
@@ -136,7 +136,7 @@ private:
       cfg.attrs = &attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      gemm::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
+      sm90::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
                        "cudaOccupancyMaxActiveClusters");
       cached = std::max(clusters, 1);
     }

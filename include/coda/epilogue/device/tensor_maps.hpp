@@ -10,8 +10,8 @@ namespace coda::epilogue::device {
 // (64 for 16-bit elements, 128 for fp32), as coda/epilogue/device/tile_io.cuh lays them out.
 inline CUtensorMap subtile_map(const char* what, const TensorView& t) {
   const bool wide = dtype_size(t.dtype) == 4;
-  return gemm::make_tensor_map(
-      what, gemm::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
+  return sm90::make_tensor_map(
+      what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
                                  uint64_t(t.stride[0]), 32, 64,
                                  wide ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B});
 }
@@ -19,8 +19,8 @@ inline CUtensorMap subtile_map(const char* what, const TensorView& t) {
 // A 16-bit [rows, cols] tensor written in 64 x 16 boxes (the half-width output of a pairwise
 // 2 -> 1 op), unswizzled 32-byte rows.
 inline CUtensorMap half_subtile_map(const char* what, const TensorView& t) {
-  return gemm::make_tensor_map(
-      what, gemm::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
+  return sm90::make_tensor_map(
+      what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
                                  uint64_t(t.stride[0]), 16, 64, CU_TENSOR_MAP_SWIZZLE_NONE});
 }
 

@@ -67,7 +67,7 @@ template <class Shape, template <class> class Reduction> struct ReduceOverM : Op
       }
   }
 
-  __device__ void end_tile(const Ctx& c, gemm::EpilogueTile tile) {
+  __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
     meet(c);
     const int col = c.wg.index * arch::kWarpgroupSize + c.wg.thread;
     State s = R::identity();
@@ -84,7 +84,7 @@ template <class Shape, template <class> class Reduction> struct ReduceOverM : Op
 private:
   __device__ void meet(const Ctx& c) {
     (void)cuda::ptx::mbarrier_arrive(&c.smem.meet);
-    gemm::mbarrier_wait(&c.smem.meet, phase);
+    sm90::mbarrier_wait(&c.smem.meet, phase);
     phase ^= 1;
   }
 };

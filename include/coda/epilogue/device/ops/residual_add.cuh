@@ -49,7 +49,7 @@ template <class Shape, class T> struct ResidualAdd : OpBase {
   __device__ void begin_kernel(const Ctx&) { consumed = phase = 0; }
 
   // The tile's first kSlots subtiles, before the mainloop (the previous tile has read them all).
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
     tile_row0 = tile.row0, tile_col0 = tile.col0, tile_first = consumed;
     if (c.wg.thread == 0)
       for (int k = 0; k < kSlots; ++k) load(c, k);
@@ -63,7 +63,7 @@ template <class Shape, class T> struct ResidualAdd : OpBase {
 
   __device__ void visit(const Ctx& c, const Subtile&, float (&v)[16]) {
     const uint32_t slot = consumed % kSlots;
-    gemm::mbarrier_wait(&c.smem.full[c.wg.index][slot], (phase >> slot) & 1);
+    sm90::mbarrier_wait(&c.smem.full[c.wg.index][slot], (phase >> slot) & 1);
     phase ^= 1u << slot;
     ++consumed;
     const uint8_t* tile = c.smem.tile[c.wg.index][slot];

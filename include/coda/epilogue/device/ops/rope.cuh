@@ -49,7 +49,7 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
       c.smem.inv_freq[c.wg.index][i] = c.params.inv_freq[i];
   }
 
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
 #pragma unroll
     for (int b = 0; b < Shape::kBlocks; ++b)
 #pragma unroll
@@ -60,7 +60,7 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
   }
 
   template <int kRegs>
-  __device__ void visit_block(const Ctx& c, float (&regs)[kRegs], gemm::EpilogueTile tile,
+  __device__ void visit_block(const Ctx& c, float (&regs)[kRegs], sm90::EpilogueTile tile,
                               int block) {
     const Params& p = c.params;
     const float* inv_freq = c.smem.inv_freq[c.wg.index];

@@ -18,7 +18,7 @@ struct ScaleByScalar : OpBase {
   float factor;
 
   // Read before the mainloop; used after it.
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile, uint32_t) {
     factor = c.params.tensor != nullptr ? c.params.value * *c.params.tensor : c.params.value;
   }
 

@@ -27,7 +27,7 @@ template <class Shape, class T> struct ScalePerCol : OpBase {
 
   using Ctx = OpContext<Params, SharedStorage>;
 
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
     const Params& p = c.params;
     T* staged = c.smem.factors[c.wg.index];
     for (int col = c.wg.thread * kChunk; col < Shape::kCols; col += arch::kWarpgroupSize * kChunk) {

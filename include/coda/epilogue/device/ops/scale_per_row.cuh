@@ -49,11 +49,11 @@ template <class Shape, Pass kPass = Pass::subtile> struct ScalePerRow : OpBase {
   __device__ static bool staged_path(const Params& p) {
     return p.factors == nullptr && p.count <= kStagedPartials;
   }
-  __device__ static int32_t row_of(const Ctx& c, gemm::EpilogueTile tile, int block, int slot) {
+  __device__ static int32_t row_of(const Ctx& c, sm90::EpilogueTile tile, int block, int slot) {
     return tile.row0 + 64 * block + Shape::Fragment::slot_row(c.wg.thread, slot);
   }
 
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
     const Params& p = c.params;
     if (p.factors != nullptr) { // given factors: plain loads, consumed after the mainloop
 #pragma unroll
@@ -78,7 +78,7 @@ template <class Shape, Pass kPass = Pass::subtile> struct ScalePerRow : OpBase {
     }
   }
 
-  __device__ void begin_visit(const Ctx& c, gemm::EpilogueTile tile) {
+  __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
     const Params& p = c.params;
     if (p.factors == nullptr) {
       const bool staged_rows = staged_path(p);
@@ -115,7 +115,7 @@ template <class Shape, Pass kPass = Pass::subtile> struct ScalePerRow : OpBase {
   }
 
   template <int kRegs>
-  __device__ void visit_block(const Ctx&, float (&regs)[kRegs], gemm::EpilogueTile, int block) {
+  __device__ void visit_block(const Ctx&, float (&regs)[kRegs], sm90::EpilogueTile, int block) {
     if constexpr (kPass == Pass::prepass)
 #pragma unroll
       for (int i = 0; i < kRegs; ++i)

@@ -26,7 +26,7 @@ template <class Shape> struct SelectPerRow : OpBase {
     return row0 + 64 * block + Shape::Fragment::slot_row(c.wg.thread, slot);
   }
 
-  __device__ void begin_tile(const Ctx& c, gemm::EpilogueTile tile, uint32_t) {
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
 #pragma unroll
     for (int b = 0; b < Shape::kBlocks; ++b)
 #pragma unroll
@@ -36,7 +36,7 @@ template <class Shape> struct SelectPerRow : OpBase {
       }
   }
 
-  __device__ void begin_visit(const Ctx& c, gemm::EpilogueTile tile) {
+  __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
     const Params& p = c.params;
 #pragma unroll
     for (int b = 0; b < Shape::kBlocks; ++b)
