@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The GPU machine's check of the GEMM: build (ninja), GPU tests, compute-sanitizer on small shapes,
-# the cuBLASLt benchmark, SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
+# The GPU machine's check: build (ninja), the CPU and GPU test suites (the CPU suite also holds the
+# API's CUDA-path cases), the CUDA examples, compute-sanitizer on small shapes, the benchmarks
+# (GEMM vs cuBLASLt, fused kernels vs GEMM and unfused), SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
 # table is printed last. Run from the repository root:
 #   OUT=/tmp/out tools/gpu_check.sh [--no-sanitizer | --sanitizers=memcheck,...] [--no-bench]
-#                                   [--variants]
+#                                   [--benches=gemm,fused] [--variants]
 #   tools/gpu_check.sh --build-only        # build here, to run elsewhere with --prebuilt
 #   OUT=/tmp/out tools/gpu_check.sh --prebuilt [--no-sanitizer] ...   # run what BUILD holds
 # The measured code is exactly a commit: with uncommitted changes in the tree, the build uses
@@ -20,6 +21,7 @@ BUILD=${BUILD:-build-gpu-check}
 JOBS=${JOBS:-$(nproc)}
 SANITIZERS=memcheck,racecheck,synccheck
 BENCH=1
+BENCHES=gemm,fused
 VARIANTS=0
 BUILD_ONLY=0
 PREBUILT=0
@@ -28,6 +30,7 @@ for arg in "$@"; do
   --no-sanitizer) SANITIZERS= ;;
   --sanitizers=*) SANITIZERS=${arg#--sanitizers=} ;;
   --no-bench) BENCH=0 ;;
+  --benches=*) BENCHES=${arg#--benches=} ;;
   --variants) VARIANTS=1 ;;
   --build-only) BUILD_ONLY=1 ;;
   --prebuilt) PREBUILT=1 ;;
@@ -75,7 +78,8 @@ if ((!PREBUILT)); then
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
   # (the last two: CMake 3.25 does not know that nvcc 12+ accepts -std=c++20)
   # The build log is where the ptxas resource lines live; keep it with the binaries.
-  step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_gpu_tests bench_gemm
+  step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_cpu_tests coda_gpu_tests \
+    bench_gemm bench_fused fused_geglu
   cp "$OUT/build.log" "$BUILD/build.log" 2>/dev/null
   echo "$COMMIT" >"$BUILD/COMMIT"
   if ((BUILD_ONLY)); then
@@ -98,14 +102,18 @@ if [[ -x $TESTS ]]; then
 fi
 if ((!HUNG)); then
   step gpu_tests 180 gpu_tests.log "$TESTS"
+  step cpu_tests 180 cpu_tests.log "$BUILD/tests/coda_cpu_tests"
+  step example_geglu 60 example_geglu.log "$BUILD/examples/fused_geglu"
   for tool in ${SANITIZERS//,/ }; do
     step "sanitizer_$tool" 120 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$TESTS" --gtest_filter='*SmallForSanitizer*'
   done
 fi
-if ((BENCH)) && ((!HUNG)) && [[ -x $BUILD/bench/bench_gemm ]]; then
-  step bench 240 bench.log "$BUILD/bench/bench_gemm" --commit "$COMMIT" --out "$OUT/gemm.json" \
-    --variants "$VARIANTS"
+if ((BENCH)) && ((!HUNG)); then
+  [[ ,$BENCHES, == *,gemm,* ]] && step bench 240 bench.log "$BUILD/bench/bench_gemm" \
+    --commit "$COMMIT" --out "$OUT/gemm.json" --variants "$VARIANTS"
+  [[ ,$BENCHES, == *,fused,* ]] && step bench_fused 240 bench_fused.log "$BUILD/bench/bench_fused" \
+    --commit "$COMMIT" --out "$OUT/fused.json"
 fi
 
 LIB=$(find "$BUILD" -name 'libcoda.so*' -type f | head -1)
@@ -117,15 +125,18 @@ grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.
 
 echo "== coda GPU check ($COMMIT) =="
 printf '%-22s %s\n' "step" "result"
-for name in configure build smoke gpu_tests sanitizer_memcheck sanitizer_racecheck sanitizer_synccheck bench; do
+for name in configure build smoke gpu_tests cpu_tests example_geglu sanitizer_memcheck \
+  sanitizer_racecheck sanitizer_synccheck bench bench_fused; do
   [[ -n ${STATUS[$name]:-} ]] && printf '%-22s %s\n' "$name" "${STATUS[$name]}"
 done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
 printf '%-22s %s\n' "ptxas spill lines" "$SPILLS"
 printf '%-22s %s\n' "ptxas stack lines" "$STACK"
 printf '%-22s %s\n' "C7508/10/11/15" "$WARNINGS"
-grep -hE '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/smoke.log" "$OUT/gpu_tests.log" 2>/dev/null
-grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" 2>/dev/null | head -10
+grep -HE '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/smoke.log" "$OUT/gpu_tests.log" "$OUT/cpu_tests.log" \
+  2>/dev/null | sed "s|$OUT/||"
+grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" "$OUT/cpu_tests.log" 2>/dev/null | head -10
 grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT"/sanitizer_*.log 2>/dev/null
 grep -hE 'Failure|exceeds|NaN at|what\(\)' "$OUT/smoke.log" "$OUT/gpu_tests.log" 2>/dev/null | head -20
 grep -E '^geomean|^variant ' "$OUT/bench.log" 2>/dev/null
+tail -n 16 "$OUT/bench_fused.log" 2>/dev/null
