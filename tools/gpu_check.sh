@@ -12,7 +12,8 @@
 # and the commit is recorded as <hash>-dirty). --build-only writes that commit to $BUILD/COMMIT,
 # so a machine that only runs the binaries (--prebuilt; e.g. the GPU machine, whose cold start
 # leaves little time for a build) still records it.
-# Needs a GoogleTest source tree at .deps/googletest (copy /usr/src/googletest there) where
+# Where git is missing (the device machine gets the tree without .git), CODA_COMMIT=<hash> names
+# the commit of a clean tree. Needs a GoogleTest source tree at .deps/googletest (copy /usr/src/googletest there) where
 # no packaged GoogleTest exists.
 set -uo pipefail
 
@@ -67,6 +68,10 @@ elif git rev-parse --verify -q HEAD >/dev/null 2>&1; then
       COMMIT="$COMMIT-dirty"
     fi
   fi
+elif [[ -n ${CODA_COMMIT:-} ]]; then
+  # The device machine receives the working tree without .git: the caller, who sent a clean
+  # tree, names its commit.
+  COMMIT=$CODA_COMMIT
 else
   echo "git does not work here; building the working tree" >&2
   COMMIT="unknown-dirty"
