@@ -23,23 +23,10 @@
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/gpu_fixtures.hpp"
 
 namespace coda::test {
 namespace {
-
-bool have_sm90() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  return gpu::device_supported();
-}
-
-#define CODA_REQUIRE_SM90()                                                                        \
-  do {                                                                                             \
-    if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";                                              \
-  } while (0)
 
 constexpr size_t kGuardBytes = 256;
 constexpr unsigned char kGuardByte = 0x5A;

@@ -19,26 +19,13 @@
 #include "gpu/backend.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/gpu_fixtures.hpp"
 
 namespace coda::test {
 namespace {
 
 namespace ep = coda::epilogue::device;
 using ep::FusedShape;
-
-bool have_sm90() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return false;
-  }
-  return gpu::device_supported();
-}
-
-#define CODA_REQUIRE_SM90()                                                                        \
-  do {                                                                                             \
-    if (!have_sm90()) GTEST_SKIP() << "no sm_90 GPU";                                              \
-  } while (0)
 
 // A device buffer holding a copy of a host tensor's elements.
 struct DeviceCopy {
