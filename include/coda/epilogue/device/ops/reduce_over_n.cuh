@@ -79,7 +79,11 @@ template <class Shape, template <class> class Reduction> struct ReduceOverN : Op
 
   State state[2]; // this thread's two rows of the current block
 
-  __device__ void begin_kernel(const Ctx&) { state[0] = state[1] = R::identity(); }
+  // Set after the mainloop (every tile starts from identity: tiles hold whole reduction
+  // blocks), so that the states are not live across the MMAs (docs/epilogue.md, "Registers").
+  __device__ void begin_visit(const Ctx&, sm90::EpilogueTile) {
+    state[0] = state[1] = R::identity();
+  }
 
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
     const Params& p = c.params;

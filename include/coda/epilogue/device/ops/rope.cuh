@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include <cuda_pipeline_primitives.h>
+
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/ops/rope.hpp"
 
@@ -37,11 +39,10 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
   };
   struct SharedStorage {
     float inv_freq[Shape::kWarpgroups][kHalf];
+    int32_t positions[Shape::kWarpgroups][Shape::kRows]; // the tile's rows
   };
 
   using Ctx = OpContext<Params, SharedStorage>;
-
-  int32_t position[Shape::kBlocks][2]; // of this thread's two rows per block
 
   // The table is read after the driver's barrier at the start of the first visit.
   __device__ void begin_kernel(const Ctx& c) {
@@ -49,14 +50,18 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
       c.smem.inv_freq[c.wg.index][i] = c.params.inv_freq[i];
   }
 
+  // The tile's positions are copied to shared memory by cp.async before the mainloop and read
+  // in the prepass: no register of this op is live across the MMAs (docs/epilogue.md,
+  // "Registers").
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
-#pragma unroll
-    for (int b = 0; b < Shape::kBlocks; ++b)
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        const int32_t row = tile.row0 + 64 * b + Shape::Fragment::slot_row(c.wg.thread, s);
-        position[b][s] = row < c.params.rows ? c.params.positions[row] : 0;
-      }
+    const Params& p = c.params;
+    for (int r = c.wg.thread; r < Shape::kRows; r += arch::kWarpgroupSize) {
+      const int64_t row = int64_t(tile.row0) + r;
+      const bool valid = row < p.rows; // past M: position 0 (zero fill)
+      __pipeline_memcpy_async(&c.smem.positions[c.wg.index][r],
+                              valid ? p.positions + row : p.positions, sizeof(int32_t),
+                              valid ? 0 : sizeof(int32_t));
+    }
   }
 
   template <int kRegs>
@@ -72,7 +77,9 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
         const float freq = inv_freq[8 * j + 2 * c.wg.quad_lane() + e];
 #pragma unroll
         for (int s = 0; s < 2; ++s) {
-          const RopeRotation rot = rope_rotation_call(position[block][s], freq);
+          const int32_t position =
+              c.smem.positions[c.wg.index][64 * block + Shape::Fragment::slot_row(c.wg.thread, s)];
+          const RopeRotation rot = rope_rotation_call(position, freq);
 #pragma unroll
           for (int h = 0; h < kHeads; ++h) {
             if (tile.col0 + h * kHeadDim >= p.rotated_cols) continue;
