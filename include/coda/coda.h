@@ -116,6 +116,10 @@ typedef struct coda_gemm_args {
   coda_tensor a, b, d;
   coda_tensor c; /* optional; may alias d */
   float alpha, beta;
+  /* Optional 1-D scratch of coda_gemm_workspace_size bytes for the GPU GEMM's stream-K (absent:
+   * no stream-K, sometimes slower on few-wave shapes). Contents undefined between calls; calls
+   * that may overlap need their own. Ignored on the CPU. */
+  coda_tensor workspace;
 } coda_gemm_args;
 
 typedef struct coda_residual_rms_args { /* K0; out may alias residual */
@@ -201,6 +205,8 @@ typedef struct coda_cross_entropy_args { /* dlogits may alias logits */
 } coda_cross_entropy_args;
 
 CODA_API coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream);
+/* Bytes of args->workspace coda_gemm(args) can use on the current device (0 on the CPU). */
+CODA_API coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes);
 CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_swiglu(const coda_rms_swiglu_args* args, coda_stream_t stream);

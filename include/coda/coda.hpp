@@ -14,14 +14,19 @@ namespace coda {
 
 // D = alpha · op(A)·op(B) + beta · C in the layouts of GemmLayout.
 void gemm(const GemmArgs& args, Stream stream = nullptr);
+// Bytes of args.workspace that gemm(args) can use (GemmArgs documents the workspace): the
+// stream-K scratch of the plan it runs on the current device, from the same computation as the
+// launch. 0 for host tensors and for shapes whose plan never uses stream-K. Validates args as
+// gemm() does; args.workspace itself may be absent or of any size.
+size_t gemm_workspace_size(const GemmArgs& args);
 
 // The named CODA kernels (coda/kernels/args.hpp has the math of each).
-void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream = nullptr); // K0
-void gemm_rms_scale(const RmsScaleArgs& args, Stream stream = nullptr);       // K1
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream = nullptr);     // K2
-void gemm_rms_rope(const RmsRopeArgs& args, Stream stream = nullptr);         // K4
-void gemm_rms_lse(const RmsLseArgs& args, Stream stream = nullptr);           // K5
-void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream = nullptr); // K6
+void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream = nullptr);       // K0
+void gemm_rms_scale(const RmsScaleArgs& args, Stream stream = nullptr);             // K1
+void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream = nullptr);           // K2
+void gemm_rms_rope(const RmsRopeArgs& args, Stream stream = nullptr);               // K4
+void gemm_rms_lse(const RmsLseArgs& args, Stream stream = nullptr);                 // K5
+void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream = nullptr);       // K6
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream = nullptr); // K7
 
 // Auxiliary kernels.
@@ -36,8 +41,10 @@ size_t cross_entropy_workspace_size(int64_t m);
 // Fused gate/up weight layout (rows interleaved: gate0, up0, gate1, up1, ...) to and from the
 // Hugging Face [gate; up] stacking. Both are [2F, K]; src and dst must not overlap. Works on
 // any dtype, host or device memory of one kind.
-void interleave_gate_up(const TensorView& stacked, const TensorView& fused, Stream stream = nullptr);
-void deinterleave_gate_up(const TensorView& fused, const TensorView& stacked, Stream stream = nullptr);
+void interleave_gate_up(const TensorView& stacked, const TensorView& fused,
+                        Stream stream = nullptr);
+void deinterleave_gate_up(const TensorView& fused, const TensorView& stacked,
+                          Stream stream = nullptr);
 
 } // namespace coda
 

@@ -7,8 +7,8 @@
 #include <new>
 #include <string>
 
-#include "coda/coda.hpp"
 #include "api/c_guard.hpp"
+#include "coda/coda.hpp"
 
 namespace coda {
 namespace {
@@ -38,9 +38,6 @@ static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
 static_assert(CODA_REDUCE_BLOCK == kReduceBlock && CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");
 
-
-
-
 RopeSpec rope(const coda_rope_spec& r) {
   return {view(r.positions), view(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
 }
@@ -50,6 +47,7 @@ GemmArgs convert(const coda_gemm_args& c) {
   a.layout = GemmLayout(c.layout);
   a.a = view(c.a), a.b = view(c.b), a.d = view(c.d), a.c = view(c.c);
   a.alpha = c.alpha, a.beta = c.beta;
+  a.workspace = view(c.workspace);
   return a;
 }
 ResidualRmsArgs convert(const coda_residual_rms_args& c) {
@@ -139,6 +137,14 @@ extern "C" {
 
 coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream) {
   return call("coda_gemm", args, stream, [](const auto& a, auto s) { coda::gemm(a, s); });
+}
+coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes) {
+  const char* fn = "coda_gemm_workspace_size";
+  return guarded(fn, [&] {
+    if (bytes == nullptr)
+      throw coda::Error(coda::Status::invalid_argument, std::string(fn) + ": bytes is NULL");
+    *bytes = coda::gemm_workspace_size(coda::convert(coda::api::deref(fn, "args", args)));
+  });
 }
 coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args, coda_stream_t stream) {
   return call("coda_gemm_residual_rms", args, stream,

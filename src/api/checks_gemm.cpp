@@ -35,6 +35,8 @@ Device validate(const GemmArgs& args) {
   v.output("d", args.d, Elem::half_or_f32, {exactly("M", M), exactly("N", N)});
   v.optional_input("c", args.c, Elem::half_or_f32, {exactly("M", M), exactly("N", N)});
   v.allow_alias("d", "c");
+  // Its size depends on the plan of the call's device; the GPU launch checks it.
+  v.optional_output("workspace", args.workspace, Elem::any, {any("bytes / element size")});
   v.finite("alpha", args.alpha);
   v.finite("beta", args.beta);
   if (args.beta != 0.f && !args.has_c())

@@ -8,6 +8,7 @@
 
 #if CODA_WITH_CUDA
 #include "gpu/backend.hpp"
+#include "gpu/gemm_workspace.hpp"
 #include "gpu/kernels_fused.hpp"
 #endif
 
@@ -18,6 +19,16 @@ void gemm(const GemmArgs& args, Stream stream) {
   api::require_supported_gpu("gemm");
 #if CODA_WITH_CUDA
   gpu::gemm(args, stream);
+#endif
+}
+
+size_t gemm_workspace_size(const GemmArgs& args) {
+  if (api::validate(args) == Device::cpu) return 0;
+  api::require_supported_gpu("gemm_workspace_size");
+#if CODA_WITH_CUDA
+  return gpu::gemm_workspace_size(args);
+#else
+  return 0;
 #endif
 }
 

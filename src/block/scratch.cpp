@@ -51,11 +51,13 @@ TensorView Arena::bytes(size_t n) {
 
 namespace {
 
-NormBackwardScratch carve_norm_backward(Arena& arena, const Config& c, int64_t m, DType act) {
+NormBackwardScratch carve_norm_backward(Arena& arena, Layer layer, const Config& c, int64_t m,
+                                        DType act) {
   NormBackwardScratch s;
   s.h_hat = arena.matrix(act, m, c.hidden);
   s.dgamma_partials = arena.matrix(DType::f32, c.hidden, num_reduce_blocks(m));
   s.zeta = arena.vector(DType::f32, m);
+  if (const size_t bytes = gemm_scratch_bytes(layer, c, m)) s.gemm_workspace = arena.bytes(bytes);
   return s;
 }
 
@@ -87,7 +89,7 @@ FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m
 FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   FirstBackwardScratch s;
   s.dz = arena.matrix(act, m, c.qkv_width());
-  s.norm = carve_norm_backward(arena, c, m, act);
+  s.norm = carve_norm_backward(arena, Layer::first, c, m, act);
   return s;
 }
 
@@ -103,14 +105,14 @@ LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, 
 MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   MiddleBackwardScratch s;
   s.dz2 = arena.matrix(act, m, c.qkv_width());
-  s.norm = carve_norm_backward(arena, c, m, act);
+  s.norm = carve_norm_backward(arena, Layer::middle, c, m, act);
   s.mlp = carve_mlp_backward(arena, c, m, act);
   return s;
 }
 
 LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   LastBackwardScratch s;
-  s.norm = carve_norm_backward(arena, c, m, act);
+  s.norm = carve_norm_backward(arena, Layer::last, c, m, act);
   s.mlp = carve_mlp_backward(arena, c, m, act);
   return s;
 }

@@ -43,7 +43,13 @@ struct NormBackwardScratch {
   TensorView h_hat;           // [M, D] normalized input of the consumer GEMM
   TensorView dgamma_partials; // [D, ceil(M/128)] f32 column partials
   TensorView zeta;            // [M] f32
+  TensorView gemm_workspace;  // gemm_scratch_bytes: for every coda::gemm of the backward, in turn
 };
+
+// The largest gemm_workspace_size of the backward's coda::gemm calls (weight gradients, dy0) on
+// the current CUDA device when it can run the GPU backend; 0 otherwise. Stream order lets the
+// GEMMs of one call share it.
+size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m);
 
 // B3..B6 of the backward, shared by the middle and the last layer.
 struct MlpBackwardScratch {

@@ -15,13 +15,14 @@ RopeSpec rope_spec(const Config& c, const Rope& rope) {
 }
 
 void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
-                     bool accumulate, Stream stream) {
+                     bool accumulate, const TensorView& workspace, Stream stream) {
   GemmArgs g;
   g.layout = GemmLayout::wgrad;
   g.a = dy;
   g.b = x;
   g.d = dw;
   g.alpha = alpha;
+  g.workspace = workspace;
   if (accumulate) {
     g.c = dw;
     g.beta = 1.f;
@@ -83,7 +84,8 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   dgamma.out = b.dgamma;
   reduce_col_partials(dgamma, stream);
 
-  weight_gradient(b.dz, scratch.h_hat, b.dw, b.wgrad_alpha, accumulate_grads, stream);
+  weight_gradient(b.dz, scratch.h_hat, b.dw, b.wgrad_alpha, accumulate_grads,
+                  scratch.gemm_workspace, stream);
 }
 
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
@@ -103,7 +105,8 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
   zeta.out = norm.zeta;
   reduce_row_partials(zeta, stream);
 
-  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, stream); // B4
+  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, norm.gemm_workspace,
+                  stream); // B4
 
   NormBackward ffn; // B5, A5, B6
   ffn.dz = mlp.dz1;
@@ -121,9 +124,11 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
   attention_input.a = b.dx;
   attention_input.b = b.w_out;
   attention_input.d = b.dy0;
+  attention_input.workspace = norm.gemm_workspace;
   gemm(attention_input, stream);
 
-  weight_gradient(b.dx, b.y0, b.dw_out, 1.f, accumulate_grads, stream); // B8
+  weight_gradient(b.dx, b.y0, b.dw_out, 1.f, accumulate_grads, norm.gemm_workspace,
+                  stream); // B8
 }
 
 } // namespace coda::llama::detail

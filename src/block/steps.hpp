@@ -10,9 +10,10 @@ namespace coda::llama::detail {
 RopeSpec rope_spec(const Config& c, const Rope& rope);
 
 // dw (+)= alpha · dyᵀ · x: an nn.Linear weight gradient [out, in] from dy [M, out] and
-// x [M, in], tokens being the GEMM's reduction dimension (GemmLayout::wgrad).
+// x [M, in], tokens being the GEMM's reduction dimension (GemmLayout::wgrad). `workspace` is the
+// GEMM's (NormBackwardScratch::gemm_workspace; absent on the CPU).
 void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
-                     bool accumulate, Stream stream);
+                     bool accumulate, const TensorView& workspace, Stream stream);
 
 // coda-paper 4.2, F1..F3:
 //   F1 K0: x1 = y0·W0ᵀ + x0;  h1 = x1 * ffn_norm;  S1 = row partials of x1²

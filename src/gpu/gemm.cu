@@ -1,9 +1,6 @@
-// gpu::gemm: pick a kernel for the shape (coda/gemm/heuristic.hpp) and launch it; the stream-K
-// scratch it may need.
-#include <map>
-#include <mutex>
-#include <thread>
-#include <tuple>
+// gpu::gemm: pick a kernel for the shape (coda/gemm/heuristic.hpp) and launch it; the size of
+// the stream-K scratch it takes from the caller's workspace.
+#include <string>
 
 #include <cuda_runtime.h>
 
@@ -38,7 +35,23 @@ GemmLauncher find_launcher(GemmLayout layout, DType in, DType out, sm90::KernelI
   case GemmLayout::wgrad:
     return gemm_launcher<GemmLayout::wgrad>(in, out, kernel);
   }
-  return nullptr;
+  return {};
+}
+
+// The kernel for args and plan, after the checks every GPU GEMM makes; empty when M or N is 0.
+GemmLauncher checked_launcher(const GemmArgs& args, const sm90::GemmPlan& plan) {
+  if (!device_supported())
+    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
+  if (args.has_c() && args.c.dtype != args.d.dtype)
+    throw Error(Status::not_supported, "the GPU GEMM needs C in D's dtype");
+  if (args.m() == 0 || args.n() == 0) return {};
+  if (args.k() == 0) throw Error(Status::not_supported, "the GPU GEMM needs K > 0");
+  const GemmLauncher launcher = find_launcher(args.layout, args.a.dtype, args.d.dtype, plan.kernel);
+  if (!launcher)
+    throw Error(Status::not_supported, std::string("no GPU GEMM kernel for ") +
+                                           dtype_name(args.a.dtype) + " inputs and " +
+                                           dtype_name(args.d.dtype) + " output");
+  return launcher;
 }
 
 } // namespace
@@ -59,18 +72,12 @@ sm90::GemmPlan default_plan(const GemmArgs& args) {
 }
 
 void gemm_with_plan(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream) {
-  if (!device_supported())
-    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
-  if (args.has_c() && args.c.dtype != args.d.dtype)
-    throw Error(Status::not_supported, "the GPU GEMM needs C in D's dtype");
-  if (args.m() == 0 || args.n() == 0) return;
-  if (args.k() == 0) throw Error(Status::not_supported, "the GPU GEMM needs K > 0");
-  const GemmLauncher launch = find_launcher(args.layout, args.a.dtype, args.d.dtype, plan.kernel);
-  if (!launch)
-    throw Error(Status::not_supported, std::string("no GPU GEMM kernel for ") +
-                                           dtype_name(args.a.dtype) + " inputs and " +
-                                           dtype_name(args.d.dtype) + " output");
-  launch(args, plan, stream);
+  if (const GemmLauncher launcher = checked_launcher(args, plan)) launcher.run(args, plan, stream);
+}
+
+size_t gemm_workspace_size(const GemmArgs& args, const sm90::GemmPlan& plan) {
+  const GemmLauncher launcher = checked_launcher(args, plan);
+  return launcher ? launcher.workspace_size(args, plan) : 0;
 }
 
 void gemm(const GemmArgs& args, Stream stream) {
@@ -79,52 +86,10 @@ void gemm(const GemmArgs& args, Stream stream) {
   gemm_with_plan(args, default_plan(args), stream);
 }
 
-// One scratch per (device, stream, host thread): launches on one stream run in order, so they
-// may share it, and launches that may overlap get their own. Flags are zeroed once here; every
-// launch leaves them zero. Kept for the life of the process (at most ~17 MB each).
-// NOTE: sharing is still possible where stream order does not hold: a graph captured on a
-// stream and replayed while that stream runs eager GEMMs, or a stream destroyed with a GEMM in
-// flight whose handle a new stream reuses. A caller-supplied workspace in the public API would
-// remove both (ARCHITECTURE section 6); until then such callers should not overlap those GEMMs.
-sm90::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream) {
-  struct Scratch {
-    void* base = nullptr;
-    size_t partial_bytes = 0, flag_bytes = 0;
-  };
-  static std::mutex mutex;
-  static std::map<std::tuple<int, Stream, std::thread::id>, Scratch> scratch;
-
-  const std::lock_guard<std::mutex> lock(mutex);
-  const int device = current_device();
-  Scratch& s = scratch[{device, stream, std::this_thread::get_id()}];
-  if (s.partial_bytes < partial_bytes || s.flag_bytes < flag_bytes) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
-        capture != cudaStreamCaptureStatusNone) {
-      cudaGetLastError();
-      return {}; // no allocation inside a capture: this launch runs without stream-K
-    }
-    cudaFree(s.base); // synchronizes with the launches still using it
-    s = Scratch{};
-    const size_t flags_offset = (partial_bytes + 255) / 256 * 256;
-    if (cudaMalloc(&s.base, flags_offset + flag_bytes) != cudaSuccess) {
-      cudaGetLastError();
-      s.base = nullptr;
-      return {};
-    }
-    if (cudaMemsetAsync(static_cast<char*>(s.base) + flags_offset, 0, flag_bytes, stream) !=
-        cudaSuccess) {
-      cudaFree(s.base);
-      cudaGetLastError();
-      s.base = nullptr;
-      return {};
-    }
-    s.partial_bytes = flags_offset;
-    s.flag_bytes = flag_bytes;
-  }
-  return sm90::StreamKWorkspace{
-      static_cast<float*>(s.base),
-      reinterpret_cast<int32_t*>(static_cast<char*>(s.base) + s.partial_bytes)};
+size_t gemm_workspace_size(const GemmArgs& args) {
+  if (!device_supported())
+    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
+  return gemm_workspace_size(args, default_plan(args));
 }
 
 } // namespace coda::gpu

@@ -6,19 +6,19 @@
 
 namespace coda::gpu::detail {
 
-template <class Kernel> void launch(const GemmArgs& args, const sm90::GemmPlan& plan, Stream s) {
-  Kernel::run(args, plan, &stream_k_workspace, s);
+template <class Kernel> constexpr GemmLauncher launcher() {
+  return GemmLauncher{&Kernel::run, &Kernel::workspace_size};
 }
 
 template <GemmLayout kLayout, class InT, class OutT>
 GemmLauncher launcher_for(sm90::KernelId kernel) {
   switch (kernel) {
   case sm90::KernelId::wide:
-    return &launch<sm90::GemmKernel<sm90::WideConfig<OutT>, kLayout, InT, OutT>>;
+    return launcher<sm90::GemmKernel<sm90::WideConfig<OutT>, kLayout, InT, OutT>>();
   case sm90::KernelId::pingpong:
-    return &launch<sm90::GemmKernel<sm90::PingpongConfig<OutT>, kLayout, InT, OutT>>;
+    return launcher<sm90::GemmKernel<sm90::PingpongConfig<OutT>, kLayout, InT, OutT>>();
   }
-  return nullptr;
+  return {};
 }
 
 template <GemmLayout kLayout, class InT>
@@ -31,7 +31,7 @@ GemmLauncher launcher_for_out(DType out, sm90::KernelId kernel) {
   case DType::f32:
     return launcher_for<kLayout, InT, float>(kernel);
   default:
-    return nullptr;
+    return {};
   }
 }
 
@@ -43,7 +43,7 @@ GemmLauncher launcher_for_types(DType in, DType out, sm90::KernelId kernel) {
   case DType::f16:
     return launcher_for_out<kLayout, f16>(out, kernel);
   default:
-    return nullptr;
+    return {};
   }
 }
 

@@ -10,12 +10,19 @@
 #include "coda/gemm/problem.hpp"
 #include "coda/gemm/scheduler.hpp"
 #include "coda/kernels/args.hpp"
+#include "gpu/gemm_workspace.hpp"
 
 namespace coda::gpu {
 
-using GemmLauncher = void (*)(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream);
+// One compiled kernel: its launch, and the workspace bytes a launch of `plan` takes (the same
+// stream-K split, see sm90::GemmKernel).
+struct GemmLauncher {
+  void (*run)(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream) = nullptr;
+  size_t (*workspace_size)(const GemmArgs& args, const sm90::GemmPlan& plan) = nullptr;
+  explicit operator bool() const { return run != nullptr; }
+};
 
-// nullptr when the combination is not compiled.
+// Empty when the combination is not compiled.
 template <GemmLayout kLayout>
 GemmLauncher gemm_launcher(DType in, DType out, sm90::KernelId kernel);
 
@@ -24,13 +31,12 @@ template <> GemmLauncher gemm_launcher<GemmLayout::dgrad>(DType, DType, sm90::Ke
 template <> GemmLauncher gemm_launcher<GemmLayout::wgrad>(DType, DType, sm90::KernelId);
 
 // gpu::gemm with a given plan instead of the heuristic's (tests and benchmarks force kernels,
-// raster groups, stream-K and deferred stores with it). Same checks as gpu::gemm.
+// raster groups, stream-K and deferred stores with it). Same checks as gpu::gemm; stream-K runs
+// only with args.workspace of at least gemm_workspace_size(args, plan) bytes.
 void gemm_with_plan(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream);
+size_t gemm_workspace_size(const GemmArgs& args, const sm90::GemmPlan& plan);
 
 // The plan gpu::gemm uses for `args` on the current device.
 sm90::GemmPlan default_plan(const GemmArgs& args);
-
-// Stream-K scratch of the GPU backend (gemm.cu): see sm90::StreamKWorkspaceFn.
-sm90::StreamKWorkspace stream_k_workspace(size_t partial_bytes, size_t flag_bytes, Stream stream);
 
 } // namespace coda::gpu

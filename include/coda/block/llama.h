@@ -98,7 +98,8 @@ typedef struct coda_llama_last_grads {
   coda_llama_last_weights dweights;
 } coda_llama_last_grads;
 
-/* Bytes of workspace one call needs (layer: coda_llama_layer, pass: coda_llama_pass). */
+/* Bytes of workspace one call needs (layer: coda_llama_layer, pass: coda_llama_pass); for a
+ * backward it includes the GEMMs' stream-K scratch on the current CUDA device. */
 CODA_API coda_status coda_llama_workspace_size(int32_t layer, int32_t pass,
                                                const coda_llama_config* config, int64_t tokens,
                                                size_t* bytes);

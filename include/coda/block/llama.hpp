@@ -23,7 +23,9 @@
 //
 // Scratch space: each call takes a caller-owned workspace of at least
 // workspace_size(layer, pass, config, tokens) bytes (any dtype, contiguous, on the tensors'
-// device). Its contents are undefined between calls.
+// device). Its contents are undefined between calls. A backward's workspace includes the
+// stream-K scratch of its coda::gemm calls (GemmArgs::workspace), which the block hands to each
+// in turn.
 #pragma once
 
 #include <cstddef>
@@ -53,7 +55,10 @@ struct Config {
 enum class Layer : int32_t { first = 0, middle = 1, last = 2 };
 enum class Pass : int32_t { forward = 0, backward = 1 };
 
-// Bytes of scratch one call needs; a pure function of the layer, pass, config and token count.
+// Bytes of scratch one call needs: a function of the layer, pass, config and token count and,
+// for a backward, of the current CUDA device (the GEMMs' stream-K scratch depends on its SM
+// count; none where no sm_90 device is current). Query it with the device current that the call
+// will run on; the call checks the workspace against the same number.
 size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens);
 
 // Per-token rotary embedding inputs (coda::RopeSpec without the head counts, which come from

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string>
 #include <type_traits>
 
 #include <cuda_runtime.h>
@@ -25,11 +26,12 @@ inline void check_cuda(cudaError_t e, const char* what) {
     throw Error(Status::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Stream-K scratch for a launch on `stream`: partials of `partial_bytes` and `flag_bytes` of
-// zeroed flags, both unused by any launch that can run at the same time. {} when none is
-// available (then the launch runs without stream-K).
-using StreamKWorkspaceFn = StreamKWorkspace (*)(size_t partial_bytes, size_t flag_bytes,
-                                                Stream stream);
+// The stream-K split of one launch and the workspace bytes it needs (0: no stream-K).
+struct StreamKScratch {
+  StreamKSplit split;
+  int64_t slots = 0;
+  size_t bytes = 0;
+};
 
 template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKernel {
   static constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
@@ -76,12 +78,19 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     p.epilogue.beta = args.beta;
     p.epilogue.defer_stores = plan.defer_stores;
 
-    p.scheduler.tiles_m = int32_t(ceil_div<int64_t>(M, Config::kTileM));
-    p.scheduler.tiles_n = int32_t(ceil_div<int64_t>(N, Config::kTileN));
-    p.scheduler.cluster_m = Config::kClusterM;
-    p.scheduler.group_m = plan.group_m;
-    p.scheduler.k_blocks = int32_t(ceil_div<int64_t>(K, Config::kTileK));
+    p.scheduler = make_scheduler(args, plan);
     return p;
+  }
+
+  // The tiles and k-blocks of the problem (shapes only: no data pointer is read).
+  static TileScheduler make_scheduler(const GemmArgs& args, const GemmPlan& plan) {
+    TileScheduler s;
+    s.tiles_m = int32_t(ceil_div<int64_t>(args.m(), Config::kTileM));
+    s.tiles_n = int32_t(ceil_div<int64_t>(args.n(), Config::kTileN));
+    s.cluster_m = Config::kClusterM;
+    s.group_m = plan.group_m;
+    s.k_blocks = int32_t(ceil_div<int64_t>(args.k(), Config::kTileK));
+    return s;
   }
 
   // Clusters that fit on the device at once (one CTA per SM), cached per process.
@@ -113,33 +122,52 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     return cached;
   }
 
-  // Stream-K over the last waves when the plan allows it and the cost model says it pays;
-  // returns the clusters to launch.
-  static int64_t split_stream_k(Params& p, const GemmPlan& plan, int64_t max_clusters,
-                                StreamKWorkspaceFn workspace, Stream stream) {
-    const int64_t units = p.scheduler.num_units();
-    const int64_t data_parallel = std::min(max_clusters, units);
-    if (!kCooperative || !workspace) return data_parallel;
-    const StreamKSplit split =
-        plan_stream_k(units, max_clusters, p.scheduler.k_blocks, plan.stream_k);
-    if (split.workers == 0) return data_parallel;
+  // Stream-K over the last waves when the plan allows it and the cost model says it pays.
+  static StreamKScratch stream_k_scratch(const TileScheduler& s, const GemmPlan& plan,
+                                         int64_t max_clusters) {
+    const int64_t units = s.num_units();
+    if (!kCooperative || units == 0) return {StreamKSplit{units, 0}};
+    const StreamKSplit split = plan_stream_k(units, max_clusters, s.k_blocks, plan.stream_k);
+    if (split.workers == 0) return {split};
     const int64_t slots = Slots::count(split.workers);
-    p.stream_k = workspace(size_t(slots * stream_k_slot_bytes(Config::kAccumulatorsPerThread)),
-                           size_t(slots) * sizeof(int32_t), stream);
-    if (!p.stream_k.partials) return data_parallel;
-    p.scheduler.sk_first_unit = split.first_unit;
-    p.scheduler.sk_workers = split.workers;
+    const int64_t slot_bytes = stream_k_slot_bytes(Config::kAccumulatorsPerThread);
+    return {split, slots, stream_k_workspace_bytes(slots, slot_bytes)};
+  }
+
+  // Workspace bytes a launch of `plan` needs for stream-K; the same computation as run()'s.
+  static size_t workspace_size(const GemmArgs& args, const GemmPlan& plan) {
+    const TileScheduler s = make_scheduler(args, plan);
+    if (s.num_units() == 0) return 0;
+    return stream_k_scratch(s, plan, max_active_clusters(kernel_address())).bytes;
+  }
+
+  // Takes stream-K scratch from the caller's workspace (clearing its flags on `stream`);
+  // returns the clusters to launch. Without a workspace the launch stays data-parallel.
+  static int64_t use_stream_k(Params& p, const GemmArgs& args, const GemmPlan& plan,
+                              int64_t max_clusters, Stream stream) {
+    const int64_t data_parallel = std::min(max_clusters, p.scheduler.num_units());
+    const StreamKScratch sk = stream_k_scratch(p.scheduler, plan, max_clusters);
+    if (sk.bytes == 0 || !args.has_workspace()) return data_parallel;
+    if (args.workspace_bytes() < sk.bytes)
+      throw Error(Status::invalid_argument,
+                  "gemm: workspace holds " + std::to_string(args.workspace_bytes()) +
+                      " bytes but this call needs " + std::to_string(sk.bytes) +
+                      " (coda::gemm_workspace_size(args)); pass a larger one or none");
+    const int64_t slot_bytes = stream_k_slot_bytes(Config::kAccumulatorsPerThread);
+    p.stream_k = carve_stream_k(args.workspace.data, sk.slots, slot_bytes);
+    check_cuda(cudaMemsetAsync(p.stream_k.flags, 0, size_t(sk.slots) * sizeof(int32_t), stream),
+               "clearing the GEMM's stream-K flags");
+    p.scheduler.sk_first_unit = sk.split.first_unit;
+    p.scheduler.sk_workers = sk.split.workers;
     return max_clusters;
   }
 
-  static void run(const GemmArgs& args, const GemmPlan& plan, StreamKWorkspaceFn workspace,
-                  Stream stream) {
+  static void run(const GemmArgs& args, const GemmPlan& plan, Stream stream) {
     const auto kernel = gemm_kernel<Config, Main, Epi>;
     Params params = make_params(args, plan);
     if (params.scheduler.num_units() == 0) return;
     const int64_t clusters =
-        split_stream_k(params, plan, max_active_clusters(reinterpret_cast<const void*>(kernel)),
-                       workspace, stream);
+        use_stream_k(params, args, plan, max_active_clusters(kernel_address()), stream);
 
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr{};
@@ -153,6 +181,11 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
     check_cuda(cudaLaunchKernelEx(&cfg, kernel, params), "launching the GEMM kernel");
+  }
+
+private:
+  static const void* kernel_address() {
+    return reinterpret_cast<const void*>(gemm_kernel<Config, Main, Epi>);
   }
 };
 

@@ -2,6 +2,8 @@
 // Host-only (plain C++), shared by the public API, the CPU backend and the GPU dispatch.
 #pragma once
 
+#include <cstddef>
+
 #include "coda/core/tensor.hpp"
 
 namespace coda {
@@ -15,17 +17,35 @@ enum class GemmLayout : int32_t { fwd = 0, dgrad = 1, wgrad = 2 };
 // D = alpha · op(A)·op(B) + beta · C. C (optional) has D's shape; C may alias D (beta = 1 then
 // accumulates, e.g. gradient accumulation). A and B are bf16 or f16 (the same); D and C are
 // bf16, f16 or f32.
+//
+// workspace (optional): scratch for the GPU GEMM's stream-K partial sums, a 1-D contiguous
+// tensor of any dtype (its bytes: numel * dtype size) on the call's device.
+//  * absent (data == nullptr): the GEMM runs without stream-K; correct, but sometimes slower on
+//    shapes whose tiles fill few waves of the GPU (e.g. 3072 x 2048 x 8192 weight gradients);
+//  * present: it must hold at least gemm_workspace_size(args) bytes (coda/coda.hpp), else the
+//    call fails with invalid_argument naming the size it needs. Its contents are undefined
+//    between calls: each launch that uses stream-K first clears its few KB of flags with one
+//    cudaMemsetAsync on the call's stream, so launches that may overlap (other streams, a graph
+//    replayed beside eager work) need workspaces of their own.
+// The CPU backend ignores it.
 struct GemmArgs {
   GemmLayout layout = GemmLayout::fwd;
   TensorView a, b, d;
-  TensorView c;         // c.data == nullptr: no C
+  TensorView c; // c.data == nullptr: no C
   float alpha = 1.f;
   float beta = 0.f;
+  // NOTE: "= {}" keeps aggregate initializations that stop before it free of
+  // -Wmissing-field-initializers. Absent (data == nullptr): no stream-K.
+  TensorView workspace = {};
 
   int64_t m() const { return d.shape[0]; }
   int64_t n() const { return d.shape[1]; }
   int64_t k() const { return layout == GemmLayout::wgrad ? a.shape[0] : a.shape[1]; }
   bool has_c() const { return c.data != nullptr; }
+  bool has_workspace() const { return workspace.data != nullptr; }
+  size_t workspace_bytes() const {
+    return has_workspace() ? size_t(workspace.numel()) * size_t(dtype_size(workspace.dtype)) : 0;
+  }
 };
 
 } // namespace coda

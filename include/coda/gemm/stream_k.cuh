@@ -6,10 +6,14 @@
 // Partials are stored [register / 4][thread] as float4, so each store and load instruction of a
 // warpgroup covers 2 KB of contiguous memory. They go through L2 only (.cg): the owner's SM has
 // never cached those lines, and the flag's acquire orders the loads after the contributor's
-// stores. The owner resets the flag, so flags are zero between launches (the launcher zeroes them
-// once, when it allocates the scratch).
+// stores. Flags must be zero at launch: the launcher clears them on the launch's stream (the
+// caller's workspace holds anything between calls), and the owner resets each flag it consumed,
+// so every launch also leaves them zero.
+//
+// Workspace layout (StreamKSlots::count slots): [partials][pad to 256 bytes][int32 flags].
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda/atomic>
@@ -31,6 +35,19 @@ template <int kClusterM, int kWarpgroups> struct StreamKSlots {
 // Bytes of partials per slot for an accumulator of kRegs registers per thread.
 constexpr int64_t stream_k_slot_bytes(int regs_per_thread) {
   return int64_t(regs_per_thread) * arch::kWarpgroupSize * 4;
+}
+
+// Bytes of caller workspace that `slots` slots of `slot_bytes` each take, and the views into it.
+constexpr size_t stream_k_flags_offset(int64_t slots, int64_t slot_bytes) {
+  return (size_t(slots * slot_bytes) + 255) / 256 * 256;
+}
+constexpr size_t stream_k_workspace_bytes(int64_t slots, int64_t slot_bytes) {
+  return stream_k_flags_offset(slots, slot_bytes) + size_t(slots) * sizeof(int32_t);
+}
+inline StreamKWorkspace carve_stream_k(void* base, int64_t slots, int64_t slot_bytes) {
+  return StreamKWorkspace{static_cast<float*>(base),
+                          reinterpret_cast<int32_t*>(static_cast<char*>(base) +
+                                                     stream_k_flags_offset(slots, slot_bytes))};
 }
 
 template <int kBlocks, int kN>
