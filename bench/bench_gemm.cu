@@ -276,6 +276,14 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
   std::vector<coda::sm90::GemmPlan> plans;
   if (variants)
     for (const Variant& v : kVariants) plans.push_back(v.plan(args));
+  // One stream-K workspace (as coda::gemm's callers pass) for the default plan and every variant.
+  size_t coda_ws_bytes = coda::gpu::gemm_workspace_size(args);
+  for (const auto& plan : plans)
+    coda_ws_bytes = std::max(coda_ws_bytes, coda::gpu::gemm_workspace_size(args, plan));
+  Buffer coda_ws(std::max<size_t>(coda_ws_bytes, 16));
+  if (coda_ws_bytes > 0)
+    args.workspace = coda::make_view(coda_ws.p, coda::DType::f32, int64_t(coda_ws_bytes / 4),
+                                     coda::Device::cuda);
   for (int i = 0; i < 5; ++i) {
     run_coda(), run_cublas();
     for (const auto& plan : plans) coda::gpu::gemm_with_plan(args, plan, s);

@@ -22,6 +22,8 @@
 
 #if CODA_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "gpu/backend.hpp"
 #endif
 
 namespace {
@@ -219,7 +221,8 @@ coda_rope_spec to_c(const RopeSpec& r) {
 }
 
 coda_status call_c(const GemmArgs& g) {
-  coda_gemm_args c{int32_t(g.layout), to_c(g.a), to_c(g.b), to_c(g.d), to_c(g.c), g.alpha, g.beta};
+  coda_gemm_args c{int32_t(g.layout), to_c(g.a), to_c(g.b), to_c(g.d),
+                   to_c(g.c),         g.alpha,   g.beta,    to_c(g.workspace)};
   return coda_gemm(&c, nullptr);
 }
 coda_status call_c(const ResidualRmsArgs& a) {
@@ -782,6 +785,27 @@ TEST(ApiValidation, MixedHostAndDeviceLabels) {
       {"b is on cuda:0 but a is on cpu; all tensors of one call must be on one device"});
 }
 
+TEST(ApiValidation, GemmWorkspaceOnAnotherDevice) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.workspace = ar.out_vector(f32, 64);
+  g.workspace.device = Device::cuda;
+  expect_rejected(
+      ar, g, Status::invalid_argument,
+      {"workspace is on cuda:0 but a is on cpu; all tensors of one call must be on one device"});
+}
+
+TEST(ApiValidation, GemmWorkspaceMustBeContiguousAndApart) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.workspace = ar.out_vector(f32, 64);
+  g.workspace.stride[0] = 2;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"workspace must be contiguous (stride[0] == 1); got strides [2]"});
+  g.workspace = make_view(g.d.data, f32, 8); // over d
+  expect_rejected(ar, g, Status::invalid_argument, {"d overlaps workspace in memory"});
+}
+
 TEST(ApiValidation, UnknownDeviceLabel) {
   Arena ar;
   RmsStatsArgs s = valid_stats(ar);
@@ -960,6 +984,12 @@ TEST(ApiValidation, NullArgsThroughTheCAbi) {
 // --- with the CUDA backend and a device: what the runtime says about each pointer ----------------
 #if CODA_WITH_CUDA
 
+bool gemm_gpu_supported() {
+  const bool supported = gpu::device_supported();
+  cudaGetLastError();
+  return supported;
+}
+
 bool cuda_device_present() {
   int n = 0;
   const bool present = cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -1071,6 +1101,38 @@ TEST(ApiValidationCuda, GpuPathNeeds16ByteAlignment) {
   g.b.data = static_cast<char*>(g.b.data) + 8; // element-aligned, not 16-byte aligned
   expect_error([&] { gemm(g); }, Status::invalid_argument,
                "gemm: b must be 16-byte aligned for the GPU path; got pointer 0x");
+  EXPECT_TRUE(dev.unchanged());
+}
+
+// A stream-K-eligible shape: fewer units than the GPU has clusters, long K (the cost model
+// splits them on any Hopper GPU). A workspace 4 bytes short is rejected before any launch,
+// with the size it needs; the size query agrees through both interfaces.
+TEST(ApiValidationCuda, GemmWorkspaceTooSmall) {
+  if (!cuda_device_present() || !gemm_gpu_supported()) GTEST_SKIP() << "no sm_90 device";
+  DeviceArena dev;
+  GemmArgs g;
+  g.a = dev.matrix(bf16, 512, 4096);
+  g.b = dev.matrix(bf16, 1024, 4096);
+  g.d = dev.matrix(bf16, 512, 1024);
+  const size_t needed = gemm_workspace_size(g);
+  ASSERT_GT(needed, 0u);
+  ASSERT_EQ(needed % 4, 0u);
+  coda_gemm_args c{};
+  c.layout = CODA_GEMM_FWD;
+  c.a = to_c(g.a), c.b = to_c(g.b), c.d = to_c(g.d);
+  c.alpha = 1.f;
+  size_t bytes = 0;
+  ASSERT_EQ(coda_gemm_workspace_size(&c, &bytes), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes, needed);
+
+  g.workspace = dev.vector(f32, int64_t(needed / 4) - 1);
+  expect_error([&] { gemm(g); }, Status::invalid_argument,
+               "gemm: workspace holds " + std::to_string(needed - 4) +
+                   " bytes but this call needs " + std::to_string(needed));
+  c.workspace = to_c(g.workspace);
+  EXPECT_EQ(coda_gemm(&c, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error()).find(std::to_string(needed)), std::string::npos);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_TRUE(dev.unchanged());
 }
 

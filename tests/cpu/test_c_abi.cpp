@@ -55,7 +55,7 @@ TEST(CAbi, GemmMatchesCppApiAndReference) {
   g.alpha = alpha, g.beta = beta;
   gemm(g);
 
-  coda_gemm_args cg;
+  coda_gemm_args cg{}; // no workspace
   cg.layout = CODA_GEMM_FWD;
   cg.a = coda_matrix(const_cast<bf16*>(a.data()), CODA_BF16, M, K, CODA_DEVICE_CPU);
   cg.b = coda_matrix(const_cast<bf16*>(b.data()), CODA_BF16, N, K, CODA_DEVICE_CPU);
@@ -78,6 +78,46 @@ TEST(CAbi, GemmMatchesCppApiAndReference) {
     base[i] = round_to<bf16>(alpha * acc32[i] + beta * cf[i]);
   }
   CODA_EXPECT_PASSES(test::check_against_baseline("gemm d", out, ref, base));
+}
+
+// The CPU backend needs no GEMM workspace: the size query says 0 through both interfaces, and a
+// workspace that is given is neither read nor written (same bits of D, its bytes unchanged).
+TEST(CAbi, GemmWorkspaceIsIgnoredOnTheCpu) {
+  constexpr int64_t M = 300, N = 264, K = 520; // many tiles, several k-blocks
+  uint64_t seed = test::test_seed() + 11;
+  const auto a = test::random_vector<bf16>(M * K, seed++);
+  const auto b = test::random_vector<bf16>(K * N, seed++);
+  std::vector<float> without(M * N, NAN), with = without;
+  std::vector<float> workspace(4096, NAN);
+  const std::vector<float> workspace_before = workspace;
+
+  GemmArgs g;
+  g.layout = GemmLayout::dgrad;
+  g.a = make_view(const_cast<bf16*>(a.data()), DType::bf16, M, K);
+  g.b = make_view(const_cast<bf16*>(b.data()), DType::bf16, K, N);
+  g.d = make_view(without.data(), DType::f32, M, N);
+  EXPECT_EQ(gemm_workspace_size(g), 0u);
+  gemm(g);
+
+  coda_gemm_args cg{};
+  cg.layout = CODA_GEMM_DGRAD;
+  cg.a = coda_matrix(const_cast<bf16*>(a.data()), CODA_BF16, M, K, CODA_DEVICE_CPU);
+  cg.b = coda_matrix(const_cast<bf16*>(b.data()), CODA_BF16, K, N, CODA_DEVICE_CPU);
+  cg.d = coda_matrix(with.data(), CODA_F32, M, N, CODA_DEVICE_CPU);
+  cg.alpha = 1.f;
+  cg.workspace =
+      coda_vector(workspace.data(), CODA_F32, int64_t(workspace.size()), CODA_DEVICE_CPU);
+  size_t bytes = 1;
+  ASSERT_EQ(coda_gemm_workspace_size(&cg, &bytes), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(coda_gemm(&cg, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_TRUE(same_bits(without, with));
+  EXPECT_TRUE(same_bits(workspace, workspace_before));
+  EXPECT_FALSE(std::isnan(with[0]) || std::isnan(with.back()));
+
+  EXPECT_EQ(coda_gemm_workspace_size(&cg, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_EQ(coda_gemm_workspace_size(nullptr, &bytes), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_gemm_workspace_size: args is NULL");
 }
 
 TEST(CAbi, ResidualRmsMatchesCppApi) {

@@ -2,8 +2,9 @@
 // baseline is an fp32-accumulated GEMM (accumulated the way Hopper tensor cores do, see
 // tensor_core_fp32_gemm) rounded to the output dtype. Results go through the public coda::gemm
 // (validation and dispatch included); cases that force a kernel path (ping-pong, stream-K,
-// stores not deferred) call the backend with a plan. Skipped (not passed) where there is no
-// sm_90 device.
+// stores not deferred) call the backend with a plan. Each call gets a workspace of the size the
+// query gives (filled with garbage), unless a case says otherwise. Skipped (not passed) where there
+// is no sm_90 device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include "coda/arch/smem_desc.hpp"
+#include "coda/coda.hpp"
 #include "coda/core/error.hpp"
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/heuristic.hpp"
@@ -25,7 +27,6 @@
 #include "gpu/gemm_instances.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
-#include "coda/coda.hpp"
 
 namespace coda {
 namespace {
@@ -65,6 +66,7 @@ struct Case {
   float alpha = 1.f, beta = 0.f;
   CMode c = CMode::none;
   std::optional<sm90::GemmPlan> plan = std::nullopt; // forced; default: coda::gemm's own
+  bool workspace = true; // pass one of the size the query asks for (false: none, no stream-K)
 };
 
 std::string describe(const Case& c) {
@@ -79,7 +81,8 @@ std::string describe(const Case& c) {
   return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) +
          " M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
          cmodes[int(c.c)] + " alpha=" + std::to_string(c.alpha) +
-         " beta=" + std::to_string(c.beta) + " (" + plan + ")";
+         " beta=" + std::to_string(c.beta) + " (" + plan + (c.workspace ? "" : ", no workspace") +
+         ")";
 }
 
 sm90::GemmPlan forced(sm90::KernelId kernel, sm90::StreamKMode stream_k, bool defer = true) {
@@ -219,6 +222,21 @@ void run_case(const Case& c) {
   args.beta = c.beta;
   // The public API takes one 16-bit dtype per call; other pairs reach the backend only.
   const bool public_dtypes = c.out == DType::f32 || c.out == c.in;
+  size_t workspace_bytes = 0;
+  ASSERT_NO_THROW(workspace_bytes = c.plan          ? gpu::gemm_workspace_size(args, *c.plan)
+                                    : public_dtypes ? coda::gemm_workspace_size(args)
+                                                    : gpu::gemm_workspace_size(args));
+  if (c.plan && c.plan->kernel == sm90::KernelId::wide &&
+      c.plan->stream_k == sm90::StreamKMode::always)
+    EXPECT_GT(workspace_bytes, 0u) << "a forced stream-K plan needs scratch";
+  // Garbage in the workspace (flags of -1): each launch must clear what it uses.
+  if (!c.workspace) workspace_bytes = 0;
+  DeviceBuffer workspace(workspace_bytes);
+  ASSERT_TRUE(workspace.ptr) << "cudaMalloc failed";
+  cuda_ok(cudaMemset(workspace.ptr, 0xff, workspace_bytes));
+  if (workspace_bytes > 0)
+    args.workspace =
+        make_view(workspace.ptr, DType::f32, int64_t(workspace_bytes / 4), Device::cuda);
   if (c.plan)
     ASSERT_NO_THROW(gpu::gemm_with_plan(args, *c.plan, nullptr));
   else if (public_dtypes)
@@ -335,6 +353,82 @@ TEST(GpuGemm, StreamK) {
     run_case(
         {layout, DType::bf16, DType::bf16, 3000, 2056, 520, 2.f, -1.f, CMode::separate, kStreamK});
   }
+}
+
+// Without a workspace the GEMM runs data-parallel and stays correct, on shapes where the
+// heuristic (the first: 96 units of 128 x 256 on an H200's 66 clusters) or the plan would use
+// stream-K.
+TEST(GpuGemm, StreamKShapesWithoutWorkspace) {
+  CODA_REQUIRE_SM90();
+  Case few_waves{GemmLayout::wgrad, DType::bf16, DType::bf16, 3072, 2048, 8192};
+  few_waves.workspace = false;
+  GemmArgs shape; // the size query reads shapes and dtypes only
+  shape.layout = GemmLayout::wgrad;
+  shape.a = device_view(nullptr, DType::bf16, few_waves.k, few_waves.m);
+  shape.d = device_view(nullptr, DType::bf16, few_waves.m, few_waves.n);
+  EXPECT_GT(gpu::gemm_workspace_size(shape), 0u) << "the heuristic no longer uses stream-K here";
+  run_case(few_waves);
+  run_case({GemmLayout::fwd, DType::bf16, DType::bf16, 1000, 1032, 4104, 1.f, 0.f, CMode::none,
+            kStreamK, /*workspace=*/false});
+}
+
+// The heuristic's own stream-K (no forced plan) with the caller's workspace, as coda::gemm runs it.
+TEST(GpuGemm, StreamKFromTheHeuristic) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts) run_case({layout, DType::bf16, DType::bf16, 3072, 2048, 8192});
+}
+
+// A stream-K GEMM captured into a CUDA graph with the caller's workspace and replayed (twice,
+// the workspace left dirty in between) gives the bits of the eager launch.
+TEST(GpuGemm, StreamKGraphReplayMatchesEager) {
+  CODA_REQUIRE_SM90();
+  constexpr int64_t M = 1000, N = 1032, K = 4104;
+  const uint64_t seed = test::test_seed() + 77;
+  HostTensor a = random_tensor(DType::bf16, size_t(M * K), seed);
+  HostTensor b = random_tensor(DType::bf16, size_t(N * K), seed + 1);
+  const size_t d_bytes = size_t(M * N) * 2;
+  DeviceBuffer da(a.bytes.size()), db(b.bytes.size()), dd(d_bytes);
+  ASSERT_TRUE(da.ptr && db.ptr && dd.ptr) << "cudaMalloc failed";
+  cuda_ok(cudaMemcpy(da.ptr, a.bytes.data(), a.bytes.size(), cudaMemcpyHostToDevice));
+  cuda_ok(cudaMemcpy(db.ptr, b.bytes.data(), b.bytes.size(), cudaMemcpyHostToDevice));
+  GemmArgs args;
+  args.a = device_view(da.ptr, DType::bf16, M, K);
+  args.b = device_view(db.ptr, DType::bf16, N, K);
+  args.d = device_view(dd.ptr, DType::bf16, M, N);
+  const size_t bytes = gpu::gemm_workspace_size(args, kStreamK);
+  ASSERT_GT(bytes, 0u);
+  DeviceBuffer workspace(bytes);
+  ASSERT_TRUE(workspace.ptr) << "cudaMalloc failed";
+  args.workspace = make_view(workspace.ptr, DType::f32, int64_t(bytes / 4), Device::cuda);
+
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cuda_ok(cudaMemsetAsync(dd.ptr, 0xff, d_bytes, stream));
+  ASSERT_NO_THROW(gpu::gemm_with_plan(args, kStreamK, stream));
+  std::vector<uint8_t> eager(d_bytes), replayed(d_bytes);
+  cuda_ok(cudaStreamSynchronize(stream));
+  cuda_ok(cudaMemcpy(eager.data(), dd.ptr, d_bytes, cudaMemcpyDeviceToHost));
+
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  ASSERT_NO_THROW(gpu::gemm_with_plan(args, kStreamK, stream));
+  cuda_ok(cudaStreamEndCapture(stream, &graph));
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0));
+  for (int replay = 0; replay < 2; ++replay) {
+    SCOPED_TRACE("replay " + std::to_string(replay));
+    cuda_ok(cudaMemsetAsync(dd.ptr, 0xff, d_bytes, stream));
+    cuda_ok(cudaMemsetAsync(workspace.ptr, 0xff, bytes, stream)); // garbage flags
+    cuda_ok(cudaGraphLaunch(exec, stream));
+    cuda_ok(cudaStreamSynchronize(stream));
+    cuda_ok(cudaMemcpy(replayed.data(), dd.ptr, d_bytes, cudaMemcpyDeviceToHost));
+    EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), d_bytes), 0);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  // And the eager result is a correct GEMM (the same shape and plan through run_case).
+  run_case({GemmLayout::fwd, DType::bf16, DType::bf16, M, N, K, 1.f, 0.f, CMode::none, kStreamK});
 }
 
 // The tile stores of the wide kernel without deferral (coda::gemm defers them for 16-bit D).
