@@ -28,6 +28,7 @@
 
 #include "coda/core/error.hpp"
 #include "gpu/backend.hpp"
+#include "gpu/gemm_workspace.hpp"
 #include "gpu/kernels_fused.hpp"
 
 namespace {
@@ -405,6 +406,10 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
 
   coda::GemmArgs plain;
   plain.a = A, plain.b = W, plain.d = view(gemm_out, bf16, M, N);
+  // coda's plain GEMM with its stream-K scratch, as coda::gemm's callers pass it.
+  const size_t gemm_ws_bytes = coda::gpu::gemm_workspace_size(plain);
+  Buffer gemm_ws(gemm_ws_bytes);
+  if (gemm_ws_bytes > 0) plain.workspace = view(gemm_ws, f32, int64_t(gemm_ws_bytes / 4));
   CublasGemm cublas(lt, M, N, K, ws, ws_bytes);
   auto run_gemm = [&] { coda::gpu::gemm(plain, s); };
   auto run_cublas = [&] { cublas.run(a.p, w.p, gemm_out.p, s); };
