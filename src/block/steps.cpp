@@ -88,6 +88,44 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
                   scratch.gemm_workspace, stream);
 }
 
+void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
+                             const TensorView& h, const TensorView& sumsq, Stream stream) {
+  RmsRopeArgs qkv; // K4 (and the norm's rstd from the partials inside its epilogue)
+  qkv.a = h;
+  qkv.w = f.w_qkv;
+  qkv.sumsq_partials = sumsq;
+  qkv.eps = c.eps;
+  qkv.rope = rope_spec(c, rope);
+  qkv.out = f.qkv;
+  qkv.rstd_out = f.rstd;
+  gemm_rms_rope(qkv, stream);
+}
+
+void attention_input_backward(const AttentionInput& f, const AttentionInputGrads& g,
+                              const Config& c, const Rope& rope, bool accumulate_grads,
+                              const TensorView& dz, const NormBackwardScratch& scratch,
+                              Stream stream) {
+  RopeBackwardArgs unrotate; // B0: dz = RoPEᵀ(dqkv), zeta = (1/D) sum qkv * dqkv
+  unrotate.dqkv = g.dqkv;
+  unrotate.qkv = f.qkv;
+  unrotate.rope = rope_spec(c, rope);
+  unrotate.scale = float(1.0 / double(c.hidden));
+  unrotate.dz = dz;
+  unrotate.zeta = scratch.zeta;
+  rope_backward(unrotate, stream);
+
+  NormBackward attn_norm; // B1 K6 (dx += ...), A3 dgamma, B2 dW_qkv
+  attn_norm.dz = dz;
+  attn_norm.w = f.w_qkv;
+  attn_norm.x = f.x;
+  attn_norm.rstd = f.rstd;
+  attn_norm.gamma = f.attn_norm;
+  attn_norm.dx = g.dx;
+  attn_norm.dgamma = g.dattn_norm;
+  attn_norm.dw = g.dw_qkv;
+  norm_backward(attn_norm, accumulate_grads, scratch, stream);
+}
+
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                   const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream) {
   SwigluBackwardArgs k7; // B3

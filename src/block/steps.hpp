@@ -15,6 +15,29 @@ RopeSpec rope_spec(const Config& c, const Rope& rope);
 void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
                      bool accumulate, const TensorView& workspace, Stream stream);
 
+// The attention input of the first and middle layers: the attn_norm RMSNorm, the QKV projection
+// and RoPE.
+//   forward (4.2, K4):      qkv = RoPE(rstd * (h·W_qkvᵀ)), h = x * attn_norm, rstd from the row
+//                           partials S of x² inside the epilogue
+//   backward (4.5, B0..B2): dz = RoPEᵀ(dqkv), zeta = (1/D) sum qkv * dqkv; then norm_backward
+//                           through W_qkv (dx += ...)
+struct AttentionInput {
+  TensorView x, attn_norm, w_qkv; // the norm's input [M, D] and the weights
+  TensorView qkv, rstd;           // outputs of the forward (saved for the backward)
+};
+void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
+                             const TensorView& h, const TensorView& sumsq, Stream stream);
+struct AttentionInputGrads {
+  TensorView dqkv;               // input
+  TensorView dx;                 // accumulated into
+  TensorView dattn_norm, dw_qkv; // weight gradients
+};
+// `dz` is the [M, qkv_width] scratch for the pre-RoPE gradient.
+void attention_input_backward(const AttentionInput& f, const AttentionInputGrads& g,
+                              const Config& c, const Rope& rope, bool accumulate_grads,
+                              const TensorView& dz, const NormBackwardScratch& scratch,
+                              Stream stream);
+
 // coda-paper 4.2, F1..F3:
 //   F1 K0: x1 = y0·W0ᵀ + x0;  h1 = x1 * ffn_norm;  S1 = row partials of x1²
 //   F2 K2: z1 = r1 * (h1·W1ᵀ); y1 = silu(z1[:, 2j]) * z1[:, 2j+1];  r1 from S1 (rstd_out)

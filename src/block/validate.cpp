@@ -99,4 +99,23 @@ void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const Ml
            {hidden_dim(c), api::exactly("intermediate", c.intermediate)});
 }
 
+void check_attention_input(api::Validator& v, const Config& c, int64_t m, const Rope& rope,
+                           const TensorView& attn_norm, const TensorView& w_qkv) {
+  using api::Elem;
+  v.input("inputs.rope.positions", rope.positions, Elem::i32, {tokens_dim(m)});
+  v.input("inputs.rope.inv_freq", rope.inv_freq, Elem::f32,
+          {api::exactly("head_dim/2", c.head_dim / 2)});
+  v.input("weights.attn_norm", attn_norm, Elem::half, {hidden_dim(c)});
+  v.input("weights.w_qkv", w_qkv, Elem::half,
+          {api::exactly("qkv_width", c.qkv_width()), hidden_dim(c)});
+}
+
+void check_attention_input_gradients(api::Validator& v, const Config& c,
+                                     const TensorView& dattn_norm, const TensorView& dw_qkv) {
+  using api::Elem;
+  v.output("grads.dweights.attn_norm", dattn_norm, Elem::half_or_f32, {hidden_dim(c)});
+  v.output("grads.dweights.w_qkv", dw_qkv, Elem::half_or_f32,
+           {api::exactly("qkv_width", c.qkv_width()), hidden_dim(c)});
+}
+
 } // namespace coda::llama::detail

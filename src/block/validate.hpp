@@ -45,6 +45,15 @@ int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Lay
 // four dweights of the attention output projection and the MLP.
 void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b);
 
+// The rope tables and weights of the attention input that the first and middle layers share
+// ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv").
+void check_attention_input(api::Validator& v, const Config& c, int64_t m, const Rope& rope,
+                           const TensorView& attn_norm, const TensorView& w_qkv);
+
+// Their weight gradients: grads.dweights.attn_norm and grads.dweights.w_qkv.
+void check_attention_input_gradients(api::Validator& v, const Config& c,
+                                     const TensorView& dattn_norm, const TensorView& dw_qkv);
+
 // The dims of the block's shapes, named as the Config names them.
 inline api::Dim hidden_dim(const Config& c) { return api::exactly("hidden", c.hidden); }
 inline api::Dim tokens_dim(int64_t m) { return api::exactly("M", m); }
