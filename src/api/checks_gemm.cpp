@@ -113,13 +113,8 @@ Device validate(const RmsLseArgs& args) {
 
 Device validate(const RmsBackwardArgs& args) {
   Validator v("gemm_rms_backward");
-  v.input("dz", args.dz, Elem::half, {any("M"), any("K")});
-  const int64_t m = args.dz.shape[0], k = args.dz.shape[1];
-  v.at_least_one("M", m, "dz");
-  v.gemm_dim("K", k, "dz");
-  v.input("w", args.w, Elem::half, {exactly("K", k), any("N")});
-  const int64_t n = args.w.shape[1];
-  v.gemm_dim("N", n, "w");
+  const Mnk p = backward_operands(v, "dz", args.dz, args.w, "N");
+  const int64_t m = p.m, n = p.n;
   const Dim M = exactly("M", m), N = exactly("N", n);
   v.input("x", args.x, Elem::half, {M, N});
   v.input("rstd", args.rstd, Elem::f32, {M});
@@ -135,13 +130,8 @@ Device validate(const RmsBackwardArgs& args) {
 
 Device validate(const SwigluBackwardArgs& args) {
   Validator v("gemm_swiglu_backward");
-  v.input("dx", args.dx, Elem::half, {any("M"), any("K")});
-  const int64_t m = args.dx.shape[0], k = args.dx.shape[1];
-  v.at_least_one("M", m, "dx");
-  v.gemm_dim("K", k, "dx");
-  v.input("w", args.w, Elem::half, {exactly("K", k), any("F")});
-  const int64_t f = args.w.shape[1];
-  v.gemm_dim("F", f, "w");
+  const Mnk p = backward_operands(v, "dx", args.dx, args.w, "F");
+  const int64_t m = p.m, f = p.n;
   const Dim M = exactly("M", m);
   v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});
   v.output("act", args.act, Elem::half, {M, exactly("F", f)});

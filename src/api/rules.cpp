@@ -13,6 +13,18 @@ Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim
   return {m, w.shape[0], k};
 }
 
+Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,
+                      const TensorView& w, const char* n_name) {
+  v.input(grad_name, grad, Elem::half, {any("M"), any("K")});
+  const int64_t m = grad.shape[0], k = grad.shape[1];
+  v.at_least_one("M", m, grad_name);
+  v.gemm_dim("K", k, grad_name);
+  v.input("w", w, Elem::half, {exactly("K", k), any(n_name)});
+  const int64_t n = w.shape[1];
+  v.gemm_dim(n_name, n, "w");
+  return {m, n, k};
+}
+
 void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m) {
   v.input("sumsq_partials", sumsq_partials, Elem::f32, {exactly("M", m), at_least_one("P")});
   v.non_negative("eps", eps);

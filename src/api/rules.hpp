@@ -24,6 +24,11 @@ struct Mnk {
 // N is left to the caller, whose rules for it differ.
 Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim);
 
+// The operands of a backward (dgrad) GEMM, `grad` [M, K] named `grad_name` and w [K, N] with N
+// named `n_name`: M >= 1, and K and N GEMM dimensions. Both names must be string literals.
+Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,
+                      const TensorView& w, const char* n_name);
+
 // The RMSNorm statistics a consumer kernel reads: sumsq_partials [M, P >= 1] f32, eps >= 0.
 void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m);
 
