@@ -61,15 +61,7 @@ std::vector<double> row_partials(Rounding r, int64_t M, int64_t N, int64_t block
 // out[n, b] = sum_{m in block b} term(m, n).
 template <class Term>
 std::vector<double> col_partials(Rounding r, int64_t M, int64_t N, int64_t block, Term term) {
-  const int64_t blocks = partial_blocks(M, block);
-  std::vector<double> out(at(N * blocks));
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t b = 0; b < blocks; ++b) {
-      Sum sum(r);
-      for (int64_t m = b * block; m < std::min(M, (b + 1) * block); ++m) sum.add(term(m, n));
-      out[at(n * blocks + b)] = sum.value();
-    }
-  return out;
+  return row_partials(r, N, M, block, [&](int64_t n, int64_t m) { return term(m, n); });
 }
 
 // The GEMM as the path computes it: fp64, or fp32 accumulation with a rounded output.
