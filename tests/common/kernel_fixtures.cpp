@@ -206,4 +206,47 @@ std::vector<double> transposed(const std::vector<double>& x, int64_t rows, int64
   return t;
 }
 
+RmsBackwardCall::RmsBackwardCall(HostTensor& dz, HostTensor& w, HostTensor& x, HostTensor& rstd,
+                                 HostTensor& zeta, HostTensor& gamma)
+    : dz(dz), w(w), x(x), rstd(rstd), zeta(zeta), gamma(gamma), dx(x.dtype(), x.shape()),
+      h_hat(x.dtype(), x.shape()),
+      dgamma_partials(DType::f32, {x.shape()[1], ref::partial_blocks(x.shape()[0])}) {}
+
+RmsBackwardArgs RmsBackwardCall::args() {
+  return {.dz = dz.view(),
+          .w = w.view(),
+          .x = x.view(),
+          .rstd = rstd.view(),
+          .zeta = zeta.view(),
+          .gamma = gamma.view(),
+          .alpha = {},
+          .accumulate = false,
+          .dx = dx.view(),
+          .h_hat = h_hat.view(),
+          .dgamma_partials = dgamma_partials.view()};
+}
+
+ref::RmsBackwardInputs RmsBackwardCall::inputs() const {
+  return {x.shape()[0],  x.shape()[1],  dz.shape()[1],  dz.values(), w.values(), x.values(),
+          rstd.values(), zeta.values(), gamma.values(), 1.0,         false,      {}};
+}
+
+SwigluBackwardCall::SwigluBackwardCall(HostTensor& dx, HostTensor& w, HostTensor& preact)
+    : dx(dx), w(w), preact(preact), act(preact.dtype(), {dx.shape()[0], w.shape()[1]}),
+      dpreact(preact.dtype(), preact.shape()),
+      zeta_partials(DType::f32, {dx.shape()[0], ref::partial_blocks(w.shape()[1])}) {}
+
+SwigluBackwardArgs SwigluBackwardCall::args() {
+  return {.dx = dx.view(),
+          .w = w.view(),
+          .preact = preact.view(),
+          .act = act.view(),
+          .dpreact = dpreact.view(),
+          .zeta_partials = zeta_partials.view()};
+}
+
+ref::SwigluBackwardInputs SwigluBackwardCall::inputs() const {
+  return {dx.shape()[0], w.shape()[1], dx.shape()[1], dx.values(), w.values(), preact.values()};
+}
+
 } // namespace coda::test

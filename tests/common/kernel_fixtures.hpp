@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "coda/core/tensor.hpp"
+#include "coda/kernels/args.hpp"
 #include "reference/kernels.hpp"
 
 namespace coda::test {
@@ -90,5 +91,26 @@ std::string dtype_label(DType dtype);
 
 // Row-major [rows, cols] -> [cols, rows].
 std::vector<double> transposed(const std::vector<double>& x, int64_t rows, int64_t cols);
+
+// One K6 call (gemm_rms_backward) on the caller's inputs, dz [M, K], w [K, N], with alpha = 1
+// and dx overwritten: the outputs are made here, poisoned, in x's dtype.
+struct RmsBackwardCall {
+  HostTensor &dz, &w, &x, &rstd, &zeta, &gamma;
+  HostTensor dx, h_hat, dgamma_partials;
+  RmsBackwardCall(HostTensor& dz, HostTensor& w, HostTensor& x, HostTensor& rstd, HostTensor& zeta,
+                  HostTensor& gamma);
+  RmsBackwardArgs args();
+  ref::RmsBackwardInputs inputs() const;
+};
+
+// One K7 call (gemm_swiglu_backward) on the caller's inputs, dx [M, K], w [K, F],
+// preact [M, 2F]: the outputs are made here, poisoned, in preact's dtype.
+struct SwigluBackwardCall {
+  HostTensor &dx, &w, &preact;
+  HostTensor act, dpreact, zeta_partials;
+  SwigluBackwardCall(HostTensor& dx, HostTensor& w, HostTensor& preact);
+  SwigluBackwardArgs args();
+  ref::SwigluBackwardInputs inputs() const;
+};
 
 } // namespace coda::test

@@ -231,17 +231,11 @@ TEST_P(PartialLayout, SwigluBackwardZetaPartialReducesItsPairBlock) {
   for (size_t i = 0; i < preact.size(); ++i)
     if (int64_t(i % size_t(2 * F)) / 2 / ref::kPartialBlock != b) preact[i] = 0;
   auto pre = HostTensor::of(DType::bf16, {kLayoutM, 2 * F}, preact);
-  HostTensor act(DType::bf16, {kLayoutM, F}), dpreact(DType::bf16, {kLayoutM, 2 * F});
-  HostTensor partials(DType::f32, {kLayoutM, ref::partial_blocks(F)});
-  gemm_swiglu_backward({.dx = dx.view(),
-                        .w = w.view(),
-                        .preact = pre.view(),
-                        .act = act.view(),
-                        .dpreact = dpreact.view(),
-                        .zeta_partials = partials.view()});
-  expect_only_block_nonzero(partials, b);
-  const ref::SwigluBackwardInputs in{kLayoutM, F, K, dx.values(), w.values(), pre.values()};
-  CODA_EXPECT_PASSES(check_output("zeta_partials", partials,
+  SwigluBackwardCall k7(dx, w, pre);
+  gemm_swiglu_backward(k7.args());
+  expect_only_block_nonzero(k7.zeta_partials, b);
+  const ref::SwigluBackwardInputs in = k7.inputs();
+  CODA_EXPECT_PASSES(check_output("zeta_partials", k7.zeta_partials,
                                   ref::swiglu_backward({}, in).zeta_partials,
                                   ref::swiglu_backward(lowp(DType::bf16), in).zeta_partials));
 }
@@ -261,24 +255,11 @@ TEST_P(PartialLayout, RmsBackwardColumnPartialReducesItsRowBlock) {
   auto rstd = HostTensor::random(DType::f32, {kLayoutM}, seeds.next(), 0.5, 2);
   auto zeta = HostTensor::random(DType::f32, {kLayoutM}, seeds.next(), -0.5, 0.5);
   auto gamma = HostTensor::random(DType::bf16, {N}, seeds.next(), 0.5, 1.5);
-  HostTensor dx(DType::bf16, {kLayoutM, N}), h_hat(DType::bf16, {kLayoutM, N});
-  HostTensor partials(DType::f32, {N, ref::partial_blocks(kLayoutM)});
-  gemm_rms_backward({.dz = dz.view(),
-                     .w = w.view(),
-                     .x = x.view(),
-                     .rstd = rstd.view(),
-                     .zeta = zeta.view(),
-                     .gamma = gamma.view(),
-                     .alpha = {},
-                     .accumulate = false,
-                     .dx = dx.view(),
-                     .h_hat = h_hat.view(),
-                     .dgamma_partials = partials.view()});
-  expect_only_block_nonzero(partials, b);
-  const ref::RmsBackwardInputs in{
-      kLayoutM,       N,   K,     dz.values(), w.values(), x.values(), rstd.values(), zeta.values(),
-      gamma.values(), 1.0, false, {}};
-  CODA_EXPECT_PASSES(check_output("dgamma_partials", partials,
+  RmsBackwardCall k6(dz, w, x, rstd, zeta, gamma);
+  gemm_rms_backward(k6.args());
+  expect_only_block_nonzero(k6.dgamma_partials, b);
+  const ref::RmsBackwardInputs in = k6.inputs();
+  CODA_EXPECT_PASSES(check_output("dgamma_partials", k6.dgamma_partials,
                                   ref::rms_backward({}, in).dgamma_partials,
                                   ref::rms_backward(lowp(DType::bf16), in).dgamma_partials));
 }

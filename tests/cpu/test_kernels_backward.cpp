@@ -104,20 +104,14 @@ TEST_P(SwigluBackward, ActGradientsAndZetaPartialsMatchReference) {
   auto dx = HostTensor::random(dtype, {s.M, s.K}, seeds.next());
   auto w = HostTensor::random(dtype, {s.K, F}, seeds.next());
   auto preact = HostTensor::random(dtype, {s.M, 2 * F}, seeds.next(), -4, 4);
-  HostTensor act(dtype, {s.M, F}), dpreact(dtype, {s.M, 2 * F});
-  HostTensor partials(DType::f32, {s.M, ref::partial_blocks(F)});
-  gemm_swiglu_backward({.dx = dx.view(),
-                        .w = w.view(),
-                        .preact = preact.view(),
-                        .act = act.view(),
-                        .dpreact = dpreact.view(),
-                        .zeta_partials = partials.view()});
-  const ref::SwigluBackwardInputs in{s.M, F, s.K, dx.values(), w.values(), preact.values()};
+  SwigluBackwardCall k7(dx, w, preact);
+  gemm_swiglu_backward(k7.args());
+  const ref::SwigluBackwardInputs in = k7.inputs();
   const auto exact = ref::swiglu_backward({}, in), unfused = ref::swiglu_backward(lowp(dtype), in);
-  CODA_EXPECT_PASSES(check_output("act", act, exact.act, unfused.act));
-  CODA_EXPECT_PASSES(check_output("dpreact", dpreact, exact.dpreact, unfused.dpreact));
+  CODA_EXPECT_PASSES(check_output("act", k7.act, exact.act, unfused.act));
+  CODA_EXPECT_PASSES(check_output("dpreact", k7.dpreact, exact.dpreact, unfused.dpreact));
   CODA_EXPECT_PASSES(
-      check_output("zeta_partials", partials, exact.zeta_partials, unfused.zeta_partials));
+      check_output("zeta_partials", k7.zeta_partials, exact.zeta_partials, unfused.zeta_partials));
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, SwigluBackward,
@@ -146,24 +140,10 @@ TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseUnroundedGradient) {
   auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
   auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
   auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
-  HostTensor dx(dtype, {s.M, s.N}), h_hat(dtype, {s.M, s.N});
-  HostTensor partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
-  gemm_rms_backward({.dz = dz.view(),
-                     .w = w.view(),
-                     .x = x.view(),
-                     .rstd = rstd.view(),
-                     .zeta = zeta.view(),
-                     .gamma = gamma.view(),
-                     .alpha = {},
-                     .accumulate = false,
-                     .dx = dx.view(),
-                     .h_hat = h_hat.view(),
-                     .dgamma_partials = partials.view()});
-  const ref::RmsBackwardInputs in{s.M,           s.N,           s.K,
-                                  dz.values(),   w.values(),    x.values(),
-                                  rstd.values(), zeta.values(), gamma.values(),
-                                  1.0,           false,         {}};
-  CODA_EXPECT_PASSES(check_output("dgamma_partials", partials,
+  RmsBackwardCall k6(dz, w, x, rstd, zeta, gamma);
+  gemm_rms_backward(k6.args());
+  const ref::RmsBackwardInputs in = k6.inputs();
+  CODA_EXPECT_PASSES(check_output("dgamma_partials", k6.dgamma_partials,
                                   ref::rms_backward({}, in).dgamma_partials,
                                   ref::rms_backward(kFp32, in).dgamma_partials));
 }
@@ -175,16 +155,10 @@ TEST_P(Fp32Partials, SwigluBackwardZetaPartialsUseUnroundedGradients) {
   auto dx = HostTensor::random(dtype, {M, K}, seeds.next());
   auto w = HostTensor::random(dtype, {K, F}, seeds.next());
   auto preact = HostTensor::random(dtype, {M, 2 * F}, seeds.next(), -4, 4);
-  HostTensor act(dtype, {M, F}), dpreact(dtype, {M, 2 * F});
-  HostTensor partials(DType::f32, {M, ref::partial_blocks(F)});
-  gemm_swiglu_backward({.dx = dx.view(),
-                        .w = w.view(),
-                        .preact = preact.view(),
-                        .act = act.view(),
-                        .dpreact = dpreact.view(),
-                        .zeta_partials = partials.view()});
-  const ref::SwigluBackwardInputs in{M, F, K, dx.values(), w.values(), preact.values()};
-  CODA_EXPECT_PASSES(check_output("zeta_partials", partials,
+  SwigluBackwardCall k7(dx, w, preact);
+  gemm_swiglu_backward(k7.args());
+  const ref::SwigluBackwardInputs in = k7.inputs();
+  CODA_EXPECT_PASSES(check_output("zeta_partials", k7.zeta_partials,
                                   ref::swiglu_backward({}, in).zeta_partials,
                                   ref::swiglu_backward(kFp32, in).zeta_partials));
 }
@@ -389,7 +363,8 @@ TEST(CrossEntropyErrors, TargetOutsideVocabularyIsRejectedBeforeAnyOutputIsWritt
 TEST(CrossEntropyAllIgnored, MeanIsZeroWithZeroGradScaleAndZeroGradient) {
   Seeds seeds;
   const CrossEntropyCase c{9, 136};
-  CrossEntropyInputs in = make_cross_entropy_inputs(DType::bf16, c, -100, LossReduction::mean, seeds);
+  CrossEntropyInputs in =
+      make_cross_entropy_inputs(DType::bf16, c, -100, LossReduction::mean, seeds);
   in.targets = HostTensor::of_ints({c.M}, std::vector<int32_t>(size_t(c.M), -100));
   in.ref.targets = in.targets.ints();
   CrossEntropyOutputs out(DType::bf16, c);
@@ -590,29 +565,13 @@ TEST_P(ZetaChain, SwigluBackwardThenRmsBackwardEqualsTextbookGradient) {
   auto preact = HostTensor::of(dtype, {M, 2 * F},
                                matmul(ref::Layout::fwd, M, 2 * F, D, h_hat, w_gate_up.values()));
 
-  HostTensor act(dtype, {M, F}), dpreact(dtype, {M, 2 * F});
-  HostTensor zeta_partials(DType::f32, {M, ref::partial_blocks(F)}), zeta(DType::f32, {M});
-  HostTensor dx(dtype, {M, D}), h_hat_out(dtype, {M, D});
-  HostTensor dgamma_partials(DType::f32, {D, ref::partial_blocks(M)});
-  gemm_swiglu_backward({.dx = dres.view(),
-                        .w = w_down.view(),
-                        .preact = preact.view(),
-                        .act = act.view(),
-                        .dpreact = dpreact.view(),
-                        .zeta_partials = zeta_partials.view()});
+  HostTensor zeta(DType::f32, {M});
+  SwigluBackwardCall k7(dres, w_down, preact);
+  gemm_swiglu_backward(k7.args());
   reduce_row_partials(
-      {.partials = zeta_partials.view(), .scale = 1.f / float(D), .out = zeta.view()});
-  gemm_rms_backward({.dz = dpreact.view(),
-                     .w = w_gate_up.view(),
-                     .x = x.view(),
-                     .rstd = rstd.view(),
-                     .zeta = zeta.view(),
-                     .gamma = gamma.view(),
-                     .alpha = {},
-                     .accumulate = false,
-                     .dx = dx.view(),
-                     .h_hat = h_hat_out.view(),
-                     .dgamma_partials = dgamma_partials.view()});
+      {.partials = k7.zeta_partials.view(), .scale = 1.f / float(D), .out = zeta.view()});
+  RmsBackwardCall k6(k7.dpreact, w_gate_up, x, rstd, zeta, gamma);
+  gemm_rms_backward(k6.args());
 
   const MlpBackwardInputs in{M,
                              D,
@@ -624,7 +583,7 @@ TEST_P(ZetaChain, SwigluBackwardThenRmsBackwardEqualsTextbookGradient) {
                              w_down.values(),
                              w_gate_up.values(),
                              preact.values()};
-  CODA_EXPECT_PASSES(check_output("dx", dx, textbook_rmsnorm_input_gradient({}, in),
+  CODA_EXPECT_PASSES(check_output("dx", k6.dx, textbook_rmsnorm_input_gradient({}, in),
                                   textbook_rmsnorm_input_gradient(lowp(dtype), in)));
 }
 
