@@ -108,6 +108,31 @@ void check_grad(const std::string& name, const Grad& g, const Values& exact,
         ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused)));
 }
 
+// The outputs the middle and last layers share: the MLP's saved tensors (forward) and the
+// gradients through the MLP and the attention output projection (backward). Result is a
+// MiddleResult or LastResult, Backward the matching ref::MiddleBackward or ref::LastBackward.
+template <class Result>
+void check_mlp_saved(const Result& r, const ref::MlpForward& exact, const ref::MlpForward& unfused,
+                     int64_t M, int64_t F) {
+  check("saved.x1", r.x1, exact.x1, unfused.x1);
+  check("saved.z1", r.z1, interleave_columns(exact.gate, exact.up, M, F),
+        interleave_columns(unfused.gate, unfused.up, M, F));
+  check("saved.r1", r.r1, exact.rstd1, unfused.rstd1);
+}
+
+template <class Result, class Backward>
+void check_mlp_backward(const Result& r, const Backward& exact, const Backward& unfused, int64_t D,
+                        int64_t F) {
+  check("grads.dx (d x0)", r.dx, exact.dx0, unfused.dx0);
+  check("grads.dy0", r.dy0, exact.dy0, unfused.dy0);
+  check_grad("d w_out", r.d_out, exact.grads.w_o, unfused.grads.w_o);
+  check_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused.grads.ffn_norm);
+  check_grad("d w_gate_up", r.d_gate_up,
+             ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
+             ref::fused::interleave_gate_up(F, D, unfused.grads.w_gate, unfused.grads.w_up));
+  check_grad("d w_down", r.d_down, exact.grads.w_down, unfused.grads.w_down);
+}
+
 // The loss is one number: the tolerance rule on it alone compares two sums of nearly cancelling
 // per-token errors, and their ratio is heavy-tailed. The bound is instead the rule applied to
 // each token's loss and summed (with the reduction's scale): twice the baseline's summed
@@ -347,10 +372,7 @@ TEST_P(BlockCpu, MiddleLayer) {
     const ref::MiddleForward tf = fwd({}), lf = fwd(lowp);
     check("outputs.x2", r.x2, tf.mlp.x2, lf.mlp.x2);
     check("outputs.qkv", r.qkv, tf.qkv, lf.qkv);
-    check("saved.x1", r.x1, tf.mlp.x1, lf.mlp.x1);
-    check("saved.z1", r.z1, interleave_columns(tf.mlp.gate, tf.mlp.up, M, F),
-          interleave_columns(lf.mlp.gate, lf.mlp.up, M, F));
-    check("saved.r1", r.r1, tf.mlp.rstd1, lf.mlp.rstd1);
+    check_mlp_saved(r, tf.mlp, lf.mlp, M, F);
     check("saved.r2", r.r2, tf.rstd2, lf.rstd2);
 
     const auto bwd = [&](ref::Rounding rr) {
@@ -358,14 +380,7 @@ TEST_P(BlockCpu, MiddleLayer) {
                                   p.dx2.values(), p.dqkv.values(), rr);
     };
     const ref::MiddleBackward tb = bwd({}), lb = bwd(lowp);
-    check("grads.dx (d x0)", r.dx, tb.dx0, lb.dx0);
-    check("grads.dy0", r.dy0, tb.dy0, lb.dy0);
-    check_grad("d w_out", r.d_out, tb.grads.w_o, lb.grads.w_o);
-    check_grad("d ffn_norm", r.d_ffn, tb.grads.ffn_norm, lb.grads.ffn_norm);
-    check_grad("d w_gate_up", r.d_gate_up,
-               ref::fused::interleave_gate_up(F, D, tb.grads.w_gate, tb.grads.w_up),
-               ref::fused::interleave_gate_up(F, D, lb.grads.w_gate, lb.grads.w_up));
-    check_grad("d w_down", r.d_down, tb.grads.w_down, lb.grads.w_down);
+    check_mlp_backward(r, tb, lb, D, F);
     check_grad("d attn_norm", r.d_attn, tb.grads.next_attn_norm, lb.grads.next_attn_norm);
     check_grad("d w_qkv", r.d_qkv, tb.grads.w_qkv_next, lb.grads.w_qkv_next);
   }
@@ -509,10 +524,7 @@ TEST_P(BlockCpu, LastLayer) {
     const ref::LastForward tf = fwd({}), lf = fwd(lowp);
     check_loss(r.loss, tf, lf, p.targets_v, V);
     check("outputs.logits", r.logits, tf.logits, lf.logits);
-    check("saved.x1", r.x1, tf.mlp.x1, lf.mlp.x1);
-    check("saved.z1", r.z1, interleave_columns(tf.mlp.gate, tf.mlp.up, M, F),
-          interleave_columns(lf.mlp.gate, lf.mlp.up, M, F));
-    check("saved.r1", r.r1, tf.mlp.rstd1, lf.mlp.rstd1);
+    check_mlp_saved(r, tf.mlp, lf.mlp, M, F);
     check("saved.x2", r.x2, tf.mlp.x2, lf.mlp.x2);
     check("saved.r2", r.r2, tf.rstd2, lf.rstd2);
     const LossGradient tg = loss_gradient({}, tf.logits, p, M, V);
@@ -525,14 +537,7 @@ TEST_P(BlockCpu, LastLayer) {
       return ref::last_backward(rc, rw, p.x0.values(), p.y0.values(), p.loss, dloss, rr);
     };
     const ref::LastBackward tb = bwd({}), lb = bwd(lowp);
-    check("grads.dx (d x0)", r.dx, tb.dx0, lb.dx0);
-    check("grads.dy0", r.dy0, tb.dy0, lb.dy0);
-    check_grad("d w_out", r.d_out, tb.grads.w_o, lb.grads.w_o);
-    check_grad("d ffn_norm", r.d_ffn, tb.grads.ffn_norm, lb.grads.ffn_norm);
-    check_grad("d w_gate_up", r.d_gate_up,
-               ref::fused::interleave_gate_up(F, D, tb.grads.w_gate, tb.grads.w_up),
-               ref::fused::interleave_gate_up(F, D, lb.grads.w_gate, lb.grads.w_up));
-    check_grad("d w_down", r.d_down, tb.grads.w_down, lb.grads.w_down);
+    check_mlp_backward(r, tb, lb, D, F);
     check_grad("d final_norm", r.d_final, tb.grads.final_norm, lb.grads.final_norm);
     check_grad("d lm_head", r.d_head, tb.grads.w_lm, lb.grads.w_lm);
   }

@@ -126,6 +126,25 @@ TEST_P(BlockEquivalence, FirstLayer) {
   expect_equal("d w_qkv", fb.grads.w_qkv, tb.grads.w_qkv);
 }
 
+// The gradients the middle and last layers share, through the MLP and the attention output
+// projection: fb is the layer's fused backward, tb its textbook one.
+template <class FusedBackward, class TextbookBackward>
+void expect_mlp_backward_equal(const LlamaConfig& c, int64_t M, const FusedBackward& fb,
+                               const TextbookBackward& tb) {
+  const int64_t D = c.hidden, F = c.intermediate;
+  expect_equal("dx2 (total)", fb.dx2, tb.dx2);
+  expect_equal("dz1", fb.mlp.dz1, interleaved(c, tb.dgate, tb.dup, M));
+  expect_equal("dx0", fb.mlp.dx0, tb.dx0);
+  expect_equal("dy0", fb.mlp.dy0, tb.dy0);
+  Matrix dgate, dup;
+  fused::deinterleave_gate_up(F, D, fb.grads.w_gate_up, dgate, dup);
+  expect_equal("d w_out", fb.grads.w_out, tb.grads.w_o);
+  expect_equal("d ffn_norm", fb.grads.ffn_norm, tb.grads.ffn_norm);
+  expect_equal("d w_gate", dgate, tb.grads.w_gate);
+  expect_equal("d w_up", dup, tb.grads.w_up);
+  expect_equal("d w_down", fb.grads.w_down, tb.grads.w_down);
+}
+
 TEST_P(BlockEquivalence, MiddleLayer) {
   const int64_t D = c.hidden, F = c.intermediate;
   const ref::MiddleWeights w{rng.weight(D, c.attn_width()),
@@ -153,17 +172,7 @@ TEST_P(BlockEquivalence, MiddleLayer) {
   expect_equal("qkv", ff.qkv, tf.qkv);
 
   expect_equal("dz2 (pre-RoPE)", fb.dz2, tb.dz2);
-  expect_equal("dx2 (total)", fb.dx2, tb.dx2);
-  expect_equal("dz1", fb.mlp.dz1, interleaved(c, tb.dgate, tb.dup, M));
-  expect_equal("dx0", fb.mlp.dx0, tb.dx0);
-  expect_equal("dy0", fb.mlp.dy0, tb.dy0);
-  Matrix dgate, dup;
-  fused::deinterleave_gate_up(F, D, fb.grads.w_gate_up, dgate, dup);
-  expect_equal("d w_out", fb.grads.w_out, tb.grads.w_o);
-  expect_equal("d ffn_norm", fb.grads.ffn_norm, tb.grads.ffn_norm);
-  expect_equal("d w_gate", dgate, tb.grads.w_gate);
-  expect_equal("d w_up", dup, tb.grads.w_up);
-  expect_equal("d w_down", fb.grads.w_down, tb.grads.w_down);
+  expect_mlp_backward_equal(c, M, fb, tb);
   expect_equal("d attn_norm", fb.grads.attn_norm, tb.grads.next_attn_norm);
   expect_equal("d w_qkv", fb.grads.w_qkv, tb.grads.w_qkv_next);
 }
@@ -198,17 +207,7 @@ void check_last_layer(const LlamaConfig& c, int64_t M, Rng& rng, ref::Reduction 
   expect_equal("loss", {ff.loss}, {tf.ce.loss});
   expect_equal("grad_scale", {ff.grad_scale}, {tf.ce.grad_scale});
 
-  expect_equal("dx2 (total)", fb.dx2, tb.dx2);
-  expect_equal("dz1", fb.mlp.dz1, interleaved(c, tb.dgate, tb.dup, M));
-  expect_equal("dx0", fb.mlp.dx0, tb.dx0);
-  expect_equal("dy0", fb.mlp.dy0, tb.dy0);
-  Matrix dgate, dup;
-  fused::deinterleave_gate_up(F, D, fb.grads.w_gate_up, dgate, dup);
-  expect_equal("d w_out", fb.grads.w_out, tb.grads.w_o);
-  expect_equal("d ffn_norm", fb.grads.ffn_norm, tb.grads.ffn_norm);
-  expect_equal("d w_gate", dgate, tb.grads.w_gate);
-  expect_equal("d w_up", dup, tb.grads.w_up);
-  expect_equal("d w_down", fb.grads.w_down, tb.grads.w_down);
+  expect_mlp_backward_equal(c, M, fb, tb);
   expect_equal("d final_norm", fb.grads.final_norm, tb.grads.final_norm);
   expect_equal("d lm_head", fb.grads.lm_head, tb.grads.w_lm);
 }
