@@ -7,9 +7,9 @@
 #include <new>
 #include <string>
 
+#include "api/c_guard.hpp"
 #include "coda/block/llama.hpp"
 #include "coda/core/error.hpp"
-#include "api/c_guard.hpp"
 
 namespace coda::llama {
 namespace {
@@ -23,9 +23,6 @@ static_assert(CODA_LLAMA_FIRST == int(Layer::first) && CODA_LLAMA_MIDDLE == int(
 static_assert(CODA_LLAMA_FORWARD == int(Pass::forward) &&
                   CODA_LLAMA_BACKWARD == int(Pass::backward),
               "coda_llama_pass must equal coda::llama::Pass");
-
-
-
 
 Config convert(const coda_llama_config& c) {
   Config out;
@@ -96,10 +93,10 @@ template <class C> auto arg(const char* fn, const char* name, const C* p) {
 } // namespace
 } // namespace coda::llama
 
-using coda::llama::arg;
 using coda::api::deref;
 using coda::api::guarded;
 using coda::api::view;
+using coda::llama::arg;
 
 extern "C" {
 
@@ -205,6 +202,5 @@ coda_status coda_llama_last_backward(const coda_llama_config* config,
                                view(deref(fn, "workspace", workspace)), stream);
   });
 }
-
 
 } // extern "C"
