@@ -21,7 +21,8 @@ inline int64_t b_index(Layout l, int64_t N, int64_t K, int64_t k, int64_t n) {
 }
 
 // fp64 accumulation: the ground truth.
-void gemm(Layout layout, int64_t M, int64_t N, int64_t K, const double* A, const double* B, double* D);
+void gemm(Layout layout, int64_t M, int64_t N, int64_t K, const double* A, const double* B,
+          double* D);
 
 // fp32 accumulation over inputs already rounded to the low-precision type: what an ordinary
 // unfused low-precision GEMM computes before it rounds its output.

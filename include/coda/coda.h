@@ -207,19 +207,23 @@ typedef struct coda_cross_entropy_args { /* dlogits may alias logits */
 CODA_API coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream);
 /* Bytes of args->workspace coda_gemm(args) can use on the current device (0 on the CPU). */
 CODA_API coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes);
-CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args,
+                                            coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_swiglu(const coda_rms_swiglu_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_rope(const coda_rms_rope_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_lse(const coda_rms_lse_args* args, coda_stream_t stream);
-CODA_API coda_status coda_gemm_rms_backward(const coda_rms_backward_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_backward(const coda_rms_backward_args* args,
+                                            coda_stream_t stream);
 CODA_API coda_status coda_gemm_swiglu_backward(const coda_swiglu_backward_args* args,
                                                coda_stream_t stream);
 
 CODA_API coda_status coda_rms_stats(const coda_rms_stats_args* args, coda_stream_t stream);
 CODA_API coda_status coda_rstd_from_partials(const coda_rstd_args* args, coda_stream_t stream);
-CODA_API coda_status coda_reduce_row_partials(const coda_row_reduce_args* args, coda_stream_t stream);
-CODA_API coda_status coda_reduce_col_partials(const coda_col_reduce_args* args, coda_stream_t stream);
+CODA_API coda_status coda_reduce_row_partials(const coda_row_reduce_args* args,
+                                              coda_stream_t stream);
+CODA_API coda_status coda_reduce_col_partials(const coda_col_reduce_args* args,
+                                              coda_stream_t stream);
 CODA_API coda_status coda_rope_backward(const coda_rope_backward_args* args, coda_stream_t stream);
 CODA_API coda_status coda_cross_entropy(const coda_cross_entropy_args* args, coda_stream_t stream);
 CODA_API coda_status coda_cross_entropy_workspace_size(int64_t m, size_t* bytes);

@@ -67,7 +67,8 @@ void cross_entropy(const CrossEntropyArgs& args) {
   // With no valid row (a micro-batch that is all padding) the mean is defined as 0 with a zero
   // gradient scale, unlike torch's NaN, so one padded batch cannot poison a training run.
   const bool none = valid == 0;
-  store_float(args.loss, 0, mean ? (none ? 0.f : float(loss_sum / double(valid))) : float(loss_sum));
+  store_float(args.loss, 0,
+              mean ? (none ? 0.f : float(loss_sum / double(valid))) : float(loss_sum));
   store_float(args.grad_scale, 0, mean ? (none ? 0.f : 1.f / float(valid)) : 1.f);
 }
 

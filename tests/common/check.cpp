@@ -9,7 +9,8 @@ namespace coda::test {
 
 uint64_t test_seed() {
   static const uint64_t seed = [] {
-    if (const char* s = std::getenv("CODA_TEST_SEED")) return uint64_t(std::strtoull(s, nullptr, 10));
+    if (const char* s = std::getenv("CODA_TEST_SEED"))
+      return uint64_t(std::strtoull(s, nullptr, 10));
     return uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   }();
   return seed;
@@ -38,8 +39,8 @@ std::string check_against_baseline(const std::string& what, const std::vector<do
   const double bound = 2 * base_err + 1e-6;
   if (err <= bound) return {};
   msg << what << ": max|out-ref| = " << err << " at index " << worst << " (out " << out[worst]
-      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + 1e-6 = " << bound
-      << " (seed " << test_seed() << ")";
+      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + 1e-6 = " << bound << " (seed "
+      << test_seed() << ")";
   return msg.str();
 }
 

@@ -16,7 +16,8 @@ namespace coda::test {
 uint64_t test_seed();
 
 // Uniform in [lo, hi), rounded to T's precision and returned as T.
-template <class T> std::vector<T> random_vector(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
+template <class T>
+std::vector<T> random_vector(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<T> v(n);
@@ -50,8 +51,8 @@ double max_rel_error(const std::vector<double>& a, const std::vector<double>& b)
 } // namespace coda::test
 
 // gtest helper: EXPECT_TRUE(msg.empty()) << msg, spelled once.
-#define CODA_EXPECT_PASSES(msg_expr)                                                              \
-  do {                                                                                            \
-    const std::string coda_msg_ = (msg_expr);                                                     \
-    EXPECT_TRUE(coda_msg_.empty()) << coda_msg_;                                                  \
+#define CODA_EXPECT_PASSES(msg_expr)                                                               \
+  do {                                                                                             \
+    const std::string coda_msg_ = (msg_expr);                                                      \
+    EXPECT_TRUE(coda_msg_.empty()) << coda_msg_;                                                   \
   } while (0)

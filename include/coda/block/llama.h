@@ -143,7 +143,6 @@ CODA_API coda_status coda_llama_last_backward(const coda_llama_config* config,
                                               int32_t accumulate, const coda_tensor* workspace,
                                               coda_stream_t stream);
 
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

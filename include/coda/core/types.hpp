@@ -22,10 +22,14 @@ constexpr int64_t dtype_size(DType t) { return t == DType::bf16 || t == DType::f
 
 constexpr const char* dtype_name(DType t) {
   switch (t) {
-  case DType::bf16: return "bf16";
-  case DType::f16: return "f16";
-  case DType::f32: return "f32";
-  case DType::i32: return "i32";
+  case DType::bf16:
+    return "bf16";
+  case DType::f16:
+    return "f16";
+  case DType::f32:
+    return "f32";
+  case DType::i32:
+    return "i32";
   }
   return "unknown";
 }
@@ -47,7 +51,8 @@ CODA_HD float bits_float(uint32_t u) {
 
 CODA_HD uint16_t float_to_bf16_bits(float f) {
   uint32_t u = float_bits(f);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return uint16_t((u >> 16) | 0x40u); // quiet NaN
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
+    return uint16_t((u >> 16) | 0x40u); // quiet NaN
   u += 0x7fffu + ((u >> 16) & 1u);
   return uint16_t(u >> 16);
 }
@@ -59,10 +64,10 @@ CODA_HD uint16_t float_to_f16_bits(float f) {
   uint32_t abs = u & 0x7fffffffu;
   if (abs >= 0x7f800000u) return uint16_t(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
   if (abs >= 0x477ff000u) return uint16_t(sign | 0x7c00u); // rounds to >= 65520: overflow to inf
-  if (abs < 0x38800000u) {                                  // result is subnormal (or zero)
-    if (abs < 0x33000000u) return uint16_t(sign);           // below half the smallest subnormal
+  if (abs < 0x38800000u) {                                 // result is subnormal (or zero)
+    if (abs < 0x33000000u) return uint16_t(sign);          // below half the smallest subnormal
     uint32_t mant = (abs & 0x007fffffu) | 0x00800000u;
-    int shift = 126 - int(abs >> 23);                       // 14 + (113 - exp)
+    int shift = 126 - int(abs >> 23); // 14 + (113 - exp)
     uint32_t half = mant >> shift;
     uint32_t rem = mant & ((1u << shift) - 1u);
     uint32_t mid = 1u << (shift - 1);

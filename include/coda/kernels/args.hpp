@@ -43,7 +43,8 @@ struct Scalar {
   TensorView tensor; // optional [1] f32
 };
 
-// Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) * head_dim].
+// Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) *
+// head_dim].
 struct RopeSpec {
   TensorView positions; // [M] i32, the position of each token (packed sequences restart at 0)
   TensorView inv_freq;  // [head_dim / 2] f32, base^(-2i/head_dim) or a scaled (Llama-3) table
@@ -106,8 +107,8 @@ struct RmsLseArgs {
 //   xh = x[m, n] * rstd[m]
 //   result = rstd[m] * (g * gamma[n] - xh * zeta[m])
 //   dx = accumulate ? dx + result : result          [M, N] (dx read and rounded once)
-//   h_hat = round(xh * gamma[n])                    [M, N] normalized input, for the weight gradient
-//   dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
+//   h_hat = round(xh * gamma[n])                    [M, N] normalized input, for the weight
+//   gradient dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
 // zeta[m] = (1/N) sum_k z[m, k] dz[m, k] over the consumer's output (see rope_backward, K7, CE).
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
@@ -181,7 +182,8 @@ struct CrossEntropyArgs {
   int32_t ignore_index = -100;
   LossReduction reduction = LossReduction::mean;
   TensorView loss, dlogits, grad_scale, zeta;
-  TensorView workspace; // [cross_entropy_workspace_size(M)] bytes (u8 viewed as i32/f32), may be empty on the CPU
+  TensorView workspace; // [cross_entropy_workspace_size(M)] bytes (u8 viewed as i32/f32), may be
+                        // empty on the CPU
 };
 
 } // namespace coda
