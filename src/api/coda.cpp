@@ -9,6 +9,7 @@
 #if CODA_WITH_CUDA
 #include "gpu/backend.hpp"
 #include "gpu/gemm_workspace.hpp"
+#include "gpu/kernels_aux.hpp"
 #include "gpu/kernels_fused.hpp"
 #endif
 
@@ -53,14 +54,6 @@ void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel
 #define CODA_GPU_KERNEL(fn) [](const auto&, Stream) {}
 #endif
 
-// Kernels the GPU backend does not have yet: validated the same way, then not_supported on
-// device memory. Each moves to the pattern of gemm() when its gpu:: function lands.
-template <class Args, class CpuKernel>
-void run_cpu_only(const char* name, const Args& args, CpuKernel cpu_kernel) {
-  if (api::validate(args) == Device::cpu) return cpu_kernel(args);
-  api::gpu_not_implemented(name);
-}
-
 } // namespace
 
 void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream) {
@@ -89,35 +82,49 @@ void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
       "gemm_rms_lse", args, stream, [](const RmsLseArgs& x) { cpu::gemm_rms_lse(x); },
       CODA_GPU_KERNEL(gemm_rms_lse));
 }
-void gemm_rms_backward(const RmsBackwardArgs& args, Stream) {
-  run_cpu_only("gemm_rms_backward", args,
-               [](const RmsBackwardArgs& x) { cpu::gemm_rms_backward(x); });
+void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
+  run(
+      "gemm_rms_backward", args, stream,
+      [](const RmsBackwardArgs& x) { cpu::gemm_rms_backward(x); },
+      CODA_GPU_KERNEL(gemm_rms_backward));
 }
-void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream) {
-  run_cpu_only("gemm_swiglu_backward", args,
-               [](const SwigluBackwardArgs& x) { cpu::gemm_swiglu_backward(x); });
+void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
+  run(
+      "gemm_swiglu_backward", args, stream,
+      [](const SwigluBackwardArgs& x) { cpu::gemm_swiglu_backward(x); },
+      CODA_GPU_KERNEL(gemm_swiglu_backward));
 }
 void rms_stats(const RmsStatsArgs& args, Stream stream) {
   run(
       "rms_stats", args, stream, [](const RmsStatsArgs& x) { cpu::rms_stats(x); },
       CODA_GPU_KERNEL(rms_stats));
 }
-void rstd_from_partials(const RstdArgs& args, Stream) {
-  run_cpu_only("rstd_from_partials", args, [](const RstdArgs& x) { cpu::rstd_from_partials(x); });
+void rstd_from_partials(const RstdArgs& args, Stream stream) {
+  run(
+      "rstd_from_partials", args, stream, [](const RstdArgs& x) { cpu::rstd_from_partials(x); },
+      CODA_GPU_KERNEL(rstd_from_partials));
 }
-void reduce_row_partials(const RowReduceArgs& args, Stream) {
-  run_cpu_only("reduce_row_partials", args,
-               [](const RowReduceArgs& x) { cpu::reduce_row_partials(x); });
+void reduce_row_partials(const RowReduceArgs& args, Stream stream) {
+  run(
+      "reduce_row_partials", args, stream,
+      [](const RowReduceArgs& x) { cpu::reduce_row_partials(x); },
+      CODA_GPU_KERNEL(reduce_row_partials));
 }
-void reduce_col_partials(const ColReduceArgs& args, Stream) {
-  run_cpu_only("reduce_col_partials", args,
-               [](const ColReduceArgs& x) { cpu::reduce_col_partials(x); });
+void reduce_col_partials(const ColReduceArgs& args, Stream stream) {
+  run(
+      "reduce_col_partials", args, stream,
+      [](const ColReduceArgs& x) { cpu::reduce_col_partials(x); },
+      CODA_GPU_KERNEL(reduce_col_partials));
 }
-void rope_backward(const RopeBackwardArgs& args, Stream) {
-  run_cpu_only("rope_backward", args, [](const RopeBackwardArgs& x) { cpu::rope_backward(x); });
+void rope_backward(const RopeBackwardArgs& args, Stream stream) {
+  run(
+      "rope_backward", args, stream, [](const RopeBackwardArgs& x) { cpu::rope_backward(x); },
+      CODA_GPU_KERNEL(rope_backward));
 }
-void cross_entropy(const CrossEntropyArgs& args, Stream) {
-  run_cpu_only("cross_entropy", args, [](const CrossEntropyArgs& x) { cpu::cross_entropy(x); });
+void cross_entropy(const CrossEntropyArgs& args, Stream stream) {
+  run(
+      "cross_entropy", args, stream, [](const CrossEntropyArgs& x) { cpu::cross_entropy(x); },
+      CODA_GPU_KERNEL(cross_entropy));
 }
 
 } // namespace coda

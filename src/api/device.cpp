@@ -16,12 +16,6 @@ void no_cuda_backend(const Validator& v, const char* name) {
                              "pass host tensors to use the CPU backend");
 }
 
-void gpu_not_implemented(const char* op) {
-  throw Error(Status::not_supported, std::string(op) +
-                                         " is not yet implemented on the GPU backend; pass host "
-                                         "tensors to use the CPU backend");
-}
-
 #if CODA_WITH_CUDA
 
 namespace {

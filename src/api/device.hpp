@@ -21,7 +21,4 @@ void check_current_device(const Validator& v, const char* name, int32_t device_i
 // device and its compute capability.
 void require_supported_gpu(const char* op);
 
-// A kernel the GPU backend does not have yet.
-[[noreturn]] void gpu_not_implemented(const char* op);
-
 } // namespace coda::api

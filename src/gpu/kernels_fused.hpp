@@ -1,5 +1,5 @@
-// The fused forward kernels of the GPU backend (K0, K1, K2, K4, K5 and the first layer's
-// statistics; coda/kernels/args.hpp has their math). Each GEMM kernel is one launch of the
+// The fused kernels of the GPU backend (K0, K1, K2, K4, K5, the first layer's statistics, and
+// the backward K6, K7; coda/kernels/args.hpp has their math). Each GEMM kernel is one launch of the
 // persistent GEMM with a FusedEpilogue (coda/epilogue/device). Entry points take validated
 // arguments on the current device, launch on `stream` and return without synchronizing; shapes
 // the GPU path does not cover throw Status::not_supported.
@@ -26,5 +26,7 @@ void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream);     // K2
 void gemm_rms_rope(const RmsRopeArgs& args, Stream stream);
 void gemm_rms_lse(const RmsLseArgs& args, Stream stream); // K5
 void rms_stats(const RmsStatsArgs& args, Stream stream);
+void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream);       // K6 (dgrad layout)
+void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream); // K7 (dgrad layout)
 
 } // namespace coda::gpu

@@ -1136,21 +1136,6 @@ TEST(ApiValidationCuda, GemmWorkspaceTooSmall) {
   EXPECT_TRUE(dev.unchanged());
 }
 
-TEST(ApiValidationCuda, KernelNotYetOnTheGpu) {
-  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
-  DeviceArena dev;
-  // 2 query heads and 1 key-value head of 8: qkv is [M, (2 + 2) * 8] = [M, 32].
-  RopeBackwardArgs r;
-  r.dqkv = dev.matrix(bf16, M, 32);
-  r.qkv = dev.matrix(bf16, M, 32);
-  r.rope = {dev.vector(DType::i32, M), dev.vector(f32, 4), 2, 1, 8};
-  r.dz = dev.matrix(bf16, M, 32);
-  r.zeta = dev.vector(f32, M);
-  expect_error([&] { rope_backward(r); }, Status::not_supported,
-               "rope_backward is not yet implemented on the GPU backend; pass host tensors");
-  EXPECT_TRUE(dev.unchanged());
-}
-
 // The device converters (strided row copies on a stream) give the host converters' bytes.
 TEST(ApiValidationCuda, DeviceConvertersMatchHost) {
   if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
