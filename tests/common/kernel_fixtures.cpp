@@ -15,6 +15,7 @@ namespace coda::test {
 namespace {
 
 constexpr size_t kGuardBytes = 64;
+thread_local ViewHook* g_view_hook = nullptr;
 constexpr unsigned char kGuardByte = 0xA5;
 
 // splitmix64: a well-mixed 64-bit step, so neighbouring seeds give unrelated streams.
@@ -60,7 +61,19 @@ HostTensor HostTensor::of_ints(std::vector<int64_t> shape, const std::vector<int
   return t;
 }
 
+ViewHook* set_view_hook(ViewHook* hook) {
+  ViewHook* previous = g_view_hook;
+  g_view_hook = hook;
+  return previous;
+}
+
 TensorView HostTensor::view() {
+  const TensorView host = host_view();
+  if (g_view_hook == nullptr || host.data == nullptr) return host;
+  return g_view_hook->view(*this, host);
+}
+
+TensorView HostTensor::host_view() {
   TensorView v;
   if (storage_.empty()) return v;
   v.data = bytes();

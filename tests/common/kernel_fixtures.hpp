@@ -12,6 +12,20 @@
 
 namespace coda::test {
 
+class HostTensor;
+
+// Where HostTensor::view() points while one is installed (tests/common/device_mirror.hpp): a
+// device copy of the tensor, so that a test written against host tensors runs on the GPU
+// backend unchanged.
+class ViewHook {
+public:
+  virtual ~ViewHook() = default;
+  virtual TensorView view(HostTensor& tensor, const TensorView& host) = 0;
+};
+// Installs `hook` for the calling thread (nullptr: views are host views again); returns the
+// previous one.
+ViewHook* set_view_hook(ViewHook* hook);
+
 // A contiguous host tensor for the public API. A default-constructed one is absent (its view
 // has a null pointer, for optional arguments). Guard bytes after the last element catch any
 // write past the end.
@@ -31,7 +45,8 @@ public:
   DType dtype() const { return dtype_; }
   int64_t numel() const { return numel_; }
   const std::vector<int64_t>& shape() const { return shape_; }
-  TensorView view();                  // empty TensorView when absent
+  TensorView view();                  // empty TensorView when absent; see ViewHook
+  TensorView host_view();             // always the host memory
   std::vector<double> values() const; // the stored elements as doubles
   std::vector<int32_t> ints() const;  // the stored elements of an i32 tensor
   void poison();                      // every element NaN again

@@ -1,0 +1,83 @@
+#include "tests/common/device_mirror.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#if CODA_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace coda::test {
+
+#if CODA_WITH_CUDA
+
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("DeviceMirror: ") + what + ": " + cudaGetErrorString(e));
+}
+} // namespace
+
+bool gpu_backend_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError(); // clear the "no device" error
+    return false;
+  }
+  cudaDeviceProp prop{};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&prop, device) != cudaSuccess)
+    return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+DeviceMirror::DeviceMirror() : previous_(set_view_hook(this)) {}
+
+DeviceMirror::~DeviceMirror() {
+  set_view_hook(previous_);
+  for (const Copy& c : copies_) cudaFree(c.device);
+}
+
+TensorView DeviceMirror::view(HostTensor&, const TensorView& host) {
+  TensorView v = host;
+  v.device = Device::cuda;
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  v.device_index = device;
+  for (const Copy& c : copies_)
+    if (c.host == host.data) return v.data = c.device, v;
+  const size_t bytes = size_t(host.numel()) * size_t(dtype_size(host.dtype));
+  void* d = nullptr;
+  check(cudaMalloc(&d, bytes), "cudaMalloc");
+  copies_.push_back({host.data, d, bytes});
+  check(cudaMemcpy(d, host.data, bytes, cudaMemcpyHostToDevice), "upload");
+  v.data = d;
+  return v;
+}
+
+void DeviceMirror::download() {
+  check(cudaDeviceSynchronize(), "the GPU calls");
+  for (const Copy& c : copies_)
+    check(cudaMemcpy(c.host, c.device, c.bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+#else
+
+bool gpu_backend_available() { return false; }
+DeviceMirror::DeviceMirror() : previous_(nullptr) {
+  throw std::runtime_error("DeviceMirror: this build has no CUDA backend");
+}
+DeviceMirror::~DeviceMirror() = default;
+TensorView DeviceMirror::view(HostTensor&, const TensorView& host) { return host; }
+void DeviceMirror::download() {}
+
+#endif
+
+BackendScope::BackendScope(bool on_gpu) : mirror_(on_gpu ? new DeviceMirror() : nullptr) {}
+BackendScope::~BackendScope() { delete mirror_; }
+void BackendScope::finish() {
+  if (mirror_) mirror_->download();
+}
+
+} // namespace coda::test
