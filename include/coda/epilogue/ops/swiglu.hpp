@@ -9,7 +9,7 @@
 
 namespace coda::epilogue {
 
-template <class T> CODA_HD T sigmoid(T x) { return T(1) / (T(1) + math::exp(-x)); }
+template <class T> CODA_HD T sigmoid(T x) { return math::reciprocal(T(1) + math::exp(-x)); }
 
 // silu(g) = g * sigmoid(g), spelled as the backward recomputes it (so both agree bit for bit).
 // For g below about -88, exp(-g) overflows to inf and silu is -0, its limit.

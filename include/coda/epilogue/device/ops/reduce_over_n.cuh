@@ -42,9 +42,11 @@ template <class R> struct SubtileFold {
       if (valid[k]) R::add(state, x[k]);
   }
 };
-// LogSumExp: the subtile's maximum first, so that the 8 exponentials of R::add are independent
-// (none rescales), then one merge. The online order would chain every exp through the running
-// maximum, and with two warps per scheduler that latency chain costs more than the GEMM tile.
+// LogSumExp: the subtile's maximum first, then the 8 exponentials against it, independent of each
+// other and of the running state (no rescaling, no branch per value), then one merge. The online
+// order would chain every exp through the running maximum, and with one warp per scheduler that
+// latency chain costs more than the GEMM tile. The sum is the host op's up to the order of fp32
+// additions and the rounding of exp.
 template <> struct SubtileFold<LogSumExp<float>> {
   using R = LogSumExp<float>;
   __device__ static void apply(R::State& state, const float (&x)[8], const bool (&valid)[8]) {
@@ -52,11 +54,12 @@ template <> struct SubtileFold<LogSumExp<float>> {
 #pragma unroll
     for (int k = 0; k < 8; ++k)
       if (valid[k]) top = math::max(top, x[k]);
-    R::State subtile{top, 0.f};
+    if (top == -math::infinity<float>()) return; // nothing to add (exp(-inf - -inf) is NaN)
+    float sum = 0.f;
 #pragma unroll
     for (int k = 0; k < 8; ++k)
-      if (valid[k]) R::add(subtile, x[k]);
-    state = R::merge(state, subtile);
+      if (valid[k]) sum += math::exp(x[k] - top);
+    state = R::merge(state, R::State{top, sum});
   }
 };
 
