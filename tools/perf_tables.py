@@ -67,7 +67,76 @@ def fused_table(results):
     return "\n".join(lines)
 
 
+def _fmt(v, fmt):
+    return fmt % v if v is not None else "-"
+
+
+def _ratio(num, den):
+    return num / den if num is not None and den else None
+
+
+def _torch_case(c):
+    """The case name, with the shape when it is not the case's own (a smoke run)."""
+    shape = c.get("shape")
+    return c["case"] if shape in (None, c["case"].split("-")[-1]) else "%s (%s)" % (c["case"], shape)
+
+
+def torch_table(results):
+    """bench/results/torch.json (python -m coda.bench): coda vs PyTorch eager and torch.compile."""
+    lines = [
+        "GPU: %s. Date: %s. Commit: `%s`. PyTorch %s. bf16; median of %s timed runs after warm-up"
+        " (compilation excluded), CUDA events, L2 flushed before each; peak = highest allocated"
+        " memory in the timed pass above the weights and inputs (activations, gradients,"
+        " workspaces count)."
+        % (results["gpu"], results["date"], results["commit"], results["torch"],
+           results.get("iters", "the")),
+        "",
+        "| case | attention | tokens | pass | coda ms | eager ms | compile ms | eager / coda"
+        " | compile / coda | coda MiB | eager MiB | compile MiB | coda MiB / compile MiB |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in results["cases"]:
+        lines.append(
+            "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+            % (_torch_case(c), "yes" if c.get("attention") else "no", c["tokens"], c["pass"],
+               _fmt(c["coda_ms"], "%.3f"), _fmt(c["eager_ms"], "%.3f"),
+               _fmt(c["compile_ms"], "%.3f"),
+               _fmt(_ratio(c["eager_ms"], c["coda_ms"]), "%.2f"),
+               _fmt(_ratio(c["compile_ms"], c["coda_ms"]), "%.2f"),
+               _fmt(c["coda_peak_mib"], "%.0f"), _fmt(c["eager_peak_mib"], "%.0f"),
+               _fmt(c["compile_peak_mib"], "%.0f"),
+               _fmt(_ratio(c["coda_peak_mib"], c["compile_peak_mib"]), "%.2f")))
+    # The issue's targets, on the fwd+bwd records.
+    verdicts = []
+    for c in results["cases"]:
+        if c["pass"] != "fwd+bwd":
+            continue
+        speedup = _ratio(c["compile_ms"], c["coda_ms"])
+        name = "%s%s" % (c["case"], " +attn" if c.get("attention") and c["case"] != "model-1b"
+                         else "")
+        if c["case"] == "model-1b":
+            mem_ok = (c["coda_peak_mib"] is not None and c["compile_peak_mib"] is not None
+                      and c["coda_peak_mib"] <= c["compile_peak_mib"])
+            ok = speedup is not None and speedup >= 1.2 and mem_ok
+            verdicts.append("%s %s (%s x, memory %s; target >= 1.20 x, memory no higher)"
+                            % (name, "met" if ok else "not met", _fmt(speedup, "%.2f"),
+                               _fmt(_ratio(c["coda_peak_mib"], c["compile_peak_mib"]), "%.2f")))
+        elif c["case"].startswith("block"):
+            ok = speedup is not None and speedup >= 1.15
+            verdicts.append("%s %s (%s x; target >= 1.15 x)"
+                            % (name, "met" if ok else "not met", _fmt(speedup, "%.2f")))
+    if verdicts:
+        lines += ["", "Targets (fwd+bwd, torch.compile time / coda time): " + "; ".join(verdicts)
+                  + "."]
+    errors = sorted({"%s: %s" % (side, msg) for c in results["cases"]
+                     for side, msg in (c.get("errors") or {}).items()})
+    if errors:
+        lines += ["", "Sides that did not run: " + "; ".join(errors) + "."]
+    return "\n".join(lines)
+
+
 TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table)}
+TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 
 
 def replace_section(text, name, body):
