@@ -1,0 +1,121 @@
+"""python -m coda.bench: see coda/bench/__init__.py."""
+import argparse
+import os
+import sys
+import time
+
+from . import report
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m coda.bench",
+                                description=sys.modules[__package__].__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cases", default="block-1b,block-8b,model-1b",
+                   help="comma-separated: block-1b, block-8b, model-1b (default: all)")
+    p.add_argument("--out", default=report.default_out(),
+                   help="results JSON (default: bench/results/torch.json of the repository)")
+    p.add_argument("--plot", default=None,
+                   help="plot PNG (default: the --out path with .png; 'none' for no plot)")
+    p.add_argument("--quick", action="store_true",
+                   help="fwd+bwd only, 2 warm-up and 10 timed repetitions (about half the time; "
+                        "compilation dominates what is left)")
+    p.add_argument("--passes", default=None, help="comma-separated subset of fwd,bwd,fwd+bwd")
+    p.add_argument("--sides", default="eager,compile,coda",
+                   help="comma-separated subset of eager,compile,coda")
+    p.add_argument("--warmup", type=int, default=None, help="untimed repetitions (default 3)")
+    p.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20)")
+    p.add_argument("--tokens", type=int, default=None, help="override every case's token count")
+    p.add_argument("--layers", type=int, default=None, help="override model-1b's 16 layers")
+    p.add_argument("--shape", default=None, choices=("1b", "8b", "tiny"),
+                   help="override every case's shape (tiny: a smoke run of a few ms)")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile mode (default: torch's default mode)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip comparing coda's and compile's outputs and gradients with eager's")
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from .runner import ALL_PASSES, CASES, Opts, run_case
+    from .timing import L2Flush
+
+    if not torch.cuda.is_available():
+        print("coda.bench: no CUDA device; the benchmark needs one", file=sys.stderr)
+        return 2
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    for c in cases:
+        if c not in CASES:
+            print("coda.bench: unknown case %r; choose from %s" % (c, ", ".join(CASES)),
+                  file=sys.stderr)
+            return 2
+    passes = ("fwd+bwd",) if args.quick else ALL_PASSES
+    if args.passes:
+        passes = tuple(p.strip() for p in args.passes.split(","))
+        bad = [p for p in passes if p not in ALL_PASSES]
+        if bad:
+            print("coda.bench: unknown pass %s; choose from %s" % (bad, ", ".join(ALL_PASSES)),
+                  file=sys.stderr)
+            return 2
+    sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    warmup = args.warmup if args.warmup is not None else (2 if args.quick else 3)
+    iters = args.iters if args.iters is not None else (10 if args.quick else 20)
+    opts = Opts(warmup=warmup, iters=iters, passes=passes, sides=sides,
+                check=not args.no_check, compile_mode=args.compile_mode,
+                log=lambda s: print(s, flush=True))
+    # Each case compiles new graphs; keep torch.compile from giving up on recompiles (the
+    # setting's name changed across releases).
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
+
+    meta = report.metadata()
+    print("coda.bench on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s"
+          % (meta["gpu"], meta["torch"], meta["commit"], warmup, iters, ",".join(passes)),
+          flush=True)
+    flush = L2Flush()
+    t0 = time.perf_counter()
+    records = []
+    for c in cases:
+        records += run_case(c, opts, flush, tokens=args.tokens, shape=args.shape,
+                            layers=args.layers if c.startswith("model") else None)
+    results = dict(meta)
+    results.update({
+        "quick": bool(args.quick), "warmup": warmup, "iters": iters,
+        "timing": report.TIMING_DEFINITION, "memory": report.MEMORY_DEFINITION,
+        "cases": records,
+    })
+    report.write(results, args.out)
+    print("wrote %s (%.0f s)" % (args.out, time.perf_counter() - t0))
+    plot_path = args.plot or os.path.splitext(args.out)[0] + ".png"
+    if plot_path.lower() != "none":
+        done = report.plot(results, plot_path)
+        print("wrote %s" % done if done else "no plot (matplotlib missing or no numbers)")
+    print()
+    print(summary(results))
+    return 0
+
+
+def summary(results):
+    lines = ["%-16s %-8s %10s %10s %10s %8s %8s %9s %9s %9s" % (
+        "case", "pass", "coda ms", "eager ms", "compile ms", "vs eag", "vs comp",
+        "coda MiB", "eager MiB", "comp MiB")]
+
+    def f(v, fmt):
+        return fmt % v if v is not None else "-"
+
+    for r in results["cases"]:
+        c, e, t = r["coda_ms"], r["eager_ms"], r["compile_ms"]
+        lines.append("%-16s %-8s %10s %10s %10s %8s %8s %9s %9s %9s" % (
+            report.label(r), r["pass"], f(c, "%.3f"), f(e, "%.3f"), f(t, "%.3f"),
+            f(e / c if c and e else None, "%.2fx"), f(t / c if c and t else None, "%.2fx"),
+            f(r["coda_peak_mib"], "%.0f"), f(r["eager_peak_mib"], "%.0f"),
+            f(r["compile_peak_mib"], "%.0f")))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

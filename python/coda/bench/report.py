@@ -1,0 +1,145 @@
+"""The results file (bench/results/torch.json) and its plot. Imports no torch at module level
+except where it asks torch for the GPU name and version."""
+import datetime
+import json
+import os
+import subprocess
+
+CASE_NAMES = ("block-1b", "block-8b", "model-1b")
+PASSES = ("fwd", "bwd", "fwd+bwd")
+SIDES = ("coda", "eager", "compile")
+RECORD_KEYS = ("case", "tokens", "pass", "coda_ms", "eager_ms", "compile_ms", "coda_peak_mib",
+               "eager_peak_mib", "compile_peak_mib")
+
+MEMORY_DEFINITION = (
+    "peak MiB = highest torch.cuda.max_memory_allocated inside the timed pass, minus what was "
+    "allocated before the side's first call (weights and inputs resident, gradients None), plus "
+    "anything the side allocated at construction beyond its weights: activations, gradients, "
+    "logits, workspaces and caches count; weights and inputs do not.")
+TIMING_DEFINITION = (
+    "median of the timed repetitions after untimed warm-up (torch.compile's compilation is in "
+    "the warm-up), CUDA events on the current stream, L2 flushed (256 MiB write) before each; "
+    "bwd = backward alone after an untimed forward; gradients set to None before each "
+    "repetition.")
+
+
+def repo_root():
+    """The source tree this file sits in (python/coda/bench/ -> the repository root)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return os.path.dirname(os.path.dirname(os.path.dirname(here)))
+
+
+def default_out():
+    """bench/results/torch.json of the source tree, or of the current folder when installed."""
+    results = os.path.join(repo_root(), "bench", "results")
+    if os.path.isdir(results):
+        return os.path.join(results, "torch.json")
+    return os.path.join("bench", "results", "torch.json")
+
+
+def commit():
+    env = os.environ.get("CODA_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(),
+                             capture_output=True, text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def metadata():
+    import torch
+
+    return {
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "commit": commit(),
+        "torch": torch.__version__,
+    }
+
+
+def validate(results):
+    """Raises ValueError naming the first field that does not follow the schema."""
+    for key in ("gpu", "date", "commit", "torch", "cases"):
+        if key not in results:
+            raise ValueError("results lack %r" % key)
+    for i, rec in enumerate(results["cases"]):
+        for key in RECORD_KEYS:
+            if key not in rec:
+                raise ValueError("cases[%d] lacks %r" % (i, key))
+        if rec["case"] not in CASE_NAMES:
+            raise ValueError("cases[%d].case must be one of %s; got %r" % (i, CASE_NAMES, rec["case"]))
+        if rec["pass"] not in PASSES:
+            raise ValueError("cases[%d].pass must be one of %s; got %r" % (i, PASSES, rec["pass"]))
+        if not isinstance(rec["tokens"], int):
+            raise ValueError("cases[%d].tokens must be an int" % i)
+        for side in SIDES:
+            for key in ("%s_ms" % side, "%s_peak_mib" % side):
+                v = rec[key]
+                if v is not None and not isinstance(v, (int, float)):
+                    raise ValueError("cases[%d].%s must be a number or null" % (i, key))
+    return results
+
+
+def write(results, path):
+    validate(results)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+
+
+def label(rec):
+    """'block-1b', 'block-1b +attn', 'model-1b' (the model always has attention)."""
+    if rec["case"].startswith("block") and rec.get("attention"):
+        return rec["case"] + " +attn"
+    return rec["case"]
+
+
+def plot(results, path):
+    """Two panels over the fwd+bwd records: time and peak memory of coda and eager relative to
+    torch.compile (= 1, lower is better), each bar labelled with its value. Returns the path,
+    or None where matplotlib is missing or nothing has both numbers."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    recs = [r for r in results["cases"] if r["pass"] == "fwd+bwd" and r.get("compile_ms")]
+    if not recs:
+        return None
+    colors = {"coda": "#2a6fdb", "eager": "#9a9a9a"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.38
+    for ax, suffix, title in ((axes[0], "_ms", "fwd+bwd time / torch.compile's"),
+                              (axes[1], "_peak_mib", "fwd+bwd peak memory / torch.compile's")):
+        for j, side in enumerate(("coda", "eager")):
+            xs, ys = [], []
+            for i, r in enumerate(recs):
+                v, ref = r.get(side + suffix), r.get("compile" + suffix)
+                if v is not None and ref:
+                    xs.append(i + (j - 0.5) * width)
+                    ys.append(v / ref)
+            bars = ax.bar(xs, ys, width, label=side, color=colors[side])
+            for b, y in zip(bars, ys):
+                ax.text(b.get_x() + b.get_width() / 2, y, "%.2f" % y, ha="center",
+                        va="bottom", fontsize=7)
+        ax.axhline(1.0, color="#e08a1e", linewidth=1.2, label="torch.compile")
+        ax.set_xticks(range(len(recs)))
+        ax.set_xticklabels(["%s\n%d tok" % (label(r), r["tokens"]) for r in recs], fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, 1.4 * max([1.0] + [b.get_height() for b in ax.patches]))
+        ax.legend(fontsize=8, loc="upper center", ncol=3, framealpha=0.95)
+    fig.suptitle("coda vs PyTorch, bf16, %s, commit %s, torch %s (lower is better)"
+                 % (results["gpu"], results["commit"], results["torch"]), fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

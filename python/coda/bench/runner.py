@@ -1,0 +1,227 @@
+"""One benchmark case end to end: build the inputs and the reference module, build coda's
+side from the same weights, then for each side in turn (eager, compile, coda): record the
+quiescent memory, run one untimed forward+backward (torch.compile compiles here; its outputs
+and gradients go to the agreement check), then time every pass (timing.py)."""
+import gc
+import time
+
+import torch
+
+from . import coda_adapter, timing
+from .reference import RefConfig
+from .sides import (BlockInputs, CodaBlockSide, ModelInputs, ModelSide, TorchBlockSide,
+                    build_reference_block, build_reference_model)
+
+SHAPES = {
+    # Llama-3.2-1B and Llama-3.1-8B (without rope scaling; it changes no cost).
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=64, vocab_size=128256),
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
+               num_key_value_heads=8, head_dim=128, vocab_size=128256),
+    # A few-millisecond shape for the smoke test.
+    "tiny": dict(hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=64, vocab_size=512),
+}
+
+# name -> (kind, shape, tokens, batch, layers, attention variants)
+CASES = {
+    "block-1b": ("block", "1b", 8192, 1, 1, (False, True)),
+    "block-8b": ("block", "8b", 8192, 1, 1, (False, True)),
+    "model-1b": ("model", "1b", 8192, 1, 16, (True,)),
+}
+
+SIDE_ORDER = ("eager", "compile", "coda")
+ALL_PASSES = ("fwd", "bwd", "fwd+bwd")
+LIGHT_ELEMENTS = 1 << 24
+
+
+def make_config(shape, layers=1, eps=1e-5, theta=500000.0):
+    return RefConfig(num_hidden_layers=layers, rms_norm_eps=eps, rope_theta=theta, **SHAPES[shape])
+
+
+def _light(t):
+    """A bounded CPU copy for the agreement check (the first rows of a huge gradient)."""
+    t = t.detach()
+    if t.numel() > LIGHT_ELEMENTS and t.dim() >= 2:
+        t = t.flatten(0, -2)[: max(1, LIGHT_ELEMENTS // t.shape[-1])]
+    return t.float().cpu()
+
+
+def _rel_diff(results, truth):
+    """max over shared keys of max|a - b| / max|b| (0 when a key set is empty)."""
+    worst, where = 0.0, None
+    for k, b in truth.items():
+        if k not in results:
+            continue
+        a = results[k]
+        if a.shape != b.shape:
+            return float("inf"), "%s shape %s vs %s" % (k, tuple(a.shape), tuple(b.shape))
+        r = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+        if r != r:  # NaN
+            return float("inf"), k + " is NaN"
+        if r > worst:
+            worst, where = r, k
+    return worst, where
+
+
+def _free():
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def _error_text(e):
+    return "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+
+
+class Opts:
+    def __init__(self, warmup=3, iters=20, passes=ALL_PASSES, sides=SIDE_ORDER, check=True,
+                 compile_mode=None, log=print, device="cuda"):
+        self.warmup, self.iters, self.passes, self.sides = warmup, iters, tuple(passes), tuple(sides)
+        self.check, self.compile_mode, self.log = check, compile_mode, log
+        self.device = device
+
+
+def _compile(module, opts):
+    kwargs = {"dynamic": False}
+    if opts.compile_mode:
+        kwargs["mode"] = opts.compile_mode
+    return torch.compile(module, **kwargs)
+
+
+def _measure(builders, opts, flush):
+    """builders: side name -> (side, extra construction bytes) or an exception.
+    Returns {side: {"pass": (ms, mib), "first_call_s", "results", "error"}}."""
+    out = {}
+    for name in opts.sides:
+        entry = out.setdefault(name, {})
+        built = builders.get(name)
+        if built is None:
+            continue
+        if isinstance(built, BaseException):
+            entry["error"] = _error_text(built)
+            opts.log("  %-8s unavailable: %s" % (name, entry["error"]))
+            continue
+        side, extra = built
+        for other in builders.values():
+            if not isinstance(other, BaseException) and other is not None:
+                other[0].zero_grad()
+        try:
+            quiescent = timing.quiescent_bytes(extra)
+            t0 = time.perf_counter()
+            outs = side.forward()
+            side.backward(outs)
+            torch.cuda.synchronize()
+            entry["first_call_s"] = time.perf_counter() - t0
+            if opts.check:
+                entry["results"] = {k: _light(v) for k, v in side.results(outs).items()}
+            del outs
+            side.zero_grad()
+            for p in opts.passes:
+                entry[p] = timing.time_pass(side, p, warmup=opts.warmup, iters=opts.iters,
+                                            flush=flush, quiescent=quiescent)
+                opts.log("  %-8s %-8s %9.3f ms %10.0f MiB" % (name, p, entry[p][0], entry[p][1]))
+        except Exception as e:  # an unsupported shape, a missing kernel, out of memory
+            entry["error"] = _error_text(e)
+            opts.log("  %-8s failed: %s" % (name, entry["error"]))
+            outs = None
+            side.zero_grad()
+            _free()
+    return out
+
+
+def _records(case, shape, tokens, batch, layers, attention, measured, opts):
+    truth = measured.get("eager", {}).get("results")
+    checks = {}
+    if truth is not None:
+        for name in ("compile", "coda"):
+            res = measured.get(name, {}).get("results")
+            if res is not None:
+                rel, where = _rel_diff(res, truth)
+                checks[name] = (rel, where)
+                opts.log("  check    %-8s vs eager: max relative difference %.3g (%s)"
+                         % (name, rel, where))
+    recs = []
+    for p in opts.passes:
+        rec = {"case": case, "tokens": tokens, "pass": p, "attention": attention,
+               "shape": shape, "batch": batch, "layers": layers}
+        for name in ("coda", "eager", "compile"):
+            v = measured.get(name, {}).get(p)
+            rec[name + "_ms"] = round(v[0], 4) if v else None
+            rec[name + "_peak_mib"] = round(v[1], 1) if v else None
+        for name, (rel, where) in checks.items():
+            rec[name + "_vs_eager"] = rel if rel != float("inf") else None
+            if rel > 0.05:
+                rec.setdefault("warnings", []).append(
+                    "%s differs from eager by %.3g (%s)" % (name, rel, where))
+        first = {n: round(m["first_call_s"], 2) for n, m in measured.items() if "first_call_s" in m}
+        if first:
+            rec["first_call_s"] = first
+        errors = {n: m["error"] for n, m in measured.items() if "error" in m}
+        if errors:
+            rec["errors"] = errors
+        recs.append(rec)
+    return recs
+
+
+def run_block(case, shape, tokens, batch, attention, opts, flush, seed=0):
+    cfg = make_config(shape)
+    opts.log("%s%s: %d tokens (batch %d), hidden %d, MLP %d, %d/%d heads of %d"
+             % (case, " +attn" if attention else "", tokens, batch, cfg.hidden_size,
+                cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                cfg.head_dim))
+    inputs = BlockInputs(cfg, tokens, batch, attention, device=opts.device, seed=seed)
+    with timing.Construction() as c:
+        ref = build_reference_block(cfg, attention, seed=seed + 1, device=opts.device)
+    ref_extra = c.extra(timing.param_bytes(ref))
+    builders = {"eager": (TorchBlockSide(ref, inputs), ref_extra),
+                "compile": (TorchBlockSide(ref, inputs, _compile(ref, opts)), ref_extra)}
+    if "coda" in opts.sides:
+        try:
+            with timing.Construction() as c:
+                side = CodaBlockSide(ref, inputs)
+            builders["coda"] = (side, c.extra(timing.param_bytes(side.param_tensors())))
+        except Exception as e:
+            builders["coda"] = e
+    measured = _measure(builders, opts, flush)
+    return _records(case, shape, tokens, batch, 1, attention, measured, opts)
+
+
+def run_model(case, shape, tokens, batch, layers, opts, flush, seed=0):
+    cfg = make_config(shape, layers=layers)
+    opts.log("%s: %d layers, %d tokens (batch %d), hidden %d, MLP %d, %d/%d heads of %d, vocab %d"
+             % (case, layers, tokens, batch, cfg.hidden_size, cfg.intermediate_size,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.vocab_size))
+    inputs = ModelInputs(cfg, tokens, batch, device=opts.device, seed=seed)
+    with timing.Construction() as c:
+        ref = build_reference_model(cfg, seed=seed + 1, device=opts.device)
+    ref_extra = c.extra(timing.param_bytes(ref))
+    builders = {"eager": (ModelSide(ref, inputs), ref_extra),
+                "compile": (ModelSide(ref, inputs, _compile(ref, opts)), ref_extra)}
+    if "coda" in opts.sides:
+        try:
+            with timing.Construction() as c:
+                cmodel = coda_adapter.model_from_reference(ref)
+            builders["coda"] = (ModelSide(cmodel, inputs), c.extra(timing.param_bytes(cmodel)))
+        except Exception as e:
+            builders["coda"] = e
+    measured = _measure(builders, opts, flush)
+    return _records(case, shape, tokens, batch, layers, True, measured, opts)
+
+
+def run_case(case, opts, flush, tokens=None, batch=None, layers=None, shape=None, seed=0):
+    """Every record of one named case (or a custom one: shape/tokens/batch/layers override)."""
+    kind, default_shape, default_tokens, default_batch, default_layers, variants = CASES[case]
+    shape, tokens = shape or default_shape, tokens or default_tokens
+    batch, layers = batch or default_batch, layers or default_layers
+    recs = []
+    for attention in variants:
+        torch._dynamo.reset()
+        _free()
+        if kind == "block":
+            recs += run_block(case, shape, tokens, batch, attention, opts, flush, seed)
+        else:
+            recs += run_model(case, shape, tokens, batch, layers, opts, flush, seed)
+        torch._dynamo.reset()
+        _free()
+    return recs

@@ -1,0 +1,172 @@
+"""The three sides of every case (PyTorch eager, torch.compile of the same module, coda), each
+with forward / backward / zero_grad for timing.py, plus what the agreement check compares.
+
+Blocks: the inputs are x0 [B, S, D] (residual stream) and y0 [B, S, H hd] (layer l's attention
+output), both requiring grad, and per-token positions; the backward is seeded with fixed random
+gradients of the outputs. Without attention the outputs are x2 and the post-RoPE q, k, v of
+layer l+1 (coda returns them as one [Q; K; V] tensor [M, (H + 2 Hkv) hd]; PyTorch as three
+tensors, seeded with the matching slices of the same gradient); with attention they are x2 and
+y1 = causal GQA SDPA(q, k, v) [B, S, H hd], the same SDPA call on both sides.
+
+Model: input_ids [B, S] with labels = input_ids (shifted inside); the loss is the output.
+"""
+import torch
+
+from . import coda_adapter
+from .reference import ReferenceLlama, ReferenceMiddle, RefConfig, init_weights, rope_cos_sin, sdpa
+
+
+def _clear(tensors):
+    for t in tensors:
+        t.grad = None
+
+
+class BlockInputs:
+    def __init__(self, cfg, tokens, batch, attention, device="cuda", dtype=torch.bfloat16, seed=0):
+        if tokens % batch:
+            raise ValueError("tokens (%d) must be a multiple of batch (%d)" % (tokens, batch))
+        seq = tokens // batch
+        d, hd = cfg.hidden_size, cfg.head_dim
+        h, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def randn(*shape):
+            return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+        self.cfg, self.batch, self.seq, self.attention = cfg, batch, seq, attention
+        self.x0 = randn(batch, seq, d).requires_grad_()
+        self.y0 = randn(batch, seq, h * hd).requires_grad_()
+        self.positions = torch.arange(seq, device=device, dtype=torch.int32).repeat(batch)  # [M]
+        self.inv_freq = (1.0 / (cfg.rope_theta ** (
+            torch.arange(0, hd, 2, device=device, dtype=torch.int64).float() / hd)))
+        self.cos, self.sin = rope_cos_sin(self.positions.view(batch, seq), self.inv_freq, dtype)
+        self.g_x2 = randn(batch, seq, d)
+        if attention:
+            self.g_y1 = randn(batch, seq, h * hd)
+        else:
+            self.g_qkv = randn(batch, seq, (h + 2 * hkv) * hd)
+            gq, gk, gv = self.g_qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
+            self.g_q = gq.unflatten(-1, (h, hd))
+            self.g_k = gk.unflatten(-1, (hkv, hd))
+            self.g_v = gv.unflatten(-1, (hkv, hd))
+
+    def leaves(self):
+        return [self.x0, self.y0]
+
+
+class TorchBlockSide:
+    """ReferenceMiddle run eagerly, or through torch.compile (fn = torch.compile(module))."""
+
+    def __init__(self, module, inputs, fn=None):
+        self.module, self.inputs, self.fn = module, inputs, fn or module
+
+    def forward(self):
+        i = self.inputs
+        return self.fn(i.x0, i.y0, i.cos, i.sin)
+
+    def backward(self, outs):
+        i = self.inputs
+        grads = (i.g_x2, i.g_y1) if i.attention else (i.g_x2, i.g_q, i.g_k, i.g_v)
+        torch.autograd.backward(outs, grads)
+
+    def zero_grad(self):
+        self.module.zero_grad(set_to_none=True)
+        _clear(self.inputs.leaves())
+
+    def results(self, outs):
+        """Outputs and gradients in coda's layouts, for the agreement check."""
+        m, i = self.module, self.inputs
+        res = {"x2": outs[0]}
+        if i.attention:
+            res["y1"] = outs[1]
+        else:
+            res["qkv"] = torch.cat([t.flatten(-2) for t in outs[1:]], dim=-1)
+        res.update(dx0=i.x0.grad, dy0=i.y0.grad)
+        res.update(coda_adapter.block_weights_from_reference(m, grads=True))
+        return {k: v.detach() for k, v in res.items() if v is not None}
+
+
+class CodaBlockSide:
+    """coda's middle-layer op on weights converted from the same ReferenceMiddle."""
+
+    def __init__(self, module, inputs):
+        self.inputs = inputs
+        self.weights = {k: v.detach().clone().requires_grad_()
+                        for k, v in coda_adapter.block_weights_from_reference(module).items()}
+        self.op = coda_adapter.middle_op(module.n_heads, module.n_kv, module.head_dim,
+                                         module.post_attention_layernorm.variance_epsilon)
+
+    def forward(self):
+        i = self.inputs
+        cfg, b, s = i.cfg, i.batch, i.seq
+        x2, qkv = self.op(i.x0.view(b * s, -1), i.y0.view(b * s, -1), self.weights,
+                          i.positions, i.inv_freq)
+        x2, qkv = x2.view(b, s, -1), qkv.view(b, s, -1)
+        if not i.attention:
+            return x2, qkv
+        h, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        q, k, v = qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
+        y1 = sdpa(q.unflatten(-1, (h, hd)), k.unflatten(-1, (hkv, hd)), v.unflatten(-1, (hkv, hd)))
+        return x2, y1
+
+    def backward(self, outs):
+        i = self.inputs
+        torch.autograd.backward(outs, (i.g_x2, i.g_y1 if i.attention else i.g_qkv))
+
+    def zero_grad(self):
+        _clear(self.weights.values())
+        _clear(self.inputs.leaves())
+
+    def results(self, outs):
+        i = self.inputs
+        res = {"x2": outs[0], ("y1" if i.attention else "qkv"): outs[1],
+               "dx0": i.x0.grad, "dy0": i.y0.grad}
+        res.update({"d" + k: w.grad for k, w in self.weights.items()})
+        return {k: v.detach() for k, v in res.items() if v is not None}
+
+    def param_tensors(self):
+        return list(self.weights.values())
+
+
+class ModelInputs:
+    def __init__(self, cfg, tokens, batch, device="cuda", seed=0):
+        if tokens % batch:
+            raise ValueError("tokens (%d) must be a multiple of batch (%d)" % (tokens, batch))
+        gen = torch.Generator(device=device).manual_seed(seed)
+        self.input_ids = torch.randint(0, cfg.vocab_size, (batch, tokens // batch), generator=gen,
+                                       device=device)
+        self.labels = self.input_ids
+
+
+class ModelSide:
+    """A causal LM whose forward(input_ids, labels=labels) returns the mean loss: the
+    reference eagerly (fn = module), through torch.compile, or coda's Llama."""
+
+    def __init__(self, module, inputs, fn=None):
+        self.module, self.inputs, self.fn = module, inputs, fn or module
+
+    def forward(self):
+        return self.fn(self.inputs.input_ids, labels=self.inputs.labels)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def zero_grad(self):
+        self.module.zero_grad(set_to_none=True)
+
+    def results(self, loss):
+        res = {"loss": loss.detach().float().reshape(1)}
+        res.update(coda_adapter.model_grads_hf(self.module))
+        return {k: v.detach() for k, v in res.items() if v is not None}
+
+
+def build_reference_block(cfg, attention, seed=0, device="cuda", dtype=torch.bfloat16):
+    return init_weights(ReferenceMiddle(cfg, attention=attention, device=device, dtype=dtype), seed)
+
+
+def build_reference_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16):
+    return init_weights(ReferenceLlama(cfg, device=device, dtype=dtype), seed)
+
+
+__all__ = ["BlockInputs", "TorchBlockSide", "CodaBlockSide", "ModelInputs", "ModelSide",
+           "build_reference_block", "build_reference_model", "RefConfig"]
