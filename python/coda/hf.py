@@ -1,0 +1,259 @@
+"""Hugging Face interop: from_hf (a coda.models.Llama with a LlamaForCausalLM's weights),
+to_hf_state_dict (back, bit for bit) and patch_hf (run a LlamaForCausalLM's forward on coda,
+in place).
+
+Weight mapping, per decoder layer i (HF name -> coda):
+  input_layernorm.weight                 -> layers[i].attn_norm
+  self_attn.{q,k,v}_proj.weight          -> layers[i].w_qkv = [q; k; v] (rows)
+  self_attn.o_proj.weight                -> layers[i].w_out
+  post_attention_layernorm.weight        -> layers[i].ffn_norm
+  mlp.{gate,up}_proj.weight              -> layers[i].w_gate_up = interleave([gate; up])
+  mlp.down_proj.weight                   -> layers[i].w_down
+and model.embed_tokens.weight -> embed_tokens.weight, model.norm.weight -> norm,
+lm_head.weight -> lm_head (absent when the embeddings are tied).
+"""
+
+import types
+
+import torch
+
+from . import ops
+from .models import Llama, LlamaConfig, run_layers, shift_labels
+
+__all__ = ["from_hf", "to_hf_state_dict", "patch_hf", "unpatch_hf"]
+
+
+def _causal_lm(hf_model):
+    if not (hasattr(hf_model, "model") and hasattr(hf_model, "lm_head")):
+        raise NotImplementedError(
+            "coda converts causal LMs (LlamaForCausalLM: .model and .lm_head); got %s"
+            % type(hf_model).__name__)
+    return hf_model.model
+
+
+def _hf_layer_weights(layer, dtype=None, device=None):
+    """One HF decoder layer's weights in coda's layout (differentiable functions of the HF
+    parameters: concatenation, interleaving, casting)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    cast = (lambda t: t.to(device=device, dtype=dtype)) if dtype is not None else (lambda t: t)
+    w_qkv = torch.cat([cast(attn.q_proj.weight), cast(attn.k_proj.weight),
+                       cast(attn.v_proj.weight)], dim=0)
+    stacked = torch.cat([cast(mlp.gate_proj.weight), cast(mlp.up_proj.weight)], dim=0)
+    return {
+        "attn_norm": cast(layer.input_layernorm.weight),
+        "w_qkv": w_qkv,
+        "w_out": cast(attn.o_proj.weight),
+        "ffn_norm": cast(layer.post_attention_layernorm.weight),
+        "w_gate_up": ops.interleave_gate_up(stacked),
+        "w_down": cast(mlp.down_proj.weight),
+    }
+
+
+def _model_device(module):
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _model_dtype(module):
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _coda_dtype(dtype):
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+
+
+@torch.no_grad()
+def from_hf(hf_model, device=None, dtype=None):
+    """A coda.models.Llama with a copy of a Hugging Face LlamaForCausalLM's weights.
+
+    device: default the HF model's; dtype: default the HF model's when bf16 or f16, else bf16
+    (coda computes in 16-bit). Unsupported architectures raise NotImplementedError."""
+    base = _causal_lm(hf_model)
+    config = LlamaConfig.from_hf(hf_model.config)
+    device = torch.device(device) if device is not None else _model_device(hf_model)
+    dtype = dtype if dtype is not None else _coda_dtype(_model_dtype(hf_model))
+    model = Llama(config, device=device, dtype=dtype, init_weights=False)
+
+    def put(dst, src):
+        dst.copy_(src.detach().to(device=device, dtype=dtype))
+
+    put(model.embed_tokens.weight, base.embed_tokens.weight)
+    for layer, hf_layer in zip(model.layers, base.layers):
+        w = _hf_layer_weights(hf_layer, dtype=dtype, device=device)
+        for name, value in w.items():
+            put(getattr(layer, name), value)
+    put(model.norm, base.norm.weight)
+    if model.lm_head is not None:
+        put(model.lm_head, hf_model.lm_head.weight)
+    return model
+
+
+def _split_layer(layer_tensors, config):
+    """coda-layout tensors of one layer -> {HF suffix: tensor} (fresh, contiguous tensors)."""
+    h, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    out = {}
+    if layer_tensors.get("w_qkv") is not None:
+        q, k, v = layer_tensors["w_qkv"].split([h * hd, kv * hd, kv * hd], dim=0)
+        out["self_attn.q_proj.weight"] = q.clone()
+        out["self_attn.k_proj.weight"] = k.clone()
+        out["self_attn.v_proj.weight"] = v.clone()
+    if layer_tensors.get("w_gate_up") is not None:
+        stacked = ops.deinterleave_gate_up(layer_tensors["w_gate_up"])
+        gate, up = stacked.chunk(2, dim=0)
+        out["mlp.gate_proj.weight"] = gate.clone()
+        out["mlp.up_proj.weight"] = up.clone()
+    simple = {
+        "attn_norm": "input_layernorm.weight",
+        "w_out": "self_attn.o_proj.weight",
+        "ffn_norm": "post_attention_layernorm.weight",
+        "w_down": "mlp.down_proj.weight",
+    }
+    for name, hf_name in simple.items():
+        if layer_tensors.get(name) is not None:
+            out[hf_name] = layer_tensors[name].clone()
+    return out
+
+
+@torch.no_grad()
+def to_hf_state_dict(model, grads=False):
+    """The Hugging Face LlamaForCausalLM state dict of a coda.models.Llama (exact: the inverse
+    of from_hf on the same dtype). grads=True maps the parameters' .grad instead (entries whose
+    gradient is None are left out). With tied embeddings, lm_head.weight is the embedding
+    tensor, as in the HF model's own state_dict()."""
+    pick = (lambda p: p.grad) if grads else (lambda p: p)
+    sd = {}
+
+    def put(name, value):
+        if value is not None:
+            sd[name] = value.detach().clone()
+
+    put("model.embed_tokens.weight", pick(model.embed_tokens.weight))
+    for i, layer in enumerate(model.layers):
+        tensors = {name: pick(p) for name, p in layer.weights().items()}
+        for suffix, value in _split_layer(tensors, model.config).items():
+            sd["model.layers.%d.%s" % (i, suffix)] = value.detach()
+    put("model.norm.weight", pick(model.norm))
+    if model.lm_head is None:
+        if "model.embed_tokens.weight" in sd:
+            sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    else:
+        put("lm_head.weight", pick(model.lm_head))
+    return sd
+
+
+# ---------------------------------------------------------------------------------------------
+# patch_hf
+
+
+def _output_class():
+    try:
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        return CausalLMOutputWithPast
+    except ImportError:  # transformers absent: a plain object with the same fields
+        return types.SimpleNamespace
+
+
+def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
+                  past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
+                  output_attentions=None, output_hidden_states=None, return_dict=None,
+                  cache_position=None, logits_to_keep=0, **kwargs):
+    state = self._coda_state
+    if past_key_values is not None and (not hasattr(past_key_values, "get_seq_length")
+                                        or past_key_values.get_seq_length() > 0):
+        raise NotImplementedError("coda's patched forward has no KV cache (past_key_values)")
+    if output_attentions or output_hidden_states:
+        raise NotImplementedError(
+            "coda's patched forward does not return attentions or hidden states")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise NotImplementedError(
+            "coda's patched forward runs causal attention over whole rows: padding masks are "
+            "not supported (pack the sequences, or drop the padding)")
+    base = self.model
+    dtype = state["dtype"]
+    if inputs_embeds is None:
+        inputs_embeds = base.embed_tokens(input_ids)
+    batch, seq = inputs_embeds.shape[0], inputs_embeds.shape[1]
+    device = inputs_embeds.device
+    x = inputs_embeds.to(dtype).reshape(batch * seq, -1)
+    if position_ids is None:
+        positions = torch.arange(seq, device=device).repeat(batch)
+    else:
+        positions = position_ids.expand(batch, seq).reshape(-1)
+    block = state["block"]
+    shifted = kwargs.get("shift_labels")
+    if shifted is not None:
+        targets = shifted.reshape(-1)
+    elif labels is not None:
+        targets = shift_labels(labels, block.ignore_index).reshape(-1)
+    else:
+        targets = torch.full((batch * seq,), block.ignore_index, dtype=torch.int32, device=device)
+    has_labels = labels is not None or shifted is not None
+    items = kwargs.get("num_items_in_batch")
+    want_logits = state["keep_logits"] or not has_labels
+    inv_freq = state["inv_freq"].get(device)
+    if inv_freq is None:
+        inv_freq = state["inv_freq"][device] = state["inv_freq"]["cpu"].to(device)
+    layers = [_hf_layer_weights(layer, dtype=dtype, device=device) for layer in base.layers]
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    loss, logits = run_layers(
+        x, batch, seq, positions, targets, inv_freq, block, layers, cast(base.norm.weight),
+        cast(self.lm_head.weight), return_logits=want_logits,
+        reduction="sum" if items is not None else "mean")
+    if items is not None:
+        loss = loss / items
+    if want_logits:
+        logits = logits.view(batch, seq, -1)
+        if isinstance(logits_to_keep, int) and logits_to_keep > 0:
+            logits = logits[:, -logits_to_keep:]
+    return _output_class()(loss=loss if has_labels else None, logits=logits,
+                           past_key_values=None)
+
+
+def patch_hf(hf_model, keep_logits=True, dtype=None):
+    """Run a Hugging Face LlamaForCausalLM's forward on coda, in place; returns the model.
+
+    The HF parameters stay the model's parameters (optimizers, state_dict and save_pretrained
+    are unchanged): each forward builds coda's fused weights from them (a concatenation and an
+    interleave, differentiable), so gradients reach them. The patched forward takes the usual
+    arguments (input_ids or inputs_embeds, labels, position_ids, an all-ones attention_mask,
+    num_items_in_batch, shift_labels) and returns a CausalLMOutputWithPast with loss (HF's
+    shifted mean cross-entropy; sum / num_items_in_batch when given) and logits ([B, S, V] in
+    the compute dtype; None when labels are given and keep_logits=False). KV caches, padding
+    masks and attention / hidden-state outputs raise NotImplementedError.
+
+    dtype: the compute dtype (default the model's when bf16 or f16, else bf16: an fp32 model's
+    weights are cast on the fly and receive fp32 gradients)."""
+    _causal_lm(hf_model)
+    config = LlamaConfig.from_hf(hf_model.config)
+    from .models import rope_inv_freq
+
+    hf_model._coda_state = {
+        "config": config,
+        "block": config.block(),
+        "inv_freq": {"cpu": rope_inv_freq(config)},  # per device
+        "dtype": dtype if dtype is not None else _coda_dtype(_model_dtype(hf_model)),
+        "keep_logits": bool(keep_logits),
+    }
+    if "forward" not in hf_model.__dict__:
+        hf_model._coda_original_forward = None
+    else:
+        hf_model._coda_original_forward = hf_model.__dict__["forward"]
+    hf_model.forward = types.MethodType(_coda_forward, hf_model)
+    return hf_model
+
+
+def unpatch_hf(hf_model):
+    """Undo patch_hf."""
+    if not hasattr(hf_model, "_coda_state"):
+        return hf_model
+    original = hf_model.__dict__.get("_coda_original_forward")
+    del hf_model.forward
+    if original is not None:
+        hf_model.forward = original
+    del hf_model._coda_state
+    del hf_model._coda_original_forward
+    return hf_model

@@ -1,0 +1,365 @@
+"""A Llama causal LM whose non-attention work runs on coda.
+
+``Llama(config)`` holds its weights in coda's layout: per layer a fused ``w_qkv`` ([Q; K; V]
+rows), ``w_out``, ``w_gate_up`` (gate and up rows interleaved: gate0, up0, gate1, up1, ...) and
+``w_down``, plus the two RMSNorm weights. Its forward runs the first / middle / last layers of
+coda's shifted decomposition (``coda.ops.llama_first/middle/last``) and attention between
+them in torch (``scaled_dot_product_attention``, causal), on the post-RoPE q, k, v of the fused
+qkv. ``coda.from_hf`` builds one from a Hugging Face ``LlamaForCausalLM``.
+"""
+
+import math
+from dataclasses import dataclass, fields
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ops
+
+__all__ = ["LlamaConfig", "Llama", "rope_inv_freq", "attention", "shift_labels", "run_layers"]
+
+_ROPE_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
+                     "original_max_position_embeddings")
+
+
+def _rope_type(scaling):
+    if not scaling:
+        return "default"
+    return scaling.get("rope_type", scaling.get("type", "default"))
+
+
+@dataclass
+class LlamaConfig:
+    """The Llama architecture, with Hugging Face LlamaConfig's field names.
+
+    rope_scaling: None, or a Llama-3 dict {"rope_type": "llama3", "factor",
+    "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}. Unsupported
+    settings raise NotImplementedError; inconsistent ones ValueError."""
+
+    hidden_size: int = 4096
+    intermediate_size: int = 11008
+    num_attention_heads: int = 32
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    vocab_size: int = 32000
+    num_hidden_layers: int = 32
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[dict] = None
+    tie_word_embeddings: bool = False
+    max_position_embeddings: int = 2048
+    initializer_range: float = 0.02
+
+    def __post_init__(self):
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.rope_scaling is not None and _rope_type(self.rope_scaling) == "default":
+            self.rope_scaling = None
+        self.validate()
+
+    def validate(self):
+        for name in ("hidden_size", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "vocab_size", "num_hidden_layers"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError("LlamaConfig.%s must be >= 1; got %r" % (name, getattr(self, name)))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                "num_attention_heads (%d) must be a multiple of num_key_value_heads (%d)"
+                % (self.num_attention_heads, self.num_key_value_heads))
+        if self.head_dim % 2:
+            raise NotImplementedError(
+                "coda's RoPE rotates the halves of a head: head_dim must be even; got %d"
+                % self.head_dim)
+        widths = {
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "vocab_size": self.vocab_size,
+            "num_attention_heads * head_dim": self.num_attention_heads * self.head_dim,
+            "(num_attention_heads + 2 * num_key_value_heads) * head_dim":
+                (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim,
+        }
+        for name, value in widths.items():
+            if value % 8:
+                raise NotImplementedError(
+                    "coda's GEMMs need 16-byte rows: %s must be a multiple of 8; got %d (pad it "
+                    "to %d)" % (name, value, (value + 7) // 8 * 8))
+        if not (self.rms_norm_eps >= 0 and math.isfinite(self.rms_norm_eps)):
+            raise ValueError("rms_norm_eps must be finite and >= 0; got %r" % self.rms_norm_eps)
+        rope_type = _rope_type(self.rope_scaling)
+        if rope_type not in ("default", "llama3"):
+            raise NotImplementedError(
+                "coda supports the default RoPE and Llama-3 rope scaling; got rope_type %r"
+                % rope_type)
+        if rope_type == "llama3":
+            missing = [k for k in _ROPE_LLAMA3_KEYS if k not in self.rope_scaling]
+            if missing:
+                raise ValueError("Llama-3 rope_scaling needs %s; missing %s"
+                                 % (", ".join(_ROPE_LLAMA3_KEYS), missing))
+
+    @classmethod
+    def from_hf(cls, hf_config):
+        """From a Hugging Face LlamaConfig (transformers 4.x or 5.x); NotImplementedError for
+        what coda does not run (biases, other activations, other rope types, ...)."""
+        get = lambda k, d=None: getattr(hf_config, k, d)  # noqa: E731
+        model_type = get("model_type", "llama")
+        if model_type != "llama":
+            raise NotImplementedError("coda runs Llama models; got model_type %r" % model_type)
+        if get("hidden_act", "silu") not in ("silu", "swish"):
+            raise NotImplementedError(
+                "coda's MLP is SwiGLU (hidden_act 'silu'); got %r" % get("hidden_act"))
+        for flag in ("attention_bias", "mlp_bias"):
+            if get(flag, False):
+                raise NotImplementedError("coda's projections have no bias; got %s=True" % flag)
+        if float(get("attention_dropout", 0.0) or 0.0) != 0.0:
+            raise NotImplementedError(
+                "attention dropout is not supported; got attention_dropout=%r"
+                % get("attention_dropout"))
+        if float(get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
+            raise NotImplementedError("partial rotary embeddings are not supported")
+        theta, scaling = _hf_rope(hf_config)
+        heads = int(get("num_attention_heads"))
+        head_dim = get("head_dim") or int(get("hidden_size")) // heads
+        return cls(
+            hidden_size=int(get("hidden_size")),
+            intermediate_size=int(get("intermediate_size")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            vocab_size=int(get("vocab_size")),
+            num_hidden_layers=int(get("num_hidden_layers")),
+            rms_norm_eps=float(get("rms_norm_eps", 1e-6)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(get("tie_word_embeddings", False)),
+            max_position_embeddings=int(get("max_position_embeddings", 2048) or 2048),
+            initializer_range=float(get("initializer_range", 0.02) or 0.02),
+        )
+
+    def to_dict(self):
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def block(self, ignore_index=-100):
+        """The coda.ops.BlockConfig of this model."""
+        return ops.BlockConfig(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
+                               float(self.rms_norm_eps), int(ignore_index))
+
+
+def _hf_rope(hf_config):
+    """(rope_theta, rope_scaling or None) of a Hugging Face config: transformers 5's
+    `rope_parameters` or 4's `rope_theta` / `rope_scaling`."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and params:
+        if "rope_theta" not in params and any(isinstance(v, dict) for v in params.values()):
+            raise NotImplementedError("per-layer-type rope parameters are not supported")
+        theta = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        scaling = None if _rope_type(params) == "default" else dict(params)
+    else:
+        theta = getattr(hf_config, "rope_theta", 10000.0)
+        scaling = getattr(hf_config, "rope_scaling", None)
+        scaling = None if _rope_type(scaling) == "default" else dict(scaling)
+    if scaling is not None and float(scaling.get("partial_rotary_factor", 1.0) or 1.0) != 1.0:
+        raise NotImplementedError("partial rotary embeddings are not supported")
+    return theta, scaling
+
+
+def rope_inv_freq(config):
+    """The RoPE frequency table [head_dim / 2] (f32, on the CPU), computed as transformers
+    computes it (the same float32 operations in the same order, so the values are equal): the
+    default table 1 / theta^(2i / head_dim), then, for Llama-3 rope scaling, the
+    _compute_llama3_parameters adjustment."""
+    dim = config.head_dim
+    base = float(config.rope_theta)
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(dtype=torch.float) / dim))
+    if _rope_type(config.rope_scaling) != "llama3":
+        return inv_freq
+    s = config.rope_scaling
+    factor = s["factor"]
+    low_freq_factor = s["low_freq_factor"]
+    high_freq_factor = s["high_freq_factor"]
+    old_context_len = s["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    # long wavelengths: divided by factor; short ones: kept; in between: interpolated
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+# ---------------------------------------------------------------------------------------------
+# The layer loop, shared by Llama and patched Hugging Face models
+
+_SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
+
+
+def attention(qkv, batch, seq, block):
+    """Causal self-attention on coda's post-RoPE qkv [B*S, (H + 2 KV) head_dim] -> the attention
+    output [B*S, H head_dim] (heads concatenated, as o_proj reads it). Scale 1/sqrt(head_dim),
+    no dropout, GQA (query head h reads key/value head h // (H / KV))."""
+    h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+    q, k, v = qkv.view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if kv == h:
+        o = _sdpa(q, k, v, is_causal=True)
+    elif _SDPA_GQA:
+        o = _sdpa(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        rep = h // kv
+        o = _sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1),
+                  is_causal=True)
+    return o.transpose(1, 2).reshape(batch * seq, h * d)
+
+
+def _causal_attention_math(q, k, v, is_causal=True):
+    """Softmax attention in the inputs' dtype (float32 softmax), for torch without SDPA."""
+    scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    scores = scores.masked_fill(mask, float("-inf"))
+    return scores.softmax(-1).to(q.dtype) @ v
+
+
+_sdpa = getattr(F, "scaled_dot_product_attention", _causal_attention_math)
+
+
+def shift_labels(labels, ignore_index=-100):
+    """Hugging Face's causal-LM targets: position t predicts labels[t + 1]; the last position of
+    each row predicts nothing (ignore_index). [B, S] -> [B, S]."""
+    return F.pad(labels[:, 1:], (0, 1), value=ignore_index)
+
+
+def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final_norm, lm_head,
+               return_logits=False, reduction="mean"):
+    """Embedding output x [B*S, D] -> (loss, logits or None) through coda's first, middle and
+    last layers, attention between them. `layers`: a list, one dict per decoder layer with the
+    coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down."""
+    first = layers[0]
+    qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
+    for layer, following in zip(layers[:-1], layers[1:]):
+        y = attention(qkv, batch, seq, block)
+        x, qkv = ops.llama_middle(
+            x, y,
+            (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
+             following["attn_norm"], following["w_qkv"]),
+            positions, inv_freq, block)
+    y = attention(qkv, batch, seq, block)
+    last = layers[-1]
+    return ops.llama_last(
+        x, y, targets,
+        (last["w_out"], last["ffn_norm"], last["w_gate_up"], last["w_down"], final_norm, lm_head),
+        block, return_logits=return_logits, reduction=reduction)
+
+
+# ---------------------------------------------------------------------------------------------
+# The module
+
+
+class LlamaLayer(nn.Module):
+    """One decoder layer's weights in coda's layout."""
+
+    def __init__(self, config, device=None, dtype=None):
+        super().__init__()
+        c = config
+        kw = {"device": device, "dtype": dtype}
+        d, f = c.hidden_size, c.intermediate_size
+        h, kv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.attn_norm = nn.Parameter(torch.ones(d, **kw))
+        self.w_qkv = nn.Parameter(torch.empty((h + 2 * kv) * hd, d, **kw))
+        self.w_out = nn.Parameter(torch.empty(d, h * hd, **kw))
+        self.ffn_norm = nn.Parameter(torch.ones(d, **kw))
+        self.w_gate_up = nn.Parameter(torch.empty(2 * f, d, **kw))
+        self.w_down = nn.Parameter(torch.empty(d, f, **kw))
+
+    def weights(self):
+        return {
+            "attn_norm": self.attn_norm, "w_qkv": self.w_qkv, "w_out": self.w_out,
+            "ffn_norm": self.ffn_norm, "w_gate_up": self.w_gate_up, "w_down": self.w_down,
+        }
+
+
+class Llama(nn.Module):
+    """A Llama causal LM on coda.
+
+    forward(input_ids [B, S], labels=None, position_ids=None, return_logits=False):
+      * labels given: the loss, the mean cross-entropy over targets != -100, where position t
+        predicts labels[t + 1] (Hugging Face's shift; the last position predicts nothing);
+        with return_logits=True, (loss, logits [B, S, V]);
+      * labels None: the logits [B, S, V].
+    The logits are in the model's dtype and carry no gradient (train through the loss).
+    position_ids ([B, S] or [S], default 0..S-1 per row) drive RoPE only; attention is causal
+    over each row of input_ids.
+    """
+
+    def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True):
+        super().__init__()
+        if dtype not in (torch.bfloat16, torch.float16):
+            raise TypeError("coda runs bf16 or f16 models; got dtype %s" % dtype)
+        config.validate()
+        self.config = config
+        kw = {"device": device, "dtype": dtype}
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, **kw)
+        self.layers = nn.ModuleList(
+            LlamaLayer(config, **kw) for _ in range(config.num_hidden_layers))
+        self.norm = nn.Parameter(torch.ones(config.hidden_size, **kw))
+        if config.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            self.lm_head = nn.Parameter(torch.empty(config.vocab_size, config.hidden_size, **kw))
+        # The RoPE table is f32 whatever the model's dtype; kept as its int32 bits so that
+        # model.to(dtype) / .half() move it without rounding it.
+        bits = rope_inv_freq(config).view(torch.int32)
+        self.register_buffer("rope_inv_freq_bits", bits.to(device), persistent=False)
+        self.block = config.block()
+        if init_weights:
+            self.reset_parameters()
+
+    @property
+    def inv_freq(self):
+        """The RoPE frequency table [head_dim / 2], f32."""
+        return self.rope_inv_freq_bits.view(torch.float32)
+
+    @property
+    def lm_head_weight(self):
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    @torch.no_grad()
+    def reset_parameters(self):
+        """Hugging Face's initialization: normal(0, initializer_range) weights, unit norms."""
+        std = self.config.initializer_range
+        for name, p in self.named_parameters():
+            if name.endswith("norm"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, std)
+
+    def forward(self, input_ids, labels=None, position_ids=None, return_logits=False):
+        if input_ids.dim() == 1:
+            input_ids = input_ids.unsqueeze(0)
+            labels = labels.unsqueeze(0) if labels is not None else None
+        batch, seq = input_ids.shape
+        x = self.embed_tokens(input_ids).reshape(batch * seq, -1)
+        if position_ids is None:
+            positions = torch.arange(seq, device=input_ids.device).repeat(batch)
+        else:
+            positions = position_ids.expand(batch, seq).reshape(-1)
+        if labels is None:
+            targets = torch.full((batch * seq,), self.block.ignore_index, dtype=torch.int32,
+                                 device=input_ids.device)
+        else:
+            targets = shift_labels(labels, self.block.ignore_index).reshape(-1)
+        want_logits = return_logits or labels is None
+        loss, logits = run_layers(
+            x, batch, seq, positions, targets, self.inv_freq, self.block,
+            [layer.weights() for layer in self.layers], self.norm, self.lm_head_weight,
+            return_logits=want_logits)
+        if want_logits:
+            logits = logits.view(batch, seq, -1)
+        if labels is None:
+            return logits
+        return (loss, logits) if return_logits else loss

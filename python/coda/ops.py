@@ -1,0 +1,848 @@
+"""coda's kernels as torch custom ops (namespace ``coda``), with fake (meta) implementations
+for torch.compile and autograd formulas.
+
+Ops (``torch.ops.coda.*``):
+
+=============================  ===============================================================
+``gemm``                       D = alpha op(A) op(B) + beta C; layouts fwd / dgrad / wgrad
+``interleave_gate_up``         [gate; up] rows -> coda's interleaved gate/up rows
+``deinterleave_gate_up``       the inverse
+``llama_first_forward``        x -> qkv of layer 0 (and the saved rstd)
+``llama_first_backward``       dqkv -> dx and the weight gradients
+``llama_middle_forward``       (x0, y0) -> (x2, qkv) (and the saved x1, z1, r1, r2)
+``llama_middle_backward``      (dx2, dqkv) -> dx0, dy0 and the weight gradients
+``llama_last_forward``         (x0, y0, targets) -> loss [, logits] (and the saved tensors)
+``llama_last_backward``        dloss -> dx0, dy0 and the weight gradients
+=============================  ===============================================================
+
+The forward ops return their outputs followed by the tensors their backward needs; those and
+the logits are non-differentiable. Weight gradients are returned (never accumulated in place):
+autograd accumulates them. Each call runs on ``torch.cuda.current_stream()`` of its tensors'
+device (or synchronously on the CPU backend for CPU tensors) and takes its workspace from the
+caching allocator.
+
+The functions at the bottom (``gemm``, ``llama_first``, ``llama_middle``, ``llama_last``, ...)
+are the Python-friendly entry points: they convert positions/targets, accept weights as a dict
+or tuple and return only the user-facing outputs. Eager calls may skip the dispatcher
+(``set_eager_bypass(True)`` or ``CODA_EAGER_BYPASS=1``): the same implementation and autograd
+formulas run through a plain ``torch.autograd.Function``; under torch.compile the custom ops
+are always used.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lib as L
+from . import _torch as T
+
+__all__ = [
+    "BlockConfig",
+    "block_config",
+    "gemm",
+    "interleave_gate_up",
+    "deinterleave_gate_up",
+    "llama_first",
+    "llama_middle",
+    "llama_last",
+    "FIRST_WEIGHTS",
+    "MIDDLE_WEIGHTS",
+    "LAST_WEIGHTS",
+    "set_eager_bypass",
+]
+
+FIRST_WEIGHTS = ("attn_norm", "w_qkv")
+MIDDLE_WEIGHTS = ("w_out", "ffn_norm", "w_gate_up", "w_down", "attn_norm", "w_qkv")
+LAST_WEIGHTS = ("w_out", "ffn_norm", "w_gate_up", "w_down", "final_norm", "lm_head")
+
+_LAYOUTS = {"fwd": L.GEMM_FWD, "dgrad": L.GEMM_DGRAD, "wgrad": L.GEMM_WGRAD}
+_REDUCTIONS = {"mean": L.LOSS_MEAN, "sum": L.LOSS_SUM}
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """What a block call needs besides the tensors' shapes (hidden, intermediate and vocab
+    come from the weights)."""
+
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    eps: float = 1e-6
+    ignore_index: int = -100
+
+
+def block_config(config):
+    """A BlockConfig from a BlockConfig, a coda.models.LlamaConfig or a Hugging Face
+    LlamaConfig (Hugging Face field names), or a dict of either's fields."""
+    if isinstance(config, BlockConfig):
+        return config
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    if get("n_heads") is not None:
+        return BlockConfig(
+            int(get("n_heads")),
+            int(get("n_kv_heads")),
+            int(get("head_dim")),
+            float(get("eps", 1e-6)),
+            int(get("ignore_index", -100)),
+        )
+    heads = int(get("num_attention_heads"))
+    kv = get("num_key_value_heads")
+    head_dim = get("head_dim") or int(get("hidden_size")) // heads
+    return BlockConfig(
+        heads, int(kv if kv is not None else heads), int(head_dim), float(get("rms_norm_eps", 1e-6))
+    )
+
+
+def _c_config(hidden, intermediate, n_heads, n_kv_heads, head_dim, vocab, eps,
+              ignore_index=-100, reduction=L.LOSS_MEAN):
+    return L.LlamaConfig(
+        hidden=int(hidden),
+        intermediate=int(intermediate),
+        n_heads=int(n_heads),
+        n_kv_heads=int(n_kv_heads),
+        head_dim=int(head_dim),
+        vocab=int(vocab),
+        eps=float(eps),
+        ignore_index=int(ignore_index),
+        loss_reduction=int(reduction),
+    )
+
+
+def _qkv_width(n_heads, n_kv_heads, head_dim):
+    return (n_heads + 2 * n_kv_heads) * head_dim
+
+
+def _rope(positions, inv_freq):
+    return L.LlamaRope(positions=T.view(positions, "positions"),
+                       inv_freq=T.view(inv_freq, "inv_freq"))
+
+
+def _f32(t):
+    return t.new_empty(t.shape[0], dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Op definition: the custom op, and the same implementation behind an autograd.Function for the
+# optional eager bypass.
+
+_EAGER_BYPASS = os.environ.get("CODA_EAGER_BYPASS", "0") not in ("", "0")
+
+
+def set_eager_bypass(enabled=True):
+    """Eager (not compiled) calls of the functional API skip the torch dispatcher, running the
+    same implementation and autograd formulas through a plain autograd.Function. Returns the
+    previous setting."""
+    global _EAGER_BYPASS
+    previous, _EAGER_BYPASS = _EAGER_BYPASS, bool(enabled)
+    return previous
+
+
+class _Spec:
+    def __init__(self, name, impl, op, setup=None, backward=None):
+        self.name, self.impl, self.op = name, impl, op
+        self.setup, self.backward = setup, backward
+
+
+# torch.library.custom_op came with torch 2.4; older versions run the implementation through
+# the autograd.Function below (eager only: no torch.compile support there).
+HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op")
+
+
+def _define(name, impl, fake, setup=None, backward=None):
+    op = None
+    if HAS_CUSTOM_OPS:
+        op = torch.library.custom_op("coda::" + name, mutates_args=())(impl)
+        op.register_fake(fake)
+        if backward is not None:
+            op.register_autograd(backward, setup_context=setup)
+    return _Spec(name, impl, op, setup, backward)
+
+
+class _Bypass(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, spec, *args):
+        out = spec.impl(*args)
+        ctx.coda_spec = spec
+        spec.setup(ctx, args, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.coda_needs_input_grad = ctx.needs_input_grad[1:]  # without `spec`
+        result = ctx.coda_spec.backward(ctx, *grads)
+        if not isinstance(result, tuple):
+            result = (result,)
+        return (None,) + result
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    if compiler is not None and hasattr(compiler, "is_compiling"):
+        return compiler.is_compiling()
+    return False
+
+
+def _needs_input_grad(ctx):
+    return getattr(ctx, "coda_needs_input_grad", None) or ctx.needs_input_grad
+
+
+def _bypassing():
+    return _EAGER_BYPASS and not _compiling()
+
+
+def _run(spec, *args):
+    """Call an op: through the dispatcher, or (eager bypass, or a torch without custom ops) its
+    implementation directly."""
+    if spec.op is not None and not _bypassing():
+        return spec.op(*args)
+    if (
+        spec.backward is not None
+        and torch.is_grad_enabled()
+        and any(isinstance(a, Tensor) and a.requires_grad for a in args)
+    ):
+        return _Bypass.apply(spec, *args)
+    return spec.impl(*args)
+
+
+def _grads_only(ctx, *outputs):
+    """setup_context boilerplate: `outputs` carry no gradient; unused output gradients arrive
+    as None instead of zero tensors."""
+    ctx.mark_non_differentiable(*outputs)
+    ctx.set_materialize_grads(False)
+
+
+def _dense(g, like):
+    """An incoming gradient as the contiguous tensor coda reads (zeros when None)."""
+    if g is None:
+        return torch.zeros_like(like, memory_format=torch.contiguous_format)
+    return g.to(like.dtype).contiguous()
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm
+
+
+def _gemm_shape(a, b, layout):
+    if layout == L.GEMM_FWD:
+        return (a.shape[0], b.shape[0])
+    if layout == L.GEMM_DGRAD:
+        return (a.shape[0], b.shape[1])
+    return (a.shape[1], b.shape[1])
+
+
+def _gemm_impl(
+    a: Tensor,
+    b: Tensor,
+    layout: int,
+    c: Optional[Tensor],
+    alpha: float,
+    beta: float,
+    out_dtype: Optional[torch.dtype],
+) -> Tensor:
+    dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else a.dtype)
+    d = torch.empty(_gemm_shape(a, b, layout), dtype=dtype, device=a.device)
+    args = L.GemmArgs()
+    args.layout = layout
+    args.a, args.b, args.d = T.view(a, "a"), T.view(b, "b"), T.view(d, "d")
+    args.c = T.view(c, "c")
+    args.alpha = L.scalar(alpha)
+    args.beta = beta
+    key = (layout, tuple(a.shape), tuple(b.shape), a.dtype, dtype, c is not None)
+    with T.device_guard(a.device):
+        nbytes = T.gemm_workspace_bytes(args, key, a.device)
+        if nbytes:
+            ws, args.workspace = T.workspace(nbytes, a.device)
+        L.gemm(args, T.stream(a))
+    return d
+
+
+def _gemm_fake(a, b, layout, c, alpha, beta, out_dtype):
+    dtype = out_dtype if out_dtype is not None else (c.dtype if c is not None else a.dtype)
+    return a.new_empty(_gemm_shape(a, b, layout), dtype=dtype)
+
+
+def _gemm_setup(ctx, inputs, output):
+    a, b, layout, c, alpha, beta, _ = inputs
+    ctx.save_for_backward(a, b)
+    ctx.layout, ctx.alpha, ctx.beta = layout, alpha, beta
+    ctx.c_dtype = c.dtype if c is not None else None
+
+
+def _gemm_backward(ctx, dd):
+    a, b = ctx.saved_tensors
+    needs = _needs_input_grad(ctx)
+    need_a, need_b, need_c = needs[0], needs[1], needs[3]
+    g = dd.to(a.dtype).contiguous()  # coda's GEMM operands are 16-bit
+    alpha, layout = ctx.alpha, ctx.layout
+    da = db = dc = None
+    if layout == L.GEMM_FWD:  # D = A B^T: dA = dD B, dB = dD^T A
+        if need_a:
+            da = _run(_GEMM, g, b, L.GEMM_DGRAD, None, alpha, 0.0, a.dtype)
+        if need_b:
+            db = _run(_GEMM, g, a, L.GEMM_WGRAD, None, alpha, 0.0, b.dtype)
+    elif layout == L.GEMM_DGRAD:  # D = A B: dA = dD B^T, dB = A^T dD
+        if need_a:
+            da = _run(_GEMM, g, b, L.GEMM_FWD, None, alpha, 0.0, a.dtype)
+        if need_b:
+            db = _run(_GEMM, a, g, L.GEMM_WGRAD, None, alpha, 0.0, b.dtype)
+    else:  # D = A^T B: dA = B dD^T, dB = A dD
+        if need_a:
+            da = _run(_GEMM, b, g, L.GEMM_FWD, None, alpha, 0.0, a.dtype)
+        if need_b:
+            db = _run(_GEMM, a, g, L.GEMM_DGRAD, None, alpha, 0.0, b.dtype)
+    if need_c and ctx.c_dtype is not None:
+        dc = (dd * ctx.beta).to(ctx.c_dtype)
+    return da, db, None, dc, None, None, None
+
+
+_GEMM = _define("gemm", _gemm_impl, _gemm_fake, _gemm_setup, _gemm_backward)
+
+# ---------------------------------------------------------------------------------------------
+# gate/up converters
+
+
+def _gate_up_impl(fn, src, name):
+    dst = torch.empty_like(src, memory_format=torch.contiguous_format)
+    with T.device_guard(src.device):
+        fn(T.view(src, name), T.view(dst, "out"), T.stream(src))
+    return dst
+
+
+def _interleave_impl(stacked: Tensor) -> Tensor:
+    return _gate_up_impl(L.interleave_gate_up, stacked, "stacked")
+
+
+def _deinterleave_impl(fused: Tensor) -> Tensor:
+    return _gate_up_impl(L.deinterleave_gate_up, fused, "fused")
+
+
+def _like_fake(t):
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def _no_setup(ctx, inputs, output):
+    pass
+
+
+def _interleave_backward(ctx, g):
+    return _run(_DEINTERLEAVE, g.contiguous())
+
+
+def _deinterleave_backward(ctx, g):
+    return _run(_INTERLEAVE, g.contiguous())
+
+
+_INTERLEAVE = _define(
+    "interleave_gate_up", _interleave_impl, _like_fake, _no_setup, _interleave_backward
+)
+_DEINTERLEAVE = _define(
+    "deinterleave_gate_up", _deinterleave_impl, _like_fake, _no_setup, _deinterleave_backward
+)
+
+# ---------------------------------------------------------------------------------------------
+# First layer: x -> RMSNorm -> QKV -> RoPE
+
+
+def _first_forward_impl(
+    x: Tensor,
+    attn_norm: Tensor,
+    w_qkv: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> Tuple[Tensor, Tensor]:
+    m, d = x.shape[0], x.shape[-1]
+    qkv = x.new_empty((m, _qkv_width(n_heads, n_kv_heads, head_dim)))
+    rstd = _f32(x)
+    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
+    w = L.LlamaFirstWeights(attn_norm=T.view(attn_norm, "attn_norm"), w_qkv=T.view(w_qkv, "w_qkv"))
+    inputs = L.LlamaFirstInputs(x=T.view(x, "x"), rope=_rope(positions, inv_freq))
+    outputs = L.LlamaFirstOutputs(qkv=T.view(qkv))
+    saved = L.LlamaFirstSaved(rstd=T.view(rstd))
+    with T.device_guard(x.device):
+        n = T.llama_workspace_bytes(L.LLAMA_FIRST, L.LLAMA_FORWARD, cfg, m, x.device)
+        ws, ws_desc = T.workspace(n, x.device)
+        L.llama_forward("first", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x))
+    return qkv, rstd
+
+
+def _first_forward_fake(x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads,
+                        head_dim, eps):
+    return x.new_empty((x.shape[0], _qkv_width(n_heads, n_kv_heads, head_dim))), _f32(x)
+
+
+def _first_backward_impl(
+    dqkv: Tensor,
+    x: Tensor,
+    attn_norm: Tensor,
+    w_qkv: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    qkv: Tensor,
+    rstd: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    m, d = x.shape[0], x.shape[-1]
+    dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # accumulated into
+    d_attn_norm = torch.empty_like(attn_norm, memory_format=torch.contiguous_format)
+    d_w_qkv = torch.empty_like(w_qkv, memory_format=torch.contiguous_format)
+    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
+    w = L.LlamaFirstWeights(attn_norm=T.view(attn_norm, "attn_norm"), w_qkv=T.view(w_qkv, "w_qkv"))
+    inputs = L.LlamaFirstInputs(x=T.view(x, "x"), rope=_rope(positions, inv_freq))
+    outputs = L.LlamaFirstOutputs(qkv=T.view(qkv, "qkv"))
+    saved = L.LlamaFirstSaved(rstd=T.view(rstd, "rstd"))
+    grads = L.LlamaFirstGrads(
+        dx=T.view(dx),
+        dqkv=T.view(dqkv, "dqkv"),
+        dweights=L.LlamaFirstWeights(attn_norm=T.view(d_attn_norm), w_qkv=T.view(d_w_qkv)),
+    )
+    with T.device_guard(x.device):
+        n = T.llama_workspace_bytes(L.LLAMA_FIRST, L.LLAMA_BACKWARD, cfg, m, x.device)
+        ws, ws_desc = T.workspace(n, x.device)
+        L.llama_backward("first", cfg, w, inputs, outputs, saved, grads, False, ws_desc,
+                         T.stream(x))
+    return dx, d_attn_norm, d_w_qkv
+
+
+def _first_backward_fake(dqkv, x, attn_norm, w_qkv, *rest):
+    return (
+        torch.empty_like(x, memory_format=torch.contiguous_format),
+        torch.empty_like(attn_norm, memory_format=torch.contiguous_format),
+        torch.empty_like(w_qkv, memory_format=torch.contiguous_format),
+    )
+
+
+_FIRST_BWD = _define("llama_first_backward", _first_backward_impl, _first_backward_fake)
+
+
+def _first_setup(ctx, inputs, output):
+    x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps = inputs
+    qkv, rstd = output
+    _grads_only(ctx, rstd)
+    ctx.save_for_backward(x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd)
+    ctx.cfg = (n_heads, n_kv_heads, head_dim, eps)
+
+
+def _first_backward(ctx, dqkv, _drstd):
+    if dqkv is None:
+        return (None,) * 9
+    x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd = ctx.saved_tensors
+    dx, dg, dw = _run(_FIRST_BWD, _dense(dqkv, qkv), x, attn_norm, w_qkv, positions, inv_freq,
+                      qkv, rstd, *ctx.cfg)
+    return dx, dg, dw, None, None, None, None, None, None
+
+
+_FIRST_FWD = _define(
+    "llama_first_forward", _first_forward_impl, _first_forward_fake, _first_setup, _first_backward
+)
+
+# ---------------------------------------------------------------------------------------------
+# Middle layer: (x0, y0) -> out-proj + residual -> RMSNorm -> SwiGLU MLP + residual = x2
+#               -> RMSNorm -> QKV of the next layer -> RoPE
+
+
+def _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions,
+                    inv_freq, x2, qkv, x1, z1, r1, r2):
+    weights = L.LlamaMiddleWeights(
+        w_out=T.view(w_out, "w_out"),
+        ffn_norm=T.view(ffn_norm, "ffn_norm"),
+        w_gate_up=T.view(w_gate_up, "w_gate_up"),
+        w_down=T.view(w_down, "w_down"),
+        attn_norm=T.view(attn_norm, "attn_norm"),
+        w_qkv=T.view(w_qkv, "w_qkv"),
+    )
+    inputs = L.LlamaMiddleInputs(x0=T.view(x0, "x0"), y0=T.view(y0, "y0"),
+                                 rope=_rope(positions, inv_freq))
+    outputs = L.LlamaMiddleOutputs(x2=T.view(x2, "x2"), qkv=T.view(qkv, "qkv"))
+    saved = L.LlamaMiddleSaved(x1=T.view(x1, "x1"), z1=T.view(z1, "z1"), r1=T.view(r1, "r1"),
+                               r2=T.view(r2, "r2"))
+    return weights, inputs, outputs, saved
+
+
+def _middle_forward_impl(
+    x0: Tensor,
+    y0: Tensor,
+    w_out: Tensor,
+    ffn_norm: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    attn_norm: Tensor,
+    w_qkv: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    x2, qkv, x1, z1, r1, r2 = _middle_forward_fake(
+        x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions, inv_freq,
+        n_heads, n_kv_heads, head_dim, eps)
+    m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
+    w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
+                                                attn_norm, w_qkv, positions, inv_freq, x2, qkv,
+                                                x1, z1, r1, r2)
+    with T.device_guard(x0.device):
+        n = T.llama_workspace_bytes(L.LLAMA_MIDDLE, L.LLAMA_FORWARD, cfg, m, x0.device)
+        ws, ws_desc = T.workspace(n, x0.device)
+        L.llama_forward("middle", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x0))
+    return x2, qkv, x1, z1, r1, r2
+
+
+def _middle_forward_fake(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
+                         positions, inv_freq, n_heads, n_kv_heads, head_dim, eps):
+    m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
+    return (
+        x0.new_empty((m, d)),
+        x0.new_empty((m, _qkv_width(n_heads, n_kv_heads, head_dim))),
+        x0.new_empty((m, d)),
+        x0.new_empty((m, 2 * f)),
+        _f32(x0),
+        _f32(x0),
+    )
+
+
+def _middle_backward_impl(
+    dx2: Tensor,
+    dqkv: Tensor,
+    x0: Tensor,
+    y0: Tensor,
+    w_out: Tensor,
+    ffn_norm: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    attn_norm: Tensor,
+    w_qkv: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    x2: Tensor,
+    qkv: Tensor,
+    x1: Tensor,
+    z1: Tensor,
+    r1: Tensor,
+    r2: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
+    dx = dx2.clone(memory_format=torch.contiguous_format)  # in: d/d x2, out: d/d x0
+    dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
+    dw = [torch.empty_like(t, memory_format=torch.contiguous_format)
+          for t in (w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv)]
+    w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
+                                                attn_norm, w_qkv, positions, inv_freq, x2, qkv,
+                                                x1, z1, r1, r2)
+    grads = L.LlamaMiddleGrads(
+        dx=T.view(dx, "dx2"),
+        dqkv=T.view(dqkv, "dqkv"),
+        dy0=T.view(dy0),
+        dweights=L.LlamaMiddleWeights(*(T.view(t) for t in dw)),
+    )
+    with T.device_guard(x0.device):
+        n = T.llama_workspace_bytes(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD, cfg, m, x0.device)
+        ws, ws_desc = T.workspace(n, x0.device)
+        L.llama_backward("middle", cfg, w, inputs, outputs, saved, grads, False, ws_desc,
+                         T.stream(x0))
+    return (dx, dy0, *dw)
+
+
+def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
+                          w_qkv, *rest):
+    return tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv)
+    )
+
+
+_MIDDLE_BWD = _define("llama_middle_backward", _middle_backward_impl, _middle_backward_fake)
+
+
+def _middle_setup(ctx, inputs, output):
+    x2, qkv, x1, z1, r1, r2 = output
+    _grads_only(ctx, x1, z1, r1, r2)
+    ctx.save_for_backward(*inputs[:10], x2, qkv, x1, z1, r1, r2)
+    ctx.cfg = tuple(inputs[10:])
+
+
+def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
+    if dx2 is None and dqkv is None:
+        return (None,) * 14
+    saved = ctx.saved_tensors
+    x2, qkv = saved[10], saved[11]
+    grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg)
+    dx0, dy0 = grads[0], grads[1]
+    return (dx0, dy0, *grads[2:], None, None, None, None, None, None)
+
+
+_MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forward_fake,
+                      _middle_setup, _middle_backward)
+
+# ---------------------------------------------------------------------------------------------
+# Last layer: (x0, y0) -> ... -> x2 -> final RMSNorm -> LM head -> cross-entropy
+
+
+def _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head,
+                  x1, z1, r1, x2, r2, dlogits, grad_scale, zeta):
+    weights = L.LlamaLastWeights(
+        w_out=T.view(w_out, "w_out"),
+        ffn_norm=T.view(ffn_norm, "ffn_norm"),
+        w_gate_up=T.view(w_gate_up, "w_gate_up"),
+        w_down=T.view(w_down, "w_down"),
+        final_norm=T.view(final_norm, "final_norm"),
+        lm_head=T.view(lm_head, "lm_head"),
+    )
+    inputs = L.LlamaLastInputs(x0=T.view(x0, "x0"), y0=T.view(y0, "y0"),
+                               targets=T.view(targets, "targets"))
+    saved = L.LlamaLastSaved(
+        x1=T.view(x1, "x1"), z1=T.view(z1, "z1"), r1=T.view(r1, "r1"), x2=T.view(x2, "x2"),
+        r2=T.view(r2, "r2"), dlogits=T.view(dlogits, "dlogits"),
+        grad_scale=T.view(grad_scale, "grad_scale"), zeta=T.view(zeta, "zeta"),
+    )
+    return weights, inputs, saved
+
+
+def _last_forward_impl(
+    x0: Tensor,
+    y0: Tensor,
+    targets: Tensor,
+    w_out: Tensor,
+    ffn_norm: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    final_norm: Tensor,
+    lm_head: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    ignore_index: int,
+    reduction: int,
+    return_logits: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    out = _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
+                             lm_head, n_heads, n_kv_heads, head_dim, eps, ignore_index,
+                             reduction, return_logits)
+    loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = out
+    m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction)
+    w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
+                                     final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
+                                     grad_scale, zeta)
+    outputs = L.LlamaLastOutputs(loss=T.view(loss),
+                                 logits=T.view(logits) if return_logits else L.Tensor())
+    with T.device_guard(x0.device):
+        n = T.llama_workspace_bytes(L.LLAMA_LAST, L.LLAMA_FORWARD, cfg, m, x0.device)
+        ws, ws_desc = T.workspace(n, x0.device)
+        L.llama_forward("last", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x0))
+    return out
+
+
+def _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
+                       lm_head, n_heads, n_kv_heads, head_dim, eps, ignore_index, reduction,
+                       return_logits):
+    m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
+    one = x0.new_empty((1,), dtype=torch.float32)
+    return (
+        one,  # loss
+        x0.new_empty((m, v) if return_logits else (0,)),  # logits
+        x0.new_empty((m, d)),  # x1
+        x0.new_empty((m, 2 * f)),  # z1
+        _f32(x0),  # r1
+        x0.new_empty((m, d)),  # x2
+        _f32(x0),  # r2
+        x0.new_empty((m, v)),  # dlogits
+        x0.new_empty((1,), dtype=torch.float32),  # grad_scale
+        _f32(x0),  # zeta
+    )
+
+
+def _last_backward_impl(
+    dloss: Tensor,
+    x0: Tensor,
+    y0: Tensor,
+    targets: Tensor,
+    w_out: Tensor,
+    ffn_norm: Tensor,
+    w_gate_up: Tensor,
+    w_down: Tensor,
+    final_norm: Tensor,
+    lm_head: Tensor,
+    x1: Tensor,
+    z1: Tensor,
+    r1: Tensor,
+    x2: Tensor,
+    r2: Tensor,
+    dlogits: Tensor,
+    grad_scale: Tensor,
+    zeta: Tensor,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    eps: float,
+    ignore_index: int,
+    reduction: int,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction)
+    dx = torch.empty_like(x0, memory_format=torch.contiguous_format)
+    dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
+    dw = [torch.empty_like(t, memory_format=torch.contiguous_format)
+          for t in (w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head)]
+    w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
+                                     final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
+                                     grad_scale, zeta)
+    # d(outer loss)/d(loss) stays on the device: coda reads it there (no host synchronization).
+    dloss = dloss.reshape(1).to(torch.float32).contiguous()
+    grads = L.LlamaLastGrads(
+        dloss=L.scalar(1.0, T.view(dloss, "dloss")),
+        dx=T.view(dx),
+        dy0=T.view(dy0),
+        dweights=L.LlamaLastWeights(*(T.view(t) for t in dw)),
+    )
+    with T.device_guard(x0.device):
+        n = T.llama_workspace_bytes(L.LLAMA_LAST, L.LLAMA_BACKWARD, cfg, m, x0.device)
+        ws, ws_desc = T.workspace(n, x0.device)
+        L.llama_backward("last", cfg, w, inputs, None, saved, grads, False, ws_desc,
+                         T.stream(x0))
+    return (dx, dy0, *dw)
+
+
+def _last_backward_fake(dloss, x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
+                        lm_head, *rest):
+    return tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+        for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head)
+    )
+
+
+_LAST_BWD = _define("llama_last_backward", _last_backward_impl, _last_backward_fake)
+
+
+def _last_setup(ctx, inputs, output):
+    loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = output
+    _grads_only(ctx, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
+    ctx.save_for_backward(*inputs[:9], x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
+    ctx.cfg = tuple(inputs[9:15])  # n_heads .. reduction
+
+
+def _last_backward(ctx, dloss, *_other_grads):
+    if dloss is None:
+        return (None,) * 16
+    saved = ctx.saved_tensors
+    grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg)
+    dx0, dy0 = grads[0], grads[1]
+    # inputs: x0, y0, targets, 6 weights, 7 non-tensors
+    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None)
+
+
+_LAST_FWD = _define("llama_last_forward", _last_forward_impl, _last_forward_fake, _last_setup,
+                    _last_backward)
+
+# ---------------------------------------------------------------------------------------------
+# The functional API
+
+
+def gemm(a, b, layout="fwd", c=None, alpha=1.0, beta=0.0, out_dtype=None):
+    """D = alpha * op(A) op(B) + beta * C, differentiable in a, b and c.
+
+    layout "fwd": A [M, K], B [N, K] (nn.Linear's weight), D = A B^T;
+    "dgrad": A [M, K], B [K, N], D = A B; "wgrad": A [K, M], B [K, N], D = A^T B.
+    A and B are bf16 or f16 (the same); D (and C) bf16, f16 or f32 (out_dtype, default C's
+    dtype or A's). On the GPU, C must have D's dtype. N and K multiples of 8; M is free."""
+    layout = _LAYOUTS[layout] if isinstance(layout, str) else int(layout)
+    if a.stride(-1) != 1:
+        a = a.contiguous()
+    if b.stride(-1) != 1:
+        b = b.contiguous()
+    return _run(_GEMM, a, b, layout, c, float(alpha), float(beta), out_dtype)
+
+
+def interleave_gate_up(stacked):
+    """Hugging Face's [gate; up] ([2F, K], gate rows first) -> coda's fused rows
+    (gate0, up0, gate1, up1, ...). Differentiable."""
+    return _run(_INTERLEAVE, stacked.contiguous())
+
+
+def deinterleave_gate_up(fused):
+    """coda's interleaved gate/up rows -> [gate; up]. Differentiable."""
+    return _run(_DEINTERLEAVE, fused.contiguous())
+
+
+def _weights(weights, names):
+    if isinstance(weights, dict):
+        missing = [n for n in names if n not in weights]
+        if missing:
+            raise ValueError("weights: missing %s (need %s)" % (missing, ", ".join(names)))
+        return [weights[n] for n in names]
+    weights = list(weights)
+    if len(weights) != len(names):
+        raise ValueError("weights: need %d tensors (%s); got %d"
+                         % (len(names), ", ".join(names), len(weights)))
+    return weights
+
+
+def _positions(positions, like):
+    return positions.reshape(-1).to(device=like.device, dtype=torch.int32)
+
+
+def _inv_freq(inv_freq, like):
+    return inv_freq.to(device=like.device, dtype=torch.float32)
+
+
+def llama_first(x, weights, positions, inv_freq, config):
+    """The first layer: x [M, D] (the embedding output) -> qkv [M, (H + 2 KV) head_dim], the
+    post-RoPE queries, keys and values of layer 0.
+
+    weights: dict or tuple (attn_norm [D], w_qkv [(H + 2 KV) head_dim, D]); positions [M]
+    (per-token RoPE positions, any integer dtype); inv_freq [head_dim / 2] f32; config: a
+    BlockConfig, or any config block_config() accepts."""
+    c = block_config(config)
+    attn_norm, w_qkv = _weights(weights, FIRST_WEIGHTS)
+    qkv, _ = _run(_FIRST_FWD, x, attn_norm, w_qkv, _positions(positions, x),
+                  _inv_freq(inv_freq, x), c.n_heads, c.n_kv_heads, c.head_dim, c.eps)
+    return qkv
+
+
+def llama_middle(x0, y0, weights, positions, inv_freq, config):
+    """A middle layer: (x0 [M, D] residual stream, y0 [M, H head_dim] attention output of layer
+    l) -> (x2 [M, D] the residual stream leaving layer l, qkv of layer l + 1).
+
+    weights: dict or tuple (w_out, ffn_norm, w_gate_up (interleaved), w_down of layer l;
+    attn_norm, w_qkv of layer l + 1)."""
+    c = block_config(config)
+    w = _weights(weights, MIDDLE_WEIGHTS)
+    x2, qkv, *_ = _run(_MIDDLE_FWD, x0, y0, *w, _positions(positions, x0),
+                       _inv_freq(inv_freq, x0), c.n_heads, c.n_kv_heads, c.head_dim, c.eps)
+    return x2, qkv
+
+
+def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction="mean"):
+    """The last layer: (x0, y0, targets [M]) -> (loss, logits or None).
+
+    targets are the token ids each position predicts, or config.ignore_index (-100); the loss
+    is their cross-entropy, "mean" over the non-ignored targets (0 when there are none) or
+    "sum". weights: dict or tuple (w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head).
+    The loss is differentiable; the logits ([M, V], in the activations' dtype) are not."""
+    c = block_config(config)
+    w = _weights(weights, LAST_WEIGHTS)
+    targets = targets.reshape(-1).to(device=x0.device, dtype=torch.int32)
+    out = _run(_LAST_FWD, x0, y0, targets, *w, c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
+               c.ignore_index, _REDUCTIONS[reduction], bool(return_logits))
+    loss, logits = out[0], out[1]
+    return loss.reshape(()), (logits if return_logits else None)

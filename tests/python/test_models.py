@@ -1,0 +1,178 @@
+"""coda.models without transformers: LlamaConfig validation, the RoPE table, and the whole
+Llama (loss, logits and every parameter gradient) against the same model in plain torch, under
+the section 7 rule (fp32 reference; torch's bf16 error as the baseline)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from coda import models  # noqa: E402
+
+import torch_reference as R  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+DEVICES = R.device_params()
+IGNORE = -100
+
+
+def small_config(**overrides):
+    fields = dict(hidden_size=256, intermediate_size=352, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab_size=520, num_hidden_layers=3,
+                  rms_norm_eps=1e-5, rope_theta=10000.0)
+    fields.update(overrides)
+    return models.LlamaConfig(**fields)
+
+
+@torch.no_grad()
+def randomize(model, gen):
+    """Weights and embeddings of size 1/sqrt(fan-in), norms in [0.5, 1.5]: logits of O(1), as
+    an LM's are. (Tied embeddings are the LM head too; coda's last-layer gradients lose accuracy
+    for logits of |l| ~ 40, see docs/python.md.)"""
+    for name, p in model.named_parameters():
+        if name.endswith("norm"):
+            v = torch.rand(p.shape, generator=gen) + 0.5
+        else:
+            b = p.shape[1] ** -0.5
+            v = (torch.rand(p.shape, generator=gen) * 2 - 1) * b
+        p.copy_(v.to(p.dtype))
+
+
+def batch(gen, config, device, b=2, s=40):
+    ids = torch.randint(0, config.vocab_size, (b, s), generator=gen)
+    labels = ids.clone()
+    labels[torch.rand(b, s, generator=gen) < 0.1] = IGNORE
+    return ids.to(device), labels.to(device)
+
+
+def reference(model, ids, labels, dtype):
+    """(logits, loss, {parameter name: gradient}) of the plain-torch model on copies of the
+    model's parameters in `dtype` (None: as they are)."""
+    named = dict(model.named_parameters())
+    leaves = {n: p.detach().clone().to(dtype or p.dtype).requires_grad_()
+              for n, p in named.items()}
+    params = {
+        "embed": leaves["embed_tokens.weight"],
+        "layers": [{k: leaves["layers.%d.%s" % (i, k)]
+                    for k in ("attn_norm", "w_qkv", "w_out", "ffn_norm", "w_gate_up", "w_down")}
+                   for i in range(len(model.layers))],
+        "norm": leaves["norm"],
+        "lm_head": leaves.get("lm_head", leaves["embed_tokens.weight"]),
+    }
+    positions = torch.arange(ids.shape[1], device=ids.device)
+    logits = R.model_logits(params, ids, positions, model.inv_freq, model.block)
+    targets = models.shift_labels(labels).reshape(-1)
+    loss = R.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    return logits, loss, dict(zip(leaves, grads))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tied", [False, True])
+def test_llama_against_plain_torch(device, tied):
+    gen = R.generator(SEED, 21 + tied)
+    config = small_config(tie_word_embeddings=tied)
+    model = models.Llama(config, device=device)
+    randomize(model, gen)
+    ids, labels = batch(gen, config, device)
+
+    loss, logits = model(ids, labels=labels, return_logits=True)
+    loss.backward()
+    assert logits.shape == (2, 40, config.vocab_size)
+
+    r_logits, r_loss, r_grads = reference(model, ids, labels, torch.float32)
+    b_logits, b_loss, b_grads = reference(model, ids, labels, None)
+    context = "(seed %d, tied=%s)" % (SEED, tied)
+    targets = models.shift_labels(labels).reshape(-1)
+    R.check_loss("loss", loss, R.token_losses(r_logits.reshape(-1, config.vocab_size), targets),
+                 R.token_losses(b_logits.reshape(-1, config.vocab_size), targets), targets,
+                 context=context)
+    R.check_rule("logits", logits, r_logits, b_logits, context)
+    for name, p in model.named_parameters():
+        R.check_rule("grad " + name, p.grad, r_grads[name], b_grads[name], context)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_forward_forms(device):
+    gen = R.generator(SEED, 23)
+    config = small_config(num_hidden_layers=1)  # first + last layer, no middle
+    model = models.Llama(config, device=device)
+    ids, labels = batch(gen, config, device, b=1, s=24)
+    logits = model(ids)
+    assert logits.shape == (1, 24, config.vocab_size) and logits.dtype == torch.bfloat16
+    loss = model(ids, labels=labels)
+    assert loss.shape == () and loss.requires_grad
+    loss2, logits2 = model(ids, labels=labels, return_logits=True)
+    assert torch.equal(loss2, loss) and torch.equal(logits2, logits)
+    # 1-D input_ids are one sequence; explicit default positions change nothing.
+    assert torch.equal(model(ids[0], labels=labels[0]), loss)
+    assert torch.equal(model(ids, labels=labels, position_ids=torch.arange(24, device=device)),
+                       loss)
+    # The loss is the cross-entropy of the (bf16) logits to bf16 accuracy.
+    targets = models.shift_labels(labels).reshape(-1)
+    again = R.cross_entropy(logits.reshape(-1, config.vocab_size), targets)
+    assert abs(again.item() - loss.item()) < 2e-2 * max(1.0, abs(loss.item()))
+
+
+def test_tied_embeddings_share_one_parameter():
+    model = models.Llama(small_config(tie_word_embeddings=True), device="cpu")
+    assert model.lm_head is None and model.lm_head_weight is model.embed_tokens.weight
+    names = [n for n, _ in model.named_parameters()]
+    assert "lm_head" not in names and "embed_tokens.weight" in names
+
+
+def test_dtype_change_keeps_the_rope_table_f32():
+    model = models.Llama(small_config(), device="cpu")
+    before = model.inv_freq.clone()
+    model.to(torch.float16)
+    assert model.embed_tokens.weight.dtype == torch.float16
+    assert model.inv_freq.dtype == torch.float32 and torch.equal(model.inv_freq, before)
+    with pytest.raises(TypeError):
+        models.Llama(small_config(), device="cpu", dtype=torch.float32)
+
+
+@pytest.mark.parametrize(
+    "overrides, error",
+    [
+        (dict(head_dim=63, num_attention_heads=4, hidden_size=256), NotImplementedError),
+        (dict(hidden_size=260, head_dim=64), NotImplementedError),
+        (dict(vocab_size=32001), NotImplementedError),
+        (dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}), NotImplementedError),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), ValueError),
+        (dict(num_key_value_heads=3), ValueError),
+        (dict(num_hidden_layers=0), ValueError),
+    ],
+)
+def test_config_validation(overrides, error):
+    with pytest.raises(error):
+        small_config(**overrides)
+
+
+def test_default_rope_scaling_is_none():
+    assert small_config(rope_scaling={"rope_type": "default"}).rope_scaling is None
+
+
+def test_llama3_rope_table():
+    """The Llama 3.1 frequency adjustment, recomputed here in float64 from its definition."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = small_config(head_dim=128, num_attention_heads=2, rope_theta=500000.0,
+                          rope_scaling=scaling)
+    got = models.rope_inv_freq(config)
+    assert got.dtype == torch.float32 and got.shape == (64,)
+    low_wavelen, high_wavelen = 8192 / 1.0, 8192 / 4.0
+    for i, value in enumerate(got.tolist()):
+        f = float(torch.tensor(1.0 / 500000.0 ** (2 * i / 128), dtype=torch.float32))
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            want = f
+        elif wavelen > low_wavelen:
+            want = f / 8.0
+        else:
+            smooth = (8192 / wavelen - 1.0) / (4.0 - 1.0)
+            want = (1 - smooth) * f / 8.0 + smooth * f
+        assert abs(value - want) <= 1e-6 * want, (i, value, want)
+    plain = models.rope_inv_freq(small_config(head_dim=128, num_attention_heads=2,
+                                              rope_theta=500000.0))
+    assert not torch.equal(plain, got) and torch.equal(plain[:8], got[:8])  # high freqs kept

@@ -1,0 +1,321 @@
+"""coda.ops against plain torch, under ARCHITECTURE.md section 7's rule: for every output and
+every gradient, coda's max error against an fp32 reference is at most twice torch's own bf16
+error plus 1e-6. CPU tensors run coda's CPU backend; CUDA tensors (sm_90) the GPU backend."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import coda  # noqa: E402
+from coda import models, ops  # noqa: E402
+
+import torch_reference as R  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+DEVICES = R.device_params()
+
+# M ragged (not a multiple of a tile), F and V multiples of 8 but not of 128; head_dim 64 (the
+# GPU RoPE epilogue supports 64 and 128).
+M, D, F, H, KV, HD, V = 100, 256, 352, 4, 2, 64, 520
+BLOCK = ops.BlockConfig(H, KV, HD, eps=1e-5)
+QKV = (H + 2 * KV) * HD
+IGNORE = -100
+
+
+def ctx(name):
+    return "(seed %d, %s)" % (SEED, name)
+
+
+def rope_inputs(gen, device, m=M):
+    positions = torch.randint(0, 4096, (m,), generator=gen).to(device)
+    cfg = models.LlamaConfig(hidden_size=D, intermediate_size=F, num_attention_heads=H,
+                             num_key_value_heads=KV, head_dim=HD, vocab_size=V,
+                             num_hidden_layers=2, rope_theta=500000.0)
+    return positions, models.rope_inv_freq(cfg).to(device)
+
+
+def leaves(tensors, dtype=None):
+    """Fresh leaf copies that require grad (in `dtype` when given)."""
+    out = []
+    for t in tensors:
+        t = t.detach().clone()
+        if dtype is not None:
+            t = t.to(dtype)
+        out.append(t.requires_grad_())
+    return out
+
+
+def check_all(names, got, ref, base, context):
+    for name, g, r, b in zip(names, got, ref, base):
+        R.check_rule(name, g, r, b, context)
+
+
+# ---------------------------------------------------------------------------------------------
+# gemm
+
+
+def gemm_operands(layout, gen, device, m=37, n=48, k=64):
+    if layout == "fwd":
+        a, b = (m, k), (n, k)
+    elif layout == "dgrad":
+        a, b = (m, k), (k, n)
+    else:  # wgrad: A [K, M] needs M % 8 == 0
+        m = 40
+        a, b = (k, m), (k, n)
+    return (R.uniform(a, -1, 1, gen, device=device), R.uniform(b, -1, 1, gen, device=device),
+            (m, n))
+
+
+def torch_gemm(a, b, layout):
+    if layout == "fwd":
+        return a @ b.t()
+    if layout == "dgrad":
+        return a @ b
+    return a.t() @ b
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["fwd", "dgrad", "wgrad"])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_gemm(device, layout, out_dtype):
+    gen = R.generator(SEED, hash((layout, str(out_dtype))) % 1000)
+    a, b, (m, n) = gemm_operands(layout, gen, device)
+    c = R.uniform((m, n), -1, 1, gen, dtype=out_dtype, device=device)
+    alpha, beta = 0.75, 0.5
+    la, lb, lc = leaves([a, b, c])
+    d = ops.gemm(la, lb, layout, c=lc, alpha=alpha, beta=beta, out_dtype=out_dtype)
+    assert d.dtype == out_dtype and d.shape == (m, n)
+    dd = R.uniform((m, n), -1, 1, gen, dtype=out_dtype, device=device)
+    grads = torch.autograd.grad(d, [la, lb, lc], dd)
+
+    def reference(ta, tb, tc, dtype):
+        return (alpha * torch_gemm(ta, tb, layout)).to(dtype) + beta * tc
+
+    ra, rb, rc = leaves([a, b, c], torch.float32)
+    ref = reference(ra, rb, rc, torch.float32)
+    ref_grads = torch.autograd.grad(ref, [ra, rb, rc], dd.float())
+    ba, bb, bc = leaves([a, b, c])
+    base = reference(ba, bb, bc, out_dtype)
+    base_grads = torch.autograd.grad(base, [ba, bb, bc], dd)
+    check_all(["d", "da", "db", "dc"], [d, *grads], [ref, *ref_grads], [base, *base_grads],
+              ctx("gemm %s" % layout))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_rejects_bad_input(device):
+    a = torch.zeros(4, 16, dtype=torch.bfloat16, device=device)
+    with pytest.raises(ValueError):  # inner dimensions differ
+        ops.gemm(a, torch.zeros(8, 24, dtype=torch.bfloat16, device=device))
+    with pytest.raises(TypeError):  # A and B of different dtypes
+        ops.gemm(a, torch.zeros(8, 16, dtype=torch.float16, device=device))
+    with pytest.raises(NotImplementedError) as e:  # K = 12: not a multiple of 8
+        ops.gemm(torch.zeros(4, 16, dtype=torch.bfloat16, device=device)[:, :12],
+                 torch.zeros(8, 16, dtype=torch.bfloat16, device=device)[:, :12])
+    assert isinstance(e.value, coda.Error) and "multiple of 8" in str(e.value)
+    with pytest.raises(TypeError):  # torch dtype coda does not take
+        ops.gemm(a.double(), a.double())
+
+
+# ---------------------------------------------------------------------------------------------
+# gate/up converters
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gate_up_converters(device, dtype):
+    gen = R.generator(SEED, 7)
+    stacked = R.uniform((2 * 24, 16), -1, 1, gen, dtype=dtype, device=device).requires_grad_()
+    fused = ops.interleave_gate_up(stacked)
+    gate, up = stacked.detach().chunk(2)
+    assert torch.equal(fused, torch.stack((gate, up), dim=1).reshape(48, 16))
+    back = ops.deinterleave_gate_up(fused)
+    assert torch.equal(back, stacked.detach())
+    g = torch.randn(48, 16, generator=gen).to(dtype=dtype, device=device)
+    (grad,) = torch.autograd.grad(fused, stacked, g)
+    assert torch.equal(grad, ops.deinterleave_gate_up(g))
+
+
+# ---------------------------------------------------------------------------------------------
+# The block layers
+
+
+def first_inputs(gen, device):
+    x = R.uniform((M, D), -1, 1, gen, device=device)
+    weights = {"attn_norm": R.norm_weight(D, gen, device=device),
+               "w_qkv": R.weight(QKV, D, gen, device=device)}
+    return x, weights
+
+
+def mlp_weights(gen, device):
+    return {
+        "w_out": R.weight(D, H * HD, gen, device=device),
+        "ffn_norm": R.norm_weight(D, gen, device=device),
+        "w_gate_up": R.weight(2 * F, D, gen, device=device),
+        "w_down": R.weight(D, F, gen, device=device),
+    }
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_first(device):
+    gen = R.generator(SEED, 11)
+    x, w = first_inputs(gen, device)
+    positions, inv_freq = rope_inputs(gen, device)
+    dqkv = R.uniform((M, QKV), -1, 1, gen, device=device)
+
+    lx, *lw = leaves([x, *w.values()])
+    qkv = ops.llama_first(lx, dict(zip(ops.FIRST_WEIGHTS, lw)), positions, inv_freq, BLOCK)
+    grads = torch.autograd.grad(qkv, [lx, *lw], dqkv)
+
+    def run(dtype):
+        ls = leaves([x, *w.values()], dtype)
+        out = R.first(*ls, positions, inv_freq, BLOCK)
+        return out, torch.autograd.grad(out, ls, dqkv.to(out.dtype))
+
+    ref, ref_grads = run(torch.float32)
+    base, base_grads = run(None)
+    check_all(["qkv", "dx", "d attn_norm", "d w_qkv"], [qkv, *grads], [ref, *ref_grads],
+              [base, *base_grads], ctx("first layer"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_middle(device):
+    gen = R.generator(SEED, 12)
+    x0 = R.uniform((M, D), -1, 1, gen, device=device)
+    y0 = R.uniform((M, H * HD), -1, 1, gen, device=device)
+    w = mlp_weights(gen, device)
+    w["attn_norm"] = R.norm_weight(D, gen, device=device)
+    w["w_qkv"] = R.weight(QKV, D, gen, device=device)
+    positions, inv_freq = rope_inputs(gen, device)
+    dx2 = R.uniform((M, D), -1, 1, gen, device=device)
+    dqkv = R.uniform((M, QKV), -1, 1, gen, device=device)
+    tensors = [x0, y0] + [w[n] for n in ops.MIDDLE_WEIGHTS]
+
+    ls = leaves(tensors)
+    x2, qkv = ops.llama_middle(ls[0], ls[1], tuple(ls[2:]), positions, inv_freq, BLOCK)
+    grads = torch.autograd.grad((x2, qkv), ls, (dx2, dqkv))
+
+    def run(dtype):
+        ls = leaves(tensors, dtype)
+        outs = R.middle(*ls, positions, inv_freq, BLOCK)
+        dt = outs[0].dtype
+        return outs, torch.autograd.grad(outs, ls, (dx2.to(dt), dqkv.to(dt)))
+
+    (r_x2, r_qkv), ref_grads = run(torch.float32)
+    (b_x2, b_qkv), base_grads = run(None)
+    names = ["x2", "qkv", "dx0", "dy0"] + ["d " + n for n in ops.MIDDLE_WEIGHTS]
+    check_all(names, [x2, qkv, *grads], [r_x2, r_qkv, *ref_grads], [b_x2, b_qkv, *base_grads],
+              ctx("middle layer"))
+
+
+def last_setup(gen, device):
+    x0 = R.uniform((M, D), -1, 1, gen, device=device)
+    y0 = R.uniform((M, H * HD), -1, 1, gen, device=device)
+    w = mlp_weights(gen, device)
+    w["final_norm"] = R.norm_weight(D, gen, device=device)
+    w["lm_head"] = R.weight(V, D, gen, device=device)
+    targets = torch.randint(0, V, (M,), generator=gen)
+    targets[torch.rand(M, generator=gen) < 0.1] = IGNORE
+    return x0, y0, w, targets.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_llama_last(device, reduction):
+    gen = R.generator(SEED, 13 if reduction == "mean" else 14)
+    x0, y0, w, targets = last_setup(gen, device)
+    tensors = [x0, y0] + [w[n] for n in ops.LAST_WEIGHTS]
+    dloss = 0.7  # d(outer loss) / d loss: reaches the op as a device tensor
+
+    ls = leaves(tensors)
+    loss, logits = ops.llama_last(ls[0], ls[1], targets, tuple(ls[2:]), BLOCK,
+                                  return_logits=True, reduction=reduction)
+    assert loss.shape == () and loss.dtype == torch.float32
+    assert logits.shape == (M, V) and not logits.requires_grad
+    grads = torch.autograd.grad(loss * dloss, ls)
+
+    def run(dtype):
+        ls = leaves(tensors, dtype)
+        logits = R.last_logits(*ls, BLOCK)
+        loss = R.cross_entropy(logits, targets, IGNORE, reduction)
+        return logits, loss, torch.autograd.grad(loss * dloss, ls)
+
+    r_logits, r_loss, ref_grads = run(torch.float32)
+    b_logits, b_loss, base_grads = run(None)
+    R.check_loss("loss", loss, R.token_losses(r_logits, targets), R.token_losses(b_logits, targets),
+                 targets, IGNORE, reduction, ctx("last layer"))
+    names = ["logits", "dx0", "dy0"] + ["d " + n for n in ops.LAST_WEIGHTS]
+    check_all(names, [logits, *grads], [r_logits, *ref_grads], [b_logits, *base_grads],
+              ctx("last layer " + reduction))
+
+    # Without logits: the same loss, bit for bit.
+    loss2, none = ops.llama_last(x0, y0, targets, w, BLOCK, reduction=reduction)
+    assert none is None and torch.equal(loss2, loss.detach())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_last_all_ignored(device):
+    gen = R.generator(SEED, 15)
+    x0, y0, w, targets = last_setup(gen, device)
+    targets = torch.full_like(targets, IGNORE)
+    x0 = x0.requires_grad_()
+    loss, _ = ops.llama_last(x0, y0, targets, w, BLOCK)
+    assert loss.item() == 0.0  # coda's convention: a mean over no target is 0
+    (dx,) = torch.autograd.grad(loss, x0)
+    assert torch.count_nonzero(dx) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_block_errors(device):
+    gen = R.generator(SEED, 16)
+    x, w = first_inputs(gen, device)
+    positions, inv_freq = rope_inputs(gen, device)
+    with pytest.raises(TypeError):  # an f32 weight among bf16 tensors
+        ops.llama_first(x, {"attn_norm": w["attn_norm"], "w_qkv": w["w_qkv"].float()}, positions,
+                        inv_freq, BLOCK)
+    with pytest.raises(ValueError) as e:  # w_qkv for 3 heads instead of 4
+        ops.llama_first(x, (w["attn_norm"], w["w_qkv"][: QKV - HD]), positions, inv_freq, BLOCK)
+    assert "w_qkv" in str(e.value)
+    with pytest.raises(ValueError):
+        ops.llama_first(x, (w["attn_norm"],), positions, inv_freq, BLOCK)
+
+
+def test_gpu_head_dim_96_is_not_supported():
+    if not R.sm90():
+        pytest.skip("needs an sm_90 GPU")
+    heads, hd = 2, 96
+    block = ops.BlockConfig(heads, heads, hd)
+    x = torch.randn(16, 256, device="cuda").bfloat16()
+    w = (torch.ones(256, device="cuda").bfloat16(),
+         torch.randn(3 * heads * hd, 256, device="cuda").bfloat16())
+    with pytest.raises(NotImplementedError):
+        ops.llama_first(x, w, torch.arange(16, device="cuda"), torch.ones(hd // 2, device="cuda"),
+                        block)
+
+
+# ---------------------------------------------------------------------------------------------
+# The eager bypass runs the same implementation: bitwise the same results.
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_bypass_is_bitwise_equal(device):
+    if not ops.HAS_CUSTOM_OPS:
+        pytest.skip("torch without custom ops always runs the bypass")
+    gen = R.generator(SEED, 17)
+    x0, y0, w, targets = last_setup(gen, device)
+    tensors = [x0, y0] + [w[n] for n in ops.LAST_WEIGHTS]
+
+    def run():
+        ls = leaves(tensors)
+        loss, logits = ops.llama_last(ls[0], ls[1], targets, tuple(ls[2:]), BLOCK,
+                                      return_logits=True)
+        return [loss, logits, *torch.autograd.grad(loss, ls)]
+
+    previous = ops.set_eager_bypass(False)
+    try:
+        through_dispatcher = run()
+        ops.set_eager_bypass(True)
+        bypassed = run()
+    finally:
+        ops.set_eager_bypass(previous)
+    for a, b in zip(through_dispatcher, bypassed):
+        assert torch.equal(a, b)

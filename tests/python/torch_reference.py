@@ -1,0 +1,178 @@
+"""The textbook (unfused) Llama block in plain torch, written as Hugging Face's LlamaForCausalLM
+computes it, and the project's tolerance rule (ARCHITECTURE.md section 7):
+
+    max|coda - ref_fp32| <= 2 * max|torch_bf16 - ref_fp32| + 1e-6
+
+where ref_fp32 is this reference on fp32 copies of the inputs and torch_bf16 the same reference
+on the 16-bit inputs (torch's own rounding)."""
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, weight, eps):
+    """LlamaRMSNorm: normalize in fp32, cast back, then scale."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope(t, positions, inv_freq):
+    """Rotate-half RoPE on t [M, heads, head_dim]; cos/sin in t's dtype as HF does."""
+    freqs = positions.float()[:, None] * inv_freq.float()[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(t.dtype)[:, None], emb.sin().to(t.dtype)[:, None]
+    return t * cos + rotate_half(t) * sin
+
+
+def qkv_projection(x, attn_norm, w_qkv, positions, inv_freq, block):
+    h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+    m = x.shape[0]
+    qkv = rms_norm(x, attn_norm, block.eps) @ w_qkv.t()
+    q = rope(qkv[:, : h * d].reshape(m, h, d), positions, inv_freq).reshape(m, -1)
+    k = rope(qkv[:, h * d:(h + kv) * d].reshape(m, kv, d), positions, inv_freq).reshape(m, -1)
+    return torch.cat((q, k, qkv[:, (h + kv) * d:]), dim=1)
+
+
+def mlp_residual(x0, y0, w_out, ffn_norm, w_gate_up, w_down, eps):
+    """x1 = x0 + o_proj(y0); x2 = x1 + down(silu(gate) * up), gate/up interleaved rows."""
+    x1 = x0 + y0 @ w_out.t()
+    gu = rms_norm(x1, ffn_norm, eps) @ w_gate_up.t()
+    gate, up = gu[:, 0::2], gu[:, 1::2]
+    return x1 + (F.silu(gate) * up) @ w_down.t()
+
+
+def first(x, attn_norm, w_qkv, positions, inv_freq, block):
+    return qkv_projection(x, attn_norm, w_qkv, positions, inv_freq, block)
+
+
+def middle(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions, inv_freq,
+           block):
+    x2 = mlp_residual(x0, y0, w_out, ffn_norm, w_gate_up, w_down, block.eps)
+    return x2, qkv_projection(x2, attn_norm, w_qkv, positions, inv_freq, block)
+
+
+def last_logits(x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head, block):
+    x2 = mlp_residual(x0, y0, w_out, ffn_norm, w_gate_up, w_down, block.eps)
+    return rms_norm(x2, final_norm, block.eps) @ lm_head.t()
+
+
+def cross_entropy(logits, targets, ignore_index=-100, reduction="mean"):
+    """HF's loss on (already shifted) targets: fp32 logits; a mean over no valid target is 0
+    (coda's convention) instead of NaN."""
+    targets = targets.long()
+    total = F.cross_entropy(logits.float(), targets, ignore_index=ignore_index, reduction="sum")
+    if reduction == "sum":
+        return total
+    return total / (targets != ignore_index).sum().clamp(min=1)
+
+
+def token_losses(logits, targets, ignore_index=-100):
+    """Per-token losses (0 for ignored targets), fp32."""
+    return F.cross_entropy(logits.float(), targets.long(), ignore_index=ignore_index,
+                           reduction="none")
+
+
+def max_err(got, ref):
+    return (got.detach().double() - ref.detach().double()).abs().max().item()
+
+
+def check_rule(name, got, ref_fp32, torch_bf16, context=""):
+    """Assert the section 7 rule for one tensor; returns (coda error, torch error)."""
+    assert got.shape == ref_fp32.shape, "%s: shape %s, expected %s" % (
+        name, tuple(got.shape), tuple(ref_fp32.shape))
+    assert not torch.isnan(got.detach().float()).any(), "%s: NaN %s" % (name, context)
+    err, base = max_err(got, ref_fp32), max_err(torch_bf16, ref_fp32)
+    assert err <= 2 * base + 1e-6, (
+        "%s: coda error %.3e > 2 x torch's bf16 error %.3e + 1e-6 %s" % (name, err, base, context))
+    return err, base
+
+
+def check_loss(name, got, token_ref, token_bf16, targets, ignore_index=-100, reduction="mean",
+               context=""):
+    """The rule for a reduced loss, applied per token (as examples/llama_block.cpp does): the
+    bound is twice the summed per-token |torch bf16 - fp32| loss error, scaled like the loss.
+    A scalar's own error would make the bound depend on cancellation luck."""
+    valid = (targets.reshape(-1) != ignore_index)
+    base = (token_bf16.double() - token_ref.double()).abs()[valid].sum().item()
+    ref = token_ref.double()[valid].sum().item()
+    if reduction == "mean":
+        n = max(int(valid.sum().item()), 1)
+        base, ref = base / n, ref / n
+    err = abs(float(got) - ref)
+    assert err <= 2 * base + 1e-6, (
+        "%s: coda error %.3e > 2 x torch's bf16 error %.3e + 1e-6 %s" % (name, err, base, context))
+
+
+# ---- test set-up shared by the torch test files
+
+
+def sm90():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def device_params():
+    """["cpu", "cuda"] as pytest params; cuda skipped (reported) without an sm_90 GPU."""
+    import pytest
+
+    return [
+        "cpu",
+        pytest.param("cuda", marks=pytest.mark.skipif(not sm90(), reason="needs an sm_90 GPU")),
+    ]
+
+
+def generator(seed, salt=0):
+    g = torch.Generator()
+    g.manual_seed((seed * 1000003 + salt) % (1 << 63))
+    return g
+
+
+def uniform(shape, lo, hi, gen, dtype=torch.bfloat16, device="cpu"):
+    return (torch.rand(shape, generator=gen) * (hi - lo) + lo).to(dtype=dtype, device=device)
+
+
+def weight(out_features, in_features, gen, dtype=torch.bfloat16, device="cpu"):
+    """Entries of size 1/sqrt(in): activations stay O(1) through the layers."""
+    b = in_features ** -0.5
+    return uniform((out_features, in_features), -b, b, gen, dtype, device)
+
+
+def norm_weight(n, gen, dtype=torch.bfloat16, device="cpu"):
+    return uniform((n,), 0.5, 1.5, gen, dtype, device)
+
+
+# ---- a whole causal LM on coda-layout weights (what coda.models.Llama computes)
+
+
+def causal_attention(q, k, v):
+    """q [B, H, S, d], k/v [B, KV, S, d] -> [B, H, S, d]: causal softmax attention (fp32
+    softmax), key/value head h // (H / KV) for query head h."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    s = q.shape[-2]
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+    return scores.masked_fill(mask, float("-inf")).softmax(-1).to(q.dtype) @ v
+
+
+def model_logits(params, input_ids, position_ids, inv_freq, block):
+    """params: {"embed", "layers": [{attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down}],
+    "norm", "lm_head"} -> logits [B, S, V] in the parameters' dtype."""
+    b, s = input_ids.shape
+    h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+    x = params["embed"][input_ids].reshape(b * s, -1)
+    positions = position_ids.expand(b, s).reshape(-1)
+    for layer in params["layers"]:
+        qkv = qkv_projection(x, layer["attn_norm"], layer["w_qkv"], positions, inv_freq, block)
+        q, k, v = qkv.view(b, s, h + 2 * kv, d).split([h, kv, kv], dim=2)
+        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        y = o.transpose(1, 2).reshape(b * s, h * d)
+        x = mlp_residual(x, y, layer["w_out"], layer["ffn_norm"], layer["w_gate_up"],
+                         layer["w_down"], block.eps)
+    return (rms_norm(x, params["norm"], block.eps) @ params["lm_head"].t()).view(b, s, -1)
