@@ -1,0 +1,329 @@
+#!/usr/bin/env python3
+"""Train a small Llama from scratch on this repository's own text, twice from the same seed:
+once with coda (coda.models through coda.from_hf) and once in plain PyTorch, on the same
+initial weights and the same batches, then plot both loss curves and check that they agree.
+
+    python examples/train_llama.py [--steps 400] [--out train_llama_out]
+
+Tokens are bytes (vocabulary 256) of the tracked *.md, *.cpp, *.cu, *.cuh, *.hpp, *.h, *.c and
+*.py files; the last 5% is held out. The model is a 4-layer Llama (hidden 512, MLP 1536, 8
+query / 4 key-value heads of 64; coda's GPU RoPE needs head_dim 64 or 128 and every width a
+multiple of 8). Both sides train in bf16 with fp32 master weights and the same AdamW, warm-up
+and cosine schedule, and gradient clipping; there is no dropout, so the only difference is the
+arithmetic. Writes OUT/loss.png and OUT/loss.json and exits 1 when the smoothed final losses
+differ by more than --tolerance (relative).
+"""
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+SUFFIXES = (".md", ".cpp", ".cu", ".cuh", ".hpp", ".h", ".c", ".py")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--out", default="train_llama_out", help="folder for loss.png and loss.json")
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--mlp", type=int, default=1536)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sides", default="torch,coda", help="comma-separated: torch, coda")
+    p.add_argument("--device", default="cuda", help="torch device (default cuda)")
+    p.add_argument("--smooth", type=int, default=25, help="moving-average window (steps)")
+    p.add_argument("--tolerance", type=float, default=0.05,
+                   help="largest relative difference of the smoothed final losses")
+    return p.parse_args(argv)
+
+
+# ---- data
+
+
+def corpus_files(root=ROOT):
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True,
+                             timeout=30, check=True).stdout.split("\n")
+        files = [f for f in out if f.endswith(SUFFIXES)]
+    except (OSError, subprocess.SubprocessError):
+        files = []
+        for d, dirs, names in os.walk(root):
+            dirs[:] = [x for x in dirs if not x.startswith((".", "build")) and x != "__pycache__"]
+            files += [os.path.relpath(os.path.join(d, n), root) for n in names
+                      if n.endswith(SUFFIXES)]
+    return sorted(files)
+
+
+def load_corpus(root=ROOT):
+    parts = []
+    for f in corpus_files(root):
+        try:
+            with open(os.path.join(root, f), "rb") as fh:
+                parts.append(fh.read())
+        except OSError:
+            continue
+    return b"\n\n".join(parts)
+
+
+class Batches:
+    """Fixed batches: the same windows, in the same order, for every side."""
+
+    def __init__(self, data, steps, batch, seq, seed, val_batches=8):
+        n_val = len(data) // 20
+        self.train, self.val = data[:-n_val], data[-n_val:]
+        if len(self.val) <= seq + 1 or len(self.train) <= seq + 1:
+            raise SystemExit("corpus too small (%d bytes) for --seq %d" % (len(data), seq))
+        g = torch.Generator().manual_seed(seed)
+        self.starts = torch.randint(0, len(self.train) - seq - 1, (steps, batch), generator=g)
+        self.val_starts = torch.randint(0, len(self.val) - seq - 1, (val_batches, batch),
+                                        generator=g)
+        self.seq = seq
+
+    def _windows(self, data, starts, device):
+        idx = starts[:, None] + torch.arange(self.seq)[None, :]
+        return data[idx].to(device, non_blocking=True)
+
+    def train_batch(self, step, device):
+        return self._windows(self.train, self.starts[step], device)
+
+    def val_batches(self, device):
+        return [self._windows(self.val, s, device) for s in self.val_starts]
+
+
+# ---- training
+
+
+class MasterAdamW:
+    """AdamW on fp32 master copies of bf16 parameters (elementwise, so fused and separate
+    weight layouts take identical steps), with global-norm gradient clipping."""
+
+    def __init__(self, params, lr, warmup, steps, betas=(0.9, 0.95), weight_decay=0.1, clip=1.0):
+        self.params = [p for p in params if p.requires_grad]
+        self.master = [p.detach().float().clone().requires_grad_() for p in self.params]
+        self.opt = torch.optim.AdamW(self.master, lr=lr, betas=betas, weight_decay=weight_decay)
+
+        def schedule(step):
+            if step < warmup:
+                return (step + 1) / warmup
+            t = (step - warmup) / max(1, steps - warmup)
+            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, schedule)
+        self.clip = clip
+
+    def step(self):
+        for p, m in zip(self.params, self.master):
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+        torch.nn.utils.clip_grad_norm_(self.master, self.clip)
+        self.opt.step()
+        self.sched.step()
+        with torch.no_grad():
+            for p, m in zip(self.params, self.master):
+                p.copy_(m)
+            for m in self.master:
+                m.grad = None
+
+
+def progress(iterable, total, desc):
+    try:
+        from tqdm import tqdm
+
+        return tqdm(iterable, total=total, desc=desc, dynamic_ncols=True)
+    except ImportError:
+        return _SimpleBar(iterable, total, desc)
+
+
+class _SimpleBar:
+    def __init__(self, iterable, total, desc):
+        self.iterable, self.total, self.desc, self.post = iterable, total, desc, ""
+
+    def set_postfix_str(self, s):
+        self.post = s
+
+    def __iter__(self):
+        t0 = time.time()
+        for i, x in enumerate(self.iterable):
+            yield x
+            if (i + 1) % max(1, self.total // 50) == 0 or i + 1 == self.total:
+                done = int(30 * (i + 1) / self.total)
+                sys.stderr.write("\r%s [%s%s] %d/%d %.0fs %s" % (
+                    self.desc, "#" * done, "." * (30 - done), i + 1, self.total,
+                    time.time() - t0, self.post))
+                sys.stderr.flush()
+        sys.stderr.write("\n")
+
+    def close(self):
+        pass
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train(name, model, batches, args, device):
+    opt = MasterAdamW(model.parameters(), args.lr, args.warmup, args.steps)
+    losses = []
+    bar = progress(range(args.steps), args.steps, "%-5s" % name)
+    _sync(device)
+    t0 = time.perf_counter()
+    for step in bar:
+        ids = batches.train_batch(step, device)
+        loss = model(ids, labels=ids)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+        if step % 10 == 0 or step == args.steps - 1:
+            bar.set_postfix_str("loss %.4f" % losses[-1].item())
+    _sync(device)
+    seconds = time.perf_counter() - t0
+    if hasattr(bar, "close"):
+        bar.close()
+    with torch.no_grad():
+        val = [model(ids, labels=ids).float().item() for ids in batches.val_batches(device)]
+    losses = [float(x) for x in torch.stack(losses).float().cpu()]
+    tokens = args.steps * args.batch * args.seq
+    print("%-5s %d steps in %.1f s (%.0f tokens/s), final loss %.4f, held-out loss %.4f"
+          % (name, args.steps, seconds, tokens / seconds, losses[-1], sum(val) / len(val)))
+    return {"loss": losses, "val_loss": sum(val) / len(val), "seconds": seconds}
+
+
+def smooth(xs, window):
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= window:
+            acc -= xs[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def plot(curves, smooth_window, path, title):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot")
+        return None
+    colors = {"torch": "#9a9a9a", "coda": "#2a6fdb"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    for name in ("coda", "torch"):  # torch dashed on top, so both show where they coincide
+        if name not in curves:
+            continue
+        c, style = curves[name], "--" if name == "torch" else "-"
+        steps = range(1, len(c["loss"]) + 1)
+        axes[0].plot(steps, c["loss"], color=colors[name], alpha=0.25, linewidth=0.8)
+        axes[0].plot(steps, smooth(c["loss"], smooth_window), color=colors[name], linestyle=style,
+                     linewidth=1.8, label="%s (held-out %.3f)" % (name, c["val_loss"]))
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("training loss (nats / byte)")
+    axes[0].legend()
+    axes[0].set_title(title, fontsize=9)
+    if "torch" in curves and "coda" in curves:
+        a = smooth(curves["coda"]["loss"], smooth_window)
+        b = smooth(curves["torch"]["loss"], smooth_window)
+        axes[1].plot(range(1, len(a) + 1), [(x - y) / y for x, y in zip(a, b)], color="#2a6fdb")
+        axes[1].axhline(0, color="#9a9a9a", linewidth=0.8)
+        axes[1].set_xlabel("step")
+        axes[1].set_title("(coda - torch) / torch, smoothed over %d steps" % smooth_window,
+                          fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("train_llama: no CUDA device (coda's GPU kernels need an H100/H200)", file=sys.stderr)
+        return 2
+    from coda.bench import coda_adapter
+    from coda.bench.reference import RefConfig, ReferenceLlama, init_weights
+
+    sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    data = load_corpus()
+    corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
+    print("corpus: %d files, %d bytes (%.1f epochs of the training split over %d steps)"
+          % (len(corpus_files()), len(data),
+             args.steps * args.batch * args.seq / (len(data) * 0.95), args.steps))
+    batches = Batches(corpus, args.steps, args.batch, args.seq, args.seed)
+
+    cfg = RefConfig(hidden_size=args.hidden, intermediate_size=args.mlp,
+                    num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                    head_dim=args.head_dim, vocab_size=256, num_hidden_layers=args.layers,
+                    rms_norm_eps=1e-5, rope_theta=10000.0)
+    torch.manual_seed(args.seed)
+    reference = init_weights(ReferenceLlama(cfg, device=device, dtype=torch.bfloat16), args.seed)
+    n_params = sum(p.numel() for p in reference.parameters())
+    print("model: %d layers, hidden %d, MLP %d, %d/%d heads of %d, vocab 256: %.1fM parameters;"
+          " batch %d x %d bytes, %d steps"
+          % (args.layers, args.hidden, args.mlp, args.heads, args.kv_heads, args.head_dim,
+             n_params / 1e6, args.batch, args.seq, args.steps))
+
+    # Both models start from the reference's initial weights: coda's converted from them
+    # before any training step, PyTorch's the reference itself.
+    models = {}
+    if "coda" in sides:
+        models["coda"] = coda_adapter.model_from_reference(reference)  # a converted copy
+    if "torch" in sides:
+        models["torch"] = reference
+    curves = {}
+    for name in ("torch", "coda"):
+        if name in models:
+            curves[name] = train(name, models[name], batches, args, device)
+
+    os.makedirs(args.out, exist_ok=True)
+    summary = {"config": cfg.to_dict(), "args": vars(args)}
+    agree = True
+    if "torch" in curves and "coda" in curves:
+        a = smooth(curves["coda"]["loss"], args.smooth)
+        b = smooth(curves["torch"]["loss"], args.smooth)
+        rel = [abs(x - y) / y for x, y in zip(a, b)]
+        first = abs(curves["coda"]["loss"][0] - curves["torch"]["loss"][0])
+        final = rel[-1]
+        val_rel = abs(curves["coda"]["val_loss"] - curves["torch"]["val_loss"]) / \
+            curves["torch"]["val_loss"]
+        agree = final <= args.tolerance and val_rel <= args.tolerance
+        summary.update(first_step_abs_diff=first, final_smoothed_rel_diff=final,
+                       max_smoothed_rel_diff=max(rel), held_out_rel_diff=val_rel, agree=agree)
+        print("first-step loss: torch %.5f, coda %.5f (difference %.2e: same weights, same batch)"
+              % (curves["torch"]["loss"][0], curves["coda"]["loss"][0], first))
+        print("smoothed loss (window %d): final torch %.4f, coda %.4f, relative difference %.3f;"
+              " largest over the run %.3f (at step %d)"
+              % (args.smooth, b[-1], a[-1], final, max(rel), rel.index(max(rel)) + 1))
+        print("held-out loss: torch %.4f, coda %.4f, relative difference %.3f"
+              % (curves["torch"]["val_loss"], curves["coda"]["val_loss"], val_rel))
+        print("curves %s (tolerance %.3f)" % ("AGREE" if agree else "DISAGREE", args.tolerance))
+    summary.update({name: c for name, c in curves.items()})
+    with open(os.path.join(args.out, "loss.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    title = "byte-level Llama on the coda repository: %d layers, hidden %d, %d steps, %s" % (
+        args.layers, args.hidden, args.steps, where)
+    png = plot(curves, args.smooth, os.path.join(args.out, "loss.png"), title)
+    print("wrote %s%s" % (os.path.join(args.out, "loss.json"), " and " + png if png else ""))
+    return 0 if agree else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
