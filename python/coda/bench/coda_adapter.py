@@ -42,11 +42,10 @@ def middle_op(n_heads, n_kv_heads, head_dim, eps):
     -> (x2 [M, D], qkv [M, (H + 2 Hkv) hd]) running coda's fused middle layer with autograd."""
     import coda.ops
 
+    block = coda.ops.BlockConfig(int(n_heads), int(n_kv_heads), int(head_dim), float(eps))
+
     def run(x0, y0, w, positions, inv_freq):
-        return coda.ops.llama_middle(
-            x0, y0, w["w_out"], w["ffn_norm"], w["w_gate_up"], w["w_down"], w["attn_norm"],
-            w["w_qkv"], positions, inv_freq, n_heads=n_heads, n_kv_heads=n_kv_heads,
-            head_dim=head_dim, eps=eps)
+        return coda.ops.llama_middle(x0, y0, w, positions, inv_freq, block)
 
     return run
 
@@ -60,11 +59,24 @@ def model_from_reference(ref):
 
 def model_grads_hf(module):
     """The MODEL_CHECK_PARAMS gradients in Hugging Face layout, from the reference model or
-    from a coda Llama; {} where a model cannot say."""
+    from a coda Llama (through coda.to_hf_state_dict); {} where a model cannot say."""
     from .reference import ReferenceLlama
 
     if isinstance(module, ReferenceLlama):
         params = dict(module.named_parameters())
-        return {n: params[n].grad for n in MODEL_CHECK_PARAMS
-                if n in params and params[n].grad is not None}
-    return {}
+        grads = {n: params[n].grad for n in MODEL_CHECK_PARAMS if n in params}
+    else:
+        import coda
+
+        to_hf = getattr(coda, "to_hf_state_dict", None)
+        if to_hf is None:
+            return {}
+        grads = to_hf(module, grads=True)
+    return {n: grads[n] for n in MODEL_CHECK_PARAMS if grads.get(n) is not None}
+
+
+def set_eager_bypass(enabled):
+    """coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)."""
+    import coda.ops
+
+    return coda.ops.set_eager_bypass(enabled)
