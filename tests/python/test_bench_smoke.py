@@ -112,17 +112,25 @@ def test_bench_tiny_every_side_and_pass(torch_cuda, tmp_path):
         pytest.xfail("coda side unavailable here: %s" % coda_missing[0]["errors"]["coda"])
 
 
-def test_reference_block_matches_reference_model_layer(torch_cuda):
+@pytest.fixture
+def torch_sdpa():
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        pytest.skip("torch %s has no scaled_dot_product_attention" % torch.__version__)
+    return torch
+
+
+def test_reference_block_matches_reference_model_layer(torch_sdpa):
     """The benchmark's torch block is the math of one shifted step of the torch model: the
-    same weights give the same x2 and next-layer attention output."""
-    torch = torch_cuda
+    same weights give the same x2 and next-layer attention output (fp32, on the CPU)."""
+    torch = torch_sdpa
     from coda.bench.reference import (ReferenceLlama, ReferenceMiddle, init_weights,
                                       rope_cos_sin, sdpa)
     from coda.bench.runner import make_config
 
     cfg = make_config("tiny", layers=2)
-    model = init_weights(ReferenceLlama(cfg, device="cuda", dtype=torch.float32), 3)
-    block = ReferenceMiddle(cfg, attention=True, device="cuda", dtype=torch.float32)
+    model = init_weights(ReferenceLlama(cfg, device="cpu", dtype=torch.float32), 3)
+    block = ReferenceMiddle(cfg, attention=True, device="cpu", dtype=torch.float32)
     l0, l1 = model.model.layers
     with torch.no_grad():
         block.o_proj.weight.copy_(l0.self_attn.o_proj.weight)
@@ -132,8 +140,8 @@ def test_reference_block_matches_reference_model_layer(torch_cuda):
         block.next_input_layernorm.weight.copy_(l1.input_layernorm.weight)
         for n in ("q_proj", "k_proj", "v_proj"):
             getattr(block, "next_" + n).weight.copy_(getattr(l1.self_attn, n).weight)
-        ids = torch.randint(0, cfg.vocab_size, (2, 64), device="cuda")
-        pos = torch.arange(64, device="cuda").expand(2, 64)
+        ids = torch.randint(0, cfg.vocab_size, (2, 64))
+        pos = torch.arange(64).expand(2, 64)
         cos, sin = rope_cos_sin(pos, model.model.inv_freq, torch.float32)
         x0 = model.model.embed_tokens(ids)
         y0 = sdpa(*l0.self_attn.qkv(l0.input_layernorm(x0), cos, sin))
@@ -142,3 +150,22 @@ def test_reference_block_matches_reference_model_layer(torch_cuda):
         y1_ref = sdpa(*l1.self_attn.qkv(l1.input_layernorm(x2_ref), cos, sin))
     torch.testing.assert_close(x2, x2_ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(y1, y1_ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bench_gate_up_layout_is_coda_s():
+    """The bench converts weights with its own interleave; it must be coda's layout."""
+    torch = pytest.importorskip("torch")
+    import coda
+
+    try:
+        coda.library_version()
+    except OSError as e:
+        pytest.skip("libcoda.so not found: %s" % e)
+    from coda.bench import coda_adapter
+
+    gate = torch.randn(24, 16).to(torch.bfloat16)
+    up = torch.randn(24, 16).to(torch.bfloat16)
+    ours = coda_adapter.interleave_gate_up(gate, up)
+    assert torch.equal(ours, coda.ops.interleave_gate_up(torch.cat([gate, up])))
+    g, u = coda_adapter.deinterleave_gate_up(ours)
+    assert torch.equal(g, gate) and torch.equal(u, up)

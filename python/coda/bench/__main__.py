@@ -31,6 +31,8 @@ def parse_args(argv):
                    help="override every case's shape (tiny: a smoke run of a few ms)")
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode (default: torch's default mode)")
+    p.add_argument("--coda-eager-bypass", action="store_true",
+                   help="coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)")
     p.add_argument("--no-check", action="store_true",
                    help="skip comparing coda's and compile's outputs and gradients with eager's")
     return p.parse_args(argv)
@@ -72,6 +74,10 @@ def main(argv=None):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
 
+    if args.coda_eager_bypass and "coda" in sides:
+        from . import coda_adapter
+
+        coda_adapter.set_eager_bypass(True)
     meta = report.metadata()
     print("coda.bench on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s"
           % (meta["gpu"], meta["torch"], meta["commit"], warmup, iters, ",".join(passes)),
@@ -85,6 +91,7 @@ def main(argv=None):
     results = dict(meta)
     results.update({
         "quick": bool(args.quick), "warmup": warmup, "iters": iters,
+        "coda_eager_bypass": bool(args.coda_eager_bypass),
         "timing": report.TIMING_DEFINITION, "memory": report.MEMORY_DEFINITION,
         "cases": records,
     })

@@ -5,7 +5,14 @@ import torch
 
 # Hugging Face names of the few model gradients the agreement check compares.
 MODEL_CHECK_PARAMS = ("lm_head.weight", "model.norm.weight", "model.embed_tokens.weight",
-                      "model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight")
+                      "model.layers.0.input_layernorm.weight",
+                      "model.layers.0.self_attn.q_proj.weight",
+                      "model.layers.0.self_attn.k_proj.weight",
+                      "model.layers.0.self_attn.v_proj.weight",
+                      "model.layers.0.self_attn.o_proj.weight",
+                      "model.layers.0.post_attention_layernorm.weight",
+                      "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.up_proj.weight",
+                      "model.layers.0.mlp.down_proj.weight")
 
 
 def interleave_gate_up(gate, up):
