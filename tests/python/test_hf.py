@@ -1,0 +1,188 @@
+"""coda against Hugging Face transformers' LlamaForCausalLM: a small random model (hidden 256,
+4 layers, 4 query / 2 key-value heads of 64, GQA), untied and tied, with and without Llama-3
+rope scaling.
+
+* from_hf / to_hf_state_dict round-trip bit for bit; the RoPE table equals HF's;
+* logits, loss and every parameter gradient of coda.from_hf(model) (bf16) against the HF
+  model in fp32, under the section 7 rule with HF in bf16 as the baseline; the weights come
+  from an fp32 model (coda and HF-bf16 round them) or from a bf16 one (all three share them);
+* patch_hf gives the coda model's results; unsupported configs raise NotImplementedError.
+"""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import coda  # noqa: E402
+from coda import models  # noqa: E402
+
+import torch_reference as R  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+DEVICES = R.device_params()
+IGNORE = -100
+B, S = 2, 48
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 64}  # short, so that it changes positions < S
+
+
+def hf_config(tied=False, rope_scaling=None, **overrides):
+    fields = dict(hidden_size=256, intermediate_size=704, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=64, vocab_size=512, num_hidden_layers=4,
+                  rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=256,
+                  tie_word_embeddings=tied)
+    if rope_scaling is not None:
+        fields["rope_scaling"] = dict(rope_scaling)
+    fields.update(overrides)
+    return transformers.LlamaConfig(**fields)
+
+
+@torch.no_grad()
+def hf_model(config, seed, device="cpu"):
+    """A random fp32 LlamaForCausalLM: HF's initialization (normal(0, 0.02)), then norm
+    weights in [0.5, 1.5] so that they matter."""
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config)
+    gen = R.generator(seed, 51)
+    for name, p in model.named_parameters():
+        if "norm" in name:
+            p.copy_(torch.rand(p.shape, generator=gen) + 0.5)
+    return model.to(device).eval()
+
+
+def batch(device, vocab=512, seed_salt=52):
+    gen = R.generator(SEED, seed_salt)
+    ids = torch.randint(0, vocab, (B, S), generator=gen)
+    labels = ids.clone()
+    labels[torch.rand(B, S, generator=gen) < 0.1] = IGNORE
+    return ids.to(device), labels.to(device)
+
+
+def hf_run(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    out = model(input_ids=ids, labels=labels)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return out.logits.detach(), out.loss.detach(), grads
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3], ids=["rope", "llama3"])
+def test_rope_table_matches_hf(rope_scaling):
+    hf = hf_model(hf_config(rope_scaling=rope_scaling), SEED)
+    ours = models.rope_inv_freq(models.LlamaConfig.from_hf(hf.config))
+    assert torch.equal(ours, hf.model.rotary_emb.inv_freq.float().cpu())
+    try:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError:
+        return
+    if rope_scaling is not None and "llama3" in ROPE_INIT_FUNCTIONS:
+        theirs = ROPE_INIT_FUNCTIONS["llama3"](hf.config, "cpu")[0]
+        assert torch.equal(ours, theirs.float())
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_round_trip_is_exact(tied):
+    hf32 = hf_model(hf_config(tied=tied), SEED)
+    for source in (hf32, copy.deepcopy(hf32).to(torch.bfloat16)):
+        model = coda.from_hf(source, device="cpu", dtype=torch.bfloat16)
+        assert (model.lm_head is None) == tied
+        sd = coda.to_hf_state_dict(model)
+        want = source.state_dict()
+        assert set(want) <= set(sd) and set(sd) - set(want) <= {"lm_head.weight"}
+        for name, value in want.items():
+            assert sd[name].dtype == torch.bfloat16
+            assert torch.equal(sd[name], value.to(torch.bfloat16)), name
+        # ... and loads back into a HF model.
+        fresh = transformers.LlamaForCausalLM(hf_config(tied=tied)).to(torch.bfloat16)
+        missing, _ = fresh.load_state_dict(sd, strict=False)
+        assert not missing
+        for name, value in fresh.state_dict().items():
+            assert torch.equal(value, want[name].to(torch.bfloat16)), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("source", ["fp32", "bf16"])
+@pytest.mark.parametrize("rope_scaling", [None, LLAMA3], ids=["rope", "llama3"])
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_matches_hf(device, source, rope_scaling, tied):
+    config = hf_config(tied=tied, rope_scaling=rope_scaling)
+    hf32 = hf_model(config, SEED, device)
+    hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
+    if source == "bf16":  # all three models share the bf16 weights (not the RoPE table, which
+        with torch.no_grad():  # .to(bf16) may have rounded in hf16)
+            for p32, p16 in zip(hf32.parameters(), hf16.parameters()):
+                p32.copy_(p16.float())
+    model = coda.from_hf(hf16 if source == "bf16" else hf32)
+    assert model.embed_tokens.weight.dtype == torch.bfloat16
+
+    ids, labels = batch(device)
+    r_logits, r_loss, r_grads = hf_run(hf32, ids, labels)
+    b_logits, b_loss, b_grads = hf_run(hf16, ids, labels)
+    loss, logits = model(ids, labels=labels, return_logits=True)
+    loss.backward()
+
+    context = "(seed %d, %s, %s weights, %s)" % (SEED, device, source,
+                                                 "tied" if tied else "untied")
+    targets = models.shift_labels(labels).reshape(-1)
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    R.check_loss("loss", loss, R.token_losses(flat(r_logits), targets),
+                 R.token_losses(flat(b_logits), targets), targets, context=context)
+    assert abs(r_loss.item() - R.token_losses(flat(r_logits), targets).sum().item()
+               / (targets != IGNORE).sum().item()) < 1e-4  # HF's loss is what we think it is
+    R.check_rule("logits", logits, r_logits, b_logits, context)
+    grads = coda.to_hf_state_dict(model, grads=True)
+    for name, _ in hf32.named_parameters():
+        R.check_rule("grad " + name, grads[name], r_grads[name], b_grads[name], context)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_patch_hf_runs_coda(device, tied):
+    hf16 = hf_model(hf_config(tied=tied, rope_scaling=LLAMA3), SEED, device).to(torch.bfloat16)
+    model = coda.from_hf(hf16)
+    ids, labels = batch(device)
+    loss, logits = model(ids, labels=labels, return_logits=True)
+    loss.backward()
+
+    patched = coda.patch_hf(copy.deepcopy(hf16))
+    out = patched(input_ids=ids, labels=labels)
+    assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast)
+    assert torch.equal(out.loss, loss.detach()) and torch.equal(out.logits, logits)
+    out.loss.backward()
+    want = coda.to_hf_state_dict(model, grads=True)
+    for name, p in patched.named_parameters():
+        assert torch.equal(p.grad, want[name]), name  # the same kernels on the same weights
+
+    # Hugging Face's gradient-accumulation form: sum / num_items_in_batch.
+    n = int((models.shift_labels(labels) != IGNORE).sum())
+    out2 = patched(input_ids=ids, labels=labels, num_items_in_batch=n * 2)
+    assert abs(out2.loss.item() - loss.item() / 2) < 1e-3 * abs(loss.item())
+    # No labels: logits only.
+    out3 = patched(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert out3.loss is None and torch.equal(out3.logits, logits)
+    with pytest.raises(NotImplementedError):
+        mask = torch.ones_like(ids)
+        mask[0, 0] = 0
+        patched(input_ids=ids, attention_mask=mask)
+    coda.hf.unpatch_hf(patched)
+    assert "forward" not in patched.__dict__
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(attention_bias=True), dict(mlp_bias=True), dict(hidden_act="gelu"),
+     dict(rope_scaling={"rope_type": "linear", "factor": 2.0})],
+    ids=["attention_bias", "mlp_bias", "gelu", "linear_rope"],
+)
+def test_unsupported_configs_raise(overrides):
+    hf = transformers.LlamaForCausalLM(hf_config(**overrides))
+    with pytest.raises(NotImplementedError):
+        coda.from_hf(hf)
+    with pytest.raises(NotImplementedError):
+        coda.patch_hf(hf)

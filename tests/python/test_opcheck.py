@@ -1,0 +1,121 @@
+"""torch.library.opcheck on every coda custom op: schema (no input mutated, no output aliasing
+an input), autograd registration, fake tensors (shapes, dtypes, strides as the real kernel's)
+and AOT dispatch with dynamic shapes (which also runs the backward formulas)."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from coda import models, ops  # noqa: E402
+
+import torch_reference as R  # noqa: E402
+from conftest import SEED  # noqa: E402
+
+if not ops.HAS_CUSTOM_OPS:
+    pytest.skip("torch.library.custom_op needs torch >= 2.4", allow_module_level=True)
+
+DEVICES = R.device_params()
+M, D, F, H, KV, HD, V = 24, 128, 96, 2, 1, 64, 72
+QKV = (H + 2 * KV) * HD
+EPS = 1e-5
+CFG = (H, KV, HD, EPS)
+coda_ops = torch.ops.coda
+
+
+def opcheck(op, args):
+    torch.library.opcheck(op, args)
+
+
+def rope(gen, device):
+    positions = torch.randint(0, 512, (M,), generator=gen).to(device=device, dtype=torch.int32)
+    config = models.LlamaConfig(hidden_size=D, intermediate_size=F, num_attention_heads=H,
+                                num_key_value_heads=KV, head_dim=HD, vocab_size=V,
+                                num_hidden_layers=2)
+    return positions, models.rope_inv_freq(config).to(device)
+
+
+def act(gen, device, *shape, grad=False):
+    return R.uniform(shape, -1, 1, gen, device=device).requires_grad_(grad)
+
+
+def w(gen, device, out_features, in_features, grad=True):
+    return R.weight(out_features, in_features, gen, device=device).requires_grad_(grad)
+
+
+def g(gen, device, n, grad=True):
+    return R.norm_weight(n, gen, device=device).requires_grad_(grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", [0, 1, 2])
+def test_gemm(device, layout):
+    gen = R.generator(SEED, 31 + layout)
+    shapes = {0: ((40, 64), (48, 64)), 1: ((40, 64), (64, 48)), 2: ((64, 40), (64, 48))}[layout]
+    a = act(gen, device, *shapes[0], grad=True)
+    b = act(gen, device, *shapes[1], grad=True)
+    c = R.uniform((40, 48), -1, 1, gen, dtype=torch.float32, device=device).requires_grad_()
+    opcheck(coda_ops.gemm.default, (a, b, layout, None, 1.0, 0.0, None))
+    opcheck(coda_ops.gemm.default, (a, b, layout, c, 0.5, 2.0, torch.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gate_up(device):
+    gen = R.generator(SEED, 34)
+    t = act(gen, device, 2 * F, D, grad=True)
+    opcheck(coda_ops.interleave_gate_up.default, (t,))
+    opcheck(coda_ops.deinterleave_gate_up.default, (t,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_first(device):
+    gen = R.generator(SEED, 35)
+    positions, inv_freq = rope(gen, device)
+    x = act(gen, device, M, D, grad=True)
+    attn_norm, w_qkv = g(gen, device, D), w(gen, device, QKV, D)
+    opcheck(coda_ops.llama_first_forward.default,
+            (x, attn_norm, w_qkv, positions, inv_freq, *CFG))
+    with torch.no_grad():
+        qkv, rstd = coda_ops.llama_first_forward(x, attn_norm, w_qkv, positions, inv_freq, *CFG)
+    dqkv = act(gen, device, M, QKV)
+    opcheck(coda_ops.llama_first_backward.default,
+            (dqkv, x.detach(), attn_norm.detach(), w_qkv.detach(), positions, inv_freq, qkv,
+             rstd, *CFG))
+
+
+def mlp(gen, device):
+    return [w(gen, device, D, H * HD), g(gen, device, D), w(gen, device, 2 * F, D),
+            w(gen, device, D, F)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_middle(device):
+    gen = R.generator(SEED, 36)
+    positions, inv_freq = rope(gen, device)
+    x0, y0 = act(gen, device, M, D, grad=True), act(gen, device, M, H * HD, grad=True)
+    weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
+    args = (x0, y0, *weights, positions, inv_freq, *CFG)
+    opcheck(coda_ops.llama_middle_forward.default, args)
+    with torch.no_grad():
+        outs = coda_ops.llama_middle_forward(*args)
+    plain = [t.detach() for t in (x0, y0, *weights)]
+    opcheck(coda_ops.llama_middle_backward.default,
+            (act(gen, device, M, D), act(gen, device, M, QKV), *plain, positions, inv_freq,
+             *outs, *CFG))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("return_logits", [False, True])
+def test_llama_last(device, return_logits):
+    gen = R.generator(SEED, 37 + return_logits)
+    x0, y0 = act(gen, device, M, D, grad=True), act(gen, device, M, H * HD, grad=True)
+    weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, V, D)]
+    targets = torch.randint(0, V, (M,), generator=gen).to(device=device, dtype=torch.int32)
+    targets[::5] = -100
+    args = (x0, y0, targets, *weights, *CFG, -100, 0, return_logits)
+    opcheck(coda_ops.llama_last_forward.default, args)
+    with torch.no_grad():
+        loss, logits, *saved = coda_ops.llama_last_forward(*args)
+    plain = [t.detach() for t in (x0, y0)] + [targets] + [t.detach() for t in weights]
+    dloss = torch.full((1,), 0.5, device=device)
+    opcheck(coda_ops.llama_last_backward.default,
+            (dloss, *plain, *saved, *CFG, -100, 0))
