@@ -3,7 +3,9 @@ side from the same weights, then for each side in turn (eager, compile, coda): r
 quiescent memory, run one untimed forward+backward (torch.compile compiles here; its outputs
 and gradients go to the agreement check), then time every pass (timing.py)."""
 import gc
+import sys
 import time
+import traceback
 
 import torch
 
@@ -124,6 +126,7 @@ def _measure(builders, opts, flush):
         except Exception as e:  # an unsupported shape, a missing kernel, out of memory
             entry["error"] = _error_text(e)
             opts.log("  %-8s failed: %s" % (name, entry["error"]))
+            traceback.print_exc(file=sys.stderr)
             outs = None
             side.zero_grad()
             _free()
@@ -139,8 +142,8 @@ def _records(case, shape, tokens, batch, layers, attention, measured, opts):
             if res is not None:
                 rel, where = _rel_diff(res, truth)
                 checks[name] = (rel, where)
-                opts.log("  check    %-8s vs eager: max relative difference %.3g (%s)"
-                         % (name, rel, where))
+                opts.log("  check    %-8s vs eager: max relative difference %.3g (%s)%s"
+                         % (name, rel, where, "  WARNING: above 0.05" if rel > 0.05 else ""))
     recs = []
     for p in opts.passes:
         rec = {"case": case, "tokens": tokens, "pass": p, "attention": attention,
