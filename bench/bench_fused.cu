@@ -16,33 +16,23 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <functional>
-#include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include "coda/core/error.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gemm_workspace.hpp"
 #include "gpu/kernels_fused.hpp"
+#include "harness.cuh"
 
 namespace {
 
+using bench::Buffer;
+using bench::check;
+using bench::view;
 using coda::Device;
 using coda::DType;
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string(what) + ": cublasLt status " + std::to_string(int(s)));
-}
 
 struct Model {
   const char* name;
@@ -69,96 +59,6 @@ std::vector<Case> bench_cases(const std::vector<Model>& models) {
   }
   return cases;
 }
-
-// ---- inputs
-
-__device__ uint64_t mix(uint64_t x) {
-  x *= 0x9E3779B97F4A7C15ull;
-  x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
-  return x;
-}
-__global__ void fill_uniform(__nv_bfloat16* p, int64_t n, uint64_t seed, float lo, float hi) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = __float2bfloat16(lo + (hi - lo) * float(mix(uint64_t(i) + seed) >> 40) / 16777216.f);
-}
-__global__ void fill_partials(float* p, int64_t n, uint64_t seed, float scale) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = scale * (0.5f + float(mix(uint64_t(i) + seed) >> 40) / 16777216.f);
-}
-__global__ void fill_ints(int32_t* p, int64_t n, uint64_t seed, int32_t modulo) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    p[i] = int32_t(mix(uint64_t(i) + seed) % uint64_t(modulo));
-}
-__global__ void fill_inv_freq(float* p, int32_t half, int32_t head_dim) {
-  const int i = threadIdx.x;
-  if (i < half) p[i] = powf(500000.f, -2.f * float(i) / float(head_dim));
-}
-
-struct Buffer {
-  void* p = nullptr;
-  explicit Buffer(size_t bytes) {
-    check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "cudaMalloc");
-  }
-  ~Buffer() { cudaFree(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  template <class T> T* as() const { return static_cast<T*>(p); }
-};
-
-coda::TensorView view(const Buffer& b, DType t, int64_t rows, int64_t cols) {
-  return coda::make_view(b.p, t, rows, cols, Device::cuda);
-}
-coda::TensorView view(const Buffer& b, DType t, int64_t n) {
-  return coda::make_view(b.p, t, n, Device::cuda);
-}
-
-// ---- cuBLASLt: D[M, N] = A[M, K] · W[N, K]ᵀ, bf16, fp32 accumulate (column-major: Dᵀ = W · Aᵀ).
-struct CublasGemm {
-  cublasLtHandle_t handle;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t lw = nullptr, la = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  void* workspace;
-  size_t workspace_bytes;
-
-  CublasGemm(cublasLtHandle_t h, int64_t m, int64_t n, int64_t k, void* ws, size_t ws_bytes)
-      : handle(h), workspace(ws), workspace_bytes(ws_bytes) {
-    const cublasOperation_t t = CUBLAS_OP_T, nt = CUBLAS_OP_N;
-    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "TRANSA");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nt, sizeof(nt)),
-          "TRANSB");
-    check(cublasLtMatrixLayoutCreate(&lw, CUDA_R_16BF, k, n, k), "layout W");
-    check(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, k, m, k), "layout A");
-    check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, m, n), "layout D");
-    cublasLtMatmulPreference_t pref;
-    check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes, sizeof(workspace_bytes)),
-          "workspace pref");
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lw, la, ld, ld, pref, 1, &result, &found),
-          "AlgoGetHeuristic");
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) throw std::runtime_error("cuBLASLt has no algorithm");
-    algo = result.algo;
-  }
-  ~CublasGemm() {
-    cublasLtMatrixLayoutDestroy(lw), cublasLtMatrixLayoutDestroy(la),
-        cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(op);
-  }
-  void run(const void* a, const void* w, void* d, cudaStream_t s) const {
-    const float alpha = 1.f, beta = 0.f;
-    check(cublasLtMatmul(handle, op, &alpha, w, lw, a, la, &beta, d, ld, d, ld, &algo, workspace,
-                         workspace_bytes, s),
-          "cublasLtMatmul");
-  }
-};
 
 // ---- the unfused path's kernels: each reads the rounded output of the step before it.
 
@@ -274,34 +174,14 @@ unsigned grid_for(int64_t total) {
 
 // ---- one case
 
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 struct Result {
   Case c;
   double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
   double cooperative_ms, pingpong_ms; // the fused kernel on each schedule
 };
 
-// Largest |a - b| / max|b| over the first million elements of two bf16 tensors: a sanity check
-// that the fused kernel and the unfused path computed the same main output.
-double compare(const void* x, const void* y, int64_t numel) {
-  const size_t n = size_t(std::min<int64_t>(numel, 1 << 20));
-  std::vector<__nv_bfloat16> a(n), b(n);
-  check(cudaMemcpy(a.data(), x, n * 2, cudaMemcpyDeviceToHost), "copy");
-  check(cudaMemcpy(b.data(), y, n * 2, cudaMemcpyDeviceToHost), "copy");
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, double(std::fabs(__bfloat162float(a[i]) - __bfloat162float(b[i]))));
-    scale = std::max(scale, double(std::fabs(__bfloat162float(b[i]))));
-  }
-  return diff / scale;
-}
-
-Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush,
-                  size_t flush_bytes, int runs, cudaStream_t s) {
+Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
+  const cudaStream_t s = ctx.stream;
   const int64_t M = c.m, N = c.n, K = c.k;
   const Model& md = *c.model;
   const DType bf16 = DType::bf16, f32 = DType::f32;
@@ -312,16 +192,16 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
       gamma(size_t(N * 2)), partials_in(size_t(M * P_in * 4)), partials_out(size_t(M * P_out * 4)),
       rstd(size_t(M * 4)), rstd_unfused(size_t(M * 4)), positions(size_t(M * 4)),
       inv_freq(size_t(md.head_dim * 2)), targets(size_t(M * 4)), target_logit(size_t(M * 4));
-  fill_uniform<<<1024, 256, 0, s>>>(a.as<__nv_bfloat16>(), M * K, 1, -1.f, 1.f);
-  fill_uniform<<<1024, 256, 0, s>>>(w.as<__nv_bfloat16>(), N * K, 2, -0.05f, 0.05f);
-  fill_uniform<<<1024, 256, 0, s>>>(residual.as<__nv_bfloat16>(), M * N, 3, -1.f, 1.f);
-  fill_uniform<<<64, 256, 0, s>>>(gamma.as<__nv_bfloat16>(), N, 4, 0.5f, 1.5f);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(a.as<__nv_bfloat16>(), M * K, 1, -1.f, 1.f);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(w.as<__nv_bfloat16>(), N * K, 2, -0.05f, 0.05f);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(residual.as<__nv_bfloat16>(), M * N, 3, -1.f, 1.f);
+  bench::fill_uniform<<<64, 256, 0, s>>>(gamma.as<__nv_bfloat16>(), N, 4, 0.5f, 1.5f);
   // Sums of squares of K values in [-1, 1] (mean 1/3 each).
-  fill_partials<<<256, 256, 0, s>>>(partials_in.as<float>(), M * P_in, 5, 128.f / 3.f);
-  fill_ints<<<64, 256, 0, s>>>(positions.as<int32_t>(), M, 6, 8192);
-  fill_ints<<<64, 256, 0, s>>>(targets.as<int32_t>(), M, 7, int32_t(N));
-  fill_inv_freq<<<1, 128, 0, s>>>(inv_freq.as<float>(), int32_t(md.head_dim / 2),
-                                  int32_t(md.head_dim));
+  bench::fill_partials<<<256, 256, 0, s>>>(partials_in.as<float>(), M * P_in, 5, 128.f / 3.f);
+  bench::fill_ints<<<64, 256, 0, s>>>(positions.as<int32_t>(), M, 6, 8192);
+  bench::fill_ints<<<64, 256, 0, s>>>(targets.as<int32_t>(), M, 7, int32_t(N));
+  bench::fill_inv_freq<<<1, 128, 0, s>>>(inv_freq.as<float>(), int32_t(md.head_dim / 2),
+                                         int32_t(md.head_dim));
   check(cudaGetLastError(), "fill");
 
   const coda::TensorView A = view(a, bf16, M, K), W = view(w, bf16, N, K);
@@ -410,7 +290,8 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
   const size_t gemm_ws_bytes = coda::gpu::gemm_workspace_size(plain);
   Buffer gemm_ws(gemm_ws_bytes);
   if (gemm_ws_bytes > 0) plain.workspace = view(gemm_ws, f32, int64_t(gemm_ws_bytes / 4));
-  CublasGemm cublas(lt, M, N, K, ws, ws_bytes);
+  const bench::CublasGemm cublas(ctx.lt, coda::GemmLayout::fwd, M, N, K, ctx.workspace.p,
+                                 ctx.kWorkspaceBytes);
   auto run_gemm = [&] { coda::gpu::gemm(plain, s); };
   auto run_cublas = [&] { cublas.run(a.p, w.p, gemm_out.p, s); };
   auto run_unfused = [&] {
@@ -431,18 +312,10 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
   check(cudaStreamSynchronize(s), "warm-up");
   check(cudaGetLastError(), "warm-up");
 
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  bench::Timer timer = ctx.timer();
   std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong;
   auto timed = [&](const std::function<void()>& fn, std::vector<float>& times) {
-    check(cudaMemsetAsync(flush, int(times.size() & 0xff), flush_bytes, s), "L2 flush");
-    check(cudaEventRecord(start, s), "record");
-    fn();
-    check(cudaEventRecord(stop, s), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    times.push_back(ms);
+    timer.timed(fn, times);
   };
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
@@ -450,13 +323,13 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
     timed(run_pingpong, t_pingpong);
   }
   check(cudaGetLastError(), "timed runs");
-  cudaEventDestroy(start), cudaEventDestroy(stop);
+  using bench::median;
   return {c,
           median(t_fused),
           median(t_gemm),
           median(t_cublas),
           median(t_unfused),
-          compare(out.p, unfused_out.p, M * N),
+          bench::max_rel_diff(out.p, unfused_out.p, M * N),
           median(t_cooperative),
           median(t_pingpong)};
 }
@@ -464,32 +337,21 @@ Result bench_case(const Case& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes,
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string commit = "unknown", out_path = "bench/results/fused.json", filter;
+  std::string commit, out_path, filter;
   int runs = 50;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--commit")
-      commit = argv[i + 1];
-    else if (flag == "--out")
-      out_path = argv[i + 1];
-    else if (flag == "--runs")
-      runs = std::max(1, std::atoi(argv[i + 1]));
-    else if (flag == "--filter")
-      filter = argv[i + 1];
-    else
-      return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
+  try {
+    const bench::Flags flags(argc, argv, {"--commit", "--out", "--runs", "--filter"});
+    commit = flags.commit();
+    out_path = flags.get("--out", "bench/results/fused.json");
+    runs = std::max(1, flags.get_int("--runs", runs));
+    filter = flags.get("--filter", "");
+  } catch (const std::exception& e) {
+    return std::fprintf(stderr, "bench_fused: %s\n", e.what()), 2;
   }
   try {
     if (!coda::gpu::device_supported())
       return std::fprintf(stderr, "bench_fused needs an sm_90 GPU\n"), 1;
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "properties");
-    cudaStream_t s;
-    check(cudaStreamCreate(&s), "stream");
-    cublasLtHandle_t lt;
-    check(cublasLtCreate(&lt), "cublasLtCreate");
-    const size_t ws_bytes = size_t(32) << 20, flush_bytes = size_t(256) << 20;
-    Buffer ws(ws_bytes), flush(flush_bytes);
+    const bench::Context ctx;
     const std::vector<Model> models{{"llama-1b", 2048, 8192, 32, 8, 64},
                                     {"llama-8b", 4096, 14336, 32, 8, 128}};
 
@@ -500,7 +362,7 @@ int main(int argc, char** argv) {
     for (const Case& c : bench_cases(models)) {
       const std::string name = c.kernel + " " + c.model->name;
       if (name.find(filter) == std::string::npos) continue;
-      const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, s);
+      const Result r = bench_case(c, ctx, runs);
       results.push_back(r);
       std::printf(
           "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f  %9.2e\n",
@@ -511,14 +373,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (!f) return std::fprintf(stderr, "cannot write %s\n", out_path.c_str()), 1;
-    std::fprintf(
-        f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"cases\": [\n",
-        prop.name, date, commit.c_str());
+    FILE* f = bench::open_json(out_path, ctx.prop, commit);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,
@@ -530,9 +385,7 @@ int main(int argc, char** argv) {
                    (long long)r.c.k, r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms,
                    r.cooperative_ms, r.pingpong_ms, i + 1 < results.size() ? "," : "");
     }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-    cublasLtDestroy(lt);
+    bench::close_json(f);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_fused: %s\n", e.what());

@@ -15,29 +15,20 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
-#include <stdexcept>
 #include <string>
 #include <vector>
-
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
 
 #include "coda/core/error.hpp"
 #include "coda/gemm/heuristic.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gemm_instances.hpp"
+#include "harness.cuh"
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string(what) + ": cublasLt status " + std::to_string(int(s)));
-}
+using bench::Buffer;
+using bench::check;
+using bench::CublasGemm;
 
 struct BenchCase {
   std::string name;
@@ -73,107 +64,6 @@ std::vector<BenchCase> bench_cases() {
   for (int64_t s : {2048, 4096, 8192})
     cases.push_back({"square" + std::to_string(s), coda::GemmLayout::fwd, "square", s, s, s});
   return cases;
-}
-
-__global__ void fill_uniform(__nv_bfloat16* p, int64_t n, uint64_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    uint64_t x = (uint64_t(i) + seed) * 0x9E3779B97F4A7C15ull;
-    x ^= x >> 31, x *= 0xBF58476D1CE4E5B9ull, x ^= x >> 29;
-    p[i] = __float2bfloat16(float(x >> 40) * (2.f / 16777216.f) - 1.f);
-  }
-}
-
-struct Buffer {
-  void* p = nullptr;
-  explicit Buffer(size_t bytes) { check(cudaMalloc(&p, bytes), "cudaMalloc"); }
-  ~Buffer() { cudaFree(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
-
-// cuBLASLt is column-major: it computes D^T[N, M] = X * Y with X from our B and Y from our A.
-struct CublasGemm {
-  cublasLtHandle_t handle;
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t lx = nullptr, ly = nullptr, ld = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  void* workspace;
-  size_t workspace_bytes;
-
-  CublasGemm(cublasLtHandle_t h, const BenchCase& c, void* ws, size_t ws_bytes)
-      : handle(h), workspace(ws), workspace_bytes(ws_bytes) {
-    // fwd: X = B[N,K] (col-major K x N, transposed), Y = A[M,K] (col-major K x M).
-    // dgrad: X = B[K,N] (col-major N x K), Y = A (K x M). wgrad: X = B[K,N] (N x K), Y = A[K,M]
-    // (col-major M x K, transposed).
-    const bool tx = c.layout == coda::GemmLayout::fwd, ty = c.layout == coda::GemmLayout::wgrad;
-    const cublasOperation_t opx = tx ? CUBLAS_OP_T : CUBLAS_OP_N,
-                            opy = ty ? CUBLAS_OP_T : CUBLAS_OP_N;
-    check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof(opx)),
-          "TRANSA");
-    check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opy, sizeof(opy)),
-          "TRANSB");
-    check(tx ? cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, c.k, c.n, c.k)
-             : cublasLtMatrixLayoutCreate(&lx, CUDA_R_16BF, c.n, c.k, c.n),
-          "layout X");
-    check(ty ? cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, c.m, c.k, c.m)
-             : cublasLtMatrixLayoutCreate(&ly, CUDA_R_16BF, c.k, c.m, c.k),
-          "layout Y");
-    check(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, c.n, c.m, c.n), "layout D");
-    cublasLtMatmulPreference_t pref;
-    check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes, sizeof(workspace_bytes)),
-          "workspace pref");
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lx, ly, ld, ld, pref, 1, &result, &found),
-          "AlgoGetHeuristic");
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (found == 0) throw std::runtime_error("cuBLASLt has no algorithm for " + c.name);
-    algo = result.algo; // the heuristic's first choice: what cuBLAS itself would run
-    waves = result.wavesCount;
-  }
-  float waves = 0;
-
-  // "tile T stages S splitK K swizzle W cluster C waves X": ids of cublasLt.h's enums.
-  std::string describe() const {
-    uint32_t tile = 0, stages = 0, split_k = 0, swizzle = 0;
-    uint16_t cluster = 0;
-    size_t got = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                         &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                         sizeof(stages), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,
-                                         sizeof(split_k), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                         sizeof(swizzle), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                         sizeof(cluster), &got);
-    char text[128];
-    std::snprintf(text, sizeof(text),
-                  "tile %u stages %u splitK %u swizzle %u cluster %u waves %.2f", tile, stages,
-                  split_k, swizzle, unsigned(cluster), double(waves));
-    return text;
-  }
-  ~CublasGemm() {
-    cublasLtMatrixLayoutDestroy(lx), cublasLtMatrixLayoutDestroy(ly),
-        cublasLtMatrixLayoutDestroy(ld);
-    cublasLtMatmulDescDestroy(op);
-  }
-  void run(const void* a, const void* b, void* d, cudaStream_t s) const {
-    const float alpha = 1.f, beta = 0.f;
-    check(cublasLtMatmul(handle, op, &alpha, b, lx, a, ly, &beta, d, ld, d, ld, &algo, workspace,
-                         workspace_bytes, s),
-          "cublasLtMatmul");
-  }
-};
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
 // Plans timed with --variants 1 besides gpu::gemm's own.
@@ -237,27 +127,12 @@ struct Result {
   std::vector<double> variant_ms; // kVariants order, when timed
 };
 
-// Largest |coda - cublas| / max|cublas| over the first million outputs: a sanity check that
-// both computed the same product (the tests check coda against the fp64 reference).
-double compare_outputs(const void* d_coda, const void* d_cublas, int64_t numel) {
-  const size_t n = size_t(std::min<int64_t>(numel, 1 << 20));
-  std::vector<__nv_bfloat16> x(n), y(n);
-  check(cudaMemcpy(x.data(), d_coda, n * 2, cudaMemcpyDeviceToHost), "copy D");
-  check(cudaMemcpy(y.data(), d_cublas, n * 2, cudaMemcpyDeviceToHost), "copy D");
-  double diff = 0, scale = 1e-30;
-  for (size_t i = 0; i < n; ++i) {
-    diff = std::max(diff, double(std::fabs(__bfloat162float(x[i]) - __bfloat162float(y[i]))));
-    scale = std::max(scale, double(std::fabs(__bfloat162float(y[i]))));
-  }
-  return diff / scale;
-}
-
-Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_bytes, void* flush,
-                  size_t flush_bytes, int runs, bool variants, cudaStream_t s) {
+Result bench_case(const BenchCase& c, const bench::Context& ctx, int runs, bool variants) {
+  const cudaStream_t s = ctx.stream;
   Buffer a(size_t(c.m * c.k * 2)), b(size_t(c.n * c.k * 2)), d(size_t(c.m * c.n * 2)),
       d_ref(size_t(c.m * c.n * 2));
-  fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(a.p), c.m * c.k, 1);
-  fill_uniform<<<1024, 256, 0, s>>>(static_cast<__nv_bfloat16*>(b.p), c.n * c.k, 2);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(a.as<__nv_bfloat16>(), c.m * c.k, 1, -1.f, 1.f);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(b.as<__nv_bfloat16>(), c.n * c.k, 2, -1.f, 1.f);
   check(cudaGetLastError(), "fill");
 
   coda::GemmArgs args;
@@ -268,7 +143,7 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
   args.b = b_nk ? coda::make_view(b.p, coda::DType::bf16, c.n, c.k, coda::Device::cuda)
                 : coda::make_view(b.p, coda::DType::bf16, c.k, c.n, coda::Device::cuda);
   args.d = coda::make_view(d.p, coda::DType::bf16, c.m, c.n, coda::Device::cuda);
-  CublasGemm cublas(lt, c, ws, ws_bytes);
+  CublasGemm cublas(ctx.lt, c.layout, c.m, c.n, c.k, ctx.workspace.p, ctx.kWorkspaceBytes);
   std::printf("  cuBLASLt %s: %s\n", c.name.c_str(), cublas.describe().c_str());
 
   auto run_coda = [&] { coda::gpu::gemm(args, s); };
@@ -290,20 +165,10 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
   }
   check(cudaStreamSynchronize(s), "warm-up");
 
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event"), check(cudaEventCreate(&stop), "event");
+  bench::Timer timer = ctx.timer();
   std::vector<float> t_coda, t_cublas;
   std::vector<std::vector<float>> t_variants(plans.size());
-  auto timed = [&](auto&& fn, std::vector<float>& out) {
-    check(cudaMemsetAsync(flush, int(out.size() & 0xff), flush_bytes, s), "L2 flush");
-    check(cudaEventRecord(start, s), "record");
-    fn();
-    check(cudaEventRecord(stop, s), "record");
-    check(cudaEventSynchronize(stop), "sync");
-    float ms = 0;
-    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
-    out.push_back(ms);
-  };
+  auto timed = [&](auto&& fn, std::vector<float>& out) { timer.timed(fn, out); };
   for (int i = 0; i < runs; ++i) {
     timed(run_coda, t_coda), timed(run_cublas, t_cublas); // interleaved
     for (size_t j = 0; j < plans.size(); ++j) { // rotated, so no variant always runs first
@@ -311,12 +176,15 @@ Result bench_case(const BenchCase& c, cublasLtHandle_t lt, void* ws, size_t ws_b
       timed([&] { coda::gpu::gemm_with_plan(args, plans[v], s); }, t_variants[v]);
     }
   }
-  cudaEventDestroy(start), cudaEventDestroy(stop);
   // The variants write D too: recompute it with the default plan, which the JSON reports.
   run_coda();
   check(cudaStreamSynchronize(s), "final run");
-  Result r{c, median(t_coda), median(t_cublas), compare_outputs(d.p, d_ref.p, c.m * c.n), {}};
-  for (const auto& t : t_variants) r.variant_ms.push_back(median(t));
+  Result r{c,
+           bench::median(t_coda),
+           bench::median(t_cublas),
+           bench::max_rel_diff(d.p, d_ref.p, c.m * c.n),
+           {}};
+  for (const auto& t : t_variants) r.variant_ms.push_back(bench::median(t));
   return r;
 }
 
@@ -327,43 +195,30 @@ double tflops(const BenchCase& c, double ms) {
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string commit = "unknown", out_path = "bench/results/gemm.json";
-  std::string filter;
+  std::string commit, out_path, filter;
   int runs = 50;
   bool variants = false;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--commit")
-      commit = argv[i + 1];
-    else if (flag == "--out")
-      out_path = argv[i + 1];
-    else if (flag == "--runs")
-      runs = std::max(1, std::atoi(argv[i + 1]));
-    else if (flag == "--filter")
-      filter = argv[i + 1];
-    else if (flag == "--variants")
-      variants = std::atoi(argv[i + 1]) != 0;
-    else
-      return std::fprintf(stderr, "unknown flag %s\n", flag.c_str()), 2;
+  try {
+    const bench::Flags flags(argc, argv, {"--commit", "--out", "--runs", "--filter", "--variants"});
+    commit = flags.commit();
+    out_path = flags.get("--out", "bench/results/gemm.json");
+    runs = std::max(1, flags.get_int("--runs", runs));
+    filter = flags.get("--filter", "");
+    variants = flags.get_int("--variants", 0) != 0;
+  } catch (const std::exception& e) {
+    return std::fprintf(stderr, "bench_gemm: %s\n", e.what()), 2;
   }
   try {
     if (!coda::gpu::device_supported())
       return std::fprintf(stderr, "bench_gemm needs an sm_90 GPU\n"), 1;
-    cudaDeviceProp prop{};
-    check(cudaGetDeviceProperties(&prop, 0), "properties");
-    cudaStream_t s;
-    check(cudaStreamCreate(&s), "stream");
-    cublasLtHandle_t lt;
-    check(cublasLtCreate(&lt), "cublasLtCreate");
-    const size_t ws_bytes = size_t(32) << 20, flush_bytes = size_t(256) << 20;
-    Buffer ws(ws_bytes), flush(flush_bytes);
+    const bench::Context ctx;
 
     std::vector<Result> results;
     std::printf("%-24s %6s %6s %6s  %9s %9s  %7s %9s\n", "case", "M", "N", "K", "coda TF/s",
                 "cuBLAS", "ratio", "rel diff");
     for (const BenchCase& c : bench_cases()) {
       if (c.name.find(filter) == std::string::npos) continue;
-      const Result r = bench_case(c, lt, ws.p, ws_bytes, flush.p, flush_bytes, runs, variants, s);
+      const Result r = bench_case(c, ctx, runs, variants);
       results.push_back(r);
       std::printf("%-24s %6lld %6lld %6lld  %9.1f %9.1f  %7.3f %9.2e\n", c.name.c_str(),
                   (long long)c.m, (long long)c.n, (long long)c.k, tflops(c, r.coda_ms),
@@ -393,14 +248,7 @@ int main(int argc, char** argv) {
                   std::exp(sum / std::max(blocks, 1)), low);
     }
 
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-    FILE* f = std::fopen(out_path.c_str(), "w");
-    if (!f) return std::fprintf(stderr, "cannot write %s\n", out_path.c_str()), 1;
-    std::fprintf(
-        f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"cases\": [\n",
-        prop.name, date, commit.c_str());
+    FILE* f = bench::open_json(out_path, ctx.prop, commit);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(
@@ -410,9 +258,7 @@ int main(int argc, char** argv) {
           r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           r.coda_ms, r.cublas_ms, i + 1 < results.size() ? "," : "");
     }
-    std::fprintf(f, "  ]\n}\n");
-    std::fclose(f);
-    cublasLtDestroy(lt);
+    bench::close_json(f);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gemm: %s\n", e.what());
