@@ -4,6 +4,8 @@
 Usage: tools/perf_tables.py [--check]
 Each table lives between <!-- NAME:begin --> and <!-- NAME:end --> markers, so hand-written text
 around it survives. --check exits 1 when the file is out of date instead of rewriting it.
+Where matplotlib is installed, the block benchmark's plot (docs/block.png) is redrawn too (not
+with --check); the table links it whenever the file exists.
 """
 import json
 import math
@@ -138,7 +140,85 @@ def torch_table(results):
     return "\n".join(lines)
 
 
-TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table)}
+PASSES = ("fwd", "bwd", "fwd+bwd")
+BLOCK_PLOT = os.path.join(ROOT, "docs", "block.png")
+
+
+def ms_text(ms):
+    return "n/a" if ms is None else "%.3f" % ms
+
+
+def ratio_text(num, den):
+    return "n/a" if num is None or den is None else "%.3f" % (num / den)
+
+
+def block_table(results):
+    lines = [
+        "GPU: %s. Date: %s. Commit: `%s`. bf16, weight gradients in %s; median of %s runs, L2"
+        " flushed before each; the three sides measured in one process on the same inputs."
+        % (results["gpu"], results["date"], results["commit"], results.get("grad_dtype", "bf16"),
+           results.get("runs", "?")),
+        "",
+        "| model | tokens | pass | coda ms | GEMM-only ms | unfused ms | coda / GEMM-only |"
+        " unfused / coda |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in results["cases"]:
+        lines.append(
+            "| %s | %d | %s | %s | %s | %s | %s | %s |"
+            % (c["model"], c["tokens"], c["pass"], ms_text(c["coda_ms"]),
+               ms_text(c["gemm_only_ms"]), ms_text(c["unfused_ms"]),
+               ratio_text(c["coda_ms"], c["gemm_only_ms"]),
+               ratio_text(c["unfused_ms"], c["coda_ms"])))
+    timed = [c for c in results["cases"] if c["coda_ms"] is not None]
+    missing = len(results["cases"]) - len(timed)
+    if timed:
+        over_gemm = [c["coda_ms"] / c["gemm_only_ms"] for c in timed]
+        speedup = [c["unfused_ms"] / c["coda_ms"] for c in timed]
+        lines += ["", "coda / GEMM-only: %.3f to %.3f. Unfused / coda: %.3f to %.3f (above 1: coda"
+                  " is faster). Cases timed: %d." % (min(over_gemm), max(over_gemm), min(speedup),
+                                                    max(speedup), len(timed))]
+    if missing:
+        lines += ["", "n/a: coda could not run %d of the %d cases at this commit (not_supported)."
+                  % (missing, len(results["cases"]))]
+    if os.path.exists(BLOCK_PLOT):
+        lines += ["", "![block times relative to the GEMMs alone](%s)"
+                  % os.path.relpath(BLOCK_PLOT, os.path.dirname(DOC))]
+    return "\n".join(lines)
+
+
+def block_plot(results):
+    """Time of each side over the GEMM-only time, per case; skipped without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cases = results["cases"]
+    labels = ["%s\n%d %s" % (c["model"], c["tokens"], c["pass"]) for c in cases]
+    xs = range(len(cases))
+    width = 0.4
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(cases)), 4.0))
+    for offset, key, name in ((-width / 2, "coda_ms", "coda"), (width / 2, "unfused_ms",
+                                                                 "unfused (cuBLASLt + kernels)")):
+        values = [c[key] / c["gemm_only_ms"] if c[key] is not None else 0.0 for c in cases]
+        ax.bar([x + offset for x in xs], values, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8, label="GEMMs alone (cuBLASLt)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("time / GEMM-only time")
+    ax.set_title("Llama middle block, %s (%s)" % (results["gpu"], results["commit"]))
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(BLOCK_PLOT, dpi=120)
+    plt.close(fig)
+    return True
+
+
+TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table),
+          "block": ("block.json", block_table)}
+PLOTS = {"block": block_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 
 
@@ -159,7 +239,10 @@ def main():
         path = os.path.join(ROOT, "bench", "results", json_name)
         if os.path.exists(path):
             with open(path) as f:
-                updated = replace_section(updated, name, render(json.load(f)))
+                results = json.load(f)
+            if not check and name in PLOTS:
+                PLOTS[name](results)
+            updated = replace_section(updated, name, render(results))
     if check:
         return 0 if updated == text else 1
     with open(DOC, "w") as f:
