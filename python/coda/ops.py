@@ -157,10 +157,11 @@ HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op")
 def _define(name, impl, fake, setup=None, backward=None):
     op = None
     if HAS_CUSTOM_OPS:
-        op = torch.library.custom_op("coda::" + name, mutates_args=())(impl)
-        op.register_fake(fake)
+        definition = torch.library.custom_op("coda::" + name, mutates_args=())(impl)
+        definition.register_fake(fake)
         if backward is not None:
-            op.register_autograd(backward, setup_context=setup)
+            definition.register_autograd(backward, setup_context=setup)
+        op = getattr(torch.ops.coda, name).default  # the OpOverload: a direct dispatcher call
     return _Spec(name, impl, op, setup, backward)
 
 
@@ -322,8 +323,16 @@ def _deinterleave_impl(fused: Tensor) -> Tensor:
     return _gate_up_impl(L.deinterleave_gate_up, fused, "fused")
 
 
-def _like_fake(t):
+def _like(t):
     return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def _interleave_fake(stacked):
+    return _like(stacked)
+
+
+def _deinterleave_fake(fused):
+    return _like(fused)
 
 
 def _no_setup(ctx, inputs, output):
@@ -339,10 +348,11 @@ def _deinterleave_backward(ctx, g):
 
 
 _INTERLEAVE = _define(
-    "interleave_gate_up", _interleave_impl, _like_fake, _no_setup, _interleave_backward
+    "interleave_gate_up", _interleave_impl, _interleave_fake, _no_setup, _interleave_backward
 )
 _DEINTERLEAVE = _define(
-    "deinterleave_gate_up", _deinterleave_impl, _like_fake, _no_setup, _deinterleave_backward
+    "deinterleave_gate_up", _deinterleave_impl, _deinterleave_fake, _no_setup,
+    _deinterleave_backward
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -416,12 +426,9 @@ def _first_backward_impl(
     return dx, d_attn_norm, d_w_qkv
 
 
-def _first_backward_fake(dqkv, x, attn_norm, w_qkv, *rest):
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        torch.empty_like(attn_norm, memory_format=torch.contiguous_format),
-        torch.empty_like(w_qkv, memory_format=torch.contiguous_format),
-    )
+def _first_backward_fake(dqkv, x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, n_heads,
+                         n_kv_heads, head_dim, eps):
+    return _like(x), _like(attn_norm), _like(w_qkv)
 
 
 _FIRST_BWD = _define("llama_first_backward", _first_backward_impl, _first_backward_fake)
@@ -563,11 +570,9 @@ def _middle_backward_impl(
 
 
 def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
-                          w_qkv, *rest):
-    return tuple(
-        torch.empty_like(t, memory_format=torch.contiguous_format)
-        for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv)
-    )
+                          w_qkv, positions, inv_freq, x2, qkv, x1, z1, r1, r2, n_heads,
+                          n_kv_heads, head_dim, eps):
+    return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv))
 
 
 _MIDDLE_BWD = _define("llama_middle_backward", _middle_backward_impl, _middle_backward_fake)
@@ -724,11 +729,10 @@ def _last_backward_impl(
 
 
 def _last_backward_fake(dloss, x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
-                        lm_head, *rest):
-    return tuple(
-        torch.empty_like(t, memory_format=torch.contiguous_format)
-        for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head)
-    )
+                        lm_head, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta, n_heads,
+                        n_kv_heads, head_dim, eps, ignore_index, reduction):
+    return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm,
+                                    lm_head))
 
 
 _LAST_BWD = _define("llama_last_backward", _last_backward_impl, _last_backward_fake)
