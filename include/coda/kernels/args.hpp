@@ -176,7 +176,13 @@ enum class LossReduction : int32_t { mean = 0, sum = 1 };
 //   grad_scale = 1 / #valid (mean) or 1 (sum)   [1] f32: the caller multiplies dloss by it
 //   (with no valid row the mean loss is 0 and grad_scale 0, rather than torch's NaN)
 //   zeta[m] = sum_n logits[m, n] * dlogits[m, n]   [M] f32 (unscaled)
-// Targets outside [0, V) that are not ignore_index are an error on the CPU backend.
+// Targets outside [0, V) that are not ignore_index are an error on the CPU backend (checked
+// before any output is written). The GPU kernel cannot report them without a host read-back of
+// the targets: it treats such a row exactly as an ignored row (zero dlogits and zeta, left out of
+// the sum and of the mean's count), as K5 already writes target_logit 0 for it. Callers that need
+// the error check the targets themselves.
+// The GPU keeps each row's loss and valid flag in the workspace (any contents on entry) and sums
+// them in one CTA in a fixed order: no atomics, the same bits every run.
 struct CrossEntropyArgs {
   TensorView logits, lse_partials, target_logit, targets;
   int32_t ignore_index = -100;
