@@ -11,6 +11,8 @@ import os
 import random
 import sys
 
+import pytest
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 try:
@@ -25,3 +27,18 @@ def pytest_report_header(config):
     import coda
 
     return "coda: package %s, CODA_TEST_SEED=%d" % (os.path.dirname(coda.__file__), SEED)
+
+
+@pytest.fixture(autouse=True)
+def _fp32_references_without_tf32():
+    """The fp32 references must be fp32: TF32 matmuls off (whatever another module set)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch.backends, "cuda"):
+        yield
+        return
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
