@@ -24,7 +24,10 @@ import time
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "python"))
+try:  # the installed package, else this source tree's python/
+    import coda  # noqa: F401
+except ImportError:
+    sys.path.insert(0, os.path.join(ROOT, "python"))
 
 SUFFIXES = (".md", ".cpp", ".cu", ".cuh", ".hpp", ".h", ".c", ".py")
 

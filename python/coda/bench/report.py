@@ -41,8 +41,10 @@ def commit():
     env = os.environ.get("CODA_COMMIT")
     if env:
         return env
+    root = repo_root()
+    where = root if os.path.isdir(os.path.join(root, "bench", "results")) else os.getcwd()
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo_root(),
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where,
                              capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
