@@ -33,6 +33,9 @@ def parse_args(argv):
                    help="torch.compile mode (default: torch's default mode)")
     p.add_argument("--coda-eager-bypass", action="store_true",
                    help="coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the records of other cases already in --out (same commit only): run "
+                        "the cases in several commands, one results file")
     p.add_argument("--no-check", action="store_true",
                    help="skip comparing coda's and compile's outputs and gradients with eager's")
     return p.parse_args(argv)
@@ -79,6 +82,16 @@ def main(argv=None):
 
         coda_adapter.set_eager_bypass(True)
     meta = report.metadata()
+    old = None
+    if args.merge and os.path.exists(args.out):
+        import json
+
+        with open(args.out) as f:
+            old = json.load(f)
+        if old.get("commit") != meta["commit"] or "cases" not in old:
+            print("coda.bench: --merge: %s holds commit %s, not %s; not merging"
+                  % (args.out, old.get("commit"), meta["commit"]), file=sys.stderr)
+            return 2
     print("coda.bench on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s"
           % (meta["gpu"], meta["torch"], meta["commit"], warmup, iters, ",".join(passes)),
           flush=True)
@@ -88,6 +101,10 @@ def main(argv=None):
     for c in cases:
         records += run_case(c, opts, flush, tokens=args.tokens, shape=args.shape,
                             layers=args.layers if c.startswith("model") else None)
+    if old is not None:
+        records = [r for r in old["cases"] if r.get("case") not in set(cases)] + records
+        order = {c: i for i, c in enumerate(CASES)}
+        records.sort(key=lambda r: order.get(r["case"], len(order)))
     results = dict(meta)
     results.update({
         "quick": bool(args.quick), "warmup": warmup, "iters": iters,
