@@ -13,9 +13,9 @@ that is also the matching Python built-in (ARCHITECTURE.md section 6):
 anything else -> :class:`CudaError` / :class:`InternalError` (``RuntimeError``s),
 with ``coda_last_error()`` as the message.
 
-The library is found (lazily, at the first call) at, in order: ``$CODA_LIBRARY``; ``libcoda.so``
-beside this file (an installed package); the newest ``build*/src/libcoda.so`` of the source tree
-this file sits in (a development checkout).
+The library is found (lazily, at the first call) at ``$CODA_LIBRARY`` when it is set; otherwise
+at ``libcoda.so`` beside this file (an installed package), then the newest
+``build*/src/libcoda.so`` of the source tree this file sits in (a development checkout).
 """
 
 import ctypes
@@ -391,11 +391,11 @@ def _source_tree_candidates():
 
 
 def candidate_paths():
-    """Where the library is looked for, in order."""
-    paths = []
+    """Where the library is looked for, in order ($CODA_LIBRARY alone when it is set)."""
     env = os.environ.get("CODA_LIBRARY")
     if env:
-        paths.append(env)
+        return [env]
+    paths = []
     paths.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "libcoda.so"))
     paths.extend(_source_tree_candidates())
     return paths
