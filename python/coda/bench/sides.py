@@ -46,9 +46,10 @@ class BlockInputs:
         else:
             self.g_qkv = randn(batch, seq, (h + 2 * hkv) * hd)
             gq, gk, gv = self.g_qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
-            self.g_q = gq.unflatten(-1, (h, hd))
-            self.g_k = gk.unflatten(-1, (hkv, hd))
-            self.g_v = gv.unflatten(-1, (hkv, hd))
+            # Contiguous copies: PyTorch's q, k, v are separate tensors, so are their gradients.
+            self.g_q = gq.unflatten(-1, (h, hd)).contiguous()
+            self.g_k = gk.unflatten(-1, (hkv, hd)).contiguous()
+            self.g_v = gv.unflatten(-1, (hkv, hd)).contiguous()
 
     def leaves(self):
         return [self.x0, self.y0]
