@@ -66,6 +66,10 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
     sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
+    if not sides or any(s not in ("eager", "compile", "coda") for s in sides):
+        print("coda.bench: --sides takes eager, compile and coda; got %r" % args.sides,
+              file=sys.stderr)
+        return 2
     warmup = args.warmup if args.warmup is not None else (2 if args.quick else 3)
     iters = args.iters if args.iters is not None else (10 if args.quick else 20)
     opts = Opts(warmup=warmup, iters=iters, passes=passes, sides=sides,
