@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU machine's check: build (ninja), the CPU and GPU test suites (the CPU suite also holds the
 # API's CUDA-path cases), the CUDA examples, compute-sanitizer on small shapes, the benchmarks
-# (GEMM vs cuBLASLt, fused kernels vs GEMM and unfused), SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
+# (GEMM vs cuBLASLt, fused kernels vs GEMM and unfused, the Llama block vs its GEMMs alone and
+# unfused), SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
 # table is printed last. Run from the repository root:
 #   OUT=/tmp/out tools/gpu_check.sh [--no-sanitizer | --sanitizers=memcheck,...] [--no-bench]
-#                                   [--benches=gemm,fused] [--variants]
+#                                   [--benches=gemm,fused,block] [--variants]
 #   tools/gpu_check.sh --build-only        # build here, to run elsewhere with --prebuilt
 #   OUT=/tmp/out tools/gpu_check.sh --prebuilt [--no-sanitizer] ...   # run what BUILD holds
 # The measured code is exactly a commit: with uncommitted changes in the tree, the build uses
@@ -22,7 +23,7 @@ BUILD=${BUILD:-build-gpu-check}
 JOBS=${JOBS:-$(nproc)}
 SANITIZERS=memcheck,racecheck,synccheck
 BENCH=1
-BENCHES=gemm,fused
+BENCHES=gemm,fused,block
 VARIANTS=0
 BUILD_ONLY=0
 PREBUILT=0
@@ -84,7 +85,7 @@ if ((!PREBUILT)); then
   # (the last two: CMake 3.25 does not know that nvcc 12+ accepts -std=c++20)
   # The build log is where the ptxas resource lines live; keep it with the binaries.
   step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_cpu_tests coda_gpu_tests \
-    bench_gemm bench_fused fused_geglu
+    bench_gemm bench_fused bench_block fused_geglu
   cp "$OUT/build.log" "$BUILD/build.log" 2>/dev/null
   echo "$COMMIT" >"$BUILD/COMMIT"
   if ((BUILD_ONLY)); then
@@ -119,6 +120,8 @@ if ((BENCH)) && ((!HUNG)); then
     --commit "$COMMIT" --out "$OUT/gemm.json" --variants "$VARIANTS"
   [[ ,$BENCHES, == *,fused,* ]] && step bench_fused 240 bench_fused.log "$BUILD/bench/bench_fused" \
     --commit "$COMMIT" --out "$OUT/fused.json"
+  [[ ,$BENCHES, == *,block,* ]] && step bench_block 300 bench_block.log "$BUILD/bench/bench_block" \
+    --commit "$COMMIT" --out "$OUT/block.json"
 fi
 
 LIB=$(find "$BUILD" -name 'libcoda.so*' -type f | head -1)
@@ -131,7 +134,7 @@ grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.
 echo "== coda GPU check ($COMMIT) =="
 printf '%-22s %s\n' "step" "result"
 for name in configure build smoke gpu_tests cpu_tests example_geglu sanitizer_memcheck \
-  sanitizer_racecheck sanitizer_synccheck bench bench_fused; do
+  sanitizer_racecheck sanitizer_synccheck bench bench_fused bench_block; do
   [[ -n ${STATUS[$name]:-} ]] && printf '%-22s %s\n' "$name" "${STATUS[$name]}"
 done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
@@ -145,3 +148,5 @@ grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT"/sanitizer_*.log 2>/dev/null
 grep -hE 'Failure|exceeds|NaN at|what\(\)' "$OUT/smoke.log" "$OUT/gpu_tests.log" 2>/dev/null | head -20
 grep -E '^geomean|^variant ' "$OUT/bench.log" 2>/dev/null
 tail -n 16 "$OUT/bench_fused.log" 2>/dev/null
+grep -E 'FAIL|not supported' "$OUT/bench_block.log" 2>/dev/null | head -10
+tail -n 15 "$OUT/bench_block.log" 2>/dev/null
