@@ -10,6 +10,7 @@
 // on each schedule forced (cooperative 128 x 256 and ping-pong 128 x 128 tiles).
 //
 //   bench_fused [--commit HASH] [--out bench/results/fused.json] [--runs 50] [--filter K2]
+// (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
 //
 // Prints a table and writes the JSON described in docs/PERFORMANCE.md (fused section).
 #include <algorithm>

@@ -4,6 +4,7 @@
 //
 //   bench_gemm [--commit HASH] [--out bench/results/gemm.json] [--runs 50] [--filter SUBSTRING]
 //              [--variants 1]
+// (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
 //
 // Prints a table (TFLOP/s of both, cublas_ms / coda_ms) and the geometric mean of that ratio
 // over the 24 block GEMMs, and writes the JSON described in docs/PERFORMANCE.md. coda runs
