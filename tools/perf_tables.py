@@ -4,8 +4,8 @@
 Usage: tools/perf_tables.py [--check]
 Each table lives between <!-- NAME:begin --> and <!-- NAME:end --> markers, so hand-written text
 around it survives. --check exits 1 when the file is out of date instead of rewriting it.
-Where matplotlib is installed, the block benchmark's plot (docs/block.png) is redrawn too (not
-with --check); the table links it whenever the file exists.
+Where matplotlib is installed, the block benchmark's plot (bench/results/block.png, next to
+block.json) is redrawn too (not with --check); the table links it whenever the file exists.
 """
 import json
 import math
@@ -141,7 +141,7 @@ def torch_table(results):
 
 
 PASSES = ("fwd", "bwd", "fwd+bwd")
-BLOCK_PLOT = os.path.join(ROOT, "docs", "block.png")
+BLOCK_PLOT = os.path.join(ROOT, "bench", "results", "block.png")
 
 
 def ms_text(ms):
