@@ -3,7 +3,13 @@
 // kSlots subtile buffers per warpgroup. The tile's first kSlots subtiles are loaded before the
 // mainloop; the rest kSlots - 1 subtiles ahead of their use, since one subtile's math is far
 // shorter than a load's latency. A full mbarrier per slot (one arrival + the transaction bytes)
-// says when a slot has landed. TMA zero-fills past the tensor's edges.
+// says when a slot has landed. TMA zero-fills past the tensor's edges. kSlots is 4 for K0; K6
+// takes 2 for its dx, to leave shared memory for a third pipeline stage.
+//
+// NOTE: load_ring.cuh's SubtileLoadRing is this ring with fewer registers held across the
+// mainloop (the tile's origin and first slot are recomputed, not kept); it serves the backward
+// ops. ResidualAdd keeps its own so that K0's tuned code stays as measured; moving it onto
+// SubtileLoadRing is a change to measure.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +24,10 @@
 
 namespace coda::epilogue::device {
 
-template <class Shape, class T> struct ResidualAdd : OpBase {
+template <class Shape, class T, int kSlots_ = 4> struct ResidualAdd : OpBase {
   using Layout = SubtileLayout<T>;
   static_assert(sizeof(T) == 2, "16-bit residual tiles");
-  static constexpr int kSlots = 4;
+  static constexpr int kSlots = kSlots_;
   // Unrolled, the ring's bookkeeping per subtile runs the consumer out of registers.
   static constexpr bool kRollSubtiles = true;
   static constexpr int kSubtiles = Shape::kBlocks * Shape::kSubtilesN; // of a tile
