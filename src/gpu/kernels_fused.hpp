@@ -15,7 +15,9 @@ namespace coda::gpu {
 // MMAs, at the cost of a smaller tile). `automatic` takes each kernel's default, the faster one
 // on the H200 at the Llama shapes (docs/PERFORMANCE.md): ping-pong for K2 and K5 (heavy
 // epilogues: silu, exp per logit), cooperative for the others. The others force one, so that
-// benchmarks and tests can compare them. Process-wide, not thread-safe.
+// benchmarks and tests can compare them. Process-wide, not thread-safe. The backward kernels
+// have one schedule each and ignore it: K6 cooperative (a tile's 128 rows are one dgamma
+// reduction block), K7 ping-pong (kernels_k6.cu, kernels_k7.cu say why).
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2 };
 void set_fused_schedule(FusedSchedule schedule);
 

@@ -1,10 +1,88 @@
-// K6 gemm_rms_backward
-// STUB: replaced by the GPU implementation in progress.
-#include "coda/core/error.hpp"
-#include "gpu/kernels_fused.hpp"
+// K6 gemm_rms_backward: the RMSNorm backward in the input-gradient GEMM's epilogue (dgrad
+// layout: acc = dz · w, w [K, N]). The op chain of the CPU backend (src/cpu/backward_kernels.cpp),
+// on the device:
+//   g = alpha * acc                                   ScaleByScalar (alpha a value or value * [1])
+//   dx = rstd (g gamma - xh zeta), h_hat = xh gamma   RmsNormBackward (x by TMA, h_hat stored)
+//   dgamma_partials = column partials of g xh         ReduceOverM<Sum> on its aux (AuxReduce)
+//   dx (+)= ...                                       ResidualAdd(dx, 1) when accumulating
+//   dx                                                TileStore
+// The dx tile is read once (its subtile loaded before the subtile's store is issued) and rounded
+// once, as the CPU backend's Accumulate + StoreTile.
+//
+// Always the cooperative 128 x 256 schedule: a tile's 128 rows are exactly one dgamma reduction
+// block, reduced across both warpgroups (ReduceOverM); set_fused_schedule does not apply.
+// Shared memory (bf16 and f16 alike): with accumulate, x and dx rings of 2 slots, 3 pipeline
+// stages; without, an x ring of 4 slots, 3 stages (static_asserts below).
+#include "gpu/kernels_fused.cuh"
 
 namespace coda::gpu {
-void gemm_rms_backward(const RmsBackwardArgs&, Stream) {
-  throw Error(Status::not_supported, "gemm_rms_backward: not yet on the GPU");
+namespace fused {
+namespace {
+
+using Shape = dev::CooperativeShape;
+
+template <class T, int kXSlots>
+using RmsNormGrad =
+    dev::AuxReduce<dev::RmsNormBackward<Shape, T, kXSlots>, dev::ReduceOverM<Shape, epilogue::Sum>>;
+
+template <class T>
+using OverwriteEpilogue =
+    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 4>, dev::TileStore<Shape, T>>;
+template <class T>
+using AccumulateEpilogue =
+    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 2>, dev::ResidualAdd<Shape, T, 2>,
+                       dev::TileStore<Shape, T>>;
+
+template <class Epi, class T> using Gemm = dev::FusedGemm<Epi, T, GemmLayout::dgrad>;
+static_assert(Gemm<OverwriteEpilogue<bf16>, bf16>::Config::kStages == 3 &&
+                  Gemm<AccumulateEpilogue<bf16>, bf16>::Config::kStages == 3,
+              "K6's epilogue buffers leave room for 3 pipeline stages (see the file comment)");
+
+// Column partials [N, ceil(M / kReduceBlock)] of an [M, N] output.
+dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorView& partials,
+                                                                   int64_t rows) {
+  dev::ReduceOverM<Shape, epilogue::Sum>::Params p;
+  p.partials = partials.ptr<float>();
+  p.stride = partials.stride[0];
+  p.rows = int32_t(rows);
+  p.cols = int32_t(partials.shape[0]);
+  p.blocks = int32_t(partials.shape[1]);
+  return p;
 }
+
+template <class T, int kXSlots, class Params>
+void set_common(Params& p, const RmsBackwardArgs& args) {
+  dev::get<0>(p) = {args.alpha.value, args.alpha.tensor.ptr<const float>()};
+  auto& norm = dev::get<1>(p);
+  norm.op = dev::RmsNormBackward<Shape, T, kXSlots>::params(args.x, args.gamma, args.rstd,
+                                                            args.zeta, args.h_hat);
+  norm.reduce = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
+}
+
+template <class T> void run_rms_backward(const RmsBackwardArgs& args, Stream stream) {
+  if (args.accumulate) {
+    using Epi = AccumulateEpilogue<T>;
+    typename Epi::Params p{};
+    set_common<T, 2>(p, args);
+    dev::get<2>(p) = dev::ResidualAdd<Shape, T, 2>::params(args.dx, 1.f);
+    dev::get<3>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
+    Gemm<Epi, T>::run(args.dz, args.w, p, stream);
+  } else {
+    using Epi = OverwriteEpilogue<T>;
+    typename Epi::Params p{};
+    set_common<T, 4>(p, args);
+    dev::get<2>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
+    Gemm<Epi, T>::run(args.dz, args.w, p, stream);
+  }
+}
+
+} // namespace
+} // namespace fused
+
+void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
+  fused::require_device("gemm_rms_backward");
+  fused::with_half_type(args.dz.dtype,
+                        [&](auto t) { fused::run_rms_backward<decltype(t)>(args, stream); });
+}
+
 } // namespace coda::gpu
