@@ -1,0 +1,377 @@
+// The fused backward kernels on the GPU (K6 gemm_rms_backward, K7 gemm_swiglu_backward: dgrad
+// layout, w [K, N]) through the public API on device memory, each output held
+//  * to the fp64 reference by the tolerance rule (tests/common/check.hpp): no worse than twice
+//    the error of the ordinary unfused bf16 / f16 path, and
+//  * to the CPU backend (the same op chains on the host): max |gpu - cpu| <= 2 max |unfused - cpu|
+//    + 1e-6.
+// Inputs are fresh per run, outputs poisoned with NaN (or, for K6's accumulated dx, random) and
+// fenced by guard bytes on the device; M is ragged against the 128-row tiles (1, 129, 1000), N
+// and F against the 256- and 128-column tiles and the 128-wide reduction blocks; some shapes take
+// several waves of tiles. Two runs on the same inputs are bitwise equal (no float atomics).
+// Skipped (not passed) where there is no sm_90 device.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "coda/coda.hpp"
+#include "gpu/backend.hpp"
+#include "reference/kernels.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/gpu_fixtures.hpp"
+
+namespace coda::test {
+namespace {
+
+constexpr size_t kGuardBytes = 256;
+constexpr unsigned char kGuardByte = 0x5A;
+
+// A device copy of a host tensor (its NaN poison included) followed by guard bytes.
+class DeviceTensor {
+public:
+  explicit DeviceTensor(HostTensor& host) : host_(&host) {
+    const TensorView h = host.view();
+    if (h.data == nullptr) return;
+    bytes_ = size_t(host.numel() * dtype_size(host.dtype()));
+    EXPECT_EQ(cudaMalloc(&data_, bytes_ + kGuardBytes), cudaSuccess);
+    upload();
+    EXPECT_EQ(cudaMemset(static_cast<char*>(data_) + bytes_, kGuardByte, kGuardBytes), cudaSuccess);
+  }
+  ~DeviceTensor() { cudaFree(data_); }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+
+  // The host tensor's contents onto the device again (e.g. dx before a second accumulation).
+  void upload() {
+    if (data_ != nullptr)
+      EXPECT_EQ(cudaMemcpy(data_, host_->view().data, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  TensorView view() const {
+    TensorView v = host_->view();
+    if (v.data == nullptr) return v;
+    v.data = data_;
+    v.device = Device::cuda;
+    v.device_index = 0;
+    return v;
+  }
+  // The device contents back into `into` (by default the host tensor); false if a guard byte
+  // changed.
+  bool copy_back(HostTensor* into = nullptr) {
+    if (data_ == nullptr) return true;
+    HostTensor& dst = into != nullptr ? *into : *host_;
+    EXPECT_EQ(cudaMemcpy(dst.view().data, data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
+    std::vector<unsigned char> guard(kGuardBytes);
+    EXPECT_EQ(cudaMemcpy(guard.data(), static_cast<char*>(data_) + bytes_, kGuardBytes,
+                         cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    for (unsigned char g : guard)
+      if (g != kGuardByte) return false;
+    return true;
+  }
+
+private:
+  HostTensor* host_;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void synchronize_ok() {
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// The GPU output against the fp64 reference and against the CPU backend's output.
+void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
+                    const std::vector<double>& exact, const std::vector<double>& unfused) {
+  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
+  CODA_EXPECT_PASSES(
+      check_against_baseline(name + " vs the CPU backend", gpu.values(), cpu.values(), unfused));
+}
+
+// Two runs' outputs, element for element, as stored (bitwise for 16-bit and f32 values).
+void expect_bitwise_equal(const std::string& name, const HostTensor& a, const HostTensor& b) {
+  const std::vector<double> x = a.values(), y = b.values();
+  ASSERT_EQ(x.size(), y.size()) << name;
+  for (size_t i = 0; i < x.size(); ++i)
+    if (std::memcmp(&x[i], &y[i], sizeof(double)) != 0) {
+      ADD_FAILURE() << name << ": run 2 differs from run 1 at element " << i << " (" << x[i]
+                    << " vs " << y[i] << ")";
+      return;
+    }
+}
+
+const DType kHalfTypes[] = {DType::bf16, DType::f16};
+
+struct Shape {
+  int64_t M, N, K; // K7: N = F
+};
+std::string label(const Shape& s) {
+  return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
+}
+
+// rstd of each row of x [M, N] in fp64, as K0 + rstd_from_partials would hand it over (f32).
+std::vector<double> rstd_of(const std::vector<double>& x, int64_t M, int64_t N, double eps) {
+  const auto partials =
+      ref::rms_stats({}, M, N, x, std::vector<double>(size_t(N), 1.0)).sumsq_partials;
+  return ref::rstd_from_partials({}, M, partials, N, eps);
+}
+
+// ---- K6 gemm_rms_backward: dx (+)= rstd (g gamma - xh zeta), h_hat, column partials of g xh,
+// g = alpha * (dz · w). N is the RMSNorm width, K the consumer's output width.
+
+struct RmsBackwardOptions {
+  bool accumulate = false;
+  bool alpha_tensor = false; // alpha = 1.5 * [0.3125] on the device, else the value 0.46875
+};
+std::string label(const RmsBackwardOptions& o) {
+  return std::string(o.accumulate ? "accumulate" : "overwrite") +
+         (o.alpha_tensor ? "_alpha_tensor" : "_alpha_value");
+}
+constexpr double kAlpha = 0.46875; // = 1.5 * 0.3125, exact in fp32
+// NOTE: built field by field, not as a designated initializer with a conditional: nvcc 13.0's
+// device front end (cicc) crashed on that form in this file.
+Scalar alpha_of(const RmsBackwardOptions& o, const TensorView& tensor) {
+  Scalar alpha;
+  alpha.value = o.alpha_tensor ? 1.5f : float(kAlpha);
+  if (o.alpha_tensor) alpha.tensor = tensor;
+  return alpha;
+}
+
+struct RmsBackwardCase {
+  HostTensor dz, w, x, gamma, rstd, zeta, alpha_t, dx, h_hat, partials;
+  RmsBackwardCase(DType dtype, const Shape& s, bool accumulate, Seeds& seeds)
+      : dz(HostTensor::random(dtype, {s.M, s.K}, seeds.next())),
+        w(HostTensor::random(dtype, {s.K, s.N}, seeds.next())),
+        x(HostTensor::random(dtype, {s.M, s.N}, seeds.next())),
+        gamma(HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5)),
+        rstd(HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6))),
+        zeta(HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5)),
+        alpha_t(HostTensor::of(DType::f32, {1}, {0.3125})),
+        dx(accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
+                      : HostTensor(dtype, {s.M, s.N})),
+        h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)}) {}
+
+  ref::RmsBackwardInputs inputs(const Shape& s, bool accumulate) const {
+    return {s.M,           s.N,           s.K,
+            dz.values(),   w.values(),    x.values(),
+            rstd.values(), zeta.values(), gamma.values(),
+            kAlpha,        accumulate,    accumulate ? dx.values() : std::vector<double>{}};
+  }
+};
+
+// The inputs and outputs on the device.
+struct DeviceRmsBackward {
+  DeviceTensor dz, w, x, gamma, rstd, zeta, alpha_t, dx, h_hat, partials;
+  explicit DeviceRmsBackward(RmsBackwardCase& c)
+      : dz(c.dz), w(c.w), x(c.x), gamma(c.gamma), rstd(c.rstd), zeta(c.zeta), alpha_t(c.alpha_t),
+        dx(c.dx), h_hat(c.h_hat), partials(c.partials) {}
+  RmsBackwardArgs args(const RmsBackwardOptions& o) {
+    RmsBackwardArgs a;
+    a.dz = dz.view(), a.w = w.view(), a.x = x.view(), a.rstd = rstd.view();
+    a.zeta = zeta.view(), a.gamma = gamma.view();
+    a.alpha = alpha_of(o, alpha_t.view());
+    a.accumulate = o.accumulate;
+    a.dx = dx.view(), a.h_hat = h_hat.view(), a.dgamma_partials = partials.view();
+    return a;
+  }
+};
+
+void check_rms_backward(DType dtype, const Shape& s, const RmsBackwardOptions& o) {
+  Seeds seeds;
+  const RmsBackwardCase inputs(dtype, s, o.accumulate, seeds);
+  RmsBackwardCase cpu = inputs;
+  RmsBackwardArgs host_args;
+  host_args.dz = cpu.dz.view(), host_args.w = cpu.w.view(), host_args.x = cpu.x.view();
+  host_args.rstd = cpu.rstd.view(), host_args.zeta = cpu.zeta.view();
+  host_args.gamma = cpu.gamma.view(), host_args.alpha = alpha_of(o, cpu.alpha_t.view());
+  host_args.accumulate = o.accumulate, host_args.dx = cpu.dx.view();
+  host_args.h_hat = cpu.h_hat.view(), host_args.dgamma_partials = cpu.partials.view();
+  gemm_rms_backward(host_args);
+  const ref::RmsBackwardInputs in = inputs.inputs(s, o.accumulate);
+  const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
+
+  RmsBackwardCase gpu = inputs; // fresh poisoned outputs (dx: the same input when accumulating)
+  DeviceRmsBackward d(gpu);
+  gemm_rms_backward(d.args(o));
+  synchronize_ok();
+  EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back())
+      << "a write past the end of an output";
+  expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx);
+  expect_matches("h_hat", gpu.h_hat, cpu.h_hat, exact.h_hat, unfused.h_hat);
+  expect_matches("dgamma_partials", gpu.partials, cpu.partials, exact.dgamma_partials,
+                 unfused.dgamma_partials);
+}
+
+// Ragged M (1, 129, 1000) against the 128-row tiles and reduction blocks, N (8, 136, 264, 520,
+// 1000) against the 256-column tiles, K from one partial k-block (16) to many with a tail (1032);
+// 2176 x 2048 takes more tiles than a wave of clusters.
+const Shape kRmsShapes[] = {{1, 8, 16},       {129, 136, 64},   {200, 264, 72},
+                            {129, 520, 1032}, {1000, 1000, 96}, {2176, 2048, 128}};
+const RmsBackwardOptions kRmsOptions[] = {
+    {false, false}, {false, true}, {true, false}, {true, true}};
+
+using RmsBackwardParam = std::tuple<DType, Shape, RmsBackwardOptions>;
+class FusedRmsBackward : public testing::TestWithParam<RmsBackwardParam> {};
+TEST_P(FusedRmsBackward, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  const auto [dtype, s, o] = GetParam();
+  check_rms_backward(dtype, s, o);
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsBackward,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kRmsShapes),
+                                          testing::ValuesIn(kRmsOptions)),
+                         [](const testing::TestParamInfo<RmsBackwardParam>& info) {
+                           return dtype_label(std::get<0>(info.param)) + "_" +
+                                  label(std::get<1>(info.param)) + "_" +
+                                  label(std::get<2>(info.param));
+                         });
+
+// ---- K7 gemm_swiglu_backward: act = silu(g) u, dpreact = interleaved (dg, du), row partials
+// of g dg + u du over j; dy = dx · w [M, F].
+
+struct SwigluBackwardCase {
+  HostTensor dx, w, preact, act, dpreact, partials;
+  SwigluBackwardCase(DType dtype, const Shape& s, Seeds& seeds)
+      : dx(HostTensor::random(dtype, {s.M, s.K}, seeds.next())),
+        w(HostTensor::random(dtype, {s.K, s.N}, seeds.next())),
+        preact(HostTensor::random(dtype, {s.M, 2 * s.N}, seeds.next(), -4, 4)),
+        act(dtype, {s.M, s.N}), dpreact(dtype, {s.M, 2 * s.N}),
+        partials(DType::f32, {s.M, ref::partial_blocks(s.N)}) {}
+  ref::SwigluBackwardInputs inputs() const {
+    return {dx.shape()[0], w.shape()[1], dx.shape()[1], dx.values(), w.values(), preact.values()};
+  }
+};
+
+struct DeviceSwigluBackward {
+  DeviceTensor dx, w, preact, act, dpreact, partials;
+  explicit DeviceSwigluBackward(SwigluBackwardCase& c)
+      : dx(c.dx), w(c.w), preact(c.preact), act(c.act), dpreact(c.dpreact), partials(c.partials) {}
+  SwigluBackwardArgs args() {
+    return {.dx = dx.view(),
+            .w = w.view(),
+            .preact = preact.view(),
+            .act = act.view(),
+            .dpreact = dpreact.view(),
+            .zeta_partials = partials.view()};
+  }
+};
+
+void check_swiglu_backward(DType dtype, const Shape& s) {
+  Seeds seeds;
+  const SwigluBackwardCase inputs(dtype, s, seeds);
+  SwigluBackwardCase cpu = inputs;
+  gemm_swiglu_backward({.dx = cpu.dx.view(),
+                        .w = cpu.w.view(),
+                        .preact = cpu.preact.view(),
+                        .act = cpu.act.view(),
+                        .dpreact = cpu.dpreact.view(),
+                        .zeta_partials = cpu.partials.view()});
+  const ref::SwigluBackwardInputs in = inputs.inputs();
+  const auto exact = ref::swiglu_backward({}, in), unfused = ref::swiglu_backward(lowp(dtype), in);
+
+  SwigluBackwardCase gpu = inputs;
+  DeviceSwigluBackward d(gpu);
+  gemm_swiglu_backward(d.args());
+  synchronize_ok();
+  EXPECT_TRUE(d.act.copy_back() && d.dpreact.copy_back() && d.partials.copy_back())
+      << "a write past the end of an output";
+  expect_matches("act", gpu.act, cpu.act, exact.act, unfused.act);
+  expect_matches("dpreact", gpu.dpreact, cpu.dpreact, exact.dpreact, unfused.dpreact);
+  expect_matches("zeta_partials", gpu.partials, cpu.partials, exact.zeta_partials,
+                 unfused.zeta_partials);
+}
+
+// F = 8, 136, 264, 520, 1000 (not multiples of 128, the tile width and reduction block), one 128
+// (whole blocks); ragged M; 2176 x 2048 takes several waves of tiles.
+const Shape kSwigluShapes[] = {{1, 8, 16},       {129, 136, 64}, {200, 264, 72},   {129, 520, 1032},
+                               {1000, 1000, 96}, {64, 128, 8},   {2176, 2048, 128}};
+
+using SwigluBackwardParam = std::tuple<DType, Shape>;
+class FusedSwigluBackward : public testing::TestWithParam<SwigluBackwardParam> {};
+TEST_P(FusedSwigluBackward, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_swiglu_backward(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedSwigluBackward,
+                         testing::Combine(testing::ValuesIn(kHalfTypes),
+                                          testing::ValuesIn(kSwigluShapes)),
+                         [](const testing::TestParamInfo<SwigluBackwardParam>& info) {
+                           const Shape& s = std::get<1>(info.param);
+                           return dtype_label(std::get<0>(info.param)) + "_M" +
+                                  std::to_string(s.M) + "_F" + std::to_string(s.N) + "_K" +
+                                  std::to_string(s.K);
+                         });
+
+// ---- Determinism: two launches on the same inputs give bitwise equal outputs, partials
+// included (each partial has one writer and every merge a fixed order).
+
+TEST(FusedBackwardDeterminism, TwoRunsAreBitwiseEqual) {
+  CODA_REQUIRE_SM90();
+  const Shape s{1000, 1000, 264};
+  for (const DType dtype : kHalfTypes) {
+    SCOPED_TRACE(dtype_label(dtype));
+    Seeds seeds;
+    {
+      const RmsBackwardOptions o{true, true};
+      RmsBackwardCase c(dtype, s, o.accumulate, seeds);
+      HostTensor dx_in = c.dx;
+      DeviceRmsBackward d(c);
+      gemm_rms_backward(d.args(o));
+      synchronize_ok();
+      RmsBackwardCase first = c;
+      EXPECT_TRUE(d.dx.copy_back(&first.dx) && d.h_hat.copy_back(&first.h_hat) &&
+                  d.partials.copy_back(&first.partials));
+      c.dx = dx_in;
+      d.dx.upload(); // the same dx to accumulate into
+      c.h_hat.poison();
+      c.partials.poison();
+      d.h_hat.upload();
+      d.partials.upload();
+      gemm_rms_backward(d.args(o));
+      synchronize_ok();
+      EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back());
+      expect_bitwise_equal("K6 dx", first.dx, c.dx);
+      expect_bitwise_equal("K6 h_hat", first.h_hat, c.h_hat);
+      expect_bitwise_equal("K6 dgamma_partials", first.partials, c.partials);
+    }
+    {
+      SwigluBackwardCase c(dtype, s, seeds);
+      DeviceSwigluBackward d(c);
+      gemm_swiglu_backward(d.args());
+      synchronize_ok();
+      SwigluBackwardCase first = c;
+      EXPECT_TRUE(d.act.copy_back(&first.act) && d.dpreact.copy_back(&first.dpreact) &&
+                  d.partials.copy_back(&first.partials));
+      gemm_swiglu_backward(d.args());
+      synchronize_ok();
+      EXPECT_TRUE(d.act.copy_back() && d.dpreact.copy_back() && d.partials.copy_back());
+      expect_bitwise_equal("K7 act", first.act, c.act);
+      expect_bitwise_equal("K7 dpreact", first.dpreact, c.dpreact);
+      expect_bitwise_equal("K7 zeta_partials", first.partials, c.partials);
+    }
+  }
+}
+
+// ---- Small shapes (two tiles along M and N each) for compute-sanitizer.
+
+TEST(FusedBackwardSmallForSanitizer, RmsBackwardAccumulate) {
+  CODA_REQUIRE_SM90();
+  check_rms_backward(DType::bf16, {130, 264, 72}, {true, true});
+}
+TEST(FusedBackwardSmallForSanitizer, RmsBackwardOverwrite) {
+  CODA_REQUIRE_SM90();
+  check_rms_backward(DType::f16, {130, 264, 72}, {false, false});
+}
+TEST(FusedBackwardSmallForSanitizer, SwigluBackward) {
+  CODA_REQUIRE_SM90();
+  check_swiglu_backward(DType::bf16, {130, 136, 72});
+}
+
+} // namespace
+} // namespace coda::test
