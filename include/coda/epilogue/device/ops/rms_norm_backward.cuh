@@ -103,6 +103,12 @@ template <class Shape, class T, int kSlots = 4> struct RmsNormBackward : OpBase 
     HatStore{}.visit(hat_ctx(c), st, h_hat);
   }
 
+  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
+  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
+    static_assert(sizeof(C) == 0, "RmsNormBackward leaves an aux value per element: use it as "
+                                  "AuxReduce<RmsNormBackward, a reduction> (aux_reduce.cuh)");
+  }
+
   __device__ void issue(const Ctx& c, const Subtile& st) { HatStore{}.issue(hat_ctx(c), st); }
 
   // x, gamma, rstd, zeta [M, N] / [N] / [M] / [M]; h_hat [M, N].

@@ -75,6 +75,12 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
     }
   }
 
+  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
+  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
+    static_assert(sizeof(C) == 0, "SwigluBackward leaves an aux value per element: use it as "
+                                  "AuxReduce<SwigluBackward, a reduction> (aux_reduce.cuh)");
+  }
+
   __device__ void issue(const Ctx& c, const Subtile& st) {
     namespace ptx = cuda::ptx;
     const int32_t coords[2] = {st.col0, st.row0}; // container j = accumulator column j
