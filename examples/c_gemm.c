@@ -34,7 +34,7 @@ int main(void) {
   args.a = coda_matrix(a, CODA_BF16, M, K, CODA_DEVICE_CPU);
   args.b = coda_matrix(b, CODA_BF16, N, K, CODA_DEVICE_CPU); /* [out, in], as nn.Linear */
   args.d = coda_matrix(d, CODA_F32, M, N, CODA_DEVICE_CPU);
-  args.alpha = 1.0f;
+  args.alpha = coda_scalar_value(1.0f); /* or value * a [1] f32 tensor: coda_scalar_tensor */
   if (coda_gemm(&args, NULL) != CODA_OK) return printf("%s\n", coda_last_error()), 1;
 
   double worst = 0;

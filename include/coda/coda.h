@@ -98,10 +98,28 @@ static inline coda_tensor coda_vector(void* data, coda_dtype dtype, int64_t n, c
   return t;
 }
 
+/* A scale factor, field for field coda::Scalar: value * tensor[0] when the optional [1] f32
+ * tensor (on the call's device, read there: no host synchronization) is given, value alone
+ * otherwise. Used by coda_gemm_args.alpha, coda_row_reduce_args.scale and K6's alpha. */
 typedef struct coda_scalar {
   float value;
   coda_tensor tensor; /* optional [1] f32: value * (*tensor) when given */
 } coda_scalar;
+
+/* A number alone: coda_scalar_value(1.0f). */
+static inline coda_scalar coda_scalar_value(float value) {
+  coda_scalar s;
+  s.value = value;
+  s.tensor = coda_vector(NULL, CODA_F32, 0, CODA_DEVICE_CPU); /* data NULL: absent */
+  return s;
+}
+/* value * tensor[0], tensor a [1] f32 view on the call's device. */
+static inline coda_scalar coda_scalar_tensor(float value, coda_tensor tensor) {
+  coda_scalar s;
+  s.value = value;
+  s.tensor = tensor;
+  return s;
+}
 
 typedef struct coda_rope_spec {
   coda_tensor positions; /* [M] i32 */
@@ -114,8 +132,9 @@ typedef struct coda_rope_spec {
 typedef struct coda_gemm_args {
   int32_t layout; /* coda_gemm_layout */
   coda_tensor a, b, d;
-  coda_tensor c; /* optional; may alias d */
-  float alpha, beta;
+  coda_tensor c;     /* optional; may alias d */
+  coda_scalar alpha; /* a number (coda_scalar_value) or value * a [1] f32 tensor */
+  float beta;
   /* Optional 1-D scratch of coda_gemm_workspace_size bytes for the GPU GEMM's stream-K (absent:
    * no stream-K, sometimes slower on few-wave shapes). Contents undefined between calls; calls
    * that may overlap need their own. Ignored on the CPU. */
@@ -179,7 +198,7 @@ typedef struct coda_rstd_args {
 
 typedef struct coda_row_reduce_args {
   coda_tensor partials;
-  float scale;
+  coda_scalar scale;
   coda_tensor out;
 } coda_row_reduce_args;
 

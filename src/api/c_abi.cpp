@@ -38,6 +38,8 @@ static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
 static_assert(CODA_REDUCE_BLOCK == kReduceBlock && CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");
 
+Scalar scalar(const coda_scalar& s) { return {s.value, view(s.tensor)}; }
+
 RopeSpec rope(const coda_rope_spec& r) {
   return {view(r.positions), view(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
 }
@@ -46,7 +48,7 @@ GemmArgs convert(const coda_gemm_args& c) {
   GemmArgs a;
   a.layout = GemmLayout(c.layout);
   a.a = view(c.a), a.b = view(c.b), a.d = view(c.d), a.c = view(c.c);
-  a.alpha = c.alpha, a.beta = c.beta;
+  a.alpha = scalar(c.alpha), a.beta = c.beta;
   a.workspace = view(c.workspace);
   return a;
 }
@@ -74,7 +76,7 @@ RmsBackwardArgs convert(const coda_rms_backward_args& c) {
   RmsBackwardArgs a;
   a.dz = view(c.dz), a.w = view(c.w), a.x = view(c.x), a.rstd = view(c.rstd);
   a.zeta = view(c.zeta), a.gamma = view(c.gamma);
-  a.alpha = {c.alpha.value, view(c.alpha.tensor)};
+  a.alpha = scalar(c.alpha);
   a.accumulate = c.accumulate != 0;
   a.dx = view(c.dx), a.h_hat = view(c.h_hat), a.dgamma_partials = view(c.dgamma_partials);
   return a;
@@ -88,7 +90,7 @@ RmsStatsArgs convert(const coda_rms_stats_args& c) {
 }
 RstdArgs convert(const coda_rstd_args& c) { return {view(c.partials), c.n, c.eps, view(c.rstd)}; }
 RowReduceArgs convert(const coda_row_reduce_args& c) {
-  return {view(c.partials), c.scale, view(c.out)};
+  return {view(c.partials), scalar(c.scale), view(c.out)};
 }
 ColReduceArgs convert(const coda_col_reduce_args& c) {
   return {view(c.partials), c.accumulate != 0, view(c.out)};

@@ -38,7 +38,7 @@ Device validate(const RowReduceArgs& args) {
   v.input("partials", args.partials, Elem::f32, {any("M"), at_least_one("P")});
   const int64_t m = args.partials.shape[0];
   v.at_least_one("M", m, "partials");
-  v.finite("scale", args.scale);
+  scalar_input(v, "scale", "scale.tensor", args.scale);
   v.output("out", args.out, Elem::f32, {exactly("M", m)});
   return v.finish();
 }

@@ -37,7 +37,7 @@ Device validate(const GemmArgs& args) {
   v.allow_alias("d", "c");
   // Its size depends on the plan of the call's device; the GPU launch checks it.
   v.optional_output("workspace", args.workspace, Elem::any, {any("bytes / element size")});
-  v.finite("alpha", args.alpha);
+  scalar_input(v, "alpha", "alpha.tensor", args.alpha); // a device alpha is read by the kernel
   v.finite("beta", args.beta);
   if (args.beta != 0.f && !args.has_c())
     v.fail(Status::invalid_argument,

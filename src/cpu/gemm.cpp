@@ -9,7 +9,7 @@ namespace coda::cpu {
 
 void gemm(const GemmArgs& args) {
   const GemmMainloop mainloop(args.layout, args.a, args.b, args.m(), args.n(), args.k());
-  epilogue::ScaleByScalar alpha({args.alpha, {}});
+  epilogue::ScaleByScalar alpha({args.alpha.value, args.alpha.tensor});
   epilogue::StoreTile store({args.d});
   const Tile tile{};
   if (args.has_c() && args.beta != 0.f) {

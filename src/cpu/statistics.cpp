@@ -49,9 +49,13 @@ void rstd_from_partials(const RstdArgs& args) {
         ep::rstd_from_sum_of_squares(sum_partials(args.partials, i), float(args.n), args.eps));
 }
 
+// out = factor * sum, the factor rounded once before (value * tensor[0] when the scale has a
+// tensor), as ScaleByScalar forms it.
 void reduce_row_partials(const RowReduceArgs& args) {
+  const float factor = args.scale.has_tensor() ? args.scale.value * load_float(args.scale.tensor, 0)
+                                               : args.scale.value;
   for (int64_t i = 0; i < args.partials.shape[0]; ++i)
-    store_float(args.out, i, args.scale * sum_partials(args.partials, i));
+    store_float(args.out, i, factor * sum_partials(args.partials, i));
 }
 
 void reduce_col_partials(const ColReduceArgs& args) {

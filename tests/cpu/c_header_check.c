@@ -4,6 +4,19 @@
 /* C99 has no static_assert: a negative array size fails the compile instead. */
 typedef char coda_tensor_layout_is_fixed[sizeof(coda_tensor) == 88 ? 1 : -1];
 typedef char coda_stream_is_a_pointer[sizeof(coda_stream_t) == sizeof(void*) ? 1 : -1];
+typedef char coda_scalar_layout_is_fixed[sizeof(coda_scalar) == 96 ? 1 : -1];
+
+coda_status coda_header_check_scalars(float* factor, float* partials, float* out);
+
+/* coda_scalar_value and coda_scalar_tensor are C99 too. */
+coda_status coda_header_check_scalars(float* factor, float* partials, float* out) {
+  coda_row_reduce_args args;
+  args.partials = coda_matrix(partials, CODA_F32, 2, 1, CODA_DEVICE_CPU);
+  args.scale = coda_scalar_value(0.5f);
+  args.scale = coda_scalar_tensor(0.5f, coda_vector(factor, CODA_F32, 1, CODA_DEVICE_CPU));
+  args.out = coda_vector(out, CODA_F32, 2, CODA_DEVICE_CPU);
+  return coda_reduce_row_partials(&args, (coda_stream_t)0);
+}
 
 coda_status coda_header_check_call(float* stacked_rows, float* fused_rows);
 

@@ -216,13 +216,14 @@ coda_tensor to_c(const TensorView& v) {
   t.device_index = v.device_index;
   return t;
 }
+coda_scalar to_c(const Scalar& s) { return {s.value, to_c(s.tensor)}; }
 coda_rope_spec to_c(const RopeSpec& r) {
   return {to_c(r.positions), to_c(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
 }
 
 coda_status call_c(const GemmArgs& g) {
-  coda_gemm_args c{int32_t(g.layout), to_c(g.a), to_c(g.b), to_c(g.d),
-                   to_c(g.c),         g.alpha,   g.beta,    to_c(g.workspace)};
+  coda_gemm_args c{int32_t(g.layout), to_c(g.a),     to_c(g.b), to_c(g.d),
+                   to_c(g.c),         to_c(g.alpha), g.beta,    to_c(g.workspace)};
   return coda_gemm(&c, nullptr);
 }
 coda_status call_c(const ResidualRmsArgs& a) {
@@ -252,17 +253,9 @@ coda_status call_c(const RmsLseArgs& a) {
   return coda_gemm_rms_lse(&c, nullptr);
 }
 coda_status call_c(const RmsBackwardArgs& a) {
-  coda_rms_backward_args c{to_c(a.dz),
-                           to_c(a.w),
-                           to_c(a.x),
-                           to_c(a.rstd),
-                           to_c(a.zeta),
-                           to_c(a.gamma),
-                           {a.alpha.value, to_c(a.alpha.tensor)},
-                           a.accumulate,
-                           to_c(a.dx),
-                           to_c(a.h_hat),
-                           to_c(a.dgamma_partials)};
+  coda_rms_backward_args c{
+      to_c(a.dz),    to_c(a.w),    to_c(a.x),  to_c(a.rstd),  to_c(a.zeta),           to_c(a.gamma),
+      to_c(a.alpha), a.accumulate, to_c(a.dx), to_c(a.h_hat), to_c(a.dgamma_partials)};
   return coda_gemm_rms_backward(&c, nullptr);
 }
 coda_status call_c(const SwigluBackwardArgs& a) {
@@ -279,7 +272,7 @@ coda_status call_c(const RstdArgs& a) {
   return coda_rstd_from_partials(&c, nullptr);
 }
 coda_status call_c(const RowReduceArgs& a) {
-  coda_row_reduce_args c{to_c(a.partials), a.scale, to_c(a.out)};
+  coda_row_reduce_args c{to_c(a.partials), to_c(a.scale), to_c(a.out)};
   return coda_reduce_row_partials(&c, nullptr);
 }
 coda_status call_c(const ColReduceArgs& a) {
@@ -732,6 +725,53 @@ TEST(ApiValidation, ScalarTensorShape) {
                   {"alpha.tensor must have shape [1] = [1]; got [2]"});
 }
 
+// The GEMM's alpha and the row reduce's scale are Scalars like K6's alpha: a finite value and
+// an optional [1] f32 tensor on the call's device, which no output may overlap.
+TEST(ApiValidation, GemmAlphaScalar) {
+  Arena ar;
+  GemmArgs g = valid_gemm(ar);
+  g.alpha = {0.5f, ar.vector(f32, 1)};
+  EXPECT_EQ(validate_only(g), Device::cpu);
+  g.alpha.value = INFINITY;
+  expect_rejected(ar, g, Status::invalid_argument, {"gemm: alpha must be finite"});
+  g.alpha = {0.5f, ar.vector(bf16, 1)};
+  expect_rejected(ar, g, Status::type_error, {"gemm: alpha.tensor must be f32; got bf16"});
+  g.alpha = {0.5f, ar.vector(f32, 2)};
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"gemm: alpha.tensor must have shape [1] = [1]; got [2]"});
+  g.alpha = {0.5f, ar.matrix(f32, 1, 1)};
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"gemm: alpha.tensor must be a 1-D tensor [1]; got rank 2"});
+  g.alpha = {0.5f, ar.vector(f32, 1)};
+  g.alpha.tensor.device = Device::cuda;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"alpha.tensor is on cuda:0 but a is on cpu; all tensors of one call must be on "
+                   "one device"});
+  g.alpha = {0.5f, make_view(g.d.data, f32, 1)}; // inside d
+  expect_rejected(ar, g, Status::invalid_argument, {"d overlaps alpha.tensor in memory"});
+}
+
+TEST(ApiValidation, RowReduceScaleScalar) {
+  Arena ar;
+  RowReduceArgs r = valid_row_reduce(ar);
+  r.scale = {0.25f, ar.vector(f32, 1)};
+  EXPECT_EQ(validate_only(r), Device::cpu);
+  r.scale.value = NAN;
+  expect_rejected(ar, r, Status::invalid_argument, {"reduce_row_partials: scale must be finite"});
+  r.scale = {0.25f, ar.vector(i32, 1)};
+  expect_rejected(ar, r, Status::type_error,
+                  {"reduce_row_partials: scale.tensor must be f32; got i32"});
+  r.scale = {0.25f, ar.vector(f32, 3)};
+  expect_rejected(ar, r, Status::invalid_argument,
+                  {"scale.tensor must have shape [1] = [1]; got [3]"});
+  r.scale = {0.25f, ar.vector(f32, 1)};
+  r.scale.tensor.device = Device::cuda;
+  expect_rejected(ar, r, Status::invalid_argument,
+                  {"scale.tensor is on cuda:0 but partials is on cpu"});
+  r.scale = {0.25f, make_view(r.out.data, f32, 1)}; // the first element of out
+  expect_rejected(ar, r, Status::invalid_argument, {"out overlaps scale.tensor in memory"});
+}
+
 TEST(ApiValidation, RstdNeedsWidth) {
   Arena ar;
   RstdArgs r = valid_rstd(ar);
@@ -1104,6 +1144,21 @@ TEST(ApiValidationCuda, GpuPathNeeds16ByteAlignment) {
   EXPECT_TRUE(dev.unchanged());
 }
 
+// A device GEMM whose alpha tensor is host memory (labelled cuda, or labelled cpu) is rejected
+// before any launch: the kernel could not read it.
+TEST(ApiValidationCuda, GemmAlphaTensorOnTheHost) {
+  if (!cuda_device_present()) GTEST_SKIP() << "no CUDA device";
+  Arena ar;
+  DeviceArena dev;
+  GemmArgs g = device_gemm(dev);
+  g.alpha = {2.f, ar.vector(f32, 1)};
+  expect_rejected(ar, g, Status::invalid_argument, {"alpha.tensor is on cpu but a is on cuda:0"});
+  g.alpha.tensor.device = Device::cuda;
+  expect_rejected(ar, g, Status::invalid_argument,
+                  {"alpha.tensor is labelled cuda but points to host memory"});
+  EXPECT_TRUE(dev.unchanged());
+}
+
 // A stream-K-eligible shape: fewer units than the GPU has clusters, long K (the cost model
 // splits them on any Hopper GPU). A workspace 4 bytes short is rejected before any launch,
 // with the size it needs; the size query agrees through both interfaces.
@@ -1120,7 +1175,7 @@ TEST(ApiValidationCuda, GemmWorkspaceTooSmall) {
   coda_gemm_args c{};
   c.layout = CODA_GEMM_FWD;
   c.a = to_c(g.a), c.b = to_c(g.b), c.d = to_c(g.d);
-  c.alpha = 1.f;
+  c.alpha = coda_scalar_value(1.f);
   size_t bytes = 0;
   ASSERT_EQ(coda_gemm_workspace_size(&c, &bytes), CODA_OK) << coda_last_error();
   EXPECT_EQ(bytes, needed);

@@ -27,6 +27,9 @@ static_assert(offsetof(coda_tensor, shape) == offsetof(TensorView, shape));
 static_assert(offsetof(coda_tensor, stride) == offsetof(TensorView, stride));
 static_assert(offsetof(coda_tensor, device) == offsetof(TensorView, device));
 static_assert(offsetof(coda_tensor, device_index) == offsetof(TensorView, device_index));
+static_assert(sizeof(coda_scalar) == sizeof(Scalar));
+static_assert(offsetof(coda_scalar, value) == offsetof(Scalar, value));
+static_assert(offsetof(coda_scalar, tensor) == offsetof(Scalar, tensor));
 
 template <class T> bool same_bits(const std::vector<T>& x, const std::vector<T>& y) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
@@ -61,7 +64,7 @@ TEST(CAbi, GemmMatchesCppApiAndReference) {
   cg.b = coda_matrix(const_cast<bf16*>(b.data()), CODA_BF16, N, K, CODA_DEVICE_CPU);
   cg.c = coda_matrix(const_cast<bf16*>(c.data()), CODA_BF16, M, N, CODA_DEVICE_CPU);
   cg.d = coda_matrix(d_c.data(), CODA_BF16, M, N, CODA_DEVICE_CPU);
-  cg.alpha = alpha, cg.beta = beta;
+  cg.alpha = coda_scalar_value(alpha), cg.beta = beta;
   ASSERT_EQ(coda_gemm(&cg, nullptr), CODA_OK) << coda_last_error();
 
   EXPECT_TRUE(same_bits(d_cpp, d_c));
@@ -104,7 +107,7 @@ TEST(CAbi, GemmWorkspaceIsIgnoredOnTheCpu) {
   cg.a = coda_matrix(const_cast<bf16*>(a.data()), CODA_BF16, M, K, CODA_DEVICE_CPU);
   cg.b = coda_matrix(const_cast<bf16*>(b.data()), CODA_BF16, K, N, CODA_DEVICE_CPU);
   cg.d = coda_matrix(with.data(), CODA_F32, M, N, CODA_DEVICE_CPU);
-  cg.alpha = 1.f;
+  cg.alpha = coda_scalar_value(1.f);
   cg.workspace =
       coda_vector(workspace.data(), CODA_F32, int64_t(workspace.size()), CODA_DEVICE_CPU);
   size_t bytes = 1;
@@ -118,6 +121,65 @@ TEST(CAbi, GemmWorkspaceIsIgnoredOnTheCpu) {
   EXPECT_EQ(coda_gemm_workspace_size(&cg, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_EQ(coda_gemm_workspace_size(nullptr, &bytes), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_gemm_workspace_size: args is NULL");
+}
+
+// alpha and the row reduce's scale as value * a [1] f32 tensor: the same bits as the product
+// given as a number (the CPU backend reads the host tensor); a bad tensor is rejected with its
+// name and nothing is written.
+TEST(CAbi, ScalarTensorsEqualTheirValue) {
+  constexpr int64_t M = 21, N = 16, K = 24;
+  uint64_t seed = test::test_seed() + 30;
+  const auto a = test::random_vector<bf16>(M * K, seed++);
+  const auto b = test::random_vector<bf16>(K * N, seed++);
+  float factor[1] = {0.3125f};
+  constexpr float value = 1.5f, product = value * 0.3125f;
+  void* pa = const_cast<bf16*>(a.data());
+  void* pb = const_cast<bf16*>(b.data());
+  const coda_device host = CODA_DEVICE_CPU;
+  const coda_tensor factor_t = coda_vector(factor, CODA_F32, 1, host);
+
+  std::vector<float> by_value(M * N, NAN), by_tensor = by_value;
+  coda_gemm_args cg{};
+  cg.layout = CODA_GEMM_DGRAD;
+  cg.a = coda_matrix(pa, CODA_BF16, M, K, host);
+  cg.b = coda_matrix(pb, CODA_BF16, K, N, host);
+  cg.d = coda_matrix(by_value.data(), CODA_F32, M, N, host);
+  cg.alpha = coda_scalar_value(product);
+  ASSERT_EQ(coda_gemm(&cg, nullptr), CODA_OK) << coda_last_error();
+  cg.d = coda_matrix(by_tensor.data(), CODA_F32, M, N, host);
+  cg.alpha = coda_scalar_tensor(value, factor_t);
+  ASSERT_EQ(coda_gemm(&cg, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_FALSE(std::isnan(by_tensor[0]) || std::isnan(by_tensor.back()));
+  EXPECT_TRUE(same_bits(by_value, by_tensor));
+
+  const std::vector<float> before = by_tensor;
+  cg.alpha.tensor = coda_vector(factor, CODA_BF16, 1, host);
+  EXPECT_EQ(coda_gemm(&cg, nullptr), CODA_TYPE_ERROR);
+  EXPECT_NE(std::string(coda_last_error()).find("alpha.tensor"), std::string::npos)
+      << coda_last_error();
+  EXPECT_TRUE(same_bits(before, by_tensor));
+
+  const std::vector<float> partials = test::random_vector<float>(M * 3, seed++);
+  std::vector<float> out_value(M, NAN), out_tensor = out_value;
+  coda_row_reduce_args cr{};
+  cr.partials = coda_matrix(const_cast<float*>(partials.data()), CODA_F32, M, 3, host);
+  cr.scale = coda_scalar_value(product);
+  cr.out = coda_vector(out_value.data(), CODA_F32, M, host);
+  ASSERT_EQ(coda_reduce_row_partials(&cr, nullptr), CODA_OK) << coda_last_error();
+  cr.scale = coda_scalar_tensor(value, factor_t);
+  cr.out = coda_vector(out_tensor.data(), CODA_F32, M, host);
+  ASSERT_EQ(coda_reduce_row_partials(&cr, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_FALSE(std::isnan(out_tensor[0]));
+  EXPECT_TRUE(same_bits(out_value, out_tensor));
+
+  const std::vector<float> out_before = out_tensor;
+  float two[2] = {1.f, 2.f};
+  cr.scale.tensor = coda_vector(two, CODA_F32, 2, host);
+  EXPECT_EQ(coda_reduce_row_partials(&cr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error()).find("scale.tensor must have shape [1]"),
+            std::string::npos)
+      << coda_last_error();
+  EXPECT_TRUE(same_bits(out_before, out_tensor));
 }
 
 TEST(CAbi, ResidualRmsMatchesCppApi) {

@@ -63,8 +63,8 @@ TEST_P(Gemm, MatchesReferenceInEveryLayout) {
     args.beta = with_c ? -1.5f : 0.f;
     gemm(args);
 
-    const ref::GemmInputs in{ref_layout, s.M,        s.N,        s.K,      a.values(),
-                             b.values(), c.values(), args.alpha, args.beta};
+    const ref::GemmInputs in{
+        ref_layout, s.M, s.N, s.K, a.values(), b.values(), c.values(), args.alpha.value, args.beta};
     CODA_EXPECT_PASSES(
         check_output("d " + label(s), d, ref::gemm({}, in), ref::gemm(lowp(d_type), in)));
   }

@@ -74,7 +74,9 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     p.epilogue.d = out_map("D", args.d);
     p.epilogue.load_c = args.has_c() && args.beta != 0.f;
     p.epilogue.c = p.epilogue.load_c ? out_map("C", args.c) : p.epilogue.d;
-    p.epilogue.alpha = args.alpha;
+    p.epilogue.alpha = args.alpha.value;
+    p.epilogue.alpha_tensor =
+        args.alpha.has_tensor() ? args.alpha.tensor.ptr<const float>() : nullptr;
     p.epilogue.beta = args.beta;
     p.epilogue.defer_stores = plan.defer_stores;
 

@@ -1,4 +1,6 @@
 // The plain GEMM epilogue: D = alpha * acc + beta * C, stored through shared memory by TMA.
+// alpha is a number, or that number times a [1] f32 device scalar (Params::alpha_tensor), read
+// once per tile after the mainloop, so no register holds it across the MMAs.
 //
 // Lifecycle (ARCHITECTURE section 4), run by each consumer warpgroup on the rows it owns:
 //   begin_tile(tile)  issue the TMA load of the first C subtile (before the mainloop, so its
@@ -55,8 +57,9 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
     CUtensorMap d; // dims {N, M}, box {32, 64}, swizzle = row bytes of the subtile
     CUtensorMap c; // same geometry as d; unused unless load_c
     float alpha, beta;
-    int32_t load_c;       // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
-    int32_t defer_stores; // with kOverlapStores and load_c == 0: visit() defers the stores
+    int32_t load_c;            // 0: D = alpha * acc (C absent or beta == 0, then C is never read)
+    int32_t defer_stores;      // with kOverlapStores and load_c == 0: visit() defers the stores
+    const float* alpha_tensor; // optional [1]: the factor is alpha * alpha_tensor[0]
   };
 
   struct SharedStorage {
@@ -91,8 +94,9 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
   template <int kBlocks, int kN>
   __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
+    const float alpha = tile_alpha();
     if constexpr (kCanDefer) {
-      if (params.defer_stores && !params.load_c) return defer(acc, tile);
+      if (params.defer_stores && !params.load_c) return defer(acc, tile, alpha);
     }
 #pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local
                // memory
@@ -112,7 +116,7 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
         }
         float v[16]; // this thread's 16 values of the subtile, SubtileMap order
 #pragma unroll
-        for (int i = 0; i < 16; ++i) v[i] = params.alpha * acc.reg[mb][16 * s + i];
+        for (int i = 0; i < 16; ++i) v[i] = alpha * acc.reg[mb][16 * s + i];
         if (params.load_c) add_c(v, buf);
         write_d(v, buf);
         cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
@@ -135,6 +139,13 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
   }
 
 private:
+  // The factor of this tile: alpha, times the device scalar when there is one (the same fp32
+  // product as the CPU backend's ScaleByScalar, so both are bitwise equal).
+  __device__ float tile_alpha() const {
+    return params.alpha_tensor != nullptr ? params.alpha * __ldg(params.alpha_tensor)
+                                          : params.alpha;
+  }
+
   __device__ void sync() {
     arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup,
                              arch::kWarpgroupSize);
@@ -142,7 +153,7 @@ private:
 
   // Stores the tile's first subtiles now, at once, and packs the last kMaxDeferred for later.
   template <int kBlocks, int kN>
-  __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
+  __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile, float alpha) {
     constexpr int kSubtilesN = kN / kSubCols, kSubtiles = kBlocks * kSubtilesN;
     static_assert(kSubtilesN % kMaxDeferred == 0,
                   "the deferred subtiles are the last columns of the last 64-row block");
@@ -158,8 +169,8 @@ private:
       uint32_t packed[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        packed[i] = pack(params.alpha * acc.reg[mb][16 * s + 2 * i],
-                         params.alpha * acc.reg[mb][16 * s + 2 * i + 1]);
+        packed[i] =
+            pack(alpha * acc.reg[mb][16 * s + 2 * i], alpha * acc.reg[mb][16 * s + 2 * i + 1]);
       if (j < kFirstDeferred) {
         stmatrix_subtile(packed, batch_buffer(j));
       } else {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "coda/core/scalar.hpp"
 #include "coda/core/tensor.hpp"
 
 namespace coda {
@@ -18,6 +19,10 @@ enum class GemmLayout : int32_t { fwd = 0, dgrad = 1, wgrad = 2 };
 // accumulates, e.g. gradient accumulation). A and B are bf16 or f16 (the same); D and C are
 // bf16, f16 or f32.
 //
+// alpha is a Scalar (coda/core/scalar.hpp): a number (`args.alpha = 2.f`), or value * tensor[0]
+// with a [1] f32 tensor on the call's device, read by the GEMM itself (e.g. a loss gradient's
+// 1 / #valid tokens), so no host synchronization is needed. beta is a host number.
+//
 // workspace (optional): scratch for the GPU GEMM's stream-K partial sums, a 1-D contiguous
 // tensor of any dtype (its bytes: numel * dtype size) on the call's device.
 //  * absent (data == nullptr): the GEMM runs without stream-K; correct, but sometimes slower on
@@ -31,8 +36,8 @@ enum class GemmLayout : int32_t { fwd = 0, dgrad = 1, wgrad = 2 };
 struct GemmArgs {
   GemmLayout layout = GemmLayout::fwd;
   TensorView a, b, d;
-  TensorView c; // c.data == nullptr: no C
-  float alpha = 1.f;
+  TensorView c;      // c.data == nullptr: no C
+  Scalar alpha = {}; // "= {}": see workspace below
   float beta = 0.f;
   // NOTE: "= {}" keeps aggregate initializations that stop before it free of
   // -Wmissing-field-initializers. Absent (data == nullptr): no stream-K.

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "coda/core/scalar.hpp"
 #include "coda/core/tensor.hpp"
 
 struct CUstream_st;
@@ -35,13 +36,6 @@ using Stream = CUstream_st*; // the same type as cudaStream_t; nullptr is the de
 
 constexpr int64_t kReduceBlock = 128;
 constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
-
-// An optional scalar: value * (*tensor) when the [1] f32 tensor is given (e.g. dloss on the
-// device), value alone otherwise.
-struct Scalar {
-  float value = 1.f;
-  TensorView tensor; // optional [1] f32
-};
 
 // Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) *
 // head_dim].
@@ -144,9 +138,10 @@ struct RstdArgs {
 };
 
 // out[m] = scale * sum_b partials[m, b]  (e.g. zeta from K7's partials, scale = 1/hidden).
+// scale is a Scalar (coda/core/scalar.hpp): a number, or value * tensor[0] read on the device.
 struct RowReduceArgs {
   TensorView partials;
-  float scale = 1.f;
+  Scalar scale = {}; // "= {}": designated initializations may leave it out warning-free
   TensorView out;
 };
 
