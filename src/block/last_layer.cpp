@@ -1,7 +1,6 @@
 // The last layer (coda-paper 4.2 "Last layer", 4.5 "Last layer"): F1..F3, the final RMSNorm
 // with the LM head (K5), and the cross-entropy forward-backward, whose gradient the forward
 // saves. Its backward has no incoming residual gradient: K6 writes dx.
-#include <string>
 
 #include "block/scratch.hpp"
 #include "block/steps.hpp"
@@ -36,32 +35,29 @@ int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
   return m;
 }
 
-// alpha = dloss * grad_scale, the scale of dlogits: inside K6 (`k6`) and, as a host number, for
-// the LM head's weight gradient and zeta (`host`).
-struct LossScale {
-  Scalar k6;
-  float host = 1.f;
-};
-
-// NOTE: coda::gemm's alpha and reduce_row_partials' scale are host floats, so a scale that
-// lives on the device (grad_scale = 1/#valid of a mean, or a device dloss) cannot reach the
-// LM head's weight gradient and zeta without a copy to the host. The sum with a host dloss is
-// exact everywhere (grad_scale is 1 by cross_entropy's contract); the rest reads the host
-// tensors on the CPU backend and is not_supported on the GPU until the kernel API takes a device
-// scalar there.
-LossScale loss_scale(const api::Validator& v, const Config& c, const Scalar& dloss,
-                     const TensorView& grad_scale) {
-  if (c.loss_reduction == LossReduction::sum && dloss.tensor.data == nullptr)
-    return LossScale{Scalar{dloss.value, grad_scale}, dloss.value};
-  if (grad_scale.device != Device::cpu)
-    v.fail(Status::not_supported,
-           "a mean loss or a device-resident dloss puts the backward's scale on the device, and "
-           "the kernel API cannot yet apply a device scalar to the LM head's weight gradient; use "
-           "config.loss_reduction = sum with a host dloss (grads.dloss.value = 1 / #valid "
-           "tokens gives the mean's gradient)");
-  float host = dloss.value * *grad_scale.ptr<float>();
-  if (dloss.tensor.data != nullptr) host *= *dloss.tensor.ptr<float>();
-  return LossScale{Scalar{host, {}}, host};
+// alpha = dloss * grad_scale, the scale of dlogits in K6, in the LM head's weight gradient and
+// in zeta. grad_scale (1 / #valid of a mean, 1 for a sum) is where cross_entropy wrote it (on
+// the device, on the GPU) and dloss may be a device tensor too: nothing is read back to the host.
+//
+// NOTE: a Scalar carries one tensor, and alpha may be the product of two (dloss.tensor and
+// grad_scale). So alpha is formed once, on the call's device, into the workspace slot `alpha`
+// by a public call, reduce_row_partials over one [1, 1] "partial":
+//   dloss without a tensor: partial grad_scale,    scale dloss.value
+//   dloss with a tensor:    partial dloss.tensor,  scale dloss.value * grad_scale
+// and the three consumers take Scalar{1 or 1/D, alpha}. That keeps Scalar (and coda_scalar, the
+// GEMM's and K6's epilogues) at one tensor, costs one tiny launch beside the V x D GEMMs, needs
+// no CUDA code in the block, and runs the same on the CPU backend with host tensors. A dloss
+// given as the value v or as 1 times a tensor holding v gives the same alpha, bit for bit.
+TensorView form_alpha(const Scalar& dloss, const TensorView& grad_scale, const TensorView& alpha,
+                      Stream stream) {
+  const TensorView& one = dloss.has_tensor() ? dloss.tensor : grad_scale;
+  RowReduceArgs multiply;
+  multiply.partials = make_view(one.data, DType::f32, 1, 1, one.device);
+  multiply.partials.device_index = one.device_index;
+  multiply.scale = Scalar{dloss.value, dloss.has_tensor() ? grad_scale : TensorView{}};
+  multiply.out = alpha;
+  reduce_row_partials(multiply, stream);
+  return alpha;
 }
 
 } // namespace
@@ -131,15 +127,15 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
            {exactly("vocab", config.vocab), hidden_dim(config)});
   check_workspace(v, workspace, Layer::last, Pass::backward, config, m);
   v.finish();
-  const LossScale alpha = loss_scale(v, config, grads.dloss, saved.grad_scale);
 
   Arena arena(workspace);
   const LastBackwardScratch s = carve_last_backward(arena, config, m, inputs.x0.dtype);
+  const TensorView alpha = form_alpha(grads.dloss, saved.grad_scale, s.alpha, stream);
 
   RowReduceArgs zeta; // zeta = alpha * zetaL / D: the loss's zeta, scaled like its gradient
   zeta.partials = make_view(saved.zeta.data, DType::f32, m, 1, saved.zeta.device);
   zeta.partials.device_index = saved.zeta.device_index;
-  zeta.scale = float(double(alpha.host) / double(config.hidden));
+  zeta.scale = Scalar{float(1.0 / double(config.hidden)), alpha};
   zeta.out = s.norm.zeta;
   reduce_row_partials(zeta, stream);
 
@@ -149,8 +145,7 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
   final_norm.x = saved.x2;
   final_norm.rstd = saved.r2;
   final_norm.gamma = weights.final_norm;
-  final_norm.alpha = alpha.k6;
-  final_norm.wgrad_alpha = alpha.host;
+  final_norm.alpha = Scalar{1.f, alpha};
   final_norm.accumulate_dx = false;
   final_norm.dx = grads.dx;
   final_norm.dgamma = dw.final_norm;

@@ -114,6 +114,7 @@ LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m
   LastBackwardScratch s;
   s.norm = carve_norm_backward(arena, Layer::last, c, m, act);
   s.mlp = carve_mlp_backward(arena, c, m, act);
+  s.alpha = arena.vector(DType::f32, 1);
   return s;
 }
 

@@ -80,6 +80,7 @@ struct MiddleBackwardScratch {
 struct LastBackwardScratch {
   NormBackwardScratch norm;
   MlpBackwardScratch mlp;
+  TensorView alpha; // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
 };
 
 // `act` is the 16-bit activation dtype of the call.

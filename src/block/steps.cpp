@@ -14,8 +14,9 @@ RopeSpec rope_spec(const Config& c, const Rope& rope) {
   return spec;
 }
 
-void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
-                     bool accumulate, const TensorView& workspace, Stream stream) {
+void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                     const Scalar& alpha, bool accumulate, const TensorView& workspace,
+                     Stream stream) {
   GemmArgs g;
   g.layout = GemmLayout::wgrad;
   g.a = dy;
@@ -84,8 +85,8 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   dgamma.out = b.dgamma;
   reduce_col_partials(dgamma, stream);
 
-  weight_gradient(b.dz, scratch.h_hat, b.dw, b.wgrad_alpha, accumulate_grads,
-                  scratch.gemm_workspace, stream);
+  weight_gradient(b.dz, scratch.h_hat, b.dw, b.alpha, accumulate_grads, scratch.gemm_workspace,
+                  stream);
 }
 
 void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,

@@ -12,8 +12,9 @@ RopeSpec rope_spec(const Config& c, const Rope& rope);
 // dw (+)= alpha · dyᵀ · x: an nn.Linear weight gradient [out, in] from dy [M, out] and
 // x [M, in], tokens being the GEMM's reduction dimension (GemmLayout::wgrad). `workspace` is the
 // GEMM's (NormBackwardScratch::gemm_workspace; absent on the CPU).
-void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw, float alpha,
-                     bool accumulate, const TensorView& workspace, Stream stream);
+void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView& dw,
+                     const Scalar& alpha, bool accumulate, const TensorView& workspace,
+                     Stream stream);
 
 // The attention input of the first and middle layers: the attn_norm RMSNorm, the QKV projection
 // and RoPE.
@@ -54,12 +55,11 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
 // with zeta already in scratch.zeta:
 //   K6:    g = alpha · dz·w;  dx (+)= rstd * (g * gamma - x * rstd * zeta);  h_hat;  partials
 //   dgamma (+)= sum of the partials
-//   dw     (+)= wgrad_alpha · dzᵀ · h_hat
+//   dw     (+)= alpha · dzᵀ · h_hat
 struct NormBackward {
   TensorView dz, w;          // the consumer's output gradient [M, K] and weight [K, D]
   TensorView x, rstd, gamma; // the norm's input [M, D], its rstd [M], gamma [D]
-  Scalar alpha;              // scale of dz inside K6
-  float wgrad_alpha = 1.f;   // the same scale for the weight gradient
+  Scalar alpha;              // scale of dz, inside K6 and in the weight gradient
   bool accumulate_dx = true; // false: dx is written (no incoming residual gradient)
   TensorView dx, dgamma, dw; // outputs
 };

@@ -505,16 +505,28 @@ LossGradient loss_gradient(ref::Rounding r, const Values& logits, const LastProb
 }
 
 TEST_P(BlockCpu, LastLayer) {
-  // A mean loss writing the weight gradients; a sum loss accumulating into them.
-  for (bool mean : {true, false}) {
-    SCOPED_TRACE(mean ? "mean loss, writing weight gradients"
-                      : "sum loss, accumulating weight gradients");
-    const bool accumulate = !mean;
+  // A mean and a sum loss, dloss = 0.75 as a value or as 3 * a [1] tensor holding 0.25 (the
+  // block then multiplies two tensors, grad_scale and dloss's), writing or accumulating the
+  // weight gradients.
+  struct Case {
+    bool mean, dloss_tensor, accumulate;
+    const char* name;
+  };
+  for (const Case& k :
+       {Case{true, false, false, "mean loss, dloss value, writing gradients"},
+        Case{true, true, true, "mean loss, dloss tensor, accumulating gradients"},
+        Case{false, true, false, "sum loss, dloss tensor, writing gradients"},
+        Case{false, false, true, "sum loss, dloss value, accumulating gradients"}}) {
+    SCOPED_TRACE(k.name);
+    const bool mean = k.mean, accumulate = k.accumulate;
     make.c.loss_reduction = mean ? coda::LossReduction::mean : coda::LossReduction::sum;
     const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
     LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
     const float dloss = 0.75f;
-    LastResult r = run_last(make, p, GetParam().grad_dtype, accumulate, {dloss, {}}, true);
+    HostTensor quarter = HostTensor::of(DType::f32, {1}, {0.25});
+    const coda::Scalar dloss_arg =
+        k.dloss_tensor ? coda::Scalar{3.f, quarter.view()} : coda::Scalar{dloss};
+    LastResult r = run_last(make, p, GetParam().grad_dtype, accumulate, dloss_arg, true);
 
     const ref::LlamaConfig rc = ref_config(c);
     const ref::LastWeights rw = p.textbook();
@@ -543,15 +555,25 @@ TEST_P(BlockCpu, LastLayer) {
   }
 }
 
-// dloss as a [1] tensor times a value is the same scale as the product given as a value.
+// dloss as a [1] tensor (times a value) is the same scale as the product given as a value, bit
+// for bit, with a mean loss (alpha = dloss * 1/#valid from two tensors) and with a sum.
 TEST_P(BlockCpu, LastLayerDlossTensor) {
-  LastProblem p(make, ref::Reduction::mean);
-  LastResult by_value = run_last(make, p, GetParam().grad_dtype, false, {0.75f, {}}, false);
-  HostTensor half = HostTensor::of(DType::f32, {1}, {0.5});
-  LastResult by_tensor =
-      run_last(make, p, GetParam().grad_dtype, false, {1.5f, half.view()}, false);
-  const std::vector<HostTensor*> a = by_value.all(), b = by_tensor.all();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+  for (bool mean : {true, false}) {
+    SCOPED_TRACE(mean ? "mean loss" : "sum loss");
+    make.c.loss_reduction = mean ? coda::LossReduction::mean : coda::LossReduction::sum;
+    LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
+    const DType g = GetParam().grad_dtype;
+    LastResult by_value = run_last(make, p, g, false, {0.7f, {}}, false);
+    HostTensor dloss = HostTensor::of(DType::f32, {1}, {double(0.7f)});
+    HostTensor half = HostTensor::of(DType::f32, {1}, {0.5});
+    LastResult by_tensor = run_last(make, p, g, false, {1.f, dloss.view()}, false);
+    LastResult by_both = run_last(make, p, g, false, {1.4f, half.view()}, false);
+    const std::vector<HostTensor*> a = by_value.all(), b = by_tensor.all(), d = by_both.all();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i << ", dloss = 1 * [0.7]";
+      EXPECT_TRUE(same_bits(*a[i], *d[i])) << "result " << i << ", dloss = 1.4 * [0.5]";
+    }
+  }
 }
 
 // Bitwise determinism, and the logits output changes nothing: the run without it (logits

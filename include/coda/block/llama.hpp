@@ -178,7 +178,8 @@ struct LastSaved {
   TensorView zeta;       // [M] f32 sum_n logits * dlogits
 };
 struct LastGrads {
-  Scalar dloss;         // d (outer loss) / d loss, e.g. 1 or the loss scale
+  Scalar dloss;         // d (outer loss) / d loss, e.g. 1 or the loss scale; a value, or a
+                        // value times a [1] f32 tensor on the block's device (read there)
   TensorView dx;        // [M, D] out: d loss / d x0 (written, there is no incoming gradient)
   TensorView dy0;       // [M, n_heads head_dim] out
   LastWeights dweights; // out (or accumulated into, see `accumulate`)
@@ -188,7 +189,9 @@ void last_forward(const Config& config, const LastWeights& weights, const LastIn
                   const LastOutputs& outputs, const LastSaved& saved, const TensorView& workspace,
                   Stream stream = nullptr);
 
-// B1 is K6 with A = dlogits, alpha = dloss * grad_scale, zeta = saved.zeta * alpha / D.
+// B1 is K6 with A = dlogits, alpha = dloss * grad_scale, zeta = saved.zeta * alpha / D. alpha is
+// formed on the block's device (in the workspace) from saved.grad_scale and dloss, so a mean
+// loss or a device dloss needs no host synchronization.
 void last_backward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
                    const LastSaved& saved, const LastGrads& grads, bool accumulate,
                    const TensorView& workspace, Stream stream = nullptr);
