@@ -3,6 +3,7 @@
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/rope.hpp"
+#include "coda/epilogue/ops/round.hpp"
 #include "coda/epilogue/ops/scale_per_col.hpp"
 #include "coda/epilogue/ops/scale_per_row.hpp"
 #include "coda/epilogue/ops/select_per_row.hpp"
@@ -99,9 +100,10 @@ void gemm_rms_lse(const RmsLseArgs& args, Tile tile) {
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
   ep::StoreTile logits({args.logits});
+  ep::RoundTo as_stored({args.logits.dtype}); // the lse of the logits cross_entropy will read
   ep::ReduceOverN<ep::LogSumExp> lse({args.lse_partials});
   ep::SelectPerRow target_logit({args.targets, n, args.target_logit});
-  run_epilogue(mainloop, m, n, tile, rstd, logits, lse, target_logit);
+  run_epilogue(mainloop, m, n, tile, rstd, logits, as_stored, lse, target_logit);
 }
 
 } // namespace coda::cpu

@@ -1,6 +1,8 @@
 // K5 gemm_rms_lse: l = rstd[m] * (a · wᵀ) with w the LM head; logits = round(l), lse_partials =
-// row partials of logsumexp over the fp32 l (columns past the vocabulary masked), target_logit
-// = fp32 l[m, targets[m]] (0 where the target is outside [0, V)).
+// row partials of logsumexp over round(l) (columns past the vocabulary masked), target_logit
+// = round(l)[m, targets[m]] in fp32 (0 where the target is outside [0, V)): the numbers the
+// cross-entropy reads (coda/epilogue/ops/round.hpp says why).
+#include "coda/epilogue/device/ops/round.cuh"
 #include "gpu/kernels_fused.cuh"
 
 namespace coda::gpu {
@@ -10,7 +12,8 @@ namespace {
 template <class Shape, class T>
 using RmsLseEpilogue =
     dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape>, dev::TileStore<Shape, T>,
-                       dev::ReduceOverN<Shape, epilogue::LogSumExp>, dev::SelectPerRow<Shape>>;
+                       dev::RoundTo<Shape, T>, dev::ReduceOverN<Shape, epilogue::LogSumExp>,
+                       dev::SelectPerRow<Shape>>;
 
 template <class Shape, class T> void run_rms_lse(const RmsLseArgs& args, Stream stream) {
   using Epi = RmsLseEpilogue<Shape, T>;
@@ -19,8 +22,8 @@ template <class Shape, class T> void run_rms_lse(const RmsLseArgs& args, Stream 
   dev::get<0>(p) =
       rstd_params<Shape>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
   dev::get<1>(p) = dev::TileStore<Shape, T>::params("logits", args.logits);
-  dev::get<2>(p) = row_partials_params<Shape, epilogue::LogSumExp>(args.lse_partials, vocab);
-  dev::get<3>(p) = {args.targets.ptr<const int32_t>(), args.target_logit.ptr<float>(), int32_t(m),
+  dev::get<3>(p) = row_partials_params<Shape, epilogue::LogSumExp>(args.lse_partials, vocab);
+  dev::get<4>(p) = {args.targets.ptr<const int32_t>(), args.target_logit.ptr<float>(), int32_t(m),
                     int32_t(vocab)};
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }

@@ -362,7 +362,7 @@ INSTANTIATE_TEST_SUITE_P(Kernels, RmsLse,
                          });
 
 // ---- Statistics the fused kernels keep in fp32 (args.hpp: K0's partials square the unrounded
-// sum acc + residual; K5's partials and target logit come from the fp32 logits) are held to the
+// sum acc + residual; K5's partials are the fp32 log-sum-exp of its stored logits) are held to the
 // fp32 unfused path, about 10^4 times tighter than the bf16 one. Shapes with hundreds of
 // partials, so that the worst fp32 rounding error of either side is a stable statistic.
 
@@ -380,16 +380,25 @@ TEST_P(Fp32Statistics, ResidualRmsPartialsComeFromUnroundedSum) {
                                   ref::residual_rms(kFp32, in).sumsq_partials));
 }
 
-TEST_P(Fp32Statistics, RmsLsePartialsAndTargetLogitComeFromFp32Logits) {
+// K5's partials and target logit are those of the logits as stored (rounded), the numbers the
+// cross-entropy reads (coda/epilogue/ops/round.hpp): the target logit is the stored one exactly,
+// and the partials are the fp32 log-sum-exp of the stored logits.
+TEST_P(Fp32Statistics, RmsLsePartialsAndTargetLogitComeFromStoredLogits) {
   const DType dtype = GetParam();
   Seeds seeds;
-  RmsLseRun run(dtype, {200, 296, 32}, seeds);
-  const auto in = run.c.inputs();
-  const auto exact = ref::rms_lse({}, in, run.targets), fp32 = ref::rms_lse(kFp32, in, run.targets);
+  const LseCase lc{200, 296, 32};
+  RmsLseRun run(dtype, lc, seeds);
+  const std::vector<double> stored = run.logits.values();
   CODA_EXPECT_PASSES(
-      check_output("lse_partials", run.lse_partials, exact.lse_partials, fp32.lse_partials));
-  CODA_EXPECT_PASSES(
-      check_output("target_logit", run.target_logit, exact.target_logit, fp32.target_logit));
+      check_output("lse_partials", run.lse_partials,
+                   ref::lse_row_partials({}, lc.M, lc.V, stored, ref::kPartialBlock),
+                   ref::lse_row_partials(kFp32, lc.M, lc.V, stored, ref::kPartialBlock)));
+  const std::vector<double> target_logit = run.target_logit.values();
+  for (int64_t m = 0; m < lc.M; ++m) {
+    const int32_t t = run.targets[size_t(m)];
+    const double expected = t >= 0 && t < lc.V ? stored[size_t(m * lc.V + t)] : 0.0;
+    EXPECT_EQ(target_logit[size_t(m)], expected) << "row " << m << ", target " << t;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Fp32Statistics, testing::ValuesIn(kHalfTypes),

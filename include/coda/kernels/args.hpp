@@ -86,9 +86,11 @@ struct RmsRopeArgs {
 
 // K5: logits l = rstd[m] * (a · wᵀ), w the LM head [V, K].
 //   logits = round(l) [M, V]
-//   lse_partials[m, b] = logsumexp of fp32 l over the block (row partials; -inf never appears
-//                        since every block holds at least one column)
-//   target_logit[m] = fp32 l[m, targets[m]] where 0 <= targets[m] < V, else 0.
+//   lse_partials[m, b] = logsumexp (in fp32) of the stored logits round(l) over the block (row
+//                        partials; -inf never appears since every block holds at least one column)
+//   target_logit[m] = round(l)[m, targets[m]] as f32 where 0 <= targets[m] < V, else 0.
+// Both come from the rounded logits that cross_entropy reads, so its softmax sums to 1 (as
+// PyTorch's cross-entropy of 16-bit logits does); coda/epilogue/ops/round.hpp says why.
 struct RmsLseArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
