@@ -36,7 +36,12 @@ DeviceMirror::DeviceMirror() : previous_(set_view_hook(this)) {}
 
 DeviceMirror::~DeviceMirror() {
   set_view_hook(previous_);
+  release();
+}
+
+void DeviceMirror::release() {
   for (const Copy& c : copies_) cudaFree(c.device);
+  copies_.clear();
 }
 
 TensorView DeviceMirror::view(HostTensor&, const TensorView& host) {
@@ -56,10 +61,11 @@ TensorView DeviceMirror::view(HostTensor&, const TensorView& host) {
   return v;
 }
 
-void DeviceMirror::download() {
+void DeviceMirror::sync() {
   check(cudaDeviceSynchronize(), "the GPU calls");
   for (const Copy& c : copies_)
     check(cudaMemcpy(c.host, c.device, c.bytes, cudaMemcpyDeviceToHost), "download");
+  release();
 }
 
 #else
@@ -69,15 +75,10 @@ DeviceMirror::DeviceMirror() : previous_(nullptr) {
   throw std::runtime_error("DeviceMirror: this build has no CUDA backend");
 }
 DeviceMirror::~DeviceMirror() = default;
+void DeviceMirror::release() {}
 TensorView DeviceMirror::view(HostTensor&, const TensorView& host) { return host; }
-void DeviceMirror::download() {}
+void DeviceMirror::sync() {}
 
 #endif
-
-BackendScope::BackendScope(bool on_gpu) : mirror_(on_gpu ? new DeviceMirror() : nullptr) {}
-BackendScope::~BackendScope() { delete mirror_; }
-void BackendScope::finish() {
-  if (mirror_) mirror_->download();
-}
 
 } // namespace coda::test

@@ -1,8 +1,8 @@
 // Runs a test written against HostTensor on the GPU backend: while a DeviceMirror is alive,
 // HostTensor::view() returns a device copy of the tensor (uploaded at its first view, NaN poison
-// included), and download() copies every mirrored tensor back, so the host-side checks see the
-// GPU's results. A mirror lives for one run of calls: it keys copies by host address, which a
-// later tensor may reuse.
+// included), and sync() (coda::test::sync_views()) copies every mirrored tensor back and forgets
+// the copies. Copies are keyed by host address, so a run of calls between two syncs must not
+// destroy a viewed tensor and view another at its address.
 #pragma once
 
 #include <cstddef>
@@ -17,16 +17,17 @@ bool gpu_backend_available();
 
 class DeviceMirror : public ViewHook {
 public:
-  DeviceMirror();
-  ~DeviceMirror() override; // uninstalls and frees (without downloading)
+  DeviceMirror();           // installs itself as the thread's view hook
+  ~DeviceMirror() override; // uninstalls and frees (without copying back)
   DeviceMirror(const DeviceMirror&) = delete;
   DeviceMirror& operator=(const DeviceMirror&) = delete;
 
   TensorView view(HostTensor& tensor, const TensorView& host) override;
-  // Waits for the device, then copies every mirrored tensor back to its host tensor.
-  void download();
+  // Waits for the device, copies every mirrored tensor back, then frees the copies.
+  void sync() override;
 
 private:
+  void release();
   struct Copy {
     void* host;
     void* device;
@@ -36,17 +37,17 @@ private:
   ViewHook* previous_;
 };
 
-// A DeviceMirror when `on_gpu`, nothing otherwise; finish() downloads.
-class BackendScope {
+// Host views for its lifetime, whatever hook is installed (e.g. to run the CPU backend on the
+// same tensors inside a GPU test).
+class HostViews {
 public:
-  explicit BackendScope(bool on_gpu);
-  ~BackendScope();
-  BackendScope(const BackendScope&) = delete;
-  BackendScope& operator=(const BackendScope&) = delete;
-  void finish();
+  HostViews() : previous_(set_view_hook(nullptr)) {}
+  ~HostViews() { set_view_hook(previous_); }
+  HostViews(const HostViews&) = delete;
+  HostViews& operator=(const HostViews&) = delete;
 
 private:
-  DeviceMirror* mirror_ = nullptr;
+  ViewHook* previous_;
 };
 
 } // namespace coda::test

@@ -67,6 +67,10 @@ ViewHook* set_view_hook(ViewHook* hook) {
   return previous;
 }
 
+void sync_views() {
+  if (g_view_hook != nullptr) g_view_hook->sync();
+}
+
 TensorView HostTensor::view() {
   const TensorView host = host_view();
   if (g_view_hook == nullptr || host.data == nullptr) return host;

@@ -21,10 +21,15 @@ class ViewHook {
 public:
   virtual ~ViewHook() = default;
   virtual TensorView view(HostTensor& tensor, const TensorView& host) = 0;
+  // After a run of calls: bring the results back to the host tensors.
+  virtual void sync() = 0;
 };
 // Installs `hook` for the calling thread (nullptr: views are host views again); returns the
 // previous one.
 ViewHook* set_view_hook(ViewHook* hook);
+// The installed hook's sync(), if any: call it after a run of API calls, before the host-side
+// checks read the results.
+void sync_views();
 
 // A contiguous host tensor for the public API. A default-constructed one is absent (its view
 // has a null pointer, for optional arguments). Guard bytes after the last element catch any

@@ -158,15 +158,17 @@ TEST(CpuExecutor, LogSumExpPartialsFollowTheTile) {
     const std::vector<double> rs = rstd_exact(sumsq, k, 1e-5);
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) l[size_t(i * n + j)] *= rs[size_t(i)];
-    expect_close("lse_partials", lse, row_blocks(l, m, n, tile.n, logsumexp_of), 1e-5);
     expect_close("logits", logits, l, 1e-5);
     expect_close("rstd", rstd, rs, 1e-6);
+    // The partials and the target logit are those of the logits as stored (args.hpp, K5).
+    const std::vector<double> stored = logits.values();
+    expect_close("lse_partials", lse, row_blocks(stored, m, n, tile.n, logsumexp_of), 1e-5);
     std::vector<double> target_exact(static_cast<size_t>(m)),
-        row_lse = row_blocks(l, m, n, n, logsumexp_of);
+        row_lse = row_blocks(stored, m, n, n, logsumexp_of);
     const std::vector<double> got = lse.values();
     for (int64_t i = 0; i < m; ++i) {
       const int32_t t = targets[size_t(i)];
-      target_exact[size_t(i)] = t < 0 ? 0.0 : l[size_t(i * n + t)];
+      target_exact[size_t(i)] = t < 0 ? 0.0 : stored[size_t(i * n + t)];
       std::vector<double> parts(got.begin() + i * blocks, got.begin() + (i + 1) * blocks);
       EXPECT_NEAR(logsumexp_of(parts), row_lse[size_t(i)], 1e-5) << "row " << i;
     }

@@ -1,0 +1,621 @@
+// The Llama block suite (coda::llama, forward and backward of the first, middle and last layer),
+// shared by the CPU tests (tests/cpu/test_block_cpu.cpp) and the GPU tests
+// (tests/gpu/test_block_gpu.cpp): every output, saved activation and gradient passes the tolerance
+// rule of ARCHITECTURE section 7, with the fp64 textbook block (reference/llama.hpp) as the truth
+// and the textbook block in the same 16-bit dtype (PyTorch-eager rounding) as the baseline; also
+// gradient accumulation, the loss scale as a value or a tensor, and bitwise determinism.
+//
+// A case runs on the GPU backend when BlockCase::gpu is set: the fixture installs a DeviceMirror,
+// so every HostTensor view the calls receive is a device copy, and each run_* ends with
+// sync_views(), which brings the results back for the host-side checks.
+//
+// Weights start in Hugging Face's layout ([gate; up] separate) and reach the block through
+// coda::interleave_gate_up, so the conversion is part of what is tested.
+//
+// Included by exactly one test file per test binary (it defines the Block tests).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "coda/block/llama.h"
+#include "coda/block/llama.hpp"
+#include "coda/coda.hpp"
+#include "reference/llama.hpp"
+#include "reference/llama_fused.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/device_mirror.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+
+namespace coda_block_suite {
+
+using coda::DType;
+using coda::test::HostTensor;
+using Values = std::vector<double>;
+namespace llama = coda::llama;
+namespace ref = coda::ref;
+
+struct BlockCase {
+  const char* name;
+  llama::Config config;
+  int64_t tokens;
+  DType dtype;      // activations and weights
+  DType grad_dtype; // weight and gamma gradients
+  bool gpu = false; // run on the GPU backend (skipped without an sm_90 GPU)
+};
+
+inline llama::Config make_config(int64_t hidden, int64_t intermediate, int32_t heads,
+                                 int32_t kv_heads, int32_t head_dim, int64_t vocab) {
+  llama::Config c;
+  c.hidden = hidden;
+  c.intermediate = intermediate;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.vocab = vocab;
+  return c;
+}
+
+inline ref::LlamaConfig ref_config(const llama::Config& c) {
+  return {c.hidden, c.intermediate, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab, double(c.eps)};
+}
+
+inline Values plus(const Values& a, const Values& b) {
+  Values out(a.size());
+  for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  return out;
+}
+
+// [M, F] gate and up -> [M, 2F] with interleaved columns (the layout of z1).
+inline Values interleave_columns(const Values& gate, const Values& up, int64_t M, int64_t F) {
+  Values out(size_t(2 * M * F));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < F; ++j) {
+      out[size_t(m * 2 * F + 2 * j)] = gate[size_t(m * F + j)];
+      out[size_t(m * 2 * F + 2 * j + 1)] = up[size_t(m * F + j)];
+    }
+  return out;
+}
+
+inline bool same_bits(HostTensor& a, HostTensor& b) {
+  const size_t bytes = size_t(a.numel() * coda::dtype_size(a.dtype()));
+  return a.numel() == b.numel() && a.dtype() == b.dtype() &&
+         std::memcmp(a.host_view().data, b.host_view().data, bytes) == 0;
+}
+
+inline void check(const std::string& name, const HostTensor& out, const Values& exact,
+                  const Values& unfused) {
+  CODA_EXPECT_PASSES(coda::test::check_output(name, out, exact, unfused));
+}
+
+// A weight or gamma gradient: poisoned, or random when the call accumulates into it.
+struct Grad {
+  HostTensor tensor;
+  Values initial; // empty unless accumulating
+};
+
+// A gradient against its textbook values. When accumulating, the unfused baseline is PyTorch's
+// `grad += g` in the gradient's dtype: the sum rounds once more.
+inline void check_grad(const std::string& name, const Grad& g, const Values& exact,
+                       const Values& unfused) {
+  if (g.initial.empty()) return check(name, g.tensor, exact, unfused);
+  check(name, g.tensor, plus(g.initial, exact),
+        ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused)));
+}
+
+// The outputs the middle and last layers share: the MLP's saved tensors (forward) and the
+// gradients through the MLP and the attention output projection (backward). Result is a
+// MiddleResult or LastResult, Backward the matching ref::MiddleBackward or ref::LastBackward.
+template <class Result>
+void check_mlp_saved(const Result& r, const ref::MlpForward& exact, const ref::MlpForward& unfused,
+                     int64_t M, int64_t F) {
+  check("saved.x1", r.x1, exact.x1, unfused.x1);
+  check("saved.z1", r.z1, interleave_columns(exact.gate, exact.up, M, F),
+        interleave_columns(unfused.gate, unfused.up, M, F));
+  check("saved.r1", r.r1, exact.rstd1, unfused.rstd1);
+}
+
+template <class Result, class Backward>
+void check_mlp_backward(const Result& r, const Backward& exact, const Backward& unfused, int64_t D,
+                        int64_t F) {
+  check("grads.dx (d x0)", r.dx, exact.dx0, unfused.dx0);
+  check("grads.dy0", r.dy0, exact.dy0, unfused.dy0);
+  check_grad("d w_out", r.d_out, exact.grads.w_o, unfused.grads.w_o);
+  check_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused.grads.ffn_norm);
+  check_grad("d w_gate_up", r.d_gate_up,
+             ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
+             ref::fused::interleave_gate_up(F, D, unfused.grads.w_gate, unfused.grads.w_up));
+  check_grad("d w_down", r.d_down, exact.grads.w_down, unfused.grads.w_down);
+}
+
+// The loss is one number: the tolerance rule on it alone compares two sums of nearly cancelling
+// per-token errors, and their ratio is heavy-tailed. The bound is instead the rule applied to
+// each token's loss and summed (with the reduction's scale): twice the baseline's summed
+// per-token error, plus 1e-6.
+inline void check_loss(const HostTensor& loss, const ref::LastForward& exact,
+                       const ref::LastForward& unfused, const std::vector<int32_t>& targets,
+                       int64_t V) {
+  double baseline_error = 0;
+  for (size_t m = 0; m < targets.size(); ++m) {
+    if (targets[m] == -100) continue;
+    const size_t target = m * size_t(V) + size_t(targets[m]);
+    baseline_error += std::fabs((unfused.lse[m] - unfused.logits[target]) -
+                                (exact.lse[m] - exact.logits[target]));
+  }
+  const double bound = 2 * exact.ce.grad_scale * baseline_error + 1e-6;
+  const double out = loss.values()[0];
+  EXPECT_LE(std::fabs(out - exact.ce.loss), bound)
+      << "outputs.loss = " << out << ", textbook fp64 " << exact.ce.loss << " (seed "
+      << coda::test::test_seed() << ")";
+}
+
+// Random tensors of one case, from the test's seeds.
+class Maker {
+public:
+  Maker(const BlockCase& bc, coda::test::Seeds& seeds)
+      : c(bc.config), M(bc.tokens), dt(bc.dtype), seeds_(seeds) {}
+
+  HostTensor activation(int64_t cols) { return HostTensor::random(dt, {M, cols}, seeds_.next()); }
+  HostTensor weight(int64_t out, int64_t in) {
+    const double bound = 1.0 / std::sqrt(double(in));
+    return HostTensor::random(dt, {out, in}, seeds_.next(), -bound, bound);
+  }
+  HostTensor norm() { return HostTensor::random(dt, {c.hidden}, seeds_.next(), 0.5, 1.5); }
+  HostTensor output(int64_t cols) { return HostTensor(dt, {M, cols}); }
+  HostTensor stat() { return HostTensor(DType::f32, {M}); }
+  Grad grad(DType grad_dtype, std::vector<int64_t> shape, bool accumulate) {
+    if (!accumulate) return {HostTensor(grad_dtype, shape), {}};
+    HostTensor g = HostTensor::random(grad_dtype, shape, seeds_.next());
+    Values initial = g.values();
+    return {std::move(g), std::move(initial)};
+  }
+  // Hugging Face's [gate; up] -> the fused interleaved weight, by the public converter.
+  HostTensor fused_gate_up(const HostTensor& gate, const HostTensor& up) {
+    Values stacked = gate.values();
+    const Values up_values = up.values();
+    stacked.insert(stacked.end(), up_values.begin(), up_values.end());
+    HostTensor from = HostTensor::of(dt, {2 * c.intermediate, c.hidden}, stacked);
+    HostTensor fused(dt, {2 * c.intermediate, c.hidden});
+    coda::interleave_gate_up(from.host_view(), fused.host_view()); // setup, on the host
+    return fused;
+  }
+  HostTensor workspace(llama::Layer layer, llama::Pass pass) {
+    const size_t bytes = llama::workspace_size(layer, pass, c, M);
+    return HostTensor(DType::f32, {int64_t((bytes + 3) / 4)});
+  }
+  std::vector<int32_t> targets() { // about one in eight ignored
+    const Values u = coda::test::random_doubles(size_t(M), seeds_.next(), 0, 1);
+    std::vector<int32_t> t(static_cast<size_t>(M));
+    for (int64_t m = 0; m < M; ++m)
+      t[size_t(m)] = u[size_t(m)] < 0.125
+                         ? -100
+                         : std::min(int32_t(c.vocab - 1),
+                                    int32_t((u[size_t(m)] - 0.125) / 0.875 * double(c.vocab)));
+    return t;
+  }
+
+  llama::Config c; // tests may change the loss reduction
+  const int64_t M;
+  const DType dt;
+
+private:
+  coda::test::Seeds& seeds_;
+};
+
+// Packed-sequence positions and the fp32 frequency table, as tensors and as the textbook's spans.
+struct RopeTensors {
+  RopeTensors(int64_t M, int64_t head_dim)
+      : positions_v(coda::test::packed_positions(M, 61, 1000)),
+        inv_freq_v(coda::test::rope_inv_freq_f32(head_dim)),
+        positions(HostTensor::of_ints({M}, positions_v)),
+        inv_freq(HostTensor::of(DType::f32, {head_dim / 2}, inv_freq_v)) {}
+  llama::Rope view() { return {positions.view(), inv_freq.view()}; }
+  ref::RopeInputs textbook() const { return {positions_v, inv_freq_v}; }
+
+  std::vector<int32_t> positions_v;
+  Values inv_freq_v;
+  HostTensor positions, inv_freq;
+};
+
+class Block : public ::testing::TestWithParam<BlockCase> {
+protected:
+  void SetUp() override {
+    if (!GetParam().gpu) return;
+    if (!coda::test::gpu_backend_available()) GTEST_SKIP() << "no sm_90 GPU";
+    mirror = std::make_unique<coda::test::DeviceMirror>();
+  }
+
+  coda::test::Seeds seeds;
+  Maker make{GetParam(), seeds};
+  const llama::Config& c = make.c;
+  const int64_t M = make.M;
+  const ref::Rounding lowp = coda::test::lowp(make.dt);
+  std::unique_ptr<coda::test::DeviceMirror> mirror; // GPU cases: views are device copies
+};
+
+// ---------------------------------------------------------------------------------------------
+// First layer.
+
+TEST_P(Block, FirstLayer) {
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulating weight gradients" : "writing weight gradients");
+    const int64_t D = c.hidden, Nq = c.qkv_width();
+    RopeTensors rope(M, c.head_dim);
+    HostTensor attn_norm = make.norm(), w_qkv = make.weight(Nq, D), x = make.activation(D);
+    HostTensor qkv = make.output(Nq), rstd = make.stat();
+    HostTensor ws_f = make.workspace(llama::Layer::first, llama::Pass::forward);
+    const llama::FirstWeights weights{attn_norm.view(), w_qkv.view()};
+    const llama::FirstInputs inputs{x.view(), rope.view()};
+    llama::first_forward(c, weights, inputs, {qkv.view()}, {rstd.view()}, ws_f.view());
+
+    HostTensor dqkv = make.activation(Nq), dx_res = make.activation(D);
+    HostTensor dx = HostTensor::of(make.dt, {M, D}, dx_res.values());
+    Grad d_norm = make.grad(GetParam().grad_dtype, {D}, accumulate);
+    Grad d_qkv = make.grad(GetParam().grad_dtype, {Nq, D}, accumulate);
+    HostTensor ws_b = make.workspace(llama::Layer::first, llama::Pass::backward);
+    llama::first_backward(c, weights, inputs, {qkv.view()}, {rstd.view()},
+                          {dx.view(), dqkv.view(), {d_norm.tensor.view(), d_qkv.tensor.view()}},
+                          accumulate, ws_b.view());
+    coda::test::sync_views();
+
+    const ref::LlamaConfig rc = ref_config(c);
+    const ref::FirstWeights rw{attn_norm.values(), w_qkv.values()};
+    const auto fwd = [&](ref::Rounding r) {
+      return ref::first_forward(rc, rw, rope.textbook(), x.values(), r);
+    };
+    const ref::FirstForward tf = fwd({}), lf = fwd(lowp);
+    check("outputs.qkv", qkv, tf.qkv, lf.qkv);
+    check("saved.rstd", rstd, tf.rstd, lf.rstd);
+    const auto bwd = [&](ref::Rounding r) {
+      return ref::first_backward(rc, rw, rope.textbook(), x.values(), dqkv.values(),
+                                 dx_res.values(), r);
+    };
+    const ref::FirstBackward tb = bwd({}), lb = bwd(lowp);
+    check("grads.dx", dx, tb.dx0, lb.dx0);
+    check_grad("d attn_norm", d_norm, tb.grads.attn_norm, lb.grads.attn_norm);
+    check_grad("d w_qkv", d_qkv, tb.grads.w_qkv, lb.grads.w_qkv);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Middle layer.
+
+struct MiddleProblem {
+  explicit MiddleProblem(Maker& make)
+      : rope(make.M, make.c.head_dim), w_out(make.weight(make.c.hidden, make.c.attention_width())),
+        ffn_norm(make.norm()), gate(make.weight(make.c.intermediate, make.c.hidden)),
+        up(make.weight(make.c.intermediate, make.c.hidden)),
+        w_gate_up(make.fused_gate_up(gate, up)),
+        w_down(make.weight(make.c.hidden, make.c.intermediate)), attn_norm(make.norm()),
+        w_qkv(make.weight(make.c.qkv_width(), make.c.hidden)), x0(make.activation(make.c.hidden)),
+        y0(make.activation(make.c.attention_width())), dx2(make.activation(make.c.hidden)),
+        dqkv(make.activation(make.c.qkv_width())) {}
+
+  llama::MiddleWeights weights() {
+    return {w_out.view(),  ffn_norm.view(),  w_gate_up.view(),
+            w_down.view(), attn_norm.view(), w_qkv.view()};
+  }
+  ref::MiddleWeights textbook() const {
+    return {w_out.values(),  ffn_norm.values(),  gate.values(), up.values(),
+            w_down.values(), attn_norm.values(), w_qkv.values()};
+  }
+
+  RopeTensors rope;
+  HostTensor w_out, ffn_norm, gate, up, w_gate_up, w_down, attn_norm, w_qkv;
+  HostTensor x0, y0, dx2, dqkv;
+};
+
+struct MiddleResult {
+  HostTensor x2, qkv, x1, z1, r1, r2, dx, dy0;
+  Grad d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv;
+
+  std::vector<HostTensor*> all() {
+    return {&x2,
+            &qkv,
+            &x1,
+            &z1,
+            &r1,
+            &r2,
+            &dx,
+            &dy0,
+            &d_out.tensor,
+            &d_ffn.tensor,
+            &d_gate_up.tensor,
+            &d_down.tensor,
+            &d_attn.tensor,
+            &d_qkv.tensor};
+  }
+};
+
+inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, bool accumulate) {
+  const llama::Config& c = make.c;
+  const int64_t D = c.hidden, F = c.intermediate;
+  MiddleResult r{make.output(D),
+                 make.output(c.qkv_width()),
+                 make.output(D),
+                 make.output(2 * F),
+                 make.stat(),
+                 make.stat(),
+                 HostTensor::of(make.dt, {make.M, D}, p.dx2.values()),
+                 make.output(c.attention_width()),
+                 make.grad(grad_dtype, {D, c.attention_width()}, accumulate),
+                 make.grad(grad_dtype, {D}, accumulate),
+                 make.grad(grad_dtype, {2 * F, D}, accumulate),
+                 make.grad(grad_dtype, {D, F}, accumulate),
+                 make.grad(grad_dtype, {D}, accumulate),
+                 make.grad(grad_dtype, {c.qkv_width(), D}, accumulate)};
+  const llama::MiddleInputs inputs{p.x0.view(), p.y0.view(), p.rope.view()};
+  const llama::MiddleOutputs outputs{r.x2.view(), r.qkv.view()};
+  const llama::MiddleSaved saved{r.x1.view(), r.z1.view(), r.r1.view(), r.r2.view()};
+  HostTensor ws_f = make.workspace(llama::Layer::middle, llama::Pass::forward);
+  llama::middle_forward(c, p.weights(), inputs, outputs, saved, ws_f.view());
+
+  const llama::MiddleGrads grads{r.dx.view(),
+                                 p.dqkv.view(),
+                                 r.dy0.view(),
+                                 {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
+                                  r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
+                                  r.d_attn.tensor.view(), r.d_qkv.tensor.view()}};
+  HostTensor ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
+  llama::middle_backward(c, p.weights(), inputs, outputs, saved, grads, accumulate, ws_b.view());
+  coda::test::sync_views();
+  return r;
+}
+
+// One middle-layer run against the textbook block (both roundings).
+inline void expect_middle_layer(Maker& make, DType grad_dtype, bool accumulate) {
+  const llama::Config& c = make.c;
+  const int64_t M = make.M, D = c.hidden, F = c.intermediate;
+  const ref::Rounding lowp = coda::test::lowp(make.dt);
+  MiddleProblem p(make);
+  MiddleResult r = run_middle(make, p, grad_dtype, accumulate);
+  const ref::LlamaConfig rc = ref_config(c);
+  const ref::MiddleWeights rw = p.textbook();
+
+  const auto fwd = [&](ref::Rounding rr) {
+    return ref::middle_forward(rc, rw, p.rope.textbook(), p.x0.values(), p.y0.values(), rr);
+  };
+  const ref::MiddleForward tf = fwd({}), lf = fwd(lowp);
+  check("outputs.x2", r.x2, tf.mlp.x2, lf.mlp.x2);
+  check("outputs.qkv", r.qkv, tf.qkv, lf.qkv);
+  check_mlp_saved(r, tf.mlp, lf.mlp, M, F);
+  check("saved.r2", r.r2, tf.rstd2, lf.rstd2);
+
+  const auto bwd = [&](ref::Rounding rr) {
+    return ref::middle_backward(rc, rw, p.rope.textbook(), p.x0.values(), p.y0.values(),
+                                p.dx2.values(), p.dqkv.values(), rr);
+  };
+  const ref::MiddleBackward tb = bwd({}), lb = bwd(lowp);
+  check_mlp_backward(r, tb, lb, D, F);
+  check_grad("d attn_norm", r.d_attn, tb.grads.next_attn_norm, lb.grads.next_attn_norm);
+  check_grad("d w_qkv", r.d_qkv, tb.grads.w_qkv_next, lb.grads.w_qkv_next);
+}
+
+TEST_P(Block, MiddleLayer) {
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulating weight gradients" : "writing weight gradients");
+    expect_middle_layer(make, GetParam().grad_dtype, accumulate);
+  }
+}
+
+TEST_P(Block, MiddleLayerIsBitwiseDeterministic) {
+  MiddleProblem p(make);
+  MiddleResult first = run_middle(make, p, GetParam().grad_dtype, false);
+  MiddleResult second = run_middle(make, p, GetParam().grad_dtype, false);
+  const std::vector<HostTensor*> a = first.all(), b = second.all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Last layer.
+
+struct LastProblem {
+  LastProblem(Maker& make, ref::Reduction reduction)
+      : w_out(make.weight(make.c.hidden, make.c.attention_width())), ffn_norm(make.norm()),
+        gate(make.weight(make.c.intermediate, make.c.hidden)),
+        up(make.weight(make.c.intermediate, make.c.hidden)),
+        w_gate_up(make.fused_gate_up(gate, up)),
+        w_down(make.weight(make.c.hidden, make.c.intermediate)), final_norm(make.norm()),
+        lm_head(make.weight(make.c.vocab, make.c.hidden)), x0(make.activation(make.c.hidden)),
+        y0(make.activation(make.c.attention_width())), targets_v(make.targets()),
+        targets(HostTensor::of_ints({make.M}, targets_v)), loss{targets_v, -100, reduction} {}
+
+  llama::LastWeights weights() {
+    return {w_out.view(),  ffn_norm.view(),   w_gate_up.view(),
+            w_down.view(), final_norm.view(), lm_head.view()};
+  }
+  ref::LastWeights textbook() const {
+    return {w_out.values(),  ffn_norm.values(),   gate.values(),   up.values(),
+            w_down.values(), final_norm.values(), lm_head.values()};
+  }
+
+  HostTensor w_out, ffn_norm, gate, up, w_gate_up, w_down, final_norm, lm_head, x0, y0;
+  std::vector<int32_t> targets_v;
+  HostTensor targets;
+  ref::LossSpec loss;
+};
+
+struct LastResult {
+  HostTensor loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta, dx, dy0;
+  Grad d_out, d_ffn, d_gate_up, d_down, d_final, d_head;
+
+  std::vector<HostTensor*> all() {
+    return {&loss,
+            &x1,
+            &z1,
+            &r1,
+            &x2,
+            &r2,
+            &dlogits,
+            &grad_scale,
+            &zeta,
+            &dx,
+            &dy0,
+            &d_out.tensor,
+            &d_ffn.tensor,
+            &d_gate_up.tensor,
+            &d_down.tensor,
+            &d_final.tensor,
+            &d_head.tensor};
+  }
+};
+
+// with_logits: also write the logits to outputs.logits (otherwise they only pass through
+// saved.dlogits, which the cross-entropy overwrites in place).
+inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate,
+                           coda::Scalar dloss, bool with_logits) {
+  const llama::Config& c = make.c;
+  const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
+  LastResult r{HostTensor(DType::f32, {1}),
+               with_logits ? make.output(V) : HostTensor(),
+               make.output(D),
+               make.output(2 * F),
+               make.stat(),
+               make.output(D),
+               make.stat(),
+               make.output(V),
+               HostTensor(DType::f32, {1}),
+               make.stat(),
+               make.output(D),
+               make.output(c.attention_width()),
+               make.grad(grad_dtype, {D, c.attention_width()}, accumulate),
+               make.grad(grad_dtype, {D}, accumulate),
+               make.grad(grad_dtype, {2 * F, D}, accumulate),
+               make.grad(grad_dtype, {D, F}, accumulate),
+               make.grad(grad_dtype, {D}, accumulate),
+               make.grad(grad_dtype, {V, D}, accumulate)};
+  const llama::LastInputs inputs{p.x0.view(), p.y0.view(), p.targets.view()};
+  const llama::LastSaved saved{r.x1.view(), r.z1.view(),      r.r1.view(),         r.x2.view(),
+                               r.r2.view(), r.dlogits.view(), r.grad_scale.view(), r.zeta.view()};
+  HostTensor ws_f = make.workspace(llama::Layer::last, llama::Pass::forward);
+  llama::last_forward(c, p.weights(), inputs, {r.loss.view(), r.logits.view()}, saved, ws_f.view());
+
+  const llama::LastGrads grads{dloss,
+                               r.dx.view(),
+                               r.dy0.view(),
+                               {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
+                                r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
+                                r.d_final.tensor.view(), r.d_head.tensor.view()}};
+  HostTensor ws_b = make.workspace(llama::Layer::last, llama::Pass::backward);
+  llama::last_backward(c, p.weights(), inputs, saved, grads, accumulate, ws_b.view());
+  coda::test::sync_views();
+  return r;
+}
+
+// The unscaled loss gradient softmax - onehot and zeta = sum_n logits * dlogits, from logits.
+struct LossGradient {
+  Values dlogits, zeta;
+};
+inline LossGradient loss_gradient(ref::Rounding r, const Values& logits, const LastProblem& p,
+                                  int64_t M, int64_t V) {
+  LossGradient g{Values(logits.size()), Values(size_t(M), 0.0)};
+  ref::cross_entropy(r, M, V, logits.data(), p.targets_v.data(), -100, ref::Reduction::sum, nullptr,
+                     g.dlogits.data());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < V; ++n)
+      g.zeta[size_t(m)] += logits[size_t(m * V + n)] * g.dlogits[size_t(m * V + n)];
+  return g;
+}
+
+// How a last-layer run scales and stores its loss gradient.
+struct LastLayerCase {
+  bool mean, dloss_tensor, accumulate;
+  const char* name;
+};
+
+// One last-layer run against the textbook block (both roundings). dloss = 0.75 as a value or as
+// 3 * a [1] tensor holding 0.25 (the block then multiplies two tensors, grad_scale and dloss's).
+inline void expect_last_layer(Maker& make, DType grad_dtype, const LastLayerCase& k) {
+  SCOPED_TRACE(k.name);
+  const bool mean = k.mean, accumulate = k.accumulate;
+  make.c.loss_reduction = mean ? coda::LossReduction::mean : coda::LossReduction::sum;
+  const llama::Config& c = make.c;
+  const int64_t M = make.M, D = c.hidden, F = c.intermediate, V = c.vocab;
+  const ref::Rounding lowp = coda::test::lowp(make.dt);
+  LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
+  const float dloss = 0.75f;
+  HostTensor quarter = HostTensor::of(DType::f32, {1}, {0.25});
+  const coda::Scalar dloss_arg =
+      k.dloss_tensor ? coda::Scalar{3.f, quarter.view()} : coda::Scalar{dloss};
+  LastResult r = run_last(make, p, grad_dtype, accumulate, dloss_arg, true);
+
+  const ref::LlamaConfig rc = ref_config(c);
+  const ref::LastWeights rw = p.textbook();
+  const auto fwd = [&](ref::Rounding rr) {
+    return ref::last_forward(rc, rw, p.x0.values(), p.y0.values(), p.loss, rr);
+  };
+  const ref::LastForward tf = fwd({}), lf = fwd(lowp);
+  check_loss(r.loss, tf, lf, p.targets_v, V);
+  check("outputs.logits", r.logits, tf.logits, lf.logits);
+  check_mlp_saved(r, tf.mlp, lf.mlp, M, F);
+  check("saved.x2", r.x2, tf.mlp.x2, lf.mlp.x2);
+  check("saved.r2", r.r2, tf.rstd2, lf.rstd2);
+  const LossGradient tg = loss_gradient({}, tf.logits, p, M, V);
+  const LossGradient lg = loss_gradient(lowp, lf.logits, p, M, V);
+  check("saved.dlogits", r.dlogits, tg.dlogits, lg.dlogits);
+  check("saved.zeta", r.zeta, tg.zeta, lg.zeta);
+  check("saved.grad_scale", r.grad_scale, {tf.ce.grad_scale}, {lf.ce.grad_scale});
+
+  const auto bwd = [&](ref::Rounding rr) {
+    return ref::last_backward(rc, rw, p.x0.values(), p.y0.values(), p.loss, dloss, rr);
+  };
+  const ref::LastBackward tb = bwd({}), lb = bwd(lowp);
+  check_mlp_backward(r, tb, lb, D, F);
+  check_grad("d final_norm", r.d_final, tb.grads.final_norm, lb.grads.final_norm);
+  check_grad("d lm_head", r.d_head, tb.grads.w_lm, lb.grads.w_lm);
+}
+
+// A mean and a sum loss, dloss as a value or a tensor, writing or accumulating the weight
+// gradients.
+TEST_P(Block, LastLayer) {
+  for (const LastLayerCase& k :
+       {LastLayerCase{true, false, false, "mean loss, dloss value, writing gradients"},
+        LastLayerCase{true, true, true, "mean loss, dloss tensor, accumulating gradients"},
+        LastLayerCase{false, true, false, "sum loss, dloss tensor, writing gradients"},
+        LastLayerCase{false, false, true, "sum loss, dloss value, accumulating gradients"}})
+    expect_last_layer(make, GetParam().grad_dtype, k);
+}
+
+// dloss as a [1] tensor (times a value) is the same scale as the product given as a value, bit
+// for bit, with a mean loss (alpha = dloss * 1/#valid from two tensors) and with a sum.
+TEST_P(Block, LastLayerDlossTensor) {
+  for (bool mean : {true, false}) {
+    SCOPED_TRACE(mean ? "mean loss" : "sum loss");
+    make.c.loss_reduction = mean ? coda::LossReduction::mean : coda::LossReduction::sum;
+    LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
+    const DType g = GetParam().grad_dtype;
+    LastResult by_value = run_last(make, p, g, false, {0.7f, {}}, false);
+    HostTensor dloss = HostTensor::of(DType::f32, {1}, {double(0.7f)});
+    HostTensor half = HostTensor::of(DType::f32, {1}, {0.5});
+    LastResult by_tensor = run_last(make, p, g, false, {1.f, dloss.view()}, false);
+    LastResult by_both = run_last(make, p, g, false, {1.4f, half.view()}, false);
+    const std::vector<HostTensor*> a = by_value.all(), b = by_tensor.all(), d = by_both.all();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i << ", dloss = 1 * [0.7]";
+      EXPECT_TRUE(same_bits(*a[i], *d[i])) << "result " << i << ", dloss = 1.4 * [0.5]";
+    }
+  }
+}
+
+// Bitwise determinism, and the logits output changes nothing: the run without it (logits
+// computed in place in saved.dlogits) gives the same bits as the runs with it.
+TEST_P(Block, LastLayerIsBitwiseDeterministic) {
+  LastProblem p(make, ref::Reduction::mean);
+  LastResult first = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, true);
+  LastResult second = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, true);
+  LastResult in_place = run_last(make, p, GetParam().grad_dtype, false, {1.f, {}}, false);
+  EXPECT_TRUE(same_bits(first.logits, second.logits));
+  const std::vector<HostTensor*> a = first.all(), b = second.all(), d = in_place.all();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+    EXPECT_TRUE(same_bits(*a[i], *d[i])) << "result " << i << " without outputs.logits";
+  }
+}
+
+} // namespace coda_block_suite
