@@ -27,6 +27,9 @@ BENCHES=gemm,fused,block
 VARIANTS=0
 BUILD_ONLY=0
 PREBUILT=0
+CPU_FILTER='*'
+PYTHON=0
+NO_TESTS=0
 for arg in "$@"; do
   case "$arg" in
   --no-sanitizer) SANITIZERS= ;;
@@ -36,6 +39,9 @@ for arg in "$@"; do
   --variants) VARIANTS=1 ;;
   --build-only) BUILD_ONLY=1 ;;
   --prebuilt) PREBUILT=1 ;;
+  --cpu-filter=*) CPU_FILTER=${arg#--cpu-filter=} ;; # e.g. 'ApiValidationCuda.*' (CI runs the rest)
+  --python) PYTHON=1 ;;       # pytest tests/python on this build's libcoda (no pip install)
+  --no-tests) NO_TESTS=1 ;;   # benches only (after the smoke step)
   *) echo "unknown option $arg" >&2; exit 2 ;;
   esac
 done
@@ -106,9 +112,9 @@ if [[ -x $TESTS ]]; then
   step smoke 60 smoke.log "$TESTS" --gtest_filter='*SmallForSanitizer*'
   [[ $? -ne 124 ]] && HUNG=0
 fi
-if ((!HUNG)); then
-  step gpu_tests 180 gpu_tests.log "$TESTS"
-  step cpu_tests 180 cpu_tests.log "$BUILD/tests/coda_cpu_tests"
+if ((!HUNG)) && ((!NO_TESTS)); then
+  step gpu_tests 360 gpu_tests.log "$TESTS"
+  step cpu_tests 180 cpu_tests.log "$BUILD/tests/coda_cpu_tests" --gtest_filter="$CPU_FILTER"
   step example_geglu 60 example_geglu.log "$BUILD/examples/fused_geglu"
   for tool in ${SANITIZERS//,/ }; do
     step "sanitizer_$tool" 120 "sanitizer_$tool.log" compute-sanitizer --tool "$tool" --error-exitcode 1 \
@@ -125,6 +131,10 @@ if ((BENCH)) && ((!HUNG)); then
 fi
 
 LIB=$(find "$BUILD" -name 'libcoda.so*' -type f | head -1)
+if ((PYTHON)) && ((!HUNG)); then
+  CODA_LIBRARY=$(cd "$(dirname "$LIB")" && pwd)/$(basename "$LIB") PYTHONPATH=$SRC/python \
+    step pytest 420 pytest.log python -m pytest "$SRC/tests/python" -q -rs -p no:cacheprovider
+fi
 HGMMA=$( [[ -n $LIB ]] && cuobjdump --dump-sass "$LIB" 2>/dev/null | grep -c HGMMA || echo 0)
 SPILLS=$(grep -cE '[1-9][0-9]* bytes spill (stores|loads)' "$OUT/build.log" 2>/dev/null)
 STACK=$(grep -cE '[1-9][0-9]* bytes stack frame' "$OUT/build.log" 2>/dev/null)
@@ -134,7 +144,7 @@ grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.
 echo "== coda GPU check ($COMMIT) =="
 printf '%-22s %s\n' "step" "result"
 for name in configure build smoke gpu_tests cpu_tests example_geglu sanitizer_memcheck \
-  sanitizer_racecheck sanitizer_synccheck bench bench_fused bench_block; do
+  sanitizer_racecheck sanitizer_synccheck bench bench_fused bench_block pytest; do
   [[ -n ${STATUS[$name]:-} ]] && printf '%-22s %s\n' "$name" "${STATUS[$name]}"
 done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
@@ -150,3 +160,7 @@ grep -E '^geomean|^variant ' "$OUT/bench.log" 2>/dev/null
 tail -n 16 "$OUT/bench_fused.log" 2>/dev/null
 grep -E 'FAIL|not supported' "$OUT/bench_block.log" 2>/dev/null | head -10
 tail -n 15 "$OUT/bench_block.log" 2>/dev/null
+grep -E '^(FAILED|ERROR) |passed|failed' "$OUT/pytest.log" 2>/dev/null | tail -25
+# The device tool returns few files: the logs travel as one archive beside the JSON results.
+(cd "$OUT" && tar -czf logs.tar.gz --exclude=logs.tar.gz --exclude='*.json' . 2>/dev/null &&
+  find . -maxdepth 1 -name '*.log' -delete)
