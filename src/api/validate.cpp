@@ -224,7 +224,9 @@ void Validator::check_dtype(const char* name, const TensorView& t, Elem elem) co
 void Validator::check_layout(const char* name, const TensorView& t, Elem elem) const {
   const std::string n = name;
   const std::string strides = dims_string(t.stride, t.rank);
-  if (t.rank == 1 && t.stride[0] != 1)
+  // A dimension of size 1 has no stride to speak of (PyTorch reports any value there, e.g. 0
+  // for an expanded scalar): only element 0 is ever addressed.
+  if (t.rank == 1 && t.shape[0] > 1 && t.stride[0] != 1)
     fail(Status::invalid_argument,
          n + " must be contiguous (stride[0] == 1); got strides " + strides);
   if (t.rank == 2 && (t.stride[1] != 1 || t.stride[0] < t.shape[1]))

@@ -671,6 +671,15 @@ TEST(ApiValidation, StridedVector) {
   expect_rejected(ar, k6, Status::invalid_argument, {"rstd must be contiguous (stride[0] == 1)"});
 }
 
+// A [1] tensor's stride is irrelevant (PyTorch reports 0 for an expanded scalar, e.g. a loss
+// gradient): accepted, and read as its one element.
+TEST(ApiValidation, SizeOneVectorTakesAnyStride) {
+  Arena ar;
+  RmsBackwardArgs k6 = valid_k6(ar);
+  k6.alpha.tensor.stride[0] = 0;
+  EXPECT_NO_THROW(gemm_rms_backward(k6));
+}
+
 TEST(ApiValidation, MisalignedPointer) {
   Arena ar;
   GemmArgs g = valid_gemm(ar);

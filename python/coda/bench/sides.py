@@ -59,7 +59,7 @@ class TorchBlockSide:
     """ReferenceMiddle run eagerly, or through torch.compile (fn = torch.compile(module))."""
 
     def __init__(self, module, inputs, fn=None):
-        self.module, self.inputs, self.fn = module, inputs, fn or module
+        self.module, self.inputs, self.fn = module, inputs, (module if fn is None else fn)
 
     def forward(self):
         i = self.inputs
@@ -144,7 +144,7 @@ class ModelSide:
     reference eagerly (fn = module), through torch.compile, or coda's Llama."""
 
     def __init__(self, module, inputs, fn=None):
-        self.module, self.inputs, self.fn = module, inputs, fn or module
+        self.module, self.inputs, self.fn = module, inputs, (module if fn is None else fn)
 
     def forward(self):
         return self.fn(self.inputs.input_ids, labels=self.inputs.labels)
