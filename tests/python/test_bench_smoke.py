@@ -107,7 +107,7 @@ def test_bench_tiny_every_side_and_pass(torch_cuda, tmp_path):
         assert r["coda_ms"] > 0 and r["coda_peak_mib"] >= 0, r
         assert r["coda_vs_eager"] < 0.05, r
     # The table renders what the benchmark wrote.
-    assert "| model-1b |" in _perf_tables().torch_table(results)
+    assert "| model-1b (tiny) |" in _perf_tables().torch_table(results)
     if coda_missing:
         pytest.xfail("coda side unavailable here: %s" % coda_missing[0]["errors"]["coda"])
 
