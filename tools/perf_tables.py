@@ -42,7 +42,41 @@ def gemm_table(results):
         geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         lines += ["", "Over the %d Llama block GEMMs: geometric mean %.3f, minimum %.3f."
                   % (len(ratios), geomean, min(ratios))]
+    if os.path.exists(GEMM_PLOT):
+        lines += ["", "![coda and cuBLASLt TFLOP/s per GEMM](%s)"
+                  % os.path.relpath(GEMM_PLOT, os.path.dirname(DOC))]
     return "\n".join(lines)
+
+
+GEMM_PLOT = os.path.join(ROOT, "bench", "results", "gemm.png")
+
+
+def gemm_plot(results):
+    """TFLOP/s of coda and cuBLASLt per case; skipped without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    cases = results["cases"]
+    xs = range(len(cases))
+    width = 0.4
+    fig, ax = plt.subplots(figsize=(max(8.0, 0.45 * len(cases)), 4.0))
+    ax.bar([x - width / 2 for x in xs], [tflops(c, c["coda_ms"]) for c in cases], width,
+           label="coda")
+    ax.bar([x + width / 2 for x in xs], [tflops(c, c["cublas_ms"]) for c in cases], width,
+           label="cuBLASLt")
+    ax.axhline(989, color="black", linewidth=0.8, linestyle="--", label="dense bf16 peak")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([c["name"] for c in cases], rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("TFLOP/s")
+    ax.set_title("bf16 GEMM, %s (%s)" % (results["gpu"], results["commit"]))
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(GEMM_PLOT, dpi=120)
+    plt.close(fig)
+    return True
 
 
 def fused_table(results):
@@ -218,7 +252,7 @@ def block_plot(results):
 
 TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table),
           "block": ("block.json", block_table)}
-PLOTS = {"block": block_plot}
+PLOTS = {"block": block_plot, "gemm": gemm_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 
 
