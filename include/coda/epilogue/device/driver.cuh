@@ -147,7 +147,6 @@ public:
     __pipeline_wait_prior(0);
     sync();
     for_each([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
-    sync();    // what begin_visit wrote to shared memory is visible to every visit
 #pragma unroll // NOTE: registers cannot be indexed at run time: blocks are unrolled
     for (int block = 0; block < kBlocks; ++block) {
       for_each([&](auto& op, const auto& c) { op.visit_block(c, acc.reg[block], tile, block); });
@@ -174,18 +173,16 @@ public:
 private:
   static constexpr bool kRollSubtiles = (Ops::kRollSubtiles || ...);
 
-  // One 64 x 32 subtile through the op chain: visit, then one barrier, then the TMA stores.
-  // One barrier per subtile is enough (docs/epilogue.md, "Barriers"):
-  //  * before it, thread 0 waits until the stores issued one subtile ago (the last users of the
-  //    buffer slot the next subtile writes) have read their buffers;
-  //  * after it, every thread has finished this subtile's smem writes (thread 0 may store them)
-  //    and its reads of this subtile's loaded inputs (thread 0 may refill those slots at the
-  //    next subtile's prefetch).
+  // One 64 x 32 subtile through the op chain: wait for its buffers, visit, TMA-store.
   template <int kRegs>
   __device__ __forceinline__ void visit_subtile(float (&regs)[kRegs], sm90::EpilogueTile tile,
                                                 int block, int slab) {
     const Subtile st{tile.row0 + block * Shape::kSubRows, tile.col0 + slab * Shape::kSubCols, block,
                      slab, subtile_ & 1};
+    // The stores that last used slot `st.slot` have read their buffers; everyone is done with
+    // the loads of the subtile before.
+    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+    sync();
     const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if (wg_.thread == 0 && !last) {
       const bool next_block = slab == Shape::kSubtilesN - 1;
@@ -198,7 +195,6 @@ private:
     load_slab(v, regs, slab);
     for_each([&](auto& op, const auto& c) { op.visit(c, st, v); });
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     sync();
     if (wg_.thread == 0) {
       for_each([&](auto& op, const auto& c) { op.issue(c, st); });
