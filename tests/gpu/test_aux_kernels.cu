@@ -24,60 +24,11 @@
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/device_tensor.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 
 namespace coda::test {
 namespace {
-
-constexpr size_t kGuardBytes = 256;
-constexpr unsigned char kGuardByte = 0x5A;
-
-// A device copy of a host tensor (its NaN poison included) followed by guard bytes.
-class DeviceTensor {
-public:
-  explicit DeviceTensor(HostTensor& host) : host_(&host) {
-    const TensorView h = host.view();
-    if (h.data == nullptr) return;
-    bytes_ = size_t(host.numel() * dtype_size(host.dtype()));
-    EXPECT_EQ(cudaMalloc(&data_, bytes_ + kGuardBytes), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(data_, h.data, bytes_, cudaMemcpyHostToDevice), cudaSuccess);
-    EXPECT_EQ(cudaMemset(static_cast<char*>(data_) + bytes_, kGuardByte, kGuardBytes), cudaSuccess);
-  }
-  ~DeviceTensor() { cudaFree(data_); }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-
-  TensorView view() const {
-    TensorView v = host_->view();
-    if (v.data == nullptr) return v;
-    v.data = data_;
-    v.device = Device::cuda;
-    v.device_index = 0;
-    return v;
-  }
-  // The device contents back into the host tensor; false if a guard byte changed.
-  bool copy_back() {
-    if (data_ == nullptr) return true;
-    EXPECT_EQ(cudaMemcpy(host_->view().data, data_, bytes_, cudaMemcpyDeviceToHost), cudaSuccess);
-    std::vector<unsigned char> guard(kGuardBytes);
-    EXPECT_EQ(cudaMemcpy(guard.data(), static_cast<char*>(data_) + bytes_, kGuardBytes,
-                         cudaMemcpyDeviceToHost),
-              cudaSuccess);
-    for (unsigned char g : guard)
-      if (g != kGuardByte) return false;
-    return true;
-  }
-
-private:
-  HostTensor* host_;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-void synchronize_ok() {
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
-}
 
 // Empty when a and b hold bitwise the same elements (as fp32 or 16-bit values, -0 != +0).
 std::string bitwise_difference(const std::string& name, const HostTensor& a, const HostTensor& b) {
