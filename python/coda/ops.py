@@ -359,6 +359,23 @@ _DEINTERLEAVE = _define(
 # First layer: x -> RMSNorm -> QKV -> RoPE
 
 
+_LAYERS = {"first": L.LLAMA_FIRST, "middle": L.LLAMA_MIDDLE, "last": L.LLAMA_LAST}
+
+
+def _run_layer(layer, backward, cfg, m, x, *args):
+    """One coda.llama call (`args`: weights, inputs, outputs, saved[, grads]) on x's device and
+    current stream, with a workspace of the size coda asks for (weight gradients written, not
+    accumulated: autograd accumulates)."""
+    with T.device_guard(x.device):
+        n = T.llama_workspace_bytes(_LAYERS[layer], L.LLAMA_BACKWARD if backward else
+                                    L.LLAMA_FORWARD, cfg, m, x.device)
+        ws, ws_desc = T.workspace(n, x.device)  # ws keeps the buffer alive through the call
+        if backward:
+            L.llama_backward(layer, cfg, *args, False, ws_desc, T.stream(x))
+        else:
+            L.llama_forward(layer, cfg, *args, ws_desc, T.stream(x))
+
+
 def _first_forward_impl(
     x: Tensor,
     attn_norm: Tensor,
@@ -378,10 +395,7 @@ def _first_forward_impl(
     inputs = L.LlamaFirstInputs(x=T.view(x, "x"), rope=_rope(positions, inv_freq))
     outputs = L.LlamaFirstOutputs(qkv=T.view(qkv))
     saved = L.LlamaFirstSaved(rstd=T.view(rstd))
-    with T.device_guard(x.device):
-        n = T.llama_workspace_bytes(L.LLAMA_FIRST, L.LLAMA_FORWARD, cfg, m, x.device)
-        ws, ws_desc = T.workspace(n, x.device)
-        L.llama_forward("first", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x))
+    _run_layer("first", False, cfg, m, x, w, inputs, outputs, saved)
     return qkv, rstd
 
 
@@ -418,11 +432,7 @@ def _first_backward_impl(
         dqkv=T.view(dqkv, "dqkv"),
         dweights=L.LlamaFirstWeights(attn_norm=T.view(d_attn_norm), w_qkv=T.view(d_w_qkv)),
     )
-    with T.device_guard(x.device):
-        n = T.llama_workspace_bytes(L.LLAMA_FIRST, L.LLAMA_BACKWARD, cfg, m, x.device)
-        ws, ws_desc = T.workspace(n, x.device)
-        L.llama_backward("first", cfg, w, inputs, outputs, saved, grads, False, ws_desc,
-                         T.stream(x))
+    _run_layer("first", True, cfg, m, x, w, inputs, outputs, saved, grads)
     return dx, d_attn_norm, d_w_qkv
 
 
@@ -502,10 +512,7 @@ def _middle_forward_impl(
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
                                                 x1, z1, r1, r2)
-    with T.device_guard(x0.device):
-        n = T.llama_workspace_bytes(L.LLAMA_MIDDLE, L.LLAMA_FORWARD, cfg, m, x0.device)
-        ws, ws_desc = T.workspace(n, x0.device)
-        L.llama_forward("middle", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x0))
+    _run_layer("middle", False, cfg, m, x0, w, inputs, outputs, saved)
     return x2, qkv, x1, z1, r1, r2
 
 
@@ -561,11 +568,7 @@ def _middle_backward_impl(
         dy0=T.view(dy0),
         dweights=L.LlamaMiddleWeights(*(T.view(t) for t in dw)),
     )
-    with T.device_guard(x0.device):
-        n = T.llama_workspace_bytes(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD, cfg, m, x0.device)
-        ws, ws_desc = T.workspace(n, x0.device)
-        L.llama_backward("middle", cfg, w, inputs, outputs, saved, grads, False, ws_desc,
-                         T.stream(x0))
+    _run_layer("middle", True, cfg, m, x0, w, inputs, outputs, saved, grads)
     return (dx, dy0, *dw)
 
 
@@ -651,10 +654,7 @@ def _last_forward_impl(
                                      grad_scale, zeta)
     outputs = L.LlamaLastOutputs(loss=T.view(loss),
                                  logits=T.view(logits) if return_logits else L.Tensor())
-    with T.device_guard(x0.device):
-        n = T.llama_workspace_bytes(L.LLAMA_LAST, L.LLAMA_FORWARD, cfg, m, x0.device)
-        ws, ws_desc = T.workspace(n, x0.device)
-        L.llama_forward("last", cfg, w, inputs, outputs, saved, ws_desc, T.stream(x0))
+    _run_layer("last", False, cfg, m, x0, w, inputs, outputs, saved)
     return out
 
 
@@ -720,11 +720,7 @@ def _last_backward_impl(
         dy0=T.view(dy0),
         dweights=L.LlamaLastWeights(*(T.view(t) for t in dw)),
     )
-    with T.device_guard(x0.device):
-        n = T.llama_workspace_bytes(L.LLAMA_LAST, L.LLAMA_BACKWARD, cfg, m, x0.device)
-        ws, ws_desc = T.workspace(n, x0.device)
-        L.llama_backward("last", cfg, w, inputs, None, saved, grads, False, ws_desc,
-                         T.stream(x0))
+    _run_layer("last", True, cfg, m, x0, w, inputs, None, saved, grads)
     return (dx, dy0, *dw)
 
 
