@@ -26,6 +26,35 @@ inline void check_cuda(cudaError_t e, const char* what) {
     throw Error(Status::cuda_error, std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Clusters of `cluster_m` CTAs (`threads` threads, `shared_bytes` of dynamic shared memory each)
+// that fit on the current device at once, at least 1; first raises the kernel's dynamic shared
+// memory limit to `shared_bytes`. `what` names the kernel in errors. Launchers cache the answer
+// per kernel (it is a property of the kernel and the device).
+inline int query_max_active_clusters(const void* kernel, int cluster_m, int threads,
+                                     size_t shared_bytes, const char* what) {
+  check_cuda(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)),
+      what);
+  int device = 0, sms = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "querying the SM count");
+  cudaLaunchConfig_t cfg{};
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = unsigned(cluster_m);
+  attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
+  cfg.gridDim = dim3(unsigned(sms / cluster_m * cluster_m));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = shared_bytes;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int clusters = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
+             "cudaOccupancyMaxActiveClusters");
+  return std::max(clusters, 1);
+}
+
 // The stream-K split of one launch and the workspace bytes it needs (0: no stream-K).
 struct StreamKScratch {
   StreamKSplit split;
@@ -95,32 +124,11 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     return s;
   }
 
-  // Clusters that fit on the device at once (one CTA per SM), cached per process.
+  // Clusters that fit on the device at once (one CTA per SM), cached per instantiation.
   static int max_active_clusters(const void* kernel) {
-    static int cached = 0;
-    if (cached == 0) {
-      check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      int(kSharedBytes)),
-                 "setting the GEMM kernel's shared memory size");
-      int device = 0, sms = 0;
-      check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-      check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                 "querying SM count");
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = Config::kClusterM;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(unsigned(sms / Config::kClusterM * Config::kClusterM));
-      cfg.blockDim = dim3(Config::kThreads);
-      cfg.dynamicSmemBytes = kSharedBytes;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
-                 "cudaOccupancyMaxActiveClusters");
-      cached = std::max(clusters, 1);
-    }
+    static const int cached =
+        query_max_active_clusters(kernel, Config::kClusterM, Config::kThreads, kSharedBytes,
+                                  "setting the GEMM kernel's shared memory size");
     return cached;
   }
 

@@ -132,30 +132,9 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
 private:
   // Clusters that fit on the device at once (one CTA per SM), cached per instantiation.
   template <class Kernel> static int64_t max_active_clusters(Kernel kernel) {
-    static int cached = 0;
-    if (cached == 0) {
-      sm90::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(kSharedBytes)),
-                       "setting a fused GEMM kernel's shared memory size");
-      int device = 0, sms = 0;
-      sm90::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-      sm90::check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-                       "querying the SM count");
-      cudaLaunchConfig_t cfg{};
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = Config::kClusterM;
-      attr.val.clusterDim.y = attr.val.clusterDim.z = 1;
-      cfg.gridDim = dim3(unsigned(sms / Config::kClusterM * Config::kClusterM));
-      cfg.blockDim = dim3(Config::kThreads);
-      cfg.dynamicSmemBytes = kSharedBytes;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      sm90::check_cuda(cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg),
-                       "cudaOccupancyMaxActiveClusters");
-      cached = std::max(clusters, 1);
-    }
+    static const int cached = sm90::query_max_active_clusters(
+        reinterpret_cast<const void*>(kernel), Config::kClusterM, Config::kThreads, kSharedBytes,
+        "setting a fused GEMM kernel's shared memory size");
     return cached;
   }
 };
