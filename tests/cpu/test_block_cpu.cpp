@@ -25,6 +25,249 @@ const BlockCase kCases[] = {
 };
 
 // ---------------------------------------------------------------------------------------------
+// A whole model: the first layer, L - 1 middle layers and the last, with the gradients flowing
+// between them (dx, and dqkv through attention), against the textbook model. Attention is a
+// stand-in that keeps the chain linear and cheap: each token attends only to itself, and the
+// output adds its query to its value (y0[m, h, d] = q[m, h, d] + v[m, h / group, d]), so both
+// the query and the value paths carry gradient.
+
+Values attend_to_self(const Values& qkv, const llama::Config& c, int64_t M, ref::Rounding r) {
+  const int64_t hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, Nq = c.qkv_width();
+  Values y(size_t(M * Hq * hd));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t d = 0; d < hd; ++d) {
+        const double q = qkv[size_t(m * Nq + h * hd + d)];
+        const double v = qkv[size_t(m * Nq + (Hq + Hkv + h / (Hq / Hkv)) * hd + d)];
+        y[size_t(m * Hq * hd + h * hd + d)] = r(q + v);
+      }
+  return y;
+}
+
+Values attend_to_self_backward(const Values& dy, const llama::Config& c, int64_t M,
+                               ref::Rounding r) {
+  const int64_t hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, Nq = c.qkv_width();
+  Values dqkv(size_t(M * Nq), 0.0); // the keys get no gradient
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t d = 0; d < hd; ++d) {
+        const double g = dy[size_t(m * Hq * hd + h * hd + d)];
+        dqkv[size_t(m * Nq + h * hd + d)] = g;
+        dqkv[size_t(m * Nq + (Hq + Hkv + h / (Hq / Hkv)) * hd + d)] += g;
+      }
+  return ref::rounded(r, dqkv);
+}
+
+// The weights of an L-layer model, by layer; layer l < L - 1 is a middle layer (its next
+// attention norm and QKV weight belong to layer l + 1), layer L - 1 the last (final norm, LM head).
+struct ModelWeights {
+  ModelWeights(Maker& make, int layers)
+      : attn_norm0(make.norm()), w_qkv0(make.weight(make.c.qkv_width(), make.c.hidden)) {
+    const llama::Config& c = make.c;
+    for (int l = 0; l < layers; ++l) {
+      const bool last = l == layers - 1;
+      Layer w{make.weight(c.hidden, c.attention_width()),
+              make.norm(),
+              make.weight(c.intermediate, c.hidden),
+              make.weight(c.intermediate, c.hidden),
+              {},
+              make.weight(c.hidden, c.intermediate),
+              make.norm(),
+              make.weight(last ? c.vocab : c.qkv_width(), c.hidden)};
+      w.gate_up = make.fused_gate_up(w.gate, w.up);
+      layer.push_back(std::move(w));
+    }
+  }
+  struct Layer {
+    HostTensor w_out, ffn_norm, gate, up, gate_up, w_down, norm_next, w_next;
+  };
+  llama::MiddleWeights middle(int l) {
+    Layer& w = layer[size_t(l)];
+    return {w.w_out.view(),  w.ffn_norm.view(),  w.gate_up.view(),
+            w.w_down.view(), w.norm_next.view(), w.w_next.view()};
+  }
+  llama::LastWeights last() {
+    Layer& w = layer.back();
+    return {w.w_out.view(),  w.ffn_norm.view(),  w.gate_up.view(),
+            w.w_down.view(), w.norm_next.view(), w.w_next.view()};
+  }
+  ref::MiddleWeights middle_textbook(int l) const {
+    const Layer& w = layer[size_t(l)];
+    return {w.w_out.values(),  w.ffn_norm.values(),  w.gate.values(),  w.up.values(),
+            w.w_down.values(), w.norm_next.values(), w.w_next.values()};
+  }
+  ref::LastWeights last_textbook() const {
+    const Layer& w = layer.back();
+    return {w.w_out.values(),  w.ffn_norm.values(),  w.gate.values(),  w.up.values(),
+            w.w_down.values(), w.norm_next.values(), w.w_next.values()};
+  }
+
+  HostTensor attn_norm0, w_qkv0;
+  std::vector<Layer> layer;
+};
+
+// The textbook model's gradients (weights of each layer, and the embedding's).
+struct ModelGradients {
+  ref::FirstWeights first;
+  std::vector<ref::MiddleWeights> middle;
+  ref::LastWeights last;
+  Values dx;
+};
+
+ModelGradients textbook_model(const ModelWeights& w, const ref::LlamaConfig& rc,
+                              const llama::Config& c, RopeTensors& rope, const Values& x,
+                              const ref::LossSpec& loss, int64_t M, ref::Rounding r) {
+  const int layers = int(w.layer.size());
+  const ref::FirstWeights fw{w.attn_norm0.values(), w.w_qkv0.values()};
+  Values qkv = ref::first_forward(rc, fw, rope.textbook(), x, r).qkv, xc = x;
+  std::vector<Values> x0s, y0s;
+  for (int l = 0; l < layers - 1; ++l) {
+    x0s.push_back(xc);
+    y0s.push_back(attend_to_self(qkv, c, M, r));
+    ref::MiddleForward f =
+        ref::middle_forward(rc, w.middle_textbook(l), rope.textbook(), xc, y0s.back(), r);
+    xc = f.mlp.x2, qkv = f.qkv;
+  }
+  ModelGradients g;
+  const ref::LastBackward lb =
+      ref::last_backward(rc, w.last_textbook(), xc, attend_to_self(qkv, c, M, r), loss, 1.0, r);
+  g.last = lb.grads;
+  Values dx = lb.dx0, dqkv = attend_to_self_backward(lb.dy0, c, M, r);
+  g.middle.resize(size_t(layers - 1));
+  for (int l = layers - 2; l >= 0; --l) {
+    const ref::MiddleBackward b = ref::middle_backward(rc, w.middle_textbook(l), rope.textbook(),
+                                                       x0s[size_t(l)], y0s[size_t(l)], dx, dqkv, r);
+    g.middle[size_t(l)] = b.grads;
+    dx = b.dx0, dqkv = attend_to_self_backward(b.dy0, c, M, r);
+  }
+  const ref::FirstBackward fb = ref::first_backward(rc, fw, rope.textbook(), x, dqkv, dx, r);
+  g.first = fb.grads;
+  g.dx = fb.dx0;
+  return g;
+}
+
+// Four layers in bf16 with f32 weight gradients, GQA 2:1: every weight gradient and the
+// embedding's gradient within the rule against the textbook model (whose errors compound
+// through the same chain).
+TEST(BlockModel, FourLayersMatchTheTextbookModel) {
+  coda::test::Seeds seeds;
+  const int L = 4;
+  const BlockCase bc{"model", make_config(96, 160, 4, 2, 24, 200), 150, DType::bf16, DType::f32};
+  Maker make(bc, seeds);
+  const llama::Config& c = make.c;
+  const int64_t M = make.M, D = c.hidden, F = c.intermediate, Nq = c.qkv_width(),
+                A = c.attention_width(), V = c.vocab;
+  const ref::Rounding lowp = coda::test::lowp(make.dt);
+  RopeTensors rope(M, c.head_dim);
+  ModelWeights w(make, L);
+  HostTensor x = make.activation(D);
+  const std::vector<int32_t> targets_v = make.targets();
+  HostTensor targets = HostTensor::of_ints({M}, targets_v);
+  const ref::LossSpec loss{targets_v, -100, ref::Reduction::mean};
+
+  // Forward, keeping what each backward reads.
+  HostTensor qkv0 = make.output(Nq), rstd0 = make.stat();
+  HostTensor ws_first = make.workspace(llama::Layer::first, llama::Pass::forward);
+  llama::first_forward(c, {w.attn_norm0.view(), w.w_qkv0.view()}, {x.view(), rope.view()},
+                       {qkv0.view()}, {rstd0.view()}, ws_first.view());
+  struct Saved {
+    HostTensor y0, x2, qkv, x1, z1, r1, r2;
+  };
+  std::vector<Saved> saved;
+  saved.reserve(size_t(L - 1));
+  HostTensor ws_mid = make.workspace(llama::Layer::middle, llama::Pass::forward);
+  for (int l = 0; l < L - 1; ++l) {
+    HostTensor& x0 = l == 0 ? x : saved.back().x2;
+    HostTensor& qkv = l == 0 ? qkv0 : saved.back().qkv;
+    saved.push_back({HostTensor::of(make.dt, {M, A}, attend_to_self(qkv.values(), c, M, lowp)),
+                     make.output(D), make.output(Nq), make.output(D), make.output(2 * F),
+                     make.stat(), make.stat()});
+    Saved& s = saved.back();
+    llama::middle_forward(c, w.middle(l), {x0.view(), s.y0.view(), rope.view()},
+                          {s.x2.view(), s.qkv.view()},
+                          {s.x1.view(), s.z1.view(), s.r1.view(), s.r2.view()}, ws_mid.view());
+  }
+  HostTensor y_last =
+      HostTensor::of(make.dt, {M, A}, attend_to_self(saved.back().qkv.values(), c, M, lowp));
+  HostTensor loss_out(DType::f32, {1}),
+      x1 = make.output(D), z1 = make.output(2 * F), r1 = make.stat(), x2 = make.output(D),
+      r2 = make.stat(), dlogits = make.output(V), grad_scale(DType::f32, {1}), zeta = make.stat();
+  const llama::LastInputs last_in{saved.back().x2.view(), y_last.view(), targets.view()};
+  const llama::LastSaved last_saved{x1.view(), z1.view(),      r1.view(),         x2.view(),
+                                    r2.view(), dlogits.view(), grad_scale.view(), zeta.view()};
+  HostTensor ws_last = make.workspace(llama::Layer::last, llama::Pass::forward);
+  llama::last_forward(c, w.last(), last_in, {loss_out.view(), {}}, last_saved, ws_last.view());
+
+  // Backward, layer by layer, against the textbook model in fp64 and in the 16-bit dtype.
+  const ref::LlamaConfig rc = ref_config(c);
+  const ModelGradients exact = textbook_model(w, rc, c, rope, x.values(), loss, M, {});
+  const ModelGradients unfused = textbook_model(w, rc, c, rope, x.values(), loss, M, lowp);
+  const DType g = bc.grad_dtype;
+  HostTensor dx = make.output(D), dy = make.output(A);
+  {
+    Grad d_out = make.grad(g, {D, A}, false), d_ffn = make.grad(g, {D}, false),
+         d_gate_up = make.grad(g, {2 * F, D}, false), d_down = make.grad(g, {D, F}, false),
+         d_final = make.grad(g, {D}, false), d_head = make.grad(g, {V, D}, false);
+    HostTensor ws = make.workspace(llama::Layer::last, llama::Pass::backward);
+    llama::last_backward(c, w.last(), last_in, last_saved,
+                         {coda::Scalar{1.f},
+                          dx.view(),
+                          dy.view(),
+                          {d_out.tensor.view(), d_ffn.tensor.view(), d_gate_up.tensor.view(),
+                           d_down.tensor.view(), d_final.tensor.view(), d_head.tensor.view()}},
+                         false, ws.view());
+    check_grad("last: d w_out", d_out, exact.last.w_o, unfused.last.w_o);
+    check_grad("last: d ffn_norm", d_ffn, exact.last.ffn_norm, unfused.last.ffn_norm);
+    check_grad("last: d w_gate_up", d_gate_up,
+               ref::fused::interleave_gate_up(F, D, exact.last.w_gate, exact.last.w_up),
+               ref::fused::interleave_gate_up(F, D, unfused.last.w_gate, unfused.last.w_up));
+    check_grad("last: d w_down", d_down, exact.last.w_down, unfused.last.w_down);
+    check_grad("last: d final_norm", d_final, exact.last.final_norm, unfused.last.final_norm);
+    check_grad("last: d lm_head", d_head, exact.last.w_lm, unfused.last.w_lm);
+  }
+  HostTensor dqkv =
+      HostTensor::of(make.dt, {M, Nq}, attend_to_self_backward(dy.values(), c, M, lowp));
+  HostTensor ws_mid_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
+  for (int l = L - 2; l >= 0; --l) {
+    SCOPED_TRACE("middle layer " + std::to_string(l));
+    Saved& s = saved[size_t(l)];
+    HostTensor& x0 = l == 0 ? x : saved[size_t(l - 1)].x2;
+    Grad d_out = make.grad(g, {D, A}, false), d_ffn = make.grad(g, {D}, false),
+         d_gate_up = make.grad(g, {2 * F, D}, false), d_down = make.grad(g, {D, F}, false),
+         d_norm = make.grad(g, {D}, false), d_qkv = make.grad(g, {Nq, D}, false);
+    HostTensor dy0 = make.output(A);
+    llama::middle_backward(c, w.middle(l), {x0.view(), s.y0.view(), rope.view()},
+                           {s.x2.view(), s.qkv.view()},
+                           {s.x1.view(), s.z1.view(), s.r1.view(), s.r2.view()},
+                           {dx.view(),
+                            dqkv.view(),
+                            dy0.view(),
+                            {d_out.tensor.view(), d_ffn.tensor.view(), d_gate_up.tensor.view(),
+                             d_down.tensor.view(), d_norm.tensor.view(), d_qkv.tensor.view()}},
+                           false, ws_mid_b.view());
+    const ref::MiddleWeights& e = exact.middle[size_t(l)];
+    const ref::MiddleWeights& u = unfused.middle[size_t(l)];
+    check_grad("d w_out", d_out, e.w_o, u.w_o);
+    check_grad("d ffn_norm", d_ffn, e.ffn_norm, u.ffn_norm);
+    check_grad("d w_gate_up", d_gate_up, ref::fused::interleave_gate_up(F, D, e.w_gate, e.w_up),
+               ref::fused::interleave_gate_up(F, D, u.w_gate, u.w_up));
+    check_grad("d w_down", d_down, e.w_down, u.w_down);
+    check_grad("d next attn_norm", d_norm, e.next_attn_norm, u.next_attn_norm);
+    check_grad("d next w_qkv", d_qkv, e.w_qkv_next, u.w_qkv_next);
+    dqkv = HostTensor::of(make.dt, {M, Nq}, attend_to_self_backward(dy0.values(), c, M, lowp));
+  }
+  Grad d_norm = make.grad(g, {D}, false), d_qkv = make.grad(g, {Nq, D}, false);
+  HostTensor ws_first_b = make.workspace(llama::Layer::first, llama::Pass::backward);
+  llama::first_backward(c, {w.attn_norm0.view(), w.w_qkv0.view()}, {x.view(), rope.view()},
+                        {qkv0.view()}, {rstd0.view()},
+                        {dx.view(), dqkv.view(), {d_norm.tensor.view(), d_qkv.tensor.view()}},
+                        false, ws_first_b.view());
+  check_grad("first: d attn_norm", d_norm, exact.first.attn_norm, unfused.first.attn_norm);
+  check_grad("first: d w_qkv", d_qkv, exact.first.w_qkv, unfused.first.w_qkv);
+  check("d embedding (dx)", dx, exact.dx, unfused.dx);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad arguments: the right status, a message naming the field, and nothing written.
 
 class BlockArguments : public ::testing::Test {
