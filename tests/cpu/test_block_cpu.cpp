@@ -26,35 +26,89 @@ const BlockCase kCases[] = {
 
 // ---------------------------------------------------------------------------------------------
 // A whole model: the first layer, L - 1 middle layers and the last, with the gradients flowing
-// between them (dx, and dqkv through attention), against the textbook model. Attention is a
-// stand-in that keeps the chain linear and cheap: each token attends only to itself, and the
-// output adds its query to its value (y0[m, h, d] = q[m, h, d] + v[m, h / group, d]), so both
-// the query and the value paths carry gradient.
+// between them (dx, and dqkv through attention), against the textbook model. Attention runs on
+// the host between the coda calls, as a user's attention would: fp64 math on the 16-bit qkv, its
+// output and gradient rounded to the dtype (the textbook model rounds the same way).
 
-Values attend_to_self(const Values& qkv, const llama::Config& c, int64_t M, ref::Rounding r) {
-  const int64_t hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, Nq = c.qkv_width();
-  Values y(size_t(M * Hq * hd));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t d = 0; d < hd; ++d) {
-        const double q = qkv[size_t(m * Nq + h * hd + d)];
-        const double v = qkv[size_t(m * Nq + (Hq + Hkv + h / (Hq / Hkv)) * hd + d)];
-        y[size_t(m * Hq * hd + h * hd + d)] = r(q + v);
-      }
-  return y;
+// Causal softmax attention within each packed sequence (a sequence starts where the position is
+// 0, and at token 0), GQA: y[m, h] = sum_{j <= m, same sequence} softmax_j(q_m . k_j / sqrt(hd))
+// v_j.
+std::vector<int64_t> sequence_starts(const std::vector<int32_t>& positions) {
+  std::vector<int64_t> start(positions.size());
+  for (size_t m = 0; m < positions.size(); ++m)
+    start[m] = (m == 0 || positions[m] == 0) ? int64_t(m) : start[m - 1];
+  return start;
 }
 
-Values attend_to_self_backward(const Values& dy, const llama::Config& c, int64_t M,
-                               ref::Rounding r) {
-  const int64_t hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads, Nq = c.qkv_width();
-  Values dqkv(size_t(M * Nq), 0.0); // the keys get no gradient
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < Hq; ++h)
-      for (int64_t d = 0; d < hd; ++d) {
-        const double g = dy[size_t(m * Hq * hd + h * hd + d)];
-        dqkv[size_t(m * Nq + h * hd + d)] = g;
-        dqkv[size_t(m * Nq + (Hq + Hkv + h / (Hq / Hkv)) * hd + d)] += g;
+Values attention(const Values& qkv, const llama::Config& c, const std::vector<int64_t>& start,
+                 ref::Rounding r) {
+  const int64_t M = int64_t(start.size()), hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads,
+                Nq = c.qkv_width();
+  const double scale = 1.0 / std::sqrt(double(hd));
+  Values y(size_t(M * Hq * hd), 0.0);
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t kh = Hq + h / (Hq / Hkv), vh = Hq + Hkv + h / (Hq / Hkv);
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<double> p;
+      double top = -INFINITY;
+      for (int64_t j = start[size_t(m)]; j <= m; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < hd; ++d)
+          s += qkv[size_t(m * Nq + h * hd + d)] * qkv[size_t(j * Nq + kh * hd + d)];
+        p.push_back(s * scale);
+        top = std::max(top, p.back());
       }
+      double z = 0;
+      for (double& v : p) z += (v = std::exp(v - top));
+      for (int64_t j = start[size_t(m)]; j <= m; ++j)
+        for (int64_t d = 0; d < hd; ++d)
+          y[size_t(m * Hq * hd + h * hd + d)] +=
+              p[size_t(j - start[size_t(m)])] / z * qkv[size_t(j * Nq + vh * hd + d)];
+    }
+  }
+  return ref::rounded(r, y);
+}
+
+Values attention_backward(const Values& dy, const Values& qkv, const llama::Config& c,
+                          const std::vector<int64_t>& start, ref::Rounding r) {
+  const int64_t M = int64_t(start.size()), hd = c.head_dim, Hq = c.n_heads, Hkv = c.n_kv_heads,
+                Nq = c.qkv_width();
+  const double scale = 1.0 / std::sqrt(double(hd));
+  Values dqkv(size_t(M * Nq), 0.0);
+  for (int64_t h = 0; h < Hq; ++h) {
+    const int64_t kh = Hq + h / (Hq / Hkv), vh = Hq + Hkv + h / (Hq / Hkv);
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t j0 = start[size_t(m)], n = m - j0 + 1;
+      std::vector<double> p(static_cast<size_t>(n)), dp(static_cast<size_t>(n));
+      double top = -INFINITY;
+      for (int64_t j = j0; j <= m; ++j) {
+        double s = 0;
+        for (int64_t d = 0; d < hd; ++d)
+          s += qkv[size_t(m * Nq + h * hd + d)] * qkv[size_t(j * Nq + kh * hd + d)];
+        p[size_t(j - j0)] = s * scale;
+        top = std::max(top, s * scale);
+      }
+      double z = 0;
+      for (double& v : p) z += (v = std::exp(v - top));
+      double dot = 0;
+      for (int64_t j = j0; j <= m; ++j) {
+        p[size_t(j - j0)] /= z;
+        double g = 0;
+        for (int64_t d = 0; d < hd; ++d)
+          g += dy[size_t(m * Hq * hd + h * hd + d)] * qkv[size_t(j * Nq + vh * hd + d)];
+        dp[size_t(j - j0)] = g;
+        dot += g * p[size_t(j - j0)];
+      }
+      for (int64_t j = j0; j <= m; ++j) {
+        const double pj = p[size_t(j - j0)], ds = pj * (dp[size_t(j - j0)] - dot) * scale;
+        for (int64_t d = 0; d < hd; ++d) {
+          dqkv[size_t(m * Nq + h * hd + d)] += ds * qkv[size_t(j * Nq + kh * hd + d)];
+          dqkv[size_t(j * Nq + kh * hd + d)] += ds * qkv[size_t(m * Nq + h * hd + d)];
+          dqkv[size_t(j * Nq + vh * hd + d)] += pj * dy[size_t(m * Hq * hd + h * hd + d)];
+        }
+      }
+    }
+  }
   return ref::rounded(r, dqkv);
 }
 
@@ -120,25 +174,27 @@ ModelGradients textbook_model(const ModelWeights& w, const ref::LlamaConfig& rc,
   const int layers = int(w.layer.size());
   const ref::FirstWeights fw{w.attn_norm0.values(), w.w_qkv0.values()};
   Values qkv = ref::first_forward(rc, fw, rope.textbook(), x, r).qkv, xc = x;
-  std::vector<Values> x0s, y0s;
+  const std::vector<int64_t> start = sequence_starts(rope.positions_v);
+  std::vector<Values> x0s, y0s, qkvs{qkv};
   for (int l = 0; l < layers - 1; ++l) {
     x0s.push_back(xc);
-    y0s.push_back(attend_to_self(qkv, c, M, r));
+    y0s.push_back(attention(qkv, c, start, r));
     ref::MiddleForward f =
         ref::middle_forward(rc, w.middle_textbook(l), rope.textbook(), xc, y0s.back(), r);
     xc = f.mlp.x2, qkv = f.qkv;
+    qkvs.push_back(qkv);
   }
   ModelGradients g;
   const ref::LastBackward lb =
-      ref::last_backward(rc, w.last_textbook(), xc, attend_to_self(qkv, c, M, r), loss, 1.0, r);
+      ref::last_backward(rc, w.last_textbook(), xc, attention(qkv, c, start, r), loss, 1.0, r);
   g.last = lb.grads;
-  Values dx = lb.dx0, dqkv = attend_to_self_backward(lb.dy0, c, M, r);
+  Values dx = lb.dx0, dqkv = attention_backward(lb.dy0, qkvs.back(), c, start, r);
   g.middle.resize(size_t(layers - 1));
   for (int l = layers - 2; l >= 0; --l) {
     const ref::MiddleBackward b = ref::middle_backward(rc, w.middle_textbook(l), rope.textbook(),
                                                        x0s[size_t(l)], y0s[size_t(l)], dx, dqkv, r);
     g.middle[size_t(l)] = b.grads;
-    dx = b.dx0, dqkv = attend_to_self_backward(b.dy0, c, M, r);
+    dx = b.dx0, dqkv = attention_backward(b.dy0, qkvs[size_t(l)], c, start, r);
   }
   const ref::FirstBackward fb = ref::first_backward(rc, fw, rope.textbook(), x, dqkv, dx, r);
   g.first = fb.grads;
@@ -165,6 +221,7 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
   HostTensor targets = HostTensor::of_ints({M}, targets_v);
   const ref::LossSpec loss{targets_v, -100, ref::Reduction::mean};
 
+  const std::vector<int64_t> start = sequence_starts(rope.positions_v);
   // Forward, keeping what each backward reads.
   HostTensor qkv0 = make.output(Nq), rstd0 = make.stat();
   HostTensor ws_first = make.workspace(llama::Layer::first, llama::Pass::forward);
@@ -179,7 +236,7 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
   for (int l = 0; l < L - 1; ++l) {
     HostTensor& x0 = l == 0 ? x : saved.back().x2;
     HostTensor& qkv = l == 0 ? qkv0 : saved.back().qkv;
-    saved.push_back({HostTensor::of(make.dt, {M, A}, attend_to_self(qkv.values(), c, M, lowp)),
+    saved.push_back({HostTensor::of(make.dt, {M, A}, attention(qkv.values(), c, start, lowp)),
                      make.output(D), make.output(Nq), make.output(D), make.output(2 * F),
                      make.stat(), make.stat()});
     Saved& s = saved.back();
@@ -188,7 +245,7 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
                           {s.x1.view(), s.z1.view(), s.r1.view(), s.r2.view()}, ws_mid.view());
   }
   HostTensor y_last =
-      HostTensor::of(make.dt, {M, A}, attend_to_self(saved.back().qkv.values(), c, M, lowp));
+      HostTensor::of(make.dt, {M, A}, attention(saved.back().qkv.values(), c, start, lowp));
   HostTensor loss_out(DType::f32, {1}),
       x1 = make.output(D), z1 = make.output(2 * F), r1 = make.stat(), x2 = make.output(D),
       r2 = make.stat(), dlogits = make.output(V), grad_scale(DType::f32, {1}), zeta = make.stat();
@@ -225,8 +282,8 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
     check_grad("last: d final_norm", d_final, exact.last.final_norm, unfused.last.final_norm);
     check_grad("last: d lm_head", d_head, exact.last.w_lm, unfused.last.w_lm);
   }
-  HostTensor dqkv =
-      HostTensor::of(make.dt, {M, Nq}, attend_to_self_backward(dy.values(), c, M, lowp));
+  HostTensor dqkv = HostTensor::of(
+      make.dt, {M, Nq}, attention_backward(dy.values(), saved.back().qkv.values(), c, start, lowp));
   HostTensor ws_mid_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
   for (int l = L - 2; l >= 0; --l) {
     SCOPED_TRACE("middle layer " + std::to_string(l));
@@ -254,7 +311,9 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
     check_grad("d w_down", d_down, e.w_down, u.w_down);
     check_grad("d next attn_norm", d_norm, e.next_attn_norm, u.next_attn_norm);
     check_grad("d next w_qkv", d_qkv, e.w_qkv_next, u.w_qkv_next);
-    dqkv = HostTensor::of(make.dt, {M, Nq}, attend_to_self_backward(dy0.values(), c, M, lowp));
+    HostTensor& qkv_l = l == 0 ? qkv0 : saved[size_t(l - 1)].qkv;
+    dqkv = HostTensor::of(make.dt, {M, Nq},
+                          attention_backward(dy0.values(), qkv_l.values(), c, start, lowp));
   }
   Grad d_norm = make.grad(g, {D}, false), d_qkv = make.grad(g, {Nq, D}, false);
   HostTensor ws_first_b = make.workspace(llama::Layer::first, llama::Pass::backward);
