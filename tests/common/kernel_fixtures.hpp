@@ -133,4 +133,28 @@ struct SwigluBackwardCall {
   ref::SwigluBackwardInputs inputs() const;
 };
 
+// cross_entropy from K5-style inputs: the logits are the rounded values of an fp64 L in
+// [-4, 4), the partials and target logit the fp32 statistics of L, so the unfused path (which
+// only has the rounded logits) computes the same loss. Every 4th row (from row 1) is ignored,
+// row 2 targets the last class; `forced_targets`, when given, replaces the targets.
+struct CrossEntropyCase {
+  int64_t M, V;
+};
+struct CrossEntropyInputs {
+  HostTensor logits, lse_partials, target_logit, targets;
+  ref::CrossEntropyInputs ref;
+};
+CrossEntropyInputs make_cross_entropy_inputs(DType dtype, const CrossEntropyCase& c,
+                                             int32_t ignore_index, LossReduction reduction,
+                                             Seeds& seeds,
+                                             const std::vector<int32_t>& forced_targets = {});
+// Poisoned outputs of one cross_entropy call.
+struct CrossEntropyOutputs {
+  HostTensor loss, dlogits, grad_scale, zeta;
+  CrossEntropyOutputs(DType dtype, const CrossEntropyCase& c);
+};
+// The call on in and out (views as HostTensor::view gives them; no workspace).
+CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs& out,
+                                    LossReduction reduction);
+
 } // namespace coda::test

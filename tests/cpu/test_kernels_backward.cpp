@@ -231,70 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, RopeBackward,
                                   (std::get<2>(info.param) ? "_in_place" : "");
                          });
 
-// ---- cross_entropy from K5-style inputs: the logits are the rounded values of an fp64 L,
-// the partials and target logit the fp32 statistics of L, so the unfused path (which only has
-// the rounded logits) computes the same loss.
-
-struct CrossEntropyCase {
-  int64_t M, V;
-};
-
-struct CrossEntropyInputs {
-  HostTensor logits, lse_partials, target_logit, targets;
-  ref::CrossEntropyInputs ref;
-};
-
-CrossEntropyInputs make_cross_entropy_inputs(DType dtype, const CrossEntropyCase& c,
-                                             int32_t ignore_index, LossReduction reduction,
-                                             Seeds& seeds) {
-  const std::vector<double> L = random_doubles(size_t(c.M * c.V), seeds.next(), -4, 4);
-  const std::vector<double> u = random_doubles(size_t(c.M), seeds.next(), 0, 1);
-  std::vector<int32_t> targets(size_t(c.M));
-  std::vector<double> target_logit(size_t(c.M), 0.0);
-  for (int64_t m = 0; m < c.M; ++m) {
-    const bool ignored = m % 4 == 1;
-    const int32_t t = m == 2 ? int32_t(c.V - 1) : int32_t(u[size_t(m)] * double(c.V));
-    targets[size_t(m)] = ignored ? ignore_index : t;
-    if (!ignored) target_logit[size_t(m)] = L[size_t(m * c.V + t)];
-  }
-  CrossEntropyInputs in{HostTensor::of(dtype, {c.M, c.V}, L),
-                        HostTensor::of(DType::f32, {c.M, ref::partial_blocks(c.V)},
-                                       ref::lse_row_partials({}, c.M, c.V, L)),
-                        HostTensor::of(DType::f32, {c.M}, target_logit),
-                        HostTensor::of_ints({c.M}, targets),
-                        {}};
-  in.ref = {c.M,
-            c.V,
-            in.logits.values(),
-            in.lse_partials.values(),
-            in.target_logit.values(),
-            targets,
-            ignore_index,
-            reduction == LossReduction::mean ? ref::Reduction::mean : ref::Reduction::sum};
-  return in;
-}
-
-struct CrossEntropyOutputs {
-  HostTensor loss, dlogits, grad_scale, zeta;
-  CrossEntropyOutputs(DType dtype, const CrossEntropyCase& c)
-      : loss(DType::f32, {1}), dlogits(dtype, {c.M, c.V}), grad_scale(DType::f32, {1}),
-        zeta(DType::f32, {c.M}) {}
-};
-
-CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs& out,
-                                    LossReduction reduction) {
-  return {.logits = in.logits.view(),
-          .lse_partials = in.lse_partials.view(),
-          .target_logit = in.target_logit.view(),
-          .targets = in.targets.view(),
-          .ignore_index = in.ref.ignore_index,
-          .reduction = reduction,
-          .loss = out.loss.view(),
-          .dlogits = out.dlogits.view(),
-          .grad_scale = out.grad_scale.view(),
-          .zeta = out.zeta.view(),
-          .workspace = {}};
-}
+// ---- cross_entropy from K5-style inputs (make_cross_entropy_inputs in
+// tests/common/kernel_fixtures.hpp).
 
 void expect_cross_entropy_matches(DType dtype, const ref::CrossEntropyInputs& in,
                                   const CrossEntropyOutputs& out, const HostTensor& dlogits) {

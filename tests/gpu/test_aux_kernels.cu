@@ -333,87 +333,34 @@ INSTANTIATE_TEST_SUITE_P(Gpu, GpuRopeBackward,
                                   (std::get<2>(info.param) ? "_in_place" : "");
                          });
 
-// ---- cross_entropy from K5-style inputs: the logits are the rounded values of an fp64 L, the
-// partials and target logit the fp32 statistics of L (as tests/cpu/test_kernels_backward.cpp).
-// Every 4th row (from row 1) is ignored, row 2 targets the last class.
+// ---- cross_entropy from K5-style inputs (make_cross_entropy_inputs in
+// tests/common/kernel_fixtures.hpp, as the CPU tests build them).
 
-struct CeCase {
-  int64_t M, V;
-};
-std::string label(const CeCase& c) {
+std::string label(const CrossEntropyCase& c) {
   return "M" + std::to_string(c.M) + "_V" + std::to_string(c.V);
 }
-const CeCase kCeCases[] = {{37, 296}, {200, 136}, {3, 1000}, {64, 8}, {130, 2056}, {4, 128256}};
-
-struct CeInputs {
-  HostTensor logits, lse_partials, target_logit, targets;
-  ref::CrossEntropyInputs ref;
-};
-
-CeInputs make_ce_inputs(DType dtype, const CeCase& c, int32_t ignore_index, LossReduction reduction,
-                        Seeds& seeds, const std::vector<int32_t>& forced_targets = {}) {
-  const std::vector<double> L = random_doubles(size_t(c.M * c.V), seeds.next(), -4, 4);
-  const std::vector<double> u = random_doubles(size_t(c.M), seeds.next(), 0, 1);
-  std::vector<int32_t> targets(size_t(c.M));
-  for (int64_t m = 0; m < c.M; ++m) {
-    const int32_t t = m == 2 ? int32_t(c.V - 1) : int32_t(u[size_t(m)] * double(c.V));
-    targets[size_t(m)] = m % 4 == 1 ? ignore_index : t;
-  }
-  if (!forced_targets.empty()) targets = forced_targets;
-  std::vector<double> target_logit(size_t(c.M), 0.0);
-  for (int64_t m = 0; m < c.M; ++m) {
-    const int32_t t = targets[size_t(m)];
-    if (t >= 0 && t < c.V) target_logit[size_t(m)] = L[size_t(m * c.V + t)];
-  }
-  CeInputs in{HostTensor::of(dtype, {c.M, c.V}, L),
-              HostTensor::of(DType::f32, {c.M, ref::partial_blocks(c.V)},
-                             ref::lse_row_partials({}, c.M, c.V, L)),
-              HostTensor::of(DType::f32, {c.M}, target_logit),
-              HostTensor::of_ints({c.M}, targets),
-              {}};
-  in.ref = {c.M,
-            c.V,
-            in.logits.values(),
-            in.lse_partials.values(),
-            in.target_logit.values(),
-            targets,
-            ignore_index,
-            reduction == LossReduction::mean ? ref::Reduction::mean : ref::Reduction::sum};
-  return in;
-}
-
-struct CeOutputs {
-  HostTensor loss, dlogits, grad_scale, zeta;
-  CeOutputs(DType dtype, const CeCase& c)
-      : loss(DType::f32, {1}), dlogits(dtype, {c.M, c.V}), grad_scale(DType::f32, {1}),
-        zeta(DType::f32, {c.M}) {}
-};
+const CrossEntropyCase kCrossEntropyCases[] = {{37, 296}, {200, 136},  {3, 1000},
+                                               {64, 8},   {130, 2056}, {4, 128256}};
 
 // The CPU backend on in (dlogits over a copy of the logits when in_place).
-CeOutputs run_ce_cpu(DType dtype, const CeCase& c, const CeInputs& in_const,
-                     LossReduction reduction, bool in_place) {
-  CeInputs in = in_const;
-  CeOutputs out(dtype, c);
-  cross_entropy({.logits = in.logits.view(),
-                 .lse_partials = in.lse_partials.view(),
-                 .target_logit = in.target_logit.view(),
-                 .targets = in.targets.view(),
-                 .ignore_index = in.ref.ignore_index,
-                 .reduction = reduction,
-                 .loss = out.loss.view(),
-                 .dlogits = in_place ? in.logits.view() : out.dlogits.view(),
-                 .grad_scale = out.grad_scale.view(),
-                 .zeta = out.zeta.view(),
-                 .workspace = {}});
+CrossEntropyOutputs run_ce_cpu(DType dtype, const CrossEntropyCase& c,
+                               const CrossEntropyInputs& in_const, LossReduction reduction,
+                               bool in_place) {
+  CrossEntropyInputs in = in_const;
+  CrossEntropyOutputs out(dtype, c);
+  CrossEntropyArgs args = cross_entropy_args(in, out, reduction);
+  if (in_place) args.dlogits = args.logits;
+  cross_entropy(args);
   if (in_place) out.dlogits = in.logits;
   return out;
 }
 
 // The GPU backend on in; the workspace starts as garbage (0x7fffffff words).
-CeOutputs run_ce_gpu(DType dtype, const CeCase& c, const CeInputs& in_const,
-                     LossReduction reduction, bool in_place) {
-  CeInputs in = in_const;
-  CeOutputs out(dtype, c);
+CrossEntropyOutputs run_ce_gpu(DType dtype, const CrossEntropyCase& c,
+                               const CrossEntropyInputs& in_const, LossReduction reduction,
+                               bool in_place) {
+  CrossEntropyInputs in = in_const;
+  CrossEntropyOutputs out(dtype, c);
   const auto workspace_bytes = int64_t(cross_entropy_workspace_size(c.M));
   HostTensor workspace(DType::i32, {workspace_bytes / 4});
   DeviceTensor logits(in.logits), partials(in.lse_partials), target_logit(in.target_logit),
@@ -442,8 +389,8 @@ CeOutputs run_ce_gpu(DType dtype, const CeCase& c, const CeInputs& in_const,
   return out;
 }
 
-void expect_ce_matches(DType dtype, const ref::CrossEntropyInputs& in, const CeOutputs& gpu,
-                       const CeOutputs& cpu) {
+void expect_ce_matches(DType dtype, const ref::CrossEntropyInputs& in,
+                       const CrossEntropyOutputs& gpu, const CrossEntropyOutputs& cpu) {
   const auto exact = ref::cross_entropy({}, in), unfused = ref::cross_entropy(lowp(dtype), in);
   expect_matches("loss", gpu.loss, cpu.loss, {exact.loss}, {unfused.loss});
   expect_matches("dlogits", gpu.dlogits, cpu.dlogits, exact.dlogits, unfused.dlogits);
@@ -454,24 +401,25 @@ void expect_ce_matches(DType dtype, const ref::CrossEntropyInputs& in, const CeO
       bitwise_difference("grad_scale vs the CPU backend", gpu.grad_scale, cpu.grad_scale));
 }
 
-void expect_ce_bitwise(const CeOutputs& a, const CeOutputs& b, const std::string& what) {
+void expect_ce_bitwise(const CrossEntropyOutputs& a, const CrossEntropyOutputs& b,
+                       const std::string& what) {
   CODA_EXPECT_PASSES(bitwise_difference("loss, " + what, a.loss, b.loss));
   CODA_EXPECT_PASSES(bitwise_difference("grad_scale, " + what, a.grad_scale, b.grad_scale));
   CODA_EXPECT_PASSES(bitwise_difference("dlogits, " + what, a.dlogits, b.dlogits));
   CODA_EXPECT_PASSES(bitwise_difference("zeta, " + what, a.zeta, b.zeta));
 }
 
-void check_cross_entropy(DType dtype, const CeCase& c, LossReduction reduction, bool in_place,
-                         int32_t ignore_index = -100) {
+void check_cross_entropy(DType dtype, const CrossEntropyCase& c, LossReduction reduction,
+                         bool in_place, int32_t ignore_index = -100) {
   Seeds seeds;
-  const CeInputs in = make_ce_inputs(dtype, c, ignore_index, reduction, seeds);
-  const CeOutputs cpu = run_ce_cpu(dtype, c, in, reduction, in_place);
-  const CeOutputs gpu = run_ce_gpu(dtype, c, in, reduction, in_place);
+  const CrossEntropyInputs in = make_cross_entropy_inputs(dtype, c, ignore_index, reduction, seeds);
+  const CrossEntropyOutputs cpu = run_ce_cpu(dtype, c, in, reduction, in_place);
+  const CrossEntropyOutputs gpu = run_ce_gpu(dtype, c, in, reduction, in_place);
   expect_ce_matches(dtype, in.ref, gpu, cpu);
   expect_ce_bitwise(run_ce_gpu(dtype, c, in, reduction, in_place), gpu, "second run");
 }
 
-using CeParam = std::tuple<DType, CeCase, LossReduction>;
+using CeParam = std::tuple<DType, CrossEntropyCase, LossReduction>;
 std::string ce_name(const testing::TestParamInfo<CeParam>& info) {
   return dtype_label(std::get<0>(info.param)) + "_" + label(std::get<1>(info.param)) +
          (std::get<2>(info.param) == LossReduction::mean ? "_mean" : "_sum");
@@ -490,18 +438,19 @@ TEST_P(GpuCrossEntropy, GradientMayOverwriteLogits) {
 }
 INSTANTIATE_TEST_SUITE_P(Gpu, GpuCrossEntropy,
                          testing::Combine(testing::ValuesIn(kHalfTypes),
-                                          testing::ValuesIn(kCeCases),
+                                          testing::ValuesIn(kCrossEntropyCases),
                                           testing::Values(LossReduction::mean, LossReduction::sum)),
                          ce_name);
 
 // A micro-batch that is all padding: mean 0 with grad_scale 0 (sum: 0 with grad_scale 1), zero
 // dlogits and zeta, as on the CPU.
-void check_all_ignored(DType dtype, const CeCase& c, LossReduction reduction, bool in_place) {
+void check_all_ignored(DType dtype, const CrossEntropyCase& c, LossReduction reduction,
+                       bool in_place) {
   Seeds seeds;
-  const CeInputs in =
-      make_ce_inputs(dtype, c, -100, reduction, seeds, std::vector<int32_t>(size_t(c.M), -100));
-  const CeOutputs cpu = run_ce_cpu(dtype, c, in, reduction, in_place);
-  const CeOutputs gpu = run_ce_gpu(dtype, c, in, reduction, in_place);
+  const CrossEntropyInputs in = make_cross_entropy_inputs(dtype, c, -100, reduction, seeds,
+                                                          std::vector<int32_t>(size_t(c.M), -100));
+  const CrossEntropyOutputs cpu = run_ce_cpu(dtype, c, in, reduction, in_place);
+  const CrossEntropyOutputs gpu = run_ce_gpu(dtype, c, in, reduction, in_place);
   EXPECT_EQ(gpu.loss.values()[0], 0.0);
   EXPECT_EQ(gpu.grad_scale.values()[0], reduction == LossReduction::mean ? 0.0 : 1.0);
   for (double v : gpu.dlogits.values()) ASSERT_EQ(v, 0.0);
@@ -521,22 +470,24 @@ TEST(GpuCrossEntropyAllIgnored, MeanIsZeroWithZeroGradScaleAndZeroGradient) {
 // inputs with those rows ignored.
 TEST(GpuCrossEntropyTargets, OutOfRangeTargetsAreTreatedAsIgnored) {
   CODA_REQUIRE_SM90();
-  const CeCase c{37, 296};
+  const CrossEntropyCase c{37, 296};
   for (const LossReduction reduction : {LossReduction::mean, LossReduction::sum}) {
     Seeds seeds;
-    const CeInputs valid = make_ce_inputs(DType::bf16, c, -100, reduction, seeds);
+    const CrossEntropyInputs valid =
+        make_cross_entropy_inputs(DType::bf16, c, -100, reduction, seeds);
     std::vector<int32_t> targets = valid.ref.targets, ignored = valid.ref.targets;
     for (const size_t m : {size_t(0), size_t(6), size_t(36)}) { // rows 0 and 36: V + m; 6: -7
       targets[m] = m == 6 ? -7 : int32_t(c.V) + int32_t(m);
       ignored[m] = -100;
     }
-    CeInputs bad = valid, as_ignored = valid;
+    CrossEntropyInputs bad = valid, as_ignored = valid;
     bad.targets = HostTensor::of_ints({c.M}, targets);
     as_ignored.targets = HostTensor::of_ints({c.M}, ignored);
     as_ignored.ref.targets = ignored;
-    const CeOutputs cpu = run_ce_cpu(DType::bf16, c, as_ignored, reduction, false);
-    const CeOutputs gpu = run_ce_gpu(DType::bf16, c, bad, reduction, false);
-    const CeOutputs gpu_ignored = run_ce_gpu(DType::bf16, c, as_ignored, reduction, false);
+    const CrossEntropyOutputs cpu = run_ce_cpu(DType::bf16, c, as_ignored, reduction, false);
+    const CrossEntropyOutputs gpu = run_ce_gpu(DType::bf16, c, bad, reduction, false);
+    const CrossEntropyOutputs gpu_ignored =
+        run_ce_gpu(DType::bf16, c, as_ignored, reduction, false);
     expect_ce_matches(DType::bf16, as_ignored.ref, gpu, cpu);
     expect_ce_bitwise(gpu, gpu_ignored, "out-of-range targets vs ignore_index");
   }
