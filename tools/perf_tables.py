@@ -20,6 +20,30 @@ def tflops(case, ms):
     return 2.0 * case["m"] * case["n"] * case["k"] / (ms * 1e9)
 
 
+def _figure_link(path, alt):
+    """The Markdown lines that show the plot at `path` in docs/PERFORMANCE.md, where it exists."""
+    if not os.path.exists(path):
+        return []
+    return ["", "![%s](%s)" % (alt, os.path.relpath(path, os.path.dirname(DOC)))]
+
+
+def _pyplot():
+    """matplotlib.pyplot on the file-only backend, or None where matplotlib is not installed."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    return plt
+
+
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def gemm_table(results):
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. bf16 inputs and output, fp32 accumulate; median of 50 runs,"
@@ -42,9 +66,7 @@ def gemm_table(results):
         geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
         lines += ["", "Over the %d Llama block GEMMs: geometric mean %.3f, minimum %.3f."
                   % (len(ratios), geomean, min(ratios))]
-    if os.path.exists(GEMM_PLOT):
-        lines += ["", "![coda and cuBLASLt TFLOP/s per GEMM](%s)"
-                  % os.path.relpath(GEMM_PLOT, os.path.dirname(DOC))]
+    lines += _figure_link(GEMM_PLOT, "coda and cuBLASLt TFLOP/s per GEMM")
     return "\n".join(lines)
 
 
@@ -53,11 +75,8 @@ GEMM_PLOT = os.path.join(ROOT, "bench", "results", "gemm.png")
 
 def gemm_plot(results):
     """TFLOP/s of coda and cuBLASLt per case; skipped without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     cases = results["cases"]
     xs = range(len(cases))
@@ -73,9 +92,7 @@ def gemm_plot(results):
     ax.set_ylabel("TFLOP/s")
     ax.set_title("bf16 GEMM, %s (%s)" % (results["gpu"], results["commit"]))
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(GEMM_PLOT, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, GEMM_PLOT)
     return True
 
 
@@ -169,8 +186,8 @@ def torch_table(results):
     if errors:
         lines += ["", "Sides that did not run: " + "; ".join(errors) + "."]
     # The bench's plot (python -m coda.bench writes it beside the JSON).
-    if os.path.exists(os.path.join(ROOT, "bench", "results", "torch.png")):
-        lines += ["", "![coda and eager relative to torch.compile, fwd+bwd](../bench/results/torch.png)"]
+    lines += _figure_link(os.path.join(ROOT, "bench", "results", "torch.png"),
+                          "coda and eager relative to torch.compile, fwd+bwd")
     return "\n".join(lines)
 
 
@@ -215,19 +232,14 @@ def block_table(results):
     if missing:
         lines += ["", "n/a: coda could not run %d of the %d cases at this commit (not_supported)."
                   % (missing, len(results["cases"]))]
-    if os.path.exists(BLOCK_PLOT):
-        lines += ["", "![block times relative to the GEMMs alone](%s)"
-                  % os.path.relpath(BLOCK_PLOT, os.path.dirname(DOC))]
+    lines += _figure_link(BLOCK_PLOT, "block times relative to the GEMMs alone")
     return "\n".join(lines)
 
 
 def block_plot(results):
     """Time of each side over the GEMM-only time, per case; skipped without matplotlib."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         return False
     cases = results["cases"]
     labels = ["%s\n%d %s" % (c["model"], c["tokens"], c["pass"]) for c in cases]
@@ -244,9 +256,7 @@ def block_plot(results):
     ax.set_ylabel("time / GEMM-only time")
     ax.set_title("Llama middle block, %s (%s)" % (results["gpu"], results["commit"]))
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(BLOCK_PLOT, dpi=120)
-    plt.close(fig)
+    _save(plt, fig, BLOCK_PLOT)
     return True
 
 
