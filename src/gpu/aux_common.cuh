@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <cuda_runtime.h>
 
@@ -15,11 +16,7 @@ namespace coda::gpu::aux {
 
 namespace dev = coda::epilogue::device;
 
-inline void require_device(const char* kernel) {
-  if (!device_supported())
-    throw Error(Status::not_supported,
-                std::string("the GPU ") + kernel + " needs an sm_90 (Hopper) device");
-}
+using gpu::require_device;
 
 // A launch error (bad configuration, no kernel image) as Status::cuda_error.
 inline void check_launch(const char* kernel) {
@@ -31,9 +28,7 @@ inline void check_launch(const char* kernel) {
 
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {
-  if (dtype == DType::bf16) return f(bf16{});
-  if (dtype == DType::f16) return f(f16{});
-  throw Error(Status::type_error, "the GPU auxiliary kernels take bf16 or f16 tensors");
+  gpu::with_half_type(dtype, "the GPU auxiliary kernels", std::forward<F>(f));
 }
 
 // The memory word of W 16-bit elements: one 16-, 8-, 4- or 2-byte load or store, and its

@@ -3,6 +3,10 @@
 // with CODA_WITH_CUDA.
 #pragma once
 
+#include <string>
+
+#include "coda/core/error.hpp"
+#include "coda/core/types.hpp"
 #include "coda/gemm/problem.hpp"
 #include "coda/kernels/args.hpp"
 
@@ -10,6 +14,17 @@ namespace coda::gpu {
 
 // True when the current device can run the sm_90a kernels (compute capability 9.0).
 bool device_supported();
+// Throws Status::not_supported ("the GPU <kernel> needs an sm_90 (Hopper) device") unless
+// device_supported().
+void require_device(const char* kernel);
+
+// f(bf16{}) or f(f16{}) for the call's 16-bit dtype; any other dtype is a type_error saying that
+// `kernels` (e.g. "the fused GPU kernels") take bf16 or f16 tensors.
+template <class F> void with_half_type(DType dtype, const char* kernels, F&& f) {
+  if (dtype == DType::bf16) return f(bf16{});
+  if (dtype == DType::f16) return f(f16{});
+  throw Error(Status::type_error, std::string(kernels) + " take bf16 or f16 tensors");
+}
 
 void gemm(const GemmArgs& args, Stream stream);
 

@@ -40,8 +40,7 @@ GemmLauncher find_launcher(GemmLayout layout, DType in, DType out, sm90::KernelI
 
 // The kernel for args and plan, after the checks every GPU GEMM makes; empty when M or N is 0.
 GemmLauncher checked_launcher(const GemmArgs& args, const sm90::GemmPlan& plan) {
-  if (!device_supported())
-    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
+  require_device("GEMM");
   if (args.has_c() && args.c.dtype != args.d.dtype)
     throw Error(Status::not_supported, "the GPU GEMM needs C in D's dtype");
   if (args.m() == 0 || args.n() == 0) return {};
@@ -67,6 +66,12 @@ bool device_supported() {
   return major == 9 && minor == 0;
 }
 
+void require_device(const char* kernel) {
+  if (!device_supported())
+    throw Error(Status::not_supported,
+                std::string("the GPU ") + kernel + " needs an sm_90 (Hopper) device");
+}
+
 sm90::GemmPlan default_plan(const GemmArgs& args) {
   return sm90::choose_plan(args.m(), args.n(), args.k(), current_device_sms());
 }
@@ -81,14 +86,12 @@ size_t gemm_workspace_size(const GemmArgs& args, const sm90::GemmPlan& plan) {
 }
 
 void gemm(const GemmArgs& args, Stream stream) {
-  if (!device_supported())
-    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
+  require_device("GEMM");
   gemm_with_plan(args, default_plan(args), stream);
 }
 
 size_t gemm_workspace_size(const GemmArgs& args) {
-  if (!device_supported())
-    throw Error(Status::not_supported, "the GPU GEMM needs an sm_90 (Hopper) device");
+  require_device("GEMM");
   return gemm_workspace_size(args, default_plan(args));
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 
 #include "coda/core/error.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
@@ -22,17 +23,11 @@ template <class F> void with_schedule(FusedSchedule kernel_default, F&& f) {
   return f(dev::CooperativeShape{});
 }
 
-inline void require_device(const char* kernel) {
-  if (!device_supported())
-    throw Error(Status::not_supported,
-                std::string("the GPU ") + kernel + " needs an sm_90 (Hopper) device");
-}
+using gpu::require_device;
 
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {
-  if (dtype == DType::bf16) return f(bf16{});
-  if (dtype == DType::f16) return f(f16{});
-  throw Error(Status::type_error, "the fused GPU kernels take bf16 or f16 tensors");
+  gpu::with_half_type(dtype, "the fused GPU kernels", std::forward<F>(f));
 }
 
 // rstd[m] = rsqrt(sum_b partials[m, b] / width + eps), optionally written to rstd_out.
