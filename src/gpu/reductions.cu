@@ -89,16 +89,6 @@ void launch_row_sum(const TensorView& partials, const Finish& finish, Stream str
   check_launch(kernel);
 }
 
-// RowReduceArgs::scale as (value, optional device tensor), whether it is a float or a Scalar.
-struct ScaleParams {
-  float value;
-  const float* tensor;
-};
-[[maybe_unused]] ScaleParams scale_params(float s) { return {s, nullptr}; }
-[[maybe_unused]] ScaleParams scale_params(const Scalar& s) {
-  return {s.value, s.tensor.data != nullptr ? s.tensor.ptr<const float>() : nullptr};
-}
-
 } // namespace
 } // namespace aux
 
@@ -111,10 +101,11 @@ void rstd_from_partials(const RstdArgs& args, Stream stream) {
 
 void reduce_row_partials(const RowReduceArgs& args, Stream stream) {
   aux::require_device("reduce_row_partials");
-  const aux::ScaleParams scale = aux::scale_params(args.scale);
+  // The scale's tensor pointer is null when it has none.
   aux::launch_row_sum(args.partials,
-                      aux::RowScaleFinish{args.out.ptr<float>(), scale.value, scale.tensor}, stream,
-                      "reduce_row_partials");
+                      aux::RowScaleFinish{args.out.ptr<float>(), args.scale.value,
+                                          args.scale.tensor.ptr<const float>()},
+                      stream, "reduce_row_partials");
 }
 
 void reduce_col_partials(const ColReduceArgs& args, Stream stream) {

@@ -15,7 +15,6 @@
 #include <cstring>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -125,18 +124,6 @@ void check_rstd(const PartialsCase& c) {
   }
 }
 
-// scale.value * tensor[0] when RowReduceArgs::scale is a Scalar with a device tensor; false
-// (nothing set) while it is a plain float.
-template <class Args> bool set_tensor_scale(Args& args, float value, const TensorView& tensor) {
-  if constexpr (std::is_same_v<std::decay_t<decltype(args.scale)>, float>) {
-    return false;
-  } else {
-    args.scale.value = value;
-    args.scale.tensor = tensor;
-    return true;
-  }
-}
-
 // reduce_row_partials with scale = 1/384, or (with_tensor) 0.5 * tensor[0], tensor = 1/192.
 void check_row_reduce(const PartialsCase& c, bool with_tensor) {
   Seeds seeds;
@@ -146,9 +133,7 @@ void check_row_reduce(const PartialsCase& c, bool with_tensor) {
   const double scale = with_tensor ? 0.5 * double(1.f / 192) : double(1.f / 384);
   HostTensor cpu(DType::f32, {c.rows});
   RowReduceArgs cpu_args{.partials = narrowed(partials.view(), c.P), .out = cpu.view()};
-  cpu_args.scale = value;
-  if (with_tensor && !set_tensor_scale(cpu_args, value, scale_tensor.view()))
-    GTEST_SKIP() << "RowReduceArgs::scale is a float in this tree";
+  cpu_args.scale = with_tensor ? Scalar{value, scale_tensor.view()} : Scalar{value};
   reduce_row_partials(cpu_args);
   const auto p = narrowed(partials.values(), c.rows, c.P + c.pad, c.P);
   const auto exact = ref::reduce_row_partials({}, c.rows, p, scale);
@@ -159,8 +144,7 @@ void check_row_reduce(const PartialsCase& c, bool with_tensor) {
     HostTensor gpu(DType::f32, {c.rows});
     DeviceTensor out(gpu);
     RowReduceArgs args{.partials = narrowed(dp.view(), c.P), .out = out.view()};
-    args.scale = value;
-    if (with_tensor) set_tensor_scale(args, value, dscale.view());
+    args.scale = with_tensor ? Scalar{value, dscale.view()} : Scalar{value};
     reduce_row_partials(args);
     synchronize_ok();
     EXPECT_TRUE(out.copy_back()) << "a write past the end of out";
