@@ -20,6 +20,7 @@
 // host targets before writing) cannot be reported from a kernel: such a row is treated exactly as
 // an ignored row, as K5 already writes target_logit 0 for it.
 #include "coda/coda.hpp"
+#include "coda/epilogue/device/ops/reduce_over_n.cuh"
 #include "coda/epilogue/math.hpp"
 #include "coda/epilogue/reduction.hpp"
 #include "gpu/aux_common.cuh"
@@ -58,10 +59,6 @@ template <class T> struct RowParams {
 using Lse = epilogue::LogSumExp<float>;
 using Sum = epilogue::Sum<float>;
 
-__device__ __forceinline__ Lse::State shfl_xor(const Lse::State& s, int mask) {
-  return {__shfl_xor_sync(0xffffffffu, s.max, mask), __shfl_xor_sync(0xffffffffu, s.sum, mask)};
-}
-
 template <class T>
 __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(const RowParams<T> p) {
   __shared__ Lse::State warp_lse[kRowWarps];
@@ -89,7 +86,8 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(const R
   for (int32_t b = tid; b < p.lse_count; b += kRowThreads)
     lse = Lse::merge(lse, Lse::from_finished(partials[b]));
 #pragma unroll
-  for (int mask = 16; mask >= 1; mask /= 2) lse = Lse::merge(lse, shfl_xor(lse, mask));
+  for (int mask = 16; mask >= 1; mask /= 2)
+    lse = Lse::merge(lse, epilogue::device::shuffle_xor(lse, mask));
   if (lane == 0) warp_lse[warp] = lse;
   __syncthreads();
   if (tid == 0) {

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/reduction.hpp"
 #include "coda/epilogue/tile.hpp"
 #include "coda/kernels/args.hpp"
