@@ -27,7 +27,8 @@ struct RopeRotation {
 //  1. theta = hi + lo exactly (the fma recovers the product's rounding error);
 //  2. k = rint(hi / 2pi) and hi - k 2pi with 2pi split into two floats: the first step is exact
 //     (the difference is a multiple of ulp(2pi) below 4), the second rounds once;
-//  3. sin and cos of that remainder plus lo, an argument in [-pi, pi] (give or take an ulp).
+//  3. sin and cos of that remainder plus lo, an argument in [-pi, pi] (give or take an ulp): the
+//     host's std::sin/cos, the device's hardware sin/cos (2^-21.4 absolute, math.hpp).
 CODA_HD RopeRotation rope_rotation(int32_t position, float inv_freq) {
   constexpr double kTwoPi = 6.283185307179586476925286766559;
   constexpr float kTwoPiHi = float(kTwoPi);
@@ -38,7 +39,9 @@ CODA_HD RopeRotation rope_rotation(int32_t position, float inv_freq) {
   const float lo = math::fma(p, inv_freq, -hi);
   const float k = math::rint(hi * kInvTwoPi);
   const float reduced = math::fma(-k, kTwoPiLo, math::fma(-k, kTwoPiHi, hi)) + lo;
-  return {math::cos(reduced), math::sin(reduced)};
+  RopeRotation rot;
+  math::sincos_reduced(reduced, &rot.sin, &rot.cos);
+  return rot;
 }
 
 // Turns (first, second) = (x[i], x[i + hd/2]) by +theta.

@@ -6,8 +6,9 @@
 // partners lie in different 32-column subtiles: RoPE runs in the prepass over the whole 64-row
 // block. A thread's first-half columns within a head are 8j + 2q + e (j < head_dim/16, e < 2);
 // it computes the rotation of each such frequency once per row and applies it to every head of
-// the tile. The angles come from the shared rope_rotation (accurate sin/cos of position *
-// inv_freq); the frequency table is copied to shared memory once per kernel.
+// the tile. The angles come from the shared rope_rotation (the angle reduced to [-pi, pi] in
+// extra precision, then the hardware sin/cos); the frequency table is copied to shared memory
+// once per kernel.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +19,6 @@
 #include "coda/epilogue/ops/rope.hpp"
 
 namespace coda::epilogue::device {
-
-// The shared rope_rotation, called rather than inlined: its accurate sin and cos (with their
-// large-argument paths) would otherwise be copied once per frequency and row of a thread.
-__device__ __noinline__ static RopeRotation rope_rotation_call(int32_t position, float inv_freq) {
-  return rope_rotation(position, inv_freq);
-}
 
 template <class Shape, int kHeadDim> struct Rope : OpBase {
   static constexpr int kHalf = kHeadDim / 2;
@@ -79,7 +74,7 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
         for (int s = 0; s < 2; ++s) {
           const int32_t position =
               c.smem.positions[c.wg.index][64 * block + Shape::Fragment::slot_row(c.wg.thread, s)];
-          const RopeRotation rot = rope_rotation_call(position, freq);
+          const RopeRotation rot = rope_rotation(position, freq);
 #pragma unroll
           for (int h = 0; h < kHeads; ++h) {
             if (tile.col0 + h * kHeadDim >= p.rotated_cols) continue;
