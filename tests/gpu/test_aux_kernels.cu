@@ -2,8 +2,8 @@
 // rope_backward, cross_entropy) through the public API on device memory, each output held
 //  * to the fp64 reference by the tolerance rule (tests/common/check.hpp),
 //  * to the CPU backend on the same inputs: bitwise where both sum the same partials in the same
-//    order (reduce_row_partials, reduce_col_partials, grad_scale), otherwise
-//    max |gpu - cpu| <= 2 max |unfused - cpu| + 1e-6, and
+//    order (reduce_row_partials, reduce_col_partials, grad_scale), otherwise within one ulp of a
+//    16-bit output or max |gpu - cpu| <= 2 max |unfused - cpu| + 1e-6 (cpu_parity.hpp), and
 //  * to itself: every case runs twice and the second run is bitwise equal to the first (fixed
 //    reduction orders, no atomics).
 // Inputs are fresh per run, outputs poisoned with NaN and fenced by guard bytes on the device,
@@ -23,6 +23,7 @@
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/cpu_parity.hpp"
 #include "tests/gpu/device_tensor.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 
@@ -38,34 +39,6 @@ std::string bitwise_difference(const std::string& name, const HostTensor& a, con
       return name + ": element " + std::to_string(i) + " differs bitwise: " + std::to_string(x[i]) +
              " vs " + std::to_string(y[i]) + " (seed " + std::to_string(test_seed()) + ")";
   return {};
-}
-
-// True when a 16-bit output is within one unit in the last place of the CPU backend's, measured
-// at the tensor's largest magnitude: both round an fp32 result once, and the GPU's fused
-// multiply-adds may land the fp32 value on the other side of a rounding boundary, or, for a
-// result of cancelling terms (x cos - y sin), anywhere within the terms' rounding error. The
-// unfused baseline rounds as the CPU does and is often exactly its value, so the rule alone
-// would ask the GPU for the CPU's bits. (The fp64 check beside it holds the accuracy.)
-bool within_one_ulp(const HostTensor& gpu, const HostTensor& cpu) {
-  if (gpu.dtype() == DType::f32) return false;
-  const int mantissa_bits = gpu.dtype() == DType::bf16 ? 8 : 11;
-  const std::vector<double> x = gpu.values(), y = cpu.values();
-  double largest = 0;
-  for (double v : y) largest = std::fmax(largest, std::fabs(v));
-  const double ulp = std::ldexp(1.0, std::ilogb(std::fmax(largest, 1e-30)) - (mantissa_bits - 1));
-  for (size_t i = 0; i < x.size(); ++i)
-    if (!(std::fabs(x[i] - y[i]) <= ulp)) return false;
-  return true;
-}
-
-// The GPU output against the fp64 reference, and against the CPU backend's output (the rule with
-// the CPU as the reference, or one ulp of a 16-bit output).
-void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
-                    const std::vector<double>& exact, const std::vector<double>& unfused) {
-  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
-  if (within_one_ulp(gpu, cpu)) return;
-  CODA_EXPECT_PASSES(
-      check_against_baseline(name + " vs the CPU backend", gpu.values(), cpu.values(), unfused));
 }
 
 // The first `cols` columns of a row-major [rows, stride] tensor, as a view and as values.

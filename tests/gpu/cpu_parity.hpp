@@ -1,0 +1,44 @@
+// How a GPU kernel's output is held to the CPU backend's on the same inputs, beside the fp64 check
+// of the tolerance rule (tests/common/check.hpp), for the GPU suites of the fused backward and
+// the auxiliary kernels.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "tests/common/check.hpp"
+#include "tests/common/kernel_fixtures.hpp"
+
+namespace coda::test {
+
+// True when a 16-bit output is within one unit in the last place of the CPU backend's, measured
+// at the tensor's largest magnitude: both round an fp32 result once, and the GPU's fused
+// multiply-adds and hardware exp (epilogue/math.hpp) may land the fp32 value on the other side of
+// a rounding boundary, or, for a result of cancelling terms (x cos - y sin), anywhere within the
+// terms' rounding error. The unfused baseline rounds as the CPU does and is often exactly its
+// value, so the rule alone would ask the GPU for the CPU's bits. (The fp64 check beside it holds
+// the accuracy.)
+inline bool within_one_ulp(const HostTensor& gpu, const HostTensor& cpu) {
+  if (gpu.dtype() == DType::f32) return false;
+  const int mantissa_bits = gpu.dtype() == DType::bf16 ? 8 : 11;
+  const std::vector<double> x = gpu.values(), y = cpu.values();
+  double largest = 0;
+  for (double v : y) largest = std::fmax(largest, std::fabs(v));
+  const double ulp = std::ldexp(1.0, std::ilogb(std::fmax(largest, 1e-30)) - (mantissa_bits - 1));
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(std::fabs(x[i] - y[i]) <= ulp)) return false;
+  return true;
+}
+
+// The GPU output against the fp64 reference, and against the CPU backend's output (the rule with
+// the CPU as the reference, or one ulp of a 16-bit output).
+inline void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
+                           const std::vector<double>& exact, const std::vector<double>& unfused) {
+  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
+  if (within_one_ulp(gpu, cpu)) return;
+  CODA_EXPECT_PASSES(
+      check_against_baseline(name + " vs the CPU backend", gpu.values(), cpu.values(), unfused));
+}
+
+} // namespace coda::test
