@@ -2,14 +2,13 @@
 // RMSNorm backward's x, the SwiGLU backward's pre-activation pairs): a ring of kSlots subtile
 // buffers per consumer warpgroup, filled by TMA ahead of their use.
 //
-// The tile's first kSlots subtiles are loaded before the mainloop (begin_tile), and the rest
-// prefetched into L2 then; they are loaded kSlots - 1 subtiles ahead of their use (prefetch, at the
-// start of each subtile): one subtile's math is far shorter than a load's latency. A full mbarrier
-// per slot (one arrival plus the transaction bytes) says when a slot has landed; subtile n of the
-// warpgroup's stream waits on slot n % kSlots with the parity of its (n / kSlots)-th use. A slot is
-// refilled only after every thread has read it (the driver's barrier at the start of the next
-// subtile), so a barrier is never more than one phase ahead of its waiters. TMA zero-fills past the
-// tensor's edges.
+// The tile's first kSlots subtiles are loaded before the mainloop (begin_tile), the rest
+// kSlots - 1 subtiles ahead of their use (prefetch, at the start of each subtile): one subtile's
+// math is far shorter than a load's latency. A full mbarrier per slot (one arrival plus the
+// transaction bytes) says when a slot has landed; subtile n of the warpgroup's stream waits on
+// slot n % kSlots with the parity of its (n / kSlots)-th use. A slot is refilled only after every
+// thread has read it (the driver's barrier at the start of the next subtile), so a barrier is
+// never more than one phase ahead of its waiters. TMA zero-fills past the tensor's edges.
 //
 // The buffers are laid out as the TMA map of the tensor writes them (tensor_maps.hpp's
 // subtile_map: 64 x 32 elements, swizzled by the row bytes), kBytes each.
@@ -20,7 +19,6 @@
 #include <cuda.h>
 #include <cuda/ptx>
 
-#include "coda/arch/tma.cuh"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/gemm/pipeline.cuh"
 
@@ -50,17 +48,12 @@ template <class Shape, uint32_t kBytes, int kSlots> struct SubtileLoadRing {
   __device__ void begin_kernel() { consumed = phase = 0; }
 
   // One thread: the tile's first kSlots subtiles, before the mainloop, into the slots that
-  // follow the ring position (the previous tile has read them all); the rest only into L2, so
-  // that their loads during the epilogue wait on L2 rather than DRAM.
+  // follow the ring position (the previous tile has read them all).
   __device__ void begin_tile(SharedStorage& s, const CUtensorMap& map, Warpgroup wg,
                              sm90::EpilogueTile tile) {
-    if (wg.thread == 0) {
+    if (wg.thread == 0)
       for (int k = 0; k < kSlots; ++k)
         load(s, map, wg.index, (consumed + uint32_t(k)) % kSlots, tile.row0, tile.col0, k);
-      for (int k = kSlots; k < kSubtiles; ++k)
-        arch::prefetch_tensor_l2(&map, tile.col0 + (k % Shape::kSubtilesN) * Shape::kSubCols,
-                                 tile.row0 + (k / Shape::kSubtilesN) * Shape::kSubRows);
-    }
   }
 
   // One thread, at the start of subtile n (next = n + 1), before subtile n is acquired: everyone

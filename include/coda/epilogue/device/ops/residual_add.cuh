@@ -1,11 +1,10 @@
 // Device side of ResidualAdd (coda/epilogue/ops/residual_add.hpp): value + scale * tile[m, n],
 // the tile (the residual stream) loaded by TMA through an epilogue-load pipeline: a ring of
 // kSlots subtile buffers per warpgroup. The tile's first kSlots subtiles are loaded before the
-// mainloop (the rest prefetched into L2 then); the rest kSlots - 1 subtiles ahead of their use,
-// since one subtile's math is far shorter than a load's latency. A full mbarrier per slot (one
-// arrival + the transaction bytes) says when a slot has landed. TMA zero-fills past the tensor's
-// edges. kSlots is 4 for K0; K6 takes 2 for its dx, to leave shared memory for a third pipeline
-// stage.
+// mainloop; the rest kSlots - 1 subtiles ahead of their use, since one subtile's math is far
+// shorter than a load's latency. A full mbarrier per slot (one arrival + the transaction bytes)
+// says when a slot has landed. TMA zero-fills past the tensor's edges. kSlots is 4 for K0; K6
+// takes 2 for its dx, to leave shared memory for a third pipeline stage.
 //
 // NOTE: load_ring.cuh's SubtileLoadRing is this ring with fewer registers held across the
 // mainloop (the tile's origin and first slot are recomputed, not kept); it serves the backward
@@ -18,7 +17,6 @@
 #include <cuda.h>
 #include <cuda/ptx>
 
-#include "coda/arch/tma.cuh"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/tensor_maps.hpp"
 #include "coda/epilogue/device/tile_io.cuh"
@@ -56,18 +54,11 @@ template <class Shape, class T, int kSlots_ = 4> struct ResidualAdd : OpBase {
   }
   __device__ void begin_kernel(const Ctx&) { consumed = phase = 0; }
 
-  // The tile's first kSlots subtiles, before the mainloop (the previous tile has read them all);
-  // the rest only into L2 (no shared memory for them), so that their loads during the epilogue,
-  // kSlots - 1 subtiles ahead, wait on L2 rather than DRAM.
+  // The tile's first kSlots subtiles, before the mainloop (the previous tile has read them all).
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
     tile_row0 = tile.row0, tile_col0 = tile.col0, tile_first = consumed;
-    if (c.wg.thread == 0) {
+    if (c.wg.thread == 0)
       for (int k = 0; k < kSlots; ++k) load(c, k);
-      for (int k = kSlots; k < kSubtiles; ++k)
-        arch::prefetch_tensor_l2(&c.params.map,
-                                 tile_col0 + (k % Shape::kSubtilesN) * Shape::kSubCols,
-                                 tile_row0 + (k / Shape::kSubtilesN) * Shape::kSubRows);
-    }
   }
   // At the start of subtile n (next = n + 1), everyone has read subtile n - 1: its slot takes
   // subtile n + kSlots - 1.
