@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Nsight Compute on one fused-kernel launch and on coda's plain GEMM of the same shape, from
+# bench_fused (the first case its --filter selects): where the epilogue's time goes. Writes, per
+# kernel, the report, its details page (speed of light, warp states, memory) and the SASS with
+# per-instruction stall samples as CSV, under $OUT. Run on the GPU machine from the repository
+# root, on a build that has bench_fused:
+#   OUT=/tmp/ncu BUILD=build-slim tools/ncu_epilogue.sh K0
+set -uo pipefail
+OUT=${OUT:-/tmp/coda_ncu}
+BUILD=${BUILD:-build-gpu-check}
+FILTER=${1:-K0}
+mkdir -p "$OUT"
+export LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+for epilogue in FusedEpilogue LinearEpilogue; do
+  name="$FILTER-$epilogue"
+  timeout 300 ncu --kernel-name "regex:$epilogue" --launch-count 1 --set full -f -o "$OUT/$name" \
+    "$BUILD/bench/bench_fused" --filter "$FILTER" --runs 1 --out "$OUT/$name-bench.json" \
+    >"$OUT/$name.log" 2>&1 || echo "ncu $name failed: $(tail -3 "$OUT/$name.log")"
+  ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name-details.txt" 2>&1
+  ncu --import "$OUT/$name.ncu-rep" --page source --csv --print-source sass \
+    >"$OUT/$name-sass.csv" 2>&1
+  grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|Warp Cycles Per Issued|Issue Slots Busy|No Eligible' \
+    "$OUT/$name-details.txt" | sed "s/^/$name: /" | head -12
+done
