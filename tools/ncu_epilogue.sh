@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for epilogue in FusedEpilogue LinearEpilogue; do
   name="$FILTER-$epilogue"
-  timeout 300 ncu --kernel-name "regex:$epilogue" --launch-count 1 --set full -f -o "$OUT/$name" \
+  timeout 300 ncu --kernel-name-base demangled --kernel-name "regex:$epilogue" --launch-count 1 --set full -f -o "$OUT/$name" \
     "$BUILD/bench/bench_fused" --filter "$FILTER" --runs 1 --out "$OUT/$name-bench.json" \
     >"$OUT/$name.log" 2>&1 || echo "ncu $name failed: $(tail -3 "$OUT/$name.log")"
   ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name-details.txt" 2>&1
