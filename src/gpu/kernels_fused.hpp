@@ -13,8 +13,9 @@ namespace coda::gpu {
 // 128 x 256 tiles (both consumer warpgroups on one tile, the plain GEMM's workhorse) or ping-pong
 // 128 x 128 tiles (the warpgroups on alternate tiles, so one's epilogue overlaps the other's
 // MMAs, at the cost of a smaller tile). `automatic` takes each kernel's default, the faster one
-// on the H200 at the Llama shapes (docs/PERFORMANCE.md): ping-pong for K2 and K5 (heavy
-// epilogues: silu, exp per logit), cooperative for the others. The others force one, so that
+// on the H200 at the Llama shapes (docs/PERFORMANCE.md): ping-pong for K5 (an exp per logit over
+// a vocabulary-wide N), cooperative for the others (K2 too since the hardware exp: 1.16 against
+// 1.23 of the plain GEMM at 8B, a tie at 1B). The others force one, so that
 // benchmarks and tests can compare them. Process-wide, not thread-safe. The backward kernels
 // have one schedule each and ignore it: K6 cooperative (a tile's 128 rows are one dgamma
 // reduction block), K7 ping-pong (kernels_k6.cu, kernels_k7.cu say why).

@@ -27,7 +27,7 @@ template <class Shape, class T> void run_rms_swiglu(const RmsSwigluArgs& args, S
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   fused::require_device("gemm_rms_swiglu");
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule(FusedSchedule::pingpong, [&](auto shape) {
+    fused::with_schedule(FusedSchedule::cooperative, [&](auto shape) {
       fused::run_rms_swiglu<decltype(shape), decltype(t)>(args, stream);
     });
   });
