@@ -31,10 +31,10 @@ template <class F> void with_half_type(DType dtype, F&& f) {
 }
 
 // rstd[m] = rsqrt(sum_b partials[m, b] / width + eps), optionally written to rstd_out.
-template <class Shape, dev::Pass kPass = dev::Pass::subtile>
-typename dev::ScalePerRow<Shape, kPass>::Params
-rstd_params(const TensorView& partials, int64_t width, float eps, const TensorView& rstd_out) {
-  typename dev::ScalePerRow<Shape, kPass>::Params p;
+template <class Op>
+typename Op::Params rstd_params(const TensorView& partials, int64_t width, float eps,
+                                const TensorView& rstd_out) {
+  typename Op::Params p;
   p.partials = partials.ptr<const float>();
   p.stride = partials.stride[0];
   p.count = int32_t(partials.shape[1]);

@@ -23,8 +23,8 @@ using RmsScaleEpilogue =
 template <class Shape, class T> void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
   using Epi = RmsScaleEpilogue<Shape, T>;
   typename Epi::Params p{};
-  dev::get<0>(p) =
-      rstd_params<Shape>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
+  dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape>>(args.sumsq_partials, args.a.shape[1],
+                                                        args.eps, args.rstd_out);
   dev::get<1>(p) = dev::TileStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }

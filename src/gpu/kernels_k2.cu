@@ -6,16 +6,19 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-template <class Shape, class T>
-using RmsSwigluEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape>, dev::TileStore<Shape, T>,
-                       dev::GatedPairStore<Shape, T, dev::SwigluGate>>;
-
-template <class Shape, class T> void run_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
-  using Epi = RmsSwigluEpilogue<Shape, T>;
+// kStaged rstd partials staged per row: 32 fit every hidden size up to 4096 (one partial per
+// 128 columns), but their 16 KB leave the cooperative kernel 3 pipeline stages; with 16 (hidden
+// up to 2048, e.g. Llama-1B) the 8 KB saved buy a fourth (docs/epilogue.md). Rows with more
+// partials than staged would read them from global memory after the mainloop, so the launch
+// takes the variant that stages them all.
+template <class Shape, class T, int kStaged>
+void run_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
+  using Scale = dev::ScalePerRow<Shape, dev::Pass::subtile, kStaged>;
+  using Epi = dev::FusedEpilogue<Shape, Scale, dev::TileStore<Shape, T>,
+                                 dev::GatedPairStore<Shape, T, dev::SwigluGate>>;
   typename Epi::Params p{};
   dev::get<0>(p) =
-      rstd_params<Shape>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
+      rstd_params<Scale>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
   dev::get<1>(p) = dev::TileStore<Shape, T>::params("preact", args.preact);
   dev::get<2>(p) = dev::GatedPairStore<Shape, T, dev::SwigluGate>::params("act", args.act);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
@@ -26,9 +29,15 @@ template <class Shape, class T> void run_rms_swiglu(const RmsSwigluArgs& args, S
 
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   fused::require_device("gemm_rms_swiglu");
+  const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   fused::with_half_type(args.a.dtype, [&](auto t) {
     fused::with_schedule(FusedSchedule::cooperative, [&](auto shape) {
-      fused::run_rms_swiglu<decltype(shape), decltype(t)>(args, stream);
+      using Shape = decltype(shape);
+      using T = decltype(t);
+      if (few_partials)
+        fused::run_rms_swiglu<Shape, T, 16>(args, stream);
+      else
+        fused::run_rms_swiglu<Shape, T, 32>(args, stream);
     });
   });
 }

@@ -16,8 +16,8 @@ void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
   using Epi = RmsRopeEpilogue<Shape, T, kHeadDim>;
   const RopeSpec& rope = args.rope;
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<Shape, dev::Pass::prepass>(args.sumsq_partials, args.a.shape[1],
-                                                          args.eps, args.rstd_out);
+  dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape, dev::Pass::prepass>>(
+      args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
   dev::get<1>(p) = {rope.positions.ptr<const int32_t>(), rope.inv_freq.ptr<const float>(),
                     int32_t(args.a.shape[0]),
                     int32_t((rope.n_q_heads + rope.n_kv_heads) * rope.head_dim)};

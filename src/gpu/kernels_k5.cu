@@ -19,8 +19,8 @@ template <class Shape, class T> void run_rms_lse(const RmsLseArgs& args, Stream 
   using Epi = RmsLseEpilogue<Shape, T>;
   const int64_t m = args.a.shape[0], vocab = args.w.shape[0];
   typename Epi::Params p{};
-  dev::get<0>(p) =
-      rstd_params<Shape>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
+  dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape>>(args.sumsq_partials, args.a.shape[1],
+                                                        args.eps, args.rstd_out);
   dev::get<1>(p) = dev::TileStore<Shape, T>::params("logits", args.logits);
   dev::get<3>(p) = row_partials_params<Shape, epilogue::LogSumExp>(args.lse_partials, vocab);
   dev::get<4>(p) = {args.targets.ptr<const int32_t>(), args.target_logit.ptr<float>(), int32_t(m),

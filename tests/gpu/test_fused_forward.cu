@@ -226,9 +226,12 @@ TEST(FusedRmsScaleWidths, WidePartialsSingleColumnAndNoRstdOut) {
   check_rms_scale(DType::f16, single, false);
 }
 
-// ---- K2 gemm_rms_swiglu: N = 2F with F = 8, 136, 264, 520.
+// ---- K2 gemm_rms_swiglu: N = 2F with F = 8, 136, 264, 520; K from 16 to 4200, so 1 to 33 rstd
+// partials per row: the variant staging 16 of them, the one staging 32 (K = 2600: 21) and rows
+// too wide for either, read from global memory (K = 4200: 33).
 
-const Shape kSwigluShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 512}, {129, 1040, 96}};
+const Shape kSwigluShapes[] = {{1, 16, 16},     {37, 272, 64},   {200, 528, 512},
+                               {129, 1040, 96}, {70, 272, 2600}, {33, 272, 4200}};
 
 void check_rms_swiglu(DType dtype, const Shape& s) {
   Seeds seeds;

@@ -4,8 +4,10 @@
 //
 // Before the mainloop, begin_tile copies the warpgroup's rows of partials into shared memory by
 // cp.async (up to kStagedPartials per row; wider partials are read from global memory after the
-// mainloop instead). The 4 lanes that share a row each sum a quarter of its partials and merge;
-// each thread keeps the factors of its two rows per 64-row block in registers.
+// mainloop instead). kStagedPartials is 32 (hidden sizes up to 4096: one partial per 128 columns);
+// a kernel short of shared memory for a fourth pipeline stage may take 16 (hidden up to 2048). The
+// 4 lanes that share a row each sum a quarter of its partials and merge; each thread keeps the
+// factors of its two rows per 64-row block in registers.
 //
 // Pass::subtile scales in the per-subtile pass; Pass::prepass scales the whole block first, for
 // chains whose later ops run in the prepass (RoPE after the rstd scale in K4).
@@ -23,11 +25,16 @@ namespace coda::epilogue::device {
 
 enum class Pass { subtile, prepass };
 
-template <class Shape, Pass kPass = Pass::subtile> struct ScalePerRow : OpBase {
-  static constexpr int kStagedPartials = 32;
-  // Partial b of row r sits at column (b + 4 (r % 8)) % 32: the 8 rows x 4 quad lanes a warp
-  // reads at once (partials k + q of its rows) hit 32 banks.
-  __device__ static int staged_col(int r, int b) { return (b + 4 * (r & 7)) & 31; }
+template <class Shape, Pass kPass = Pass::subtile, int kStagedPartials = 32>
+struct ScalePerRow : OpBase {
+  static_assert(kStagedPartials == 16 || kStagedPartials == 32, "a row is half or all 32 banks");
+  // The 8 rows x 4 quad lanes a warp reads at once (partials k + q of its rows) hit 32 banks:
+  // with 32 staged partials, partial b of row r sits at column (b + 4 (r % 8)) % 32; with 16,
+  // two rows share the 32 banks and the shift steps every second row.
+  static constexpr int kRowsPerBankLine = 32 / kStagedPartials;
+  __device__ static int staged_col(int r, int b) {
+    return (b + 4 * ((r / kRowsPerBankLine) & (kStagedPartials / 4 - 1))) & (kStagedPartials - 1);
+  }
 
   struct Params {
     const float* factors = nullptr;  // [M], or null: rstd from the partials
