@@ -30,12 +30,6 @@ template <class F> void with_half_type(DType dtype, F&& f) {
   gpu::with_half_type(dtype, "the fused GPU kernels", std::forward<F>(f));
 }
 
-// A 16-bit output whose last kDeferred subtiles per tile are stored during the next tile's
-// mainloop (ops/store.cuh), 8 registers per subtile held across it: 4 where they fit beside the
-// other ops' state without a spill (ptxas reports every instantiation).
-template <class Shape, class T, int kDeferred = 4>
-using DeferredStore = dev::TileStore<Shape, T, false, kDeferred>;
-
 // rstd[m] = rsqrt(sum_b partials[m, b] / width + eps), optionally written to rstd_out.
 template <class Op>
 typename Op::Params rstd_params(const TensorView& partials, int64_t width, float eps,

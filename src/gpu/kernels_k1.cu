@@ -18,14 +18,14 @@ namespace {
 
 template <class Shape, class T>
 using RmsScaleEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape>, DeferredStore<Shape, T>>;
+    dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape>, dev::TileStore<Shape, T>>;
 
 template <class Shape, class T> void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
   using Epi = RmsScaleEpilogue<Shape, T>;
   typename Epi::Params p{};
   dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape>>(args.sumsq_partials, args.a.shape[1],
                                                         args.eps, args.rstd_out);
-  dev::get<1>(p) = DeferredStore<Shape, T>::params("out", args.out);
+  dev::get<1>(p) = dev::TileStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

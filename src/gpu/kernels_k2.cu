@@ -14,12 +14,12 @@ namespace {
 template <class Shape, class T, int kStaged>
 void run_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   using Scale = dev::ScalePerRow<Shape, dev::Pass::subtile, kStaged>;
-  using Epi = dev::FusedEpilogue<Shape, Scale, DeferredStore<Shape, T, 3>,
+  using Epi = dev::FusedEpilogue<Shape, Scale, dev::TileStore<Shape, T>,
                                  dev::GatedPairStore<Shape, T, dev::SwigluGate>>;
   typename Epi::Params p{};
   dev::get<0>(p) =
       rstd_params<Scale>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
-  dev::get<1>(p) = DeferredStore<Shape, T, 3>::params("preact", args.preact);
+  dev::get<1>(p) = dev::TileStore<Shape, T>::params("preact", args.preact);
   dev::get<2>(p) = dev::GatedPairStore<Shape, T, dev::SwigluGate>::params("act", args.act);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }

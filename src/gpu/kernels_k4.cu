@@ -9,7 +9,7 @@ namespace {
 
 template <class Shape, class T, int kHeadDim>
 using RmsRopeEpilogue = dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape, dev::Pass::prepass>,
-                                           dev::Rope<Shape, kHeadDim>, DeferredStore<Shape, T>>;
+                                           dev::Rope<Shape, kHeadDim>, dev::TileStore<Shape, T>>;
 
 template <class Shape, class T, int kHeadDim>
 void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
@@ -21,7 +21,7 @@ void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
   dev::get<1>(p) = {rope.positions.ptr<const int32_t>(), rope.inv_freq.ptr<const float>(),
                     int32_t(args.a.shape[0]),
                     int32_t((rope.n_q_heads + rope.n_kv_heads) * rope.head_dim)};
-  dev::get<2>(p) = DeferredStore<Shape, T>::params("out", args.out);
+  dev::get<2>(p) = dev::TileStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

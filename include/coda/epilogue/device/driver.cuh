@@ -13,10 +13,7 @@
 //                            and stores into the op's shared-memory buffer;
 //   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores;
 //   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
-//   end_tile(tile)           per-tile reductions that cross warps;
-//   overlap_with_mainloop(k) during the next tile's mainloop, once per k-block, while the tensor
-//                            cores run: work an op held back from the epilogue (deferred stores);
-//   finish()                 once, before the kernel exits: flush what is still held back.
+//   end_tile(tile)           per-tile reductions that cross warps.
 // Subtiles alternate between two buffer slots, so the stores of one subtile and the loads of the
 // next are in flight while this one is computed. All stores of a subtile form one bulk group.
 #pragma once
@@ -54,11 +51,6 @@ struct Warpgroup {
   __device__ int quad_lane() const { return thread % 4; }
   __device__ int warp() const { return thread / arch::kWarpSize; }
   __device__ int lane() const { return thread % arch::kWarpSize; }
-  // The warpgroup's epilogue barrier (the driver's, between the steps of a subtile).
-  __device__ void sync() const {
-    arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + uint32_t(index),
-                             arch::kWarpgroupSize);
-  }
 };
 
 // One 64 x 32 subtile: where it starts in D, which 64-row block and 32-column slab of the
@@ -95,8 +87,6 @@ struct OpBase {
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
   template <class C> __device__ void issue(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
-  template <class C> __device__ void overlap_with_mainloop(const C&, int32_t) {}
-  template <class C> __device__ void finish(const C&) {}
 };
 
 // A tuple addressed by position (the same op type may appear twice in a list).
@@ -176,12 +166,7 @@ public:
     for_each([&](auto& op, const auto& c) { op.end_tile(c, tile); });
   }
 
-  __device__ void overlap_with_mainloop(int32_t k_block) {
-    for_each([&](auto& op, const auto& c) { op.overlap_with_mainloop(c, k_block); });
-  }
-
   __device__ void finish() {
-    for_each([&](auto& op, const auto& c) { op.finish(c); });
     if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 
@@ -229,7 +214,10 @@ private:
         for (int i = 0; i < 16; ++i) v[i] = regs[16 * s + i];
   }
 
-  __device__ void sync() { wg_.sync(); }
+  __device__ void sync() {
+    arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index,
+                             arch::kWarpgroupSize);
+  }
 
   template <class F> __device__ __forceinline__ void for_each(F&& f) {
     ops_.for_each(params_, smem_, wg_, f);

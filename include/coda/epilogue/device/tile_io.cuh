@@ -63,39 +63,22 @@ template <class T> __device__ __forceinline__ float2 unpack2(uint32_t word) {
 
 using SubtileMap = AccumulatorMap<32>; // registers 0..15 of a subtile: the map of a 32-wide block
 
-// This thread's 16 values of a subtile as 8 16-bit pairs (pair i = values 2i, 2i + 1).
-template <class T>
-__device__ __forceinline__ void pack_subtile(uint32_t (&packed)[8], const float (&v)[16]) {
-#pragma unroll
-  for (int i = 0; i < 8; ++i) packed[i] = pack2<T>(v[2 * i], v[2 * i + 1]);
-}
-
-// Writes this thread's 8 packed 16-bit pairs of the subtile into `buffer` (all 128 threads
-// together write the whole subtile): two stmatrix.x4 per warp, each a 16-column block whose lane
-// l addresses row 16 warp + (l & 15), column 16 j + 8 (l >> 4).
-template <class T>
-__device__ __forceinline__ void write_packed_subtile(uint8_t* buffer, int thread,
-                                                     const uint32_t (&packed)[8]) {
-  using L = SubtileLayout<T>;
-  static_assert(sizeof(T) == 2, "16-bit pairs");
-  const int warp = thread / 32, lane = thread % 32;
-  const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
-#pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const uint32_t addr = base + L::offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
-    arch::stmatrix_x4(addr, packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
-  }
-}
-
 // Writes this thread's 16 values of the subtile into `buffer` (all 128 threads together write
-// the whole subtile). 16-bit: packed pairs by stmatrix; fp32: column pairs directly.
+// the whole subtile). 16-bit: two stmatrix.x4 per warp, each a 16-column block whose lane l
+// addresses row 16 warp + (l & 15), column 16 j + 8 (l >> 4). fp32: column pairs directly.
 template <class T>
 __device__ __forceinline__ void write_subtile(uint8_t* buffer, int thread, const float (&v)[16]) {
   using L = SubtileLayout<T>;
   if constexpr (sizeof(T) == 2) {
-    uint32_t packed[8];
-    pack_subtile<T>(packed, v);
-    write_packed_subtile<T>(buffer, thread, packed);
+    const int warp = thread / 32, lane = thread % 32;
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const uint32_t addr = base + L::offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
+      arch::stmatrix_x4(addr, pack2<T>(v[8 * j], v[8 * j + 1]),
+                        pack2<T>(v[8 * j + 2], v[8 * j + 3]), pack2<T>(v[8 * j + 4], v[8 * j + 5]),
+                        pack2<T>(v[8 * j + 6], v[8 * j + 7]));
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
