@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Summarize a kernel's warp-stall samples from the SASS CSV that tools/ncu_epilogue.sh writes
+(`ncu --import R --page source --csv --print-source sass`): the total, the share by stall
+reason, and the instructions with the most samples, each with its main reasons.
+
+usage: tools/ncu_stalls.py K0-FusedEpilogue-sass.csv [--top 25] [--range FIRST:LAST]
+
+--range restricts everything to SASS lines FIRST..LAST (0-based, as printed), e.g. the epilogue
+after the mainloop. Samples at UCGABAR_WAIT (warps parked at the final cluster barrier: the
+producer warpgroup's idle warps) are reported apart, since they are no one's stall."""
+
+import argparse
+import collections
+import csv
+import sys
+
+
+def load(path):
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    # Row 0 names the kernel; row 1 is the header; then one row per SASS instruction.
+    header = rows[1]
+    return rows[0], header, rows[2:]
+
+
+def main(argv):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("csv")
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--range", default="")
+    args = ap.parse_args(argv)
+
+    kernel, header, rows = load(args.csv)
+    samples = header.index("Warp Stall Sampling (All Samples)")
+    reasons = [(i, h[len("stall_"):]) for i, h in enumerate(header)
+               if h.startswith("stall_") and "Not Issued" not in h]
+    first, last = 0, len(rows) - 1
+    if args.range:
+        a, b = args.range.split(":")
+        first, last = int(a), int(b)
+
+    def count(row, i):
+        return int(row[i]) if row[i].isdigit() else 0
+
+    total = parked = 0
+    by_reason = collections.Counter()
+    picked = []
+    for n in range(first, last + 1):
+        row = rows[n]
+        s = count(row, samples)
+        if "UCGABAR_WAIT" in row[1]:
+            parked += s
+            continue
+        total += s
+        for i, name in reasons:
+            by_reason[name] += count(row, i)
+        picked.append((s, n, row))
+
+    print(kernel[1][:160] if len(kernel) > 1 else args.csv)
+    print("samples: %d (lines %d..%d), plus %d parked at the final cluster barrier"
+          % (total, first, last, parked))
+    print("by reason: " + ", ".join("%s %.1f%%" % (k, 100.0 * v / max(total, 1))
+                                    for k, v in by_reason.most_common(8)))
+    for s, n, row in sorted(picked, key=lambda x: -x[0])[:args.top]:
+        main_reasons = sorted(((count(row, i), name) for i, name in reasons), reverse=True)[:2]
+        print("%6d %5.1f%% %5d  %-58s %s" % (
+            s, 100.0 * s / max(total, 1), n, row[1].strip()[:58],
+            " ".join("%s:%d" % (name, c) for c, name in main_reasons if c)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
