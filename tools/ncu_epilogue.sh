@@ -2,9 +2,8 @@
 # Nsight Compute on one fused-kernel launch and on coda's plain GEMM of the same shape, from
 # bench_fused (the first case its --filter selects): where the epilogue's time goes. Writes, per
 # kernel, the report, its details page (speed of light, warp states, memory) and the SASS with
-# per-instruction stall samples as CSV (tools/ncu_stalls.py summarizes it), under $OUT. Run on the
-# GPU machine from the repository
-# root, on a build that has bench_fused:
+# per-instruction stall samples as CSV (tools/ncu_stalls.py summarizes it), under $OUT. Run on
+# the GPU machine from the repository root, on a build that has bench_fused:
 #   OUT=/tmp/ncu BUILD=build-slim tools/ncu_epilogue.sh K0
 set -uo pipefail
 OUT=${OUT:-/tmp/coda_ncu}
