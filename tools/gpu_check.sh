@@ -5,7 +5,8 @@
 # unfused), SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
 # table is printed last. Run from the repository root:
 #   OUT=/tmp/out tools/gpu_check.sh [--no-sanitizer | --sanitizers=memcheck,...] [--no-bench]
-#                                   [--benches=gemm,fused,block] [--variants]
+#                                   [--benches=gemm,fused,block] [--variants] [--python]
+#                                   [--gpu-filter=GTEST_FILTER] [--cpu-filter=GTEST_FILTER]
 #   tools/gpu_check.sh --build-only        # build here, to run elsewhere with --prebuilt
 #   OUT=/tmp/out tools/gpu_check.sh --prebuilt [--no-sanitizer] ...   # run what BUILD holds
 # The measured code is exactly a commit: with uncommitted changes in the tree, the build uses
@@ -28,6 +29,7 @@ VARIANTS=0
 BUILD_ONLY=0
 PREBUILT=0
 CPU_FILTER='*'
+GPU_FILTER='*'
 PYTHON=0
 NO_TESTS=0
 for arg in "$@"; do
@@ -40,6 +42,7 @@ for arg in "$@"; do
   --build-only) BUILD_ONLY=1 ;;
   --prebuilt) PREBUILT=1 ;;
   --cpu-filter=*) CPU_FILTER=${arg#--cpu-filter=} ;; # e.g. 'ApiValidationCuda.*' (CI runs the rest)
+  --gpu-filter=*) GPU_FILTER=${arg#--gpu-filter=} ;; # e.g. '*FusedResidualRms*:*Block*' (a subset)
   --python) PYTHON=1 ;;       # pytest tests/python on this build's libcoda (no pip install)
   --no-tests) NO_TESTS=1 ;;   # benches only (after the smoke step)
   *) echo "unknown option $arg" >&2; exit 2 ;;
@@ -113,7 +116,7 @@ if [[ -x $TESTS ]]; then
   [[ $? -ne 124 ]] && HUNG=0
 fi
 if ((!HUNG)) && ((!NO_TESTS)); then
-  step gpu_tests 360 gpu_tests.log "$TESTS"
+  step gpu_tests 360 gpu_tests.log "$TESTS" --gtest_filter="$GPU_FILTER"
   step cpu_tests 180 cpu_tests.log "$BUILD/tests/coda_cpu_tests" --gtest_filter="$CPU_FILTER"
   step example_geglu 60 example_geglu.log "$BUILD/examples/fused_geglu"
   for tool in ${SANITIZERS//,/ }; do
