@@ -3,7 +3,7 @@
 // follows a 256 MB write that flushes L2; the median of the timed runs is reported.
 //
 //   bench_gemm [--commit HASH] [--out bench/results/gemm.json] [--runs 50] [--filter SUBSTRING]
-//              [--variants 1]
+//              [--variants 1] [--variants-out bench/results/gemm_schedules.json]
 // (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
 //
 // Prints a table (TFLOP/s of both, cublas_ms / coda_ms) and the geometric mean of that ratio
@@ -109,6 +109,17 @@ coda::sm90::GemmPlan pingpong_plan(const coda::GemmArgs& args) {
   return plan;
 }
 
+// A kernel of the schedule study (docs/gemm-worklog.md, step 9) with the default plan's
+// stream-K rule and a raster group for its own tile width.
+template <coda::sm90::KernelId kKernel>
+coda::sm90::GemmPlan study_plan(const coda::GemmArgs& args) {
+  coda::sm90::GemmPlan plan = coda::gpu::default_plan(args);
+  plan.kernel = kKernel;
+  plan.group_m = coda::sm90::group_m_for(kKernel, args.m(), 132);
+  return plan;
+}
+
+using coda::sm90::KernelId;
 using coda::sm90::StreamKMode;
 const Variant kVariants[] = {
     {"same", variant_plan<true, StreamKMode::automatic, 0>}, // the default again: order bias
@@ -119,13 +130,19 @@ const Variant kVariants[] = {
     {"group4", variant_plan<true, StreamKMode::automatic, 4>},
     {"group16", variant_plan<true, StreamKMode::automatic, 16>},
     {"pingpong", pingpong_plan},
+    {"wide_3stages", study_plan<KernelId::wide_3stages>},
+    {"wide192", study_plan<KernelId::wide192>},
+    {"pingpong192", study_plan<KernelId::pingpong192>},
+    {"staged", study_plan<KernelId::staged>},
+    {"staged192", study_plan<KernelId::staged192>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 
 struct Result {
   BenchCase c;
   double coda_ms, cublas_ms, max_rel_diff;
-  std::vector<double> variant_ms; // kVariants order, when timed
+  std::vector<double> variant_ms;   // kVariants order, when timed
+  std::vector<double> variant_diff; // max relative difference from cuBLASLt's D
 };
 
 Result bench_case(const BenchCase& c, const bench::Context& ctx, int runs, bool variants) {
@@ -165,6 +182,15 @@ Result bench_case(const BenchCase& c, const bench::Context& ctx, int runs, bool 
     for (const auto& plan : plans) coda::gpu::gemm_with_plan(args, plan, s);
   }
   check(cudaStreamSynchronize(s), "warm-up");
+  // Each variant computes the same D (up to fp32 summation order): its largest relative
+  // difference from cuBLASLt's, after a poisoned D.
+  std::vector<double> variant_diff;
+  for (const auto& plan : plans) {
+    check(cudaMemsetAsync(d.p, 0xff, d.bytes, s), "poison D");
+    coda::gpu::gemm_with_plan(args, plan, s);
+    check(cudaStreamSynchronize(s), "variant run");
+    variant_diff.push_back(bench::max_rel_diff(d.p, d_ref.p, c.m * c.n));
+  }
 
   bench::Timer timer = ctx.timer();
   std::vector<float> t_coda, t_cublas;
@@ -186,6 +212,7 @@ Result bench_case(const BenchCase& c, const bench::Context& ctx, int runs, bool 
            bench::max_rel_diff(d.p, d_ref.p, c.m * c.n),
            {}};
   for (const auto& t : t_variants) r.variant_ms.push_back(bench::median(t));
+  r.variant_diff = variant_diff;
   return r;
 }
 
@@ -196,16 +223,18 @@ double tflops(const BenchCase& c, double ms) {
 } // namespace
 
 int main(int argc, char** argv) {
-  std::string commit, out_path, filter;
+  std::string commit, out_path, filter, variants_out;
   int runs = 50;
   bool variants = false;
   try {
-    const bench::Flags flags(argc, argv, {"--commit", "--out", "--runs", "--filter", "--variants"});
+    const bench::Flags flags(
+        argc, argv, {"--commit", "--out", "--runs", "--filter", "--variants", "--variants-out"});
     commit = flags.commit();
     out_path = flags.get("--out", "bench/results/gemm.json");
     runs = std::max(1, flags.get_int("--runs", runs));
     filter = flags.get("--filter", "");
     variants = flags.get_int("--variants", 0) != 0;
+    variants_out = flags.get("--variants-out", "");
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "bench_gemm: %s\n", e.what()), 2;
   }
@@ -225,8 +254,8 @@ int main(int argc, char** argv) {
                   (long long)c.m, (long long)c.n, (long long)c.k, tflops(c, r.coda_ms),
                   tflops(c, r.cublas_ms), r.cublas_ms / r.coda_ms, r.max_rel_diff);
       for (size_t v = 0; v < r.variant_ms.size(); ++v)
-        std::printf("    variant %-10s ratio %.3f\n", kVariants[v].name,
-                    r.cublas_ms / r.variant_ms[v]);
+        std::printf("    variant %-12s ratio %.3f  rel diff %.2e\n", kVariants[v].name,
+                    r.cublas_ms / r.variant_ms[v], r.variant_diff[v]);
       std::fflush(stdout);
     }
     double log_sum = 0, worst = 1e30;
@@ -245,8 +274,25 @@ int main(int argc, char** argv) {
           sum += std::log(r.cublas_ms / r.variant_ms[size_t(v)]);
           low = std::min(low, r.cublas_ms / r.variant_ms[size_t(v)]);
         }
-      std::printf("variant %-10s geomean %.3f (min %.3f)\n", kVariants[v].name,
+      std::printf("variant %-12s geomean %.3f (min %.3f)\n", kVariants[v].name,
                   std::exp(sum / std::max(blocks, 1)), low);
+    }
+    // The variants' times, for the schedule table of docs/gemm-worklog.md.
+    if (variants && !variants_out.empty()) {
+      FILE* vf = bench::open_json(variants_out, ctx.prop, commit);
+      for (size_t i = 0; i < results.size(); ++i) {
+        const Result& r = results[i];
+        std::fprintf(vf,
+                     "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, "
+                     "\"k\": %lld, \"coda_ms\": %.5f, \"cublas_ms\": %.5f, \"variants\": {",
+                     r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n,
+                     (long long)r.c.k, r.coda_ms, r.cublas_ms);
+        for (size_t v = 0; v < r.variant_ms.size(); ++v)
+          std::fprintf(vf, "\"%s\": {\"ms\": %.5f, \"max_rel_diff\": %.3e}%s", kVariants[v].name,
+                       r.variant_ms[v], r.variant_diff[v], v + 1 < r.variant_ms.size() ? ", " : "");
+        std::fprintf(vf, "}}%s\n", i + 1 < results.size() ? "," : "");
+      }
+      bench::close_json(vf);
     }
 
     FILE* f = bench::open_json(out_path, ctx.prop, commit);

@@ -95,7 +95,8 @@ inline coda::TensorView view(const Buffer& b, DType t, int64_t n) {
 }
 
 // Largest |a - b| / max|b| over the first million elements of two bf16 tensors: a sanity check
-// that two sides computed the same thing.
+// that two sides computed the same thing (infinite where a holds a NaN or an infinity, e.g. an
+// element a poisoned output never received).
 inline double max_rel_diff(const void* a, const void* b, int64_t numel) {
   const size_t n = size_t(std::min<int64_t>(numel, 1 << 20));
   std::vector<__nv_bfloat16> x(n), y(n);
@@ -103,6 +104,7 @@ inline double max_rel_diff(const void* a, const void* b, int64_t numel) {
   check(cudaMemcpy(y.data(), b, n * 2, cudaMemcpyDeviceToHost), "copy");
   double diff = 0, scale = 1e-30;
   for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(__bfloat162float(x[i]))) return INFINITY;
     diff = std::max(diff, double(std::fabs(__bfloat162float(x[i]) - __bfloat162float(y[i]))));
     scale = std::max(scale, double(std::fabs(__bfloat162float(y[i]))));
   }

@@ -125,8 +125,9 @@ if ((!HUNG)) && ((!NO_TESTS)); then
   done
 fi
 if ((BENCH)) && ((!HUNG)); then
-  [[ ,$BENCHES, == *,gemm,* ]] && step bench 240 bench.log "$BUILD/bench/bench_gemm" \
-    --commit "$COMMIT" --out "$OUT/gemm.json" --variants "$VARIANTS"
+  [[ ,$BENCHES, == *,gemm,* ]] && step bench 300 bench.log "$BUILD/bench/bench_gemm" \
+    --commit "$COMMIT" --out "$OUT/gemm.json" --variants "$VARIANTS" \
+    --variants-out "$OUT/gemm_schedules.json"
   [[ ,$BENCHES, == *,fused,* ]] && step bench_fused 240 bench_fused.log "$BUILD/bench/bench_fused" \
     --commit "$COMMIT" --out "$OUT/fused.json"
   [[ ,$BENCHES, == *,block,* ]] && step bench_block 300 bench_block.log "$BUILD/bench/bench_block" \

@@ -1,22 +1,111 @@
 // Defines gemm_launcher<kLayout>: included once per layout by gemm_<layout>.cu.
+//
+// The plain GEMM D = alpha * acc (+ beta * C) on each compiled configuration: the register
+// schedules store through LinearEpilogue; the staged schedule (16-bit D, no C) runs the same
+// device epilogue driver as the fused kernels: alpha in the consumers, the rounded tile staged,
+// and stored from there in place by the epilogue warpgroup.
 #pragma once
 
+#include <type_traits>
+
+#include "coda/epilogue/device/epilogue.cuh"
 #include "coda/gemm/launch.cuh"
+#include "coda/gemm/linear_epilogue.cuh"
 #include "gpu/gemm_instances.hpp"
 
 namespace coda::gpu::detail {
 
-template <class Kernel> constexpr GemmLauncher launcher() {
-  return GemmLauncher{&Kernel::run, &Kernel::workspace_size};
+namespace dev = coda::epilogue::device;
+
+template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainGemm {
+  static constexpr bool kStaged = Config::kStaged;
+  static_assert(!kStaged || sizeof(OutT) == 2, "the staged schedule stores 16-bit outputs");
+  using Shape = dev::TileShape<1, Config::kTileM, Config::kTileN, /*staged=*/true>;
+  using StagedEpi =
+      dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<OutT>,
+                         dev::TileStore<Shape, OutT, /*reduce_add=*/false, /*in_place=*/true>>;
+  // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
+  // next mainloop; ping-pong: the other warpgroup's MMAs already overlap them.
+  using RegisterEpi = sm90::LinearEpilogue<OutT, Config::kConsumerWarpgroups,
+                                           Config::kSchedule == sm90::Schedule::cooperative>;
+  using Epi = std::conditional_t<kStaged, StagedEpi, RegisterEpi>;
+  using Kernel = sm90::GemmKernel<Config, kLayout, InT, Epi>;
+
+  static typename Kernel::Problem problem(const GemmArgs& args) {
+    return {args.m(), args.n(), args.k()};
+  }
+
+  static typename Epi::Params epilogue_params(const GemmArgs& args, const sm90::GemmPlan& plan) {
+    typename Epi::Params p{};
+    const float* alpha_tensor =
+        args.alpha.has_tensor() ? args.alpha.tensor.template ptr<const float>() : nullptr;
+    if constexpr (kStaged) {
+      if (args.has_c() && args.beta != 0.f)
+        throw Error(Status::internal, "the staged GEMM kernel takes no C (plan it elsewhere)");
+      dev::get<0>(p) = {args.alpha.value, alpha_tensor};
+      dev::get<2>(p) = {dev::subtile_map("D", args.d)};
+    } else {
+      const int64_t M = args.m(), N = args.n();
+      const CUtensorMapSwizzle sw_out =
+          Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+      auto out_map = [&](const char* what, const TensorView& t) {
+        return sm90::make_tensor_map(what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(N),
+                                                                uint64_t(M), uint64_t(t.stride[0]),
+                                                                uint32_t(Epi::kSubCols),
+                                                                uint32_t(Epi::kSubRows), sw_out});
+      };
+      p.d = out_map("D", args.d);
+      p.load_c = args.has_c() && args.beta != 0.f;
+      p.c = p.load_c ? out_map("C", args.c) : p.d;
+      p.alpha = args.alpha.value;
+      p.alpha_tensor = alpha_tensor;
+      p.beta = args.beta;
+      p.defer_stores = plan.defer_stores;
+    }
+    return p;
+  }
+
+  static void run(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream) {
+    Kernel::run(args.a, args.b, problem(args), epilogue_params(args, plan), plan, args.workspace,
+                stream);
+  }
+  static size_t workspace_size(const GemmArgs& args, const sm90::GemmPlan& plan) {
+    return Kernel::workspace_size(problem(args), plan);
+  }
+};
+
+template <class Gemm> constexpr GemmLauncher launcher() {
+  return GemmLauncher{&Gemm::run, &Gemm::workspace_size};
+}
+
+// Kernels compiled for bf16 -> bf16 only: the configurations of the schedule study
+// (docs/gemm-worklog.md, step 9), measured against the default ones by bench_gemm --variants.
+template <class Config, GemmLayout kLayout, class InT, class OutT>
+constexpr GemmLauncher study_launcher() {
+  if constexpr (std::is_same_v<InT, bf16> && std::is_same_v<OutT, bf16>)
+    return launcher<PlainGemm<Config, kLayout, InT, OutT>>();
+  else
+    return {};
 }
 
 template <GemmLayout kLayout, class InT, class OutT>
 GemmLauncher launcher_for(sm90::KernelId kernel) {
+  using namespace sm90;
   switch (kernel) {
-  case sm90::KernelId::wide:
-    return launcher<sm90::GemmKernel<sm90::WideConfig<OutT>, kLayout, InT, OutT>>();
-  case sm90::KernelId::pingpong:
-    return launcher<sm90::GemmKernel<sm90::PingpongConfig<OutT>, kLayout, InT, OutT>>();
+  case KernelId::wide:
+    return launcher<PlainGemm<WideConfig<OutT>, kLayout, InT, OutT>>();
+  case KernelId::pingpong:
+    return launcher<PlainGemm<PingpongConfig<OutT>, kLayout, InT, OutT>>();
+  case KernelId::wide_3stages:
+    return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::cooperative>, kLayout, InT, OutT>();
+  case KernelId::wide192:
+    return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::cooperative>, kLayout, InT, OutT>();
+  case KernelId::pingpong192:
+    return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::pingpong>, kLayout, InT, OutT>();
+  case KernelId::staged:
+    return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::staged>, kLayout, InT, OutT>();
+  case KernelId::staged192:
+    return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::staged>, kLayout, InT, OutT>();
   }
   return {};
 }

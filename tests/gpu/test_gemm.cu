@@ -72,11 +72,10 @@ struct Case {
 std::string describe(const Case& c) {
   static const char* layouts[] = {"fwd", "dgrad", "wgrad"};
   static const char* cmodes[] = {"", " +C", " +C aliasing D"};
-  static const char* kernels[] = {"wide", "pingpong"};
   static const char* stream_k[] = {"off", "auto", "always"};
   std::string plan = c.out == DType::f32 || c.out == c.in ? "coda::gemm" : "gpu::gemm";
   if (c.plan)
-    plan = std::string("plan ") + kernels[int(c.plan->kernel)] + " stream-K " +
+    plan = std::string("plan ") + sm90::kernel_name(c.plan->kernel) + " stream-K " +
            stream_k[int(c.plan->stream_k)] + (c.plan->defer_stores ? "" : " stores not deferred");
   return std::string(layouts[int(c.layout)]) + " " + dtype_name(c.in) + "->" + dtype_name(c.out) +
          " M=" + std::to_string(c.m) + " N=" + std::to_string(c.n) + " K=" + std::to_string(c.k) +
@@ -96,6 +95,11 @@ const sm90::GemmPlan kStreamK = forced(sm90::KernelId::wide, sm90::StreamKMode::
 const sm90::GemmPlan kPingpong = forced(sm90::KernelId::pingpong, sm90::StreamKMode::off);
 const sm90::GemmPlan kNotDeferred =
     forced(sm90::KernelId::wide, sm90::StreamKMode::off, /*defer=*/false);
+const sm90::GemmPlan kStaged = forced(sm90::KernelId::staged, sm90::StreamKMode::automatic);
+// The kernels of the schedule study (bf16 in and out only): heuristic.hpp's KernelId.
+constexpr sm90::KernelId kStudyKernels[] = {sm90::KernelId::wide_3stages, sm90::KernelId::wide192,
+                                            sm90::KernelId::pingpong192, sm90::KernelId::staged,
+                                            sm90::KernelId::staged192};
 
 ref::Layout ref_layout(GemmLayout l) {
   return l == GemmLayout::fwd     ? ref::Layout::fwd
@@ -448,8 +452,28 @@ TEST(GpuGemm, SmallForSanitizer) {
         {layout, DType::f16, DType::f32, legal_m(layout, 300), 520, 72, 0.5f, 1.f, CMode::alias_d});
     run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 200, 1.f, 0.f, CMode::none, kPingpong});
     run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 328, 1.f, 0.f, CMode::none, kStreamK});
+    run_case({layout, DType::bf16, DType::bf16, 1000, 1032, 328, 1.f, 0.f, CMode::none, kStaged});
   }
   run_case({GemmLayout::wgrad, DType::bf16, DType::bf16, 264, 520, 1005});
+}
+
+// The schedule study's kernels (128 x 192 tiles, the staged schedule) in every layout, on ragged
+// shapes (N = 1032 is 5.4 tiles of 192), with a scaling alpha, data-parallel and stream-K.
+TEST(GpuGemm, ScheduleStudyKernels) {
+  CODA_REQUIRE_SM90();
+  for (sm90::KernelId kernel : kStudyKernels)
+    for (GemmLayout layout : kLayouts)
+      for (sm90::StreamKMode sk : {sm90::StreamKMode::off, sm90::StreamKMode::always})
+        run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 1000), 1032, 776, 0.5f, 0.f,
+                  CMode::none, forced(kernel, sk)});
+}
+
+// The staged kernel with the device scalar alpha the LM head's weight gradient takes.
+TEST(GpuGemm, StagedKernelOnLongK) {
+  CODA_REQUIRE_SM90();
+  for (GemmLayout layout : kLayouts)
+    run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 520), 776, 4104, 1.f, 0.f,
+              CMode::none, kStaged});
 }
 
 // The 128 x 128 ping-pong kernel in every layout and output dtype, with C aliasing D.
@@ -474,6 +498,10 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
             const sm90::TileCoord t = s.tile(u, r);
             ASSERT_TRUE(t.m_block >= 0 && t.m_block < s.units_m() * cluster && t.n_block >= 0 &&
                         t.n_block < s.tiles_n);
+            // The staged schedule's 32-bit arithmetic gives the same tile.
+            const sm90::TileCoord t32 = s.tile<uint32_t>(u, r);
+            ASSERT_EQ(t32.m_block, t.m_block);
+            ASSERT_EQ(t32.n_block, t.n_block);
             ++hits[size_t(t.m_block * s.tiles_n + t.n_block)];
           }
         for (int h : hits) EXPECT_EQ(h, 1);

@@ -1,4 +1,5 @@
-// Register -> shared-memory matrix store for the epilogue. PTX ISA sections are cited by title.
+// Register <-> shared-memory matrix moves of 16-bit 8x8 matrices (the epilogue's subtiles and the
+// staged accumulator tile). PTX ISA sections are cited by title.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,17 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t smem_addr, uint32_t r0, uin
       "stmatrix.sync.aligned.m8n8.x4.shared::cta.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr),
       "r"(r0), "r"(r1), "r"(r2), "r"(r3)
       : "memory");
+}
+
+// PTX ISA "ldmatrix" (Warp Level Matrix Instructions), .m8n8.x4.b16, not transposed: the inverse
+// of stmatrix_x4 with the same lane addresses, so a stmatrix_x4 / ldmatrix_x4 pair returns each
+// lane the registers it stored.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t smem_addr, uint32_t& r0, uint32_t& r1,
+                                            uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared::cta.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr)
+               : "memory");
 }
 
 } // namespace coda::arch

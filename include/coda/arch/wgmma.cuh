@@ -105,11 +105,43 @@ template <int kRegs> __device__ __forceinline__ void wgmma_fence_operand(float (
       "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),          \
       "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
 
-// D[64 x N] (+)= A * B for N = 128 or 256 and 16-bit inputs (bf16 when kIsBf16, else f16).
+// m64n192k16: 96 accumulator registers %0..%95, then desc_a %96, desc_b %97,
+// scale_d %98, imm-trans-a %99, imm-trans-b %100.
+#define CODA_WGMMA_N192_ASM(TYPE)                                                                  \
+  "{\n"                                                                                            \
+  ".reg .pred p;\n"                                                                                \
+  "setp.ne.b32 p, %98, 0;\n"                                                                       \
+  "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " {"                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"                 \
+  "}, %96, %97, p, 1, 1, %99, %100;\n"                                                             \
+  "}\n"
+#define CODA_WGMMA_N192_ACCUMULATORS                                                               \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),   \
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),   \
+      "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),   \
+      "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),   \
+      "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),   \
+      "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+
+// D[64 x N] (+)= A * B for N = 128, 192 or 256 and 16-bit inputs (bf16 when kIsBf16, else f16).
 template <int kN, bool kIsBf16, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                              int scale_d) {
-  static_assert(kN == 128 || kN == 256, "wgmma wrappers exist for N = 128 and 256");
+  static_assert(kN == 128 || kN == 192 || kN == 256,
+                "wgmma wrappers exist for N = 128, 192 and 256");
   if constexpr (kN == 128 && kIsBf16)
     asm volatile(CODA_WGMMA_N128_ASM("bf16")
                  : CODA_WGMMA_N128_ACCUMULATORS
@@ -117,6 +149,14 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
   if constexpr (kN == 128 && !kIsBf16)
     asm volatile(CODA_WGMMA_N128_ASM("f16")
                  : CODA_WGMMA_N128_ACCUMULATORS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+  if constexpr (kN == 192 && kIsBf16)
+    asm volatile(CODA_WGMMA_N192_ASM("bf16")
+                 : CODA_WGMMA_N192_ACCUMULATORS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+  if constexpr (kN == 192 && !kIsBf16)
+    asm volatile(CODA_WGMMA_N192_ASM("f16")
+                 : CODA_WGMMA_N192_ACCUMULATORS
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
   if constexpr (kN == 256 && kIsBf16)
     asm volatile(CODA_WGMMA_N256_ASM("bf16")
@@ -130,6 +170,8 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
 
 #undef CODA_WGMMA_N128_ASM
 #undef CODA_WGMMA_N128_ACCUMULATORS
+#undef CODA_WGMMA_N192_ASM
+#undef CODA_WGMMA_N192_ACCUMULATORS
 #undef CODA_WGMMA_N256_ASM
 #undef CODA_WGMMA_N256_ACCUMULATORS
 

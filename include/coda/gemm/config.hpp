@@ -9,10 +9,15 @@
 
 namespace coda::sm90 {
 
-// How the two consumer warpgroups share work.
-//   cooperative: both work on one tile, each owning half of its rows (tile M split in two);
-//   pingpong:    each owns whole tiles, alternating, so one's epilogue overlaps the other's MMAs.
-enum class Schedule : int { cooperative = 0, pingpong = 1 };
+// How the two consumer warpgroups share work, and where the epilogue runs.
+//   cooperative: both work on one tile, each owning half of its rows (tile M split in two), and
+//                run the epilogue on their accumulators while the tensor cores wait;
+//   pingpong:    each owns whole tiles, alternating, so one's epilogue overlaps the other's MMAs;
+//   staged:      cooperative MMAs, but the consumers only round their accumulators to 16 bits
+//                into a shared-memory tile (the stage) and start the next tile at once; a fourth
+//                warpgroup runs the epilogue from the stage while the next tile's MMAs run
+//                (docs/epilogue.md, "The staged schedule").
+enum class Schedule : int { cooperative = 0, pingpong = 1, staged = 2 };
 
 // Which dimension is contiguous in global (and shared) memory for an operand.
 enum class Major : int { k = 0, mn = 1 };
@@ -35,31 +40,55 @@ struct GemmConfig {
   static constexpr int kClusterM = kClusterM_; // CTAs of a cluster, stacked along M, sharing B
   static constexpr Schedule kSchedule = kSchedule_;
 
+  static constexpr bool kStaged = kSchedule == Schedule::staged;
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kThreads = (1 + kConsumerWarpgroups) * 128; // producer WG + consumers
+  static constexpr int kEpilogueWarpgroups = kStaged ? 1 : 0; // the staged schedule's fourth
+  // Producer warpgroup [0, 128) (one thread issues the loads), consumers [128, 384), and the
+  // staged schedule's epilogue warpgroup [384, 512).
+  static constexpr int kThreads = (1 + kConsumerWarpgroups + kEpilogueWarpgroups) * 128;
+  static constexpr int kEpilogueThread = (1 + kConsumerWarpgroups) * 128;
   // Rows of a tile one consumer warpgroup owns, in 64-row wgmma blocks.
-  static constexpr int kWarpgroupTileM = kSchedule == Schedule::cooperative ? kTileM / 2 : kTileM;
+  static constexpr int kWarpgroupTileM = kSchedule == Schedule::pingpong ? kTileM : kTileM / 2;
   static constexpr int kMmaBlocksM = kWarpgroupTileM / 64;
   static constexpr int kAccumulatorsPerThread = kMmaBlocksM * kTileN / 2;
-  // NOTE: 128 x 40 + 256 x 232 = 64512 <= 65536 registers; the producer needs few, and
-  // consumers need ~100 beyond their accumulators (cutlass and fast.cu use the same split).
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  // The N of one wgmma instruction. With 4 warpgroups the registers at entry are 128 per thread
+  // and ptxas needs every instruction to fit them ("Insufficient registers (128) to compile
+  // instruction" for a wgmma of 128 accumulators), so the staged schedule issues a 256-wide
+  // tile as two 128-wide wgmmas (A read twice from shared memory).
+  static constexpr int kWgmmaN = kStaged && kTileN == 256 ? 128 : kTileN;
+  // Register split (setmaxnreg; ptxas allocates each role's code within its count). NOTE:
+  //  - 128 x 40 + 256 x 232 = 64512: consumers with up to 128 accumulators and the epilogue
+  //    beside them (cutlass and fast.cu use the same split);
+  //  - 128 x 24 + 256 x 240 = 64512: more than 128 accumulators (QuACK's split from 208 on);
+  //  - staged: 128 x (32 + 2 x consumers + epilogue) = 65536, the consumers holding their
+  //    accumulators and the mainloop's and scheduler's state (48 more: with 32 or 40 ptxas
+  //    spilled 16-76 bytes), the epilogue warpgroup the rest (128 beside 256-wide tiles).
+  static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
+  static constexpr int kProducerRegisters = kStaged ? 32 : kHeavyAccumulators ? 24 : 40;
+  static constexpr int kConsumerRegisters = kStaged              ? kAccumulatorsPerThread + 48
+                                            : kHeavyAccumulators ? 240
+                                                                 : 232;
+  static constexpr int kEpilogueRegisters =
+      kStaged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
 
   static_assert(kTileK == 64,
                 "operand tiles are one 128-byte swizzle span (64 elements) deep in K");
-  static_assert(kTileN == 128 || kTileN == 256, "wgmma wrappers exist for N = 128 and 256");
-  static_assert(kSchedule != Schedule::cooperative || kTileM == 128,
-                "cooperative schedule: two warpgroups of 64 rows, so tile M must be 128");
+  static_assert(kTileN == 128 || kTileN == 192 || kTileN == 256,
+                "wgmma wrappers exist for N = 128, 192 and 256");
+  static_assert(kSchedule == Schedule::pingpong || kTileM == 128,
+                "cooperative and staged schedules: two warpgroups of 64 rows, so tile M is 128");
   static_assert(kSchedule != Schedule::pingpong || kTileM == 64 || kTileM == 128,
                 "ping-pong schedule: one warpgroup owns the tile, so tile M must be 64 or 128");
-  static_assert(kAccumulatorsPerThread <= 128,
-                "a consumer thread holds at most 128 fp32 accumulators (register budget 232)");
+  static_assert(kAccumulatorsPerThread <= (kSchedule == Schedule::pingpong ? 192 : 128),
+                "a consumer thread holds at most 128 fp32 accumulators beside an epilogue (192 "
+                "on ping-pong with the 240-register split)");
   static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
-  static_assert(kTileN / 64 % kClusterM == 0,
-                "each CTA of a cluster multicasts whole 64-column atoms of B");
   static_assert(kStages >= 2 && kStages <= 8, "2 to 8 pipeline stages");
-  static_assert(kProducerRegisters * 128 + kConsumerRegisters * 128 * kConsumerWarpgroups <= 65536,
+  static_assert(kEpilogueRegisters <= 256 && kEpilogueRegisters % 8 == 0,
+                "setmaxnreg takes at most 256, in steps of 8");
+  static_assert((kProducerRegisters + kEpilogueRegisters) * 128 +
+                        kConsumerRegisters * 128 * kConsumerWarpgroups <=
+                    65536,
                 "register split exceeds the 64K registers of an SM");
 };
 

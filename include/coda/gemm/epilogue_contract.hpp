@@ -20,6 +20,15 @@
 //
 // All 128 threads of a consumer warpgroup call every member; the warpgroup may synchronize on
 // its own named barrier (NamedBarrier::epilogue_warpgroup0 + consumer index) and no other.
+//
+// On the staged schedule (config.hpp) the Epilogue is constructed in the two consumer warpgroups
+// and in the epilogue warpgroup (warpgroup argument kEpilogueWarpgroupIndex), and:
+//   consumers, per tile:     begin_stage(EpilogueTile) before the mainloop, stage(acc, tile)
+//                            after it (their 64-row block: round and write the staged tile);
+//   epilogue warpgroup:      begin_tile(tile), visit_staged(tile), end_tile(tile) per tile (the
+//                            tile's 128 rows), finish() once; it synchronizes on
+//                            NamedBarrier::epilogue_warpgroup0.
+// The staged tile and its barriers are part of the Epilogue's SharedStorage.
 // A stream-K piece that only contributes partial sums to a tile finished elsewhere gets no
 // begin_tile / visit / end_tile (see scheduler.hpp); the tile's owner visits the full sum.
 #pragma once
@@ -42,6 +51,10 @@ enum class NamedBarrier : uint32_t {
   stream_k_warpgroup0 = 5, // stream-K partial sums, per consumer warpgroup (kernel's)
   stream_k_warpgroup1 = 6,
 };
+
+// The warpgroup index the staged schedule's epilogue warpgroup passes to the Epilogue (the
+// consumers pass 0 and 1).
+constexpr int kEpilogueWarpgroupIndex = 2;
 
 // Where a consumer warpgroup's rows of the current tile start in D. The warpgroup owns
 // kBlocks * 64 rows from row0 and kN columns from col0 (the accumulator's shape); rows and

@@ -19,7 +19,24 @@
 
 namespace coda::sm90 {
 
-enum class KernelId : int32_t { wide = 0, pingpong = 1 };
+// The study kernels (bf16 in and out only) measure the floor of each epilogue schedule
+// (docs/gemm-worklog.md, step 9): the wide tile with 3 stages (what a staged tile leaves), a
+// 128 x 192 tile cooperative and ping-pong (24 / 240 registers), and the staged schedule with
+// 128 x 256 (3 stages) and 128 x 192 (4 stages) tiles.
+enum class KernelId : int32_t {
+  wide = 0,
+  pingpong = 1,
+  wide_3stages = 2,
+  wide192 = 3,
+  pingpong192 = 4,
+  staged = 5,
+  staged192 = 6,
+};
+constexpr const char* kernel_name(KernelId id) {
+  constexpr const char* names[] = {"wide",        "pingpong", "wide_3stages", "wide192",
+                                   "pingpong192", "staged",   "staged192"};
+  return names[int(id)];
+}
 
 // Stages fill what the epilogue leaves of 227 KB; fp32 outputs double the epilogue buffers.
 template <class OutT>
@@ -59,14 +76,25 @@ inline int32_t choose_group_m(int64_t units_m, int64_t clusters, int64_t unit_ro
   return int32_t(best);
 }
 
-inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
-  (void)k;
-  GemmPlan plan;
+constexpr int64_t tile_n_of(KernelId id) {
+  return id == KernelId::pingpong ? 128
+         : id == KernelId::wide192 || id == KernelId::pingpong192 || id == KernelId::staged192
+             ? 192
+             : 256;
+}
+
+// The raster group of `kernel`'s tiles (128 rows, tile_n_of columns) on `num_sms` SMs.
+inline int32_t group_m_for(KernelId kernel, int64_t m, int32_t num_sms) {
   const int64_t tiles_m = ceil_div<int64_t>(m, 128);
   const int64_t clusters = num_sms / kClusterM;
-  const int64_t tile_n = plan.kernel == KernelId::wide ? 256 : 128;
-  plan.group_m =
-      choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters, kClusterM * 128, tile_n);
+  return choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters, kClusterM * 128,
+                        tile_n_of(kernel));
+}
+
+inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
+  (void)n, (void)k;
+  GemmPlan plan;
+  plan.group_m = group_m_for(plan.kernel, m, num_sms);
   return plan;
 }
 

@@ -1,10 +1,12 @@
 // The persistent, warp-specialized GEMM kernel: wiring only. Warpgroup 0 produces (one elected
-// thread issues TMA loads), warpgroups 1 and 2 consume (wgmma) and run the epilogue. The kernel
-// calls the scheduler, the mainloop and the epilogue; it knows neither operand layouts nor what
-// the epilogue computes.
+// thread issues TMA loads), warpgroups 1 and 2 consume (wgmma) and run the epilogue, or, on the
+// staged schedule, hand their tile to warpgroup 3, which runs the epilogue while they start the
+// next tile. The kernel calls the scheduler, the mainloop and the epilogue; it knows neither
+// operand layouts nor what the epilogue computes.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "coda/arch/cluster.cuh"
 #include "coda/arch/tma.cuh"
@@ -15,6 +17,14 @@
 #include "coda/gemm/stream_k.cuh"
 
 namespace coda::sm90 {
+
+// The tile of a work item: the staged schedule's roles divide in 32 bits (scheduler.hpp).
+template <class Config>
+__device__ __forceinline__ TileCoord tile_of(const TileScheduler& sched, int64_t unit,
+                                             uint32_t cta_rank) {
+  using Index = std::conditional_t<Config::kStaged, uint32_t, int64_t>;
+  return sched.template tile<Index>(unit, int32_t(cta_rank));
+}
 
 template <class Mainloop, class Epilogue> struct KernelParams {
   typename Mainloop::Params mainloop;
@@ -65,7 +75,9 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
   const int consumer = int(threadIdx.x) / arch::kWarpgroupSize - 1;
   const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
   const uint32_t lane = threadIdx.x % arch::kWarpSize;
-  constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
+  // Cooperative and staged: both warpgroups on one tile, each owning half of its rows.
+  constexpr bool kCooperative = Config::kSchedule != Schedule::pingpong;
+  constexpr bool kStaged = Config::kStaged;
   const TileScheduler& sched = params.scheduler;
   const int32_t k_blocks = sched.k_blocks;
 
@@ -82,13 +94,18 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
   WorkItem item;
   for (int64_t iteration = 0; work.next(item); ++iteration) {
     if (!kCooperative && iteration % Config::kConsumerWarpgroups != consumer) continue;
-    const TileCoord tile = sched.tile(item.unit, int32_t(cta_rank));
+    const TileCoord tile = tile_of<Config>(sched, item.unit, cta_rank);
     const int first_block = kCooperative ? consumer * Config::kMmaBlocksM : 0;
     const EpilogueTile rows{tile.m_block * Config::kTileM + first_block * 64,
                             tile.n_block * Config::kTileN};
     // Stream-K: a piece that stops short of the last k-block only contributes partial sums.
     const bool contributes = kCooperative && item.k_end < k_blocks;
-    if (!contributes) epilogue.begin_tile(rows);
+    if (!contributes) {
+      if constexpr (kStaged)
+        epilogue.begin_stage(rows);
+      else
+        epilogue.begin_tile(rows);
+    }
     // Ping-pong: wait for the other warpgroup to finish its tile's MMAs before starting ours.
     // NOTE: besides ordering the tensor cores, this keeps the pipeline barriers at most one phase
     // ahead of the waiter: a warpgroup that skipped the other's k-blocks would otherwise wait on
@@ -109,9 +126,33 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
         add_stream_k_partials<Config>(sched, params.stream_k, item, int32_t(cluster), cta_rank,
                                       consumer, thread, acc);
     }
-    epilogue.visit(acc, rows);
+    if constexpr (kStaged) {
+      epilogue.stage(acc, rows); // the epilogue warpgroup takes it from here
+    } else {
+      epilogue.visit(acc, rows);
+      epilogue.end_tile(rows);
+      if (!kCooperative) st.advance(uint32_t((Config::kConsumerWarpgroups - 1) * k_blocks));
+    }
+  }
+  if constexpr (!kStaged) epilogue.finish();
+}
+
+// The staged schedule's epilogue warpgroup: the same work list as the consumers, one staged tile
+// (all of its rows) per item they finish; stream-K contributors stage nothing.
+template <class Config, class Mainloop, class Epilogue>
+__device__ void run_epilogue(const KernelParams<Mainloop, Epilogue>& params,
+                             KernelSharedStorage<Mainloop, Epilogue>& smem, uint32_t cta_rank) {
+  const TileScheduler& sched = params.scheduler;
+  Epilogue epilogue(params.epilogue, smem.epilogue, kEpilogueWarpgroupIndex,
+                    int(threadIdx.x) % arch::kWarpgroupSize);
+  WorkIterator work(sched, blockIdx.x / Config::kClusterM, gridDim.x / Config::kClusterM);
+  for (WorkItem item; work.next(item);) {
+    if (item.k_end < sched.k_blocks) continue;
+    const TileCoord tile = tile_of<Config>(sched, item.unit, cta_rank);
+    const EpilogueTile rows{tile.m_block * Config::kTileM, tile.n_block * Config::kTileN};
+    epilogue.begin_tile(rows);
+    epilogue.visit_staged(rows);
     epilogue.end_tile(rows);
-    if (!kCooperative) st.advance(uint32_t((Config::kConsumerWarpgroups - 1) * k_blocks));
   }
   epilogue.finish();
 }
@@ -124,10 +165,9 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   // NOTE: the swizzled buffers need 1024-byte alignment; the launch adds that much slack.
   auto& smem = *reinterpret_cast<SharedStorage*>((uintptr_t(smem_raw) + 1023) & ~uintptr_t(1023));
 
-  const int warpgroup = int(threadIdx.x) / arch::kWarpgroupSize;
   const uint32_t cta_rank = Config::kClusterM > 1 ? arch::cluster_cta_rank() : 0;
   constexpr int kReleasersPerCta =
-      (Config::kSchedule == Schedule::cooperative ? Config::kConsumerWarpgroups : 1) *
+      (Config::kSchedule != Schedule::pingpong ? Config::kConsumerWarpgroups : 1) *
       (arch::kWarpgroupSize / arch::kWarpSize);
   typename Mainloop::Pipeline pipe{smem.mainloop.barriers};
 
@@ -143,6 +183,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   else
     __syncthreads();
 
+  const int warpgroup = int(threadIdx.x) / arch::kWarpgroupSize;
   if (warpgroup == 0) {
     arch::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x / arch::kWarpSize == 0 && arch::elect_one_sync()) {
@@ -151,13 +192,18 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                         gridDim.x / Config::kClusterM);
       for (WorkItem item; work.next(item);)
         Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
-                            params.scheduler.tile(item.unit, int32_t(cta_rank)), item.k_begin,
+                            tile_of<Config>(params.scheduler, item.unit, cta_rank), item.k_begin,
                             item.k_end, item.k_rotation, cta_rank);
     }
     __syncwarp();
-  } else {
+  } else if (warpgroup <= Config::kConsumerWarpgroups) {
     arch::setmaxnreg_inc<Config::kConsumerRegisters>();
     consume<Config>(params, smem, pipe, cta_rank);
+  } else {
+    if constexpr (Config::kStaged) {
+      arch::setmaxnreg_inc<Config::kEpilogueRegisters>();
+      run_epilogue<Config>(params, smem, cta_rank);
+    }
   }
   // NOTE: no CTA may exit while a peer can still multicast into its shared memory or arrive on
   // its barriers; after this barrier every peer has consumed (and so received) all its stages.

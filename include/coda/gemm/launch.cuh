@@ -1,4 +1,4 @@
-// Host side of one GEMM kernel instantiation: tensor maps, persistent grid, cluster launch.
+// Host side of the GEMM kernel: tensor maps, persistent grid, stream-K scratch, cluster launch.
 #pragma once
 
 #include <algorithm>
@@ -7,14 +7,14 @@
 
 #include <cuda_runtime.h>
 
+#include "coda/core/error.hpp"
+#include "coda/core/tensor.hpp"
 #include "coda/gemm/config.hpp"
 #include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/kernel.cuh"
-#include "coda/gemm/linear_epilogue.cuh"
 #include "coda/gemm/mainloop.cuh"
 #include "coda/gemm/problem.hpp"
 #include "coda/gemm/tensor_map.hpp"
-#include "coda/kernels/args.hpp"
 
 namespace coda::sm90 {
 
@@ -62,12 +62,15 @@ struct StreamKScratch {
   size_t bytes = 0;
 };
 
-template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKernel {
-  static constexpr bool kCooperative = Config::kSchedule == Schedule::cooperative;
+// One GEMM kernel instantiation (a config, a layout, an input type and an epilogue), launched: the
+// operands' tensor maps, the tile scheduler (raster group and stream-K split from the plan), the
+// stream-K scratch taken from the caller's workspace, the persistent cluster launch. The plain
+// GEMM and every fused kernel launch through here; what differs is the epilogue and its Params.
+//
+// Operands as GemmArgs holds them: a [M, K] (wgrad: [K, M]), b [N, K] (fwd) or [K, N].
+template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKernel {
+  static constexpr bool kCooperative = Config::kSchedule != Schedule::pingpong;
   using Main = Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>;
-  // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
-  // next mainloop; ping-pong: the other warpgroup's MMAs already overlap them.
-  using Epi = LinearEpilogue<OutT, Config::kConsumerWarpgroups, kCooperative>;
   using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
   using Params = KernelParams<Main, Epi>;
   using SharedStorage = KernelSharedStorage<Main, Epi>;
@@ -77,58 +80,44 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
       kSharedBytes <= kMaxSharedBytes,
       "pipeline stages + epilogue buffers exceed the 227 KB of shared memory; use fewer stages");
 
-  static Params make_params(const GemmArgs& args, const GemmPlan& plan) {
-    const int64_t M = args.m(), N = args.n(), K = args.k();
+  struct Problem {
+    int64_t m, n, k;
+  };
+
+  static typename Main::Params mainloop_params(const TensorView& a, const TensorView& b,
+                                               Problem p) {
     constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
     const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
-    Params p{};
-    p.mainloop.a = make_tensor_map(
-        "A", kMnA ? TensorMapShape{args.a.data, args.a.dtype, uint64_t(M), uint64_t(K),
-                                   uint64_t(args.a.stride[0]), 64, 64, sw128}
-                  : TensorMapShape{args.a.data, args.a.dtype, uint64_t(K), uint64_t(M),
-                                   uint64_t(args.a.stride[0]), 64, Config::kTileM, sw128});
-    p.mainloop.b = make_tensor_map(
-        "B", kMnB ? TensorMapShape{args.b.data, args.b.dtype, uint64_t(N), uint64_t(K),
-                                   uint64_t(args.b.stride[0]), 64, 64, sw128}
-                  : TensorMapShape{args.b.data, args.b.dtype, uint64_t(K), uint64_t(N),
-                                   uint64_t(args.b.stride[0]), 64, Main::kSliceRowsB, sw128});
-
-    const CUtensorMapSwizzle sw_out =
-        Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-    auto out_map = [&](const char* what, const TensorView& t) {
-      return make_tensor_map(what, TensorMapShape{t.data, t.dtype, uint64_t(N), uint64_t(M),
-                                                  uint64_t(t.stride[0]), uint32_t(Epi::kSubCols),
-                                                  uint32_t(Epi::kSubRows), sw_out});
-    };
-    p.epilogue.d = out_map("D", args.d);
-    p.epilogue.load_c = args.has_c() && args.beta != 0.f;
-    p.epilogue.c = p.epilogue.load_c ? out_map("C", args.c) : p.epilogue.d;
-    p.epilogue.alpha = args.alpha.value;
-    p.epilogue.alpha_tensor =
-        args.alpha.has_tensor() ? args.alpha.tensor.ptr<const float>() : nullptr;
-    p.epilogue.beta = args.beta;
-    p.epilogue.defer_stores = plan.defer_stores;
-
-    p.scheduler = make_scheduler(args, plan);
-    return p;
+    typename Main::Params out;
+    out.a = make_tensor_map(
+        "A", kMnA ? TensorMapShape{a.data, a.dtype, uint64_t(p.m), uint64_t(p.k),
+                                   uint64_t(a.stride[0]), 64, 64, sw128}
+                  : TensorMapShape{a.data, a.dtype, uint64_t(p.k), uint64_t(p.m),
+                                   uint64_t(a.stride[0]), 64, Config::kTileM, sw128});
+    out.b = make_tensor_map("B",
+                            kMnB ? TensorMapShape{b.data, b.dtype, uint64_t(p.n), uint64_t(p.k),
+                                                  uint64_t(b.stride[0]), 64, 64, sw128}
+                                 : TensorMapShape{b.data, b.dtype, uint64_t(p.k), uint64_t(p.n),
+                                                  uint64_t(b.stride[0]), Main::kSliceRowsB, sw128});
+    return out;
   }
 
   // The tiles and k-blocks of the problem (shapes only: no data pointer is read).
-  static TileScheduler make_scheduler(const GemmArgs& args, const GemmPlan& plan) {
+  static TileScheduler make_scheduler(Problem p, const GemmPlan& plan) {
     TileScheduler s;
-    s.tiles_m = int32_t(ceil_div<int64_t>(args.m(), Config::kTileM));
-    s.tiles_n = int32_t(ceil_div<int64_t>(args.n(), Config::kTileN));
+    s.tiles_m = int32_t(ceil_div<int64_t>(p.m, Config::kTileM));
+    s.tiles_n = int32_t(ceil_div<int64_t>(p.n, Config::kTileN));
     s.cluster_m = Config::kClusterM;
-    s.group_m = plan.group_m;
-    s.k_blocks = int32_t(ceil_div<int64_t>(args.k(), Config::kTileK));
+    s.group_m = std::clamp<int32_t>(plan.group_m, 1, std::max<int32_t>(s.units_m(), 1));
+    s.k_blocks = int32_t(ceil_div<int64_t>(p.k, Config::kTileK));
     return s;
   }
 
   // Clusters that fit on the device at once (one CTA per SM), cached per instantiation.
-  static int max_active_clusters(const void* kernel) {
+  static int max_active_clusters() {
     static const int cached =
-        query_max_active_clusters(kernel, Config::kClusterM, Config::kThreads, kSharedBytes,
-                                  "setting the GEMM kernel's shared memory size");
+        query_max_active_clusters(kernel_address(), Config::kClusterM, Config::kThreads,
+                                  kSharedBytes, "setting a GEMM kernel's shared memory size");
     return cached;
   }
 
@@ -145,26 +134,27 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
   }
 
   // Workspace bytes a launch of `plan` needs for stream-K; the same computation as run()'s.
-  static size_t workspace_size(const GemmArgs& args, const GemmPlan& plan) {
-    const TileScheduler s = make_scheduler(args, plan);
+  static size_t workspace_size(Problem p, const GemmPlan& plan) {
+    const TileScheduler s = make_scheduler(p, plan);
     if (s.num_units() == 0) return 0;
-    return stream_k_scratch(s, plan, max_active_clusters(kernel_address())).bytes;
+    return stream_k_scratch(s, plan, max_active_clusters()).bytes;
   }
 
   // Takes stream-K scratch from the caller's workspace (clearing its flags on `stream`);
   // returns the clusters to launch. Without a workspace the launch stays data-parallel.
-  static int64_t use_stream_k(Params& p, const GemmArgs& args, const GemmPlan& plan,
-                              int64_t max_clusters, Stream stream) {
+  static int64_t use_stream_k(Params& p, const GemmPlan& plan, const TensorView& workspace,
+                              int64_t max_clusters, cudaStream_t stream) {
     const int64_t data_parallel = std::min(max_clusters, p.scheduler.num_units());
     const StreamKScratch sk = stream_k_scratch(p.scheduler, plan, max_clusters);
-    if (sk.bytes == 0 || !args.has_workspace()) return data_parallel;
-    if (args.workspace_bytes() < sk.bytes)
+    if (sk.bytes == 0 || workspace.data == nullptr) return data_parallel;
+    const size_t workspace_bytes = size_t(workspace.numel() * dtype_size(workspace.dtype));
+    if (workspace_bytes < sk.bytes)
       throw Error(Status::invalid_argument,
-                  "gemm: workspace holds " + std::to_string(args.workspace_bytes()) +
+                  "gemm: workspace holds " + std::to_string(workspace_bytes) +
                       " bytes but this call needs " + std::to_string(sk.bytes) +
                       " (coda::gemm_workspace_size(args)); pass a larger one or none");
     const int64_t slot_bytes = stream_k_slot_bytes(Config::kAccumulatorsPerThread);
-    p.stream_k = carve_stream_k(args.workspace.data, sk.slots, slot_bytes);
+    p.stream_k = carve_stream_k(workspace.data, sk.slots, slot_bytes);
     check_cuda(cudaMemsetAsync(p.stream_k.flags, 0, size_t(sk.slots) * sizeof(int32_t), stream),
                "clearing the GEMM's stream-K flags");
     p.scheduler.sk_first_unit = sk.split.first_unit;
@@ -172,12 +162,19 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     return max_clusters;
   }
 
-  static void run(const GemmArgs& args, const GemmPlan& plan, Stream stream) {
-    const auto kernel = gemm_kernel<Config, Main, Epi>;
-    Params params = make_params(args, plan);
+  static void run(const TensorView& a, const TensorView& b, Problem problem,
+                  const typename Epi::Params& epilogue, const GemmPlan& plan,
+                  const TensorView& workspace, cudaStream_t stream) {
+    Params params{};
+    params.mainloop = mainloop_params(a, b, problem);
+    params.epilogue = epilogue;
+    params.scheduler = make_scheduler(problem, plan);
     if (params.scheduler.num_units() == 0) return;
-    const int64_t clusters =
-        use_stream_k(params, args, plan, max_active_clusters(kernel_address()), stream);
+    if (Config::kStaged && params.scheduler.num_units() > kMaxUnits)
+      throw Error(Status::not_supported, "gemm: more than 2^31 tiles of " +
+                                             std::to_string(Config::kTileM) + " x " +
+                                             std::to_string(Config::kTileN) + " in one launch");
+    const int64_t clusters = use_stream_k(params, plan, workspace, max_active_clusters(), stream);
 
     cudaLaunchConfig_t cfg{};
     cudaLaunchAttribute attr{};
@@ -190,7 +187,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct GemmKe
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kernel, params), "launching the GEMM kernel");
+    check_cuda(cudaLaunchKernelEx(&cfg, gemm_kernel<Config, Main, Epi>, params),
+               "launching a GEMM kernel");
   }
 
 private:

@@ -95,7 +95,8 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
   __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
     const float alpha = tile_alpha();
-    if constexpr (kCanDefer) {
+    // Deferral holds the last 4 subtiles of a one-block tile (a 256-wide cooperative half).
+    if constexpr (kCanDefer && kBlocks == 1 && kSubtilesN % kMaxDeferred == 0) {
       if (params.defer_stores && !params.load_c) return defer(acc, tile, alpha);
     }
 #pragma unroll // NOTE: registers cannot be indexed at run time; a rolled loop puts acc in local

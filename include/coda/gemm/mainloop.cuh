@@ -30,8 +30,9 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
   static constexpr uint32_t kAtomBytes = 64 * arch::kOperandRowBytes; // 64 rows x 128 B
   static constexpr uint32_t kTileBytesA = Config::kTileM * arch::kOperandRowBytes;
   static constexpr uint32_t kTileBytesB = Config::kTileN * arch::kOperandRowBytes;
-  // Each CTA of a cluster loads this share of B and multicasts it to all of them.
+  // Each CTA of a cluster loads this share of B (K-major: rows) and multicasts it to all of them.
   static constexpr uint32_t kSliceRowsB = Config::kTileN / kClusterM;
+  static_assert(kSliceRowsB % 8 == 0, "B slices are whole 8-row swizzle atoms");
   static constexpr uint32_t kStageBytes = kTileBytesA + kTileBytesB;
   static_assert(kStageBytes == uint32_t(stage_bytes<Config>()), "stage size mismatch");
 
@@ -145,16 +146,18 @@ private:
       copy(dst + cta_rank * kSliceRowsB * arch::kOperandRowBytes, k0,
            n0 + int32_t(cta_rank * kSliceRowsB));
     } else {
-      constexpr int kAtomsPerCta = Config::kTileN / 64 / kClusterM;
+      // 64-column atoms; with an odd count (N = 192 tiles) the first CTA loads one more.
+      constexpr int kAtoms = Config::kTileN / 64;
+      constexpr int kAtomsPerCta = (kAtoms + kClusterM - 1) / kClusterM;
 #pragma unroll
       for (int j = 0; j < kAtomsPerCta; ++j) {
         const int atom = int(cta_rank) * kAtomsPerCta + j;
-        copy(dst + atom * kAtomBytes, n0 + 64 * atom, k0);
+        if (atom < kAtoms) copy(dst + atom * kAtomBytes, n0 + 64 * atom, k0);
       }
     }
   }
 
-  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of all of B (see
+  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of B from a column on (see
   // smem_desc.hpp).
   __device__ static uint64_t desc_a(const uint8_t* tile, int block, int kk) {
     const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
@@ -166,27 +169,36 @@ private:
                                              kk * 16 * arch::kOperandRowBytes,
                                          kAtomBytes, arch::kSwizzleAtomBytes);
   }
-  __device__ static uint64_t desc_b(const uint8_t* tile, int kk) {
+  // `n0`: the first column of B the wgmma reads (a multiple of 64).
+  __device__ static uint64_t desc_b(const uint8_t* tile, int kk, int n0) {
     const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
     if constexpr (kMajorB == Major::k)
-      return arch::make_wgmma_desc_sw128(base + kk * 32, 16, arch::kSwizzleAtomBytes);
-    else
-      return arch::make_wgmma_desc_sw128(base + kk * 16 * arch::kOperandRowBytes, kAtomBytes,
+      return arch::make_wgmma_desc_sw128(base + n0 * arch::kOperandRowBytes + kk * 32, 16,
                                          arch::kSwizzleAtomBytes);
+    else
+      return arch::make_wgmma_desc_sw128(base + n0 / 64 * kAtomBytes +
+                                             kk * 16 * arch::kOperandRowBytes,
+                                         kAtomBytes, arch::kSwizzleAtomBytes);
   }
 
   __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Accum& acc, int first_block,
                                    bool first_k_block) {
     constexpr int kTransA = kMajorA == Major::mn ? 1 : 0;
     constexpr int kTransB = kMajorB == Major::mn ? 1 : 0;
+    constexpr int kN = Config::kWgmmaN, kParts = Config::kTileN / kN;
 #pragma unroll
     for (int kk = 0; kk < Config::kTileK / 16; ++kk) {
-      const uint64_t b = desc_b(smem.b[stage], kk);
 #pragma unroll
-      for (int mb = 0; mb < Accum::kBlocks; ++mb) {
-        const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
-        arch::wgmma_m64k16<Config::kTileN, kIsBf16, kTransA, kTransB>(acc.reg[mb], a, b,
-                                                                      !first_k_block || kk != 0);
+      for (int part = 0; part < kParts; ++part) {
+        const uint64_t b = desc_b(smem.b[stage], kk, part * kN);
+#pragma unroll
+        for (int mb = 0; mb < Accum::kBlocks; ++mb) {
+          const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
+          // Columns [part kN, (part + 1) kN) are registers [part kN/2, (part + 1) kN/2) of the
+          // full width's map (coda/core/fragment.hpp): one narrower wgmma on a slice of them.
+          float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc.reg[mb][part * kN / 2]);
+          arch::wgmma_m64k16<kN, kIsBf16, kTransA, kTransB>(d, a, b, !first_k_block || kk != 0);
+        }
       }
     }
   }

@@ -37,6 +37,9 @@ struct WorkItem {
   int32_t k_rotation = 0;
 };
 
+// The most units one launch may have (tile<uint32_t>() computes in 32 bits).
+constexpr int64_t kMaxUnits = (int64_t(1) << 31) - 1;
+
 struct TileScheduler {
   int32_t tiles_m = 0, tiles_n = 0;  // tiles of the output
   int32_t cluster_m = 1;             // CTAs per cluster, along M
@@ -52,15 +55,22 @@ struct TileScheduler {
   }
   CODA_HD bool has_stream_k() const { return sk_workers > 0 && dp_units() < num_units(); }
 
-  // Tile of CTA `cta_rank` (0 .. cluster_m-1) in unit `unit` (0 .. num_units()-1).
-  CODA_HD TileCoord tile(int64_t unit, int32_t cta_rank) const {
-    const int64_t group_size = int64_t(group_m) * tiles_n;
-    const int64_t group = unit / group_size;
-    const int32_t first_m = int32_t(group * group_m);
+  // Tile of CTA `cta_rank` (0 .. cluster_m-1) in unit `unit` (0 .. num_units()-1). Index is
+  // the integer type of the arithmetic: int64_t, or uint32_t where the launcher keeps
+  // num_units() within kMaxUnits.
+  // NOTE: a 64-bit division is a subroutine in SASS shared by the kernel's roles; with the
+  // staged schedule's register split it spilled in the roles with the fewest registers, so that
+  // schedule divides in 32 bits. The others keep the 64-bit form: inline 32-bit division made
+  // the register-bound cooperative K2 spill 4-16 bytes (ptxas at its limit is not monotonic).
+  template <class Index = int64_t> CODA_HD TileCoord tile(int64_t unit, int32_t cta_rank) const {
+    const Index u = Index(unit);
+    const Index group_size = Index(group_m) * Index(tiles_n);
+    const Index group = u / group_size;
+    const int32_t first_m = int32_t(group * Index(group_m));
     const int32_t rows_in_group = units_m() - first_m < group_m ? units_m() - first_m : group_m;
-    const int64_t in_group = unit - group * group_size;
-    const int32_t unit_m = first_m + int32_t(in_group % rows_in_group);
-    const int32_t unit_n = int32_t(in_group / rows_in_group);
+    const Index in_group = u - group * group_size;
+    const int32_t unit_m = first_m + int32_t(in_group % Index(rows_in_group));
+    const int32_t unit_n = int32_t(in_group / Index(rows_in_group));
     return TileCoord{unit_m * cluster_m + cta_rank, unit_n};
   }
 

@@ -2,10 +2,11 @@
 // the GEMM (ARCHITECTURE section 4) and satisfies the kernel's Epilogue contract
 // (coda/gemm/epilogue_contract.hpp). docs/epilogue.md describes the design.
 //
-// Each consumer warpgroup owns Shape::kRows x Shape::kCols of a tile, in 64 x 32 subtiles. Per
-// tile the driver calls, for every op in list order:
-//   begin_tile(tile, slot)   before the mainloop: issue per-tile loads (cp.async into shared
-//                            memory, TMA, registers) whose latency the MMAs hide;
+// Each warpgroup that runs the epilogue owns Shape::kRows x Shape::kCols of a tile, in 64 x 32
+// subtiles. Per tile the driver calls, for every op in list order:
+//   begin_tile(tile, slot)   before the values arrive (the mainloop, or the wait for the staged
+//                            tile): issue per-tile loads (cp.async into shared memory, TMA,
+//                            registers) whose latency that wait hides;
 //   begin_visit(tile)        after it, once the cp.async copies have landed (e.g. finish rstd);
 //   visit_block(regs, ...)   the prepass: the whole 64-row block in registers, for ops whose
 //                            pairs straddle subtiles (RoPE's rotate-half partners);
@@ -16,27 +17,43 @@
 //   end_tile(tile)           per-tile reductions that cross warps.
 // Subtiles alternate between two buffer slots, so the stores of one subtile and the loads of the
 // next are in flight while this one is computed. All stores of a subtile form one bulk group.
+//
+// Two ways to run (Shape::kStaged):
+//  - in the consumer warpgroups, on their accumulator registers (the cooperative and ping-pong
+//    schedules): every op runs there, a Stage<T> op only rounds;
+//  - staged (the staged schedule): the list is cut at its Stage<T> op. The consumers run the ops
+//    before it on their registers (elementwise ones: a scale), round to T and write the tile to
+//    shared memory (gemm/staged_tile.cuh); the epilogue warpgroup runs the ops after it on
+//    values read back from there, while the consumers' next MMAs run. Its Shape is its own view:
+//    one warpgroup owning the tile's 128 rows as two 64-row blocks.
 #pragma once
 
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include <cuda/ptx>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_pipeline_primitives.h>
 
 #include "coda/arch/warpgroup.cuh"
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
+#include "coda/gemm/staged_tile.cuh"
 
 namespace coda::epilogue::device {
 
-// What one consumer warpgroup owns of a tile: kRows (64-row blocks) x kCols, and how many
-// warpgroups share a tile's shared memory (each owns its own buffers).
-template <int kWarpgroups_, int kRows_, int kCols_> struct TileShape {
+// What one warpgroup running the epilogue owns of a tile: kRows (64-row blocks) x kCols, how many
+// warpgroups share a tile's shared memory (each owns its own buffers), and whether it reads the
+// staged tile (the staged schedule's epilogue warpgroup) instead of accumulator registers.
+template <int kWarpgroups_, int kRows_, int kCols_, bool kStaged_ = false> struct TileShape {
   static constexpr int kWarpgroups = kWarpgroups_;
   static constexpr int kRows = kRows_;
   static constexpr int kCols = kCols_;
+  static constexpr bool kStaged = kStaged_;
   static constexpr int kBlocks = kRows / 64;
   static constexpr int kSubRows = 64, kSubCols = 32;
   static constexpr int kSubtilesN = kCols / kSubCols;
@@ -54,12 +71,14 @@ struct Warpgroup {
 };
 
 // One 64 x 32 subtile: where it starts in D, which 64-row block and 32-column slab of the
-// warpgroup's tile it is, and its buffer slot.
+// warpgroup's tile it is, its buffer slot, and (staged) its place in the staged tile, which an
+// in-place store may overwrite and TMA-store from (the driver has read it by then).
 struct Subtile {
   int32_t row0, col0;
   int block; // 64-row block of the warpgroup's tile
   int slab;  // 32-column slab of the tile
   uint32_t slot;
+  uint8_t* staged = nullptr; // the staged subtile (16-bit, Subtile16 layout), or null
 };
 
 // What an op's hooks receive: its parameters (in the kernel's parameter space), its shared
@@ -76,6 +95,12 @@ struct OpBase {
   // Ops whose per-subtile math is heavy (an exp per value) ask for a rolled subtile loop: unrolled,
   // such code outgrows the instruction cache. Light chains run unrolled (no per-subtile selects).
   static constexpr bool kRollSubtiles = false;
+  // The Stage<T> op (the staged schedule's hand-over point) says so; ops that may run before it,
+  // in the consumer warpgroups, are elementwise (no shared memory, no per-row or column state).
+  static constexpr bool kIsStage = false;
+  static constexpr bool kElementwise = false;
+  // Ops with a prepass (visit_block) need the whole 64-row block in registers.
+  static constexpr bool kPrepass = false;
   struct SharedStorage {};
   template <class Storage> __device__ static void init(Storage&) {}
   template <class C> __device__ void begin_kernel(const C&) {}
@@ -100,6 +125,44 @@ using IndexedTuple = IndexedTupleOf<std::make_integer_sequence<int, int(sizeof..
 template <int I, class T> CODA_HD T& get(Indexed<I, T>& x) { return x.value; }
 template <int I, class T> CODA_HD const T& get(const Indexed<I, T>& x) { return x.value; }
 
+// The Stage<T> op: the fragment rounded to T. On the staged schedule it is where the consumer
+// warpgroups hand the tile over (the driver writes the rounded values to the staged tile); on the
+// others it rounds in place, so that every schedule computes the same numbers.
+template <class T> struct Stage : OpBase {
+  static_assert(sizeof(T) == 2, "the staged tile holds 16-bit values");
+  using Type = T;
+  static constexpr bool kIsStage = true;
+  static constexpr bool kElementwise = true;
+  struct Params {};
+  template <class C> __device__ void visit(const C&, const Subtile&, float (&v)[16]) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = round_through<T>(v[i]);
+  }
+
+private:
+  template <class U> __device__ static float round_through(float x) {
+    if constexpr (std::is_same_v<U, bf16>)
+      return __bfloat162float(__float2bfloat16_rn(x));
+    else
+      return __half2float(__float2half_rn(x));
+  }
+};
+
+// Position of the first Stage op in a list (kNone without one).
+constexpr int kNoStage = -1;
+template <class... Ops> constexpr int stage_index() {
+  constexpr bool is_stage[] = {Ops::kIsStage..., false};
+  for (int i = 0; i < int(sizeof...(Ops)); ++i)
+    if (is_stage[i]) return i;
+  return kNoStage;
+}
+
+// The 16-bit type a list's Stage op rounds to (bf16 where the list has none: unused).
+template <int kIndex, class... Ops> struct StageTypeOf {
+  using type = typename std::tuple_element_t<kIndex, std::tuple<Ops...>>::Type;
+};
+template <class... Ops> struct StageTypeOf<kNoStage, Ops...> { using type = bf16; };
+
 template <class Seq, class... Ops> class OpList;
 template <int... Is, class... Ops>
 class OpList<std::integer_sequence<int, Is...>, Ops...> : Indexed<Is, Ops>... {
@@ -107,49 +170,111 @@ public:
   template <class Storage> __device__ static void init(Storage& smem) {
     (Ops::init(get<Is>(smem)), ...);
   }
-  // f(op, context) for every op, in list order.
-  template <class Params, class Storage, class F>
+  // f(op, context) for the ops at positions [kBegin, kEnd), in list order.
+  template <int kBegin, int kEnd, class Params, class Storage, class F>
   __device__ __forceinline__ void for_each(const Params& params, Storage& smem, Warpgroup wg,
                                            F&& f) {
-    (f(static_cast<Indexed<Is, Ops>&>(*this).value,
-       OpContext<typename Ops::Params, typename Ops::SharedStorage>{get<Is>(params), get<Is>(smem),
-                                                                    wg}),
-     ...);
+    (call<Is, kBegin, kEnd>(params, smem, wg, f), ...);
+  }
+
+private:
+  template <int I, int kBegin, int kEnd, class Params, class Storage, class F>
+  __device__ __forceinline__ void call(const Params& params, Storage& smem, Warpgroup wg, F& f) {
+    if constexpr (I >= kBegin && I < kEnd) {
+      using Op = std::remove_reference_t<decltype(get<I>(std::declval<OpList&>()))>;
+      f(get<I>(*this), OpContext<typename Op::Params, typename Op::SharedStorage>{
+                           get<I>(params), get<I>(smem), wg});
+    }
+  }
+  template <int I, class T> __device__ static T& get(Indexed<I, T>& x) { return x.value; }
+  template <int I, class T> __device__ static const T& get(const Indexed<I, T>& x) {
+    return x.value;
   }
 };
 
 template <class Shape, class... Ops> class FusedEpilogue {
   using Seq = std::make_integer_sequence<int, int(sizeof...(Ops))>;
+  static constexpr int kOps = int(sizeof...(Ops));
+  static constexpr int kStage = stage_index<Ops...>();
+  static constexpr bool kStaged = Shape::kStaged;
+  // The ops the epilogue warpgroup runs, and those the consumers run before the hand-over.
+  static constexpr int kFirstEpilogueOp = kStaged ? kStage + 1 : 0;
+  static constexpr int kConsumerOps = kStaged ? kStage : 0;
+  static_assert(!kStaged || kStage != kNoStage,
+                "the staged schedule hands the tile over at a Stage<T> op: put one in the list");
+  static_assert(!kStaged || Shape::kWarpgroups == 1,
+                "the staged tile is read by one epilogue warpgroup owning all of its rows");
+  static_assert(!kStaged || !(Ops::kPrepass || ...),
+                "a prepass needs the whole block in registers: not on the staged schedule");
+  static constexpr bool consumer_ops_elementwise() {
+    constexpr bool elementwise[] = {Ops::kElementwise..., true};
+    for (int i = 0; i < kConsumerOps; ++i)
+      if (!elementwise[i]) return false;
+    return true;
+  }
+  static_assert(consumer_ops_elementwise(),
+                "ops before the Stage run in the consumer warpgroups: elementwise ones only");
+
+  using StageT = typename StageTypeOf<kStage, Ops...>::type;
+  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols>;
+  // The staged tile (staged schedule only; an empty base elsewhere: a member would take a byte
+  // and pad the 1024-byte aligned storage by a kilobyte).
+  struct StagedStorage {
+    typename Staged::SharedStorage staged;
+  };
+  struct NoStaging {};
+  // Per-thread state only the staged schedule has.
+  struct StagedState {
+    bool consumer = false; // a consumer warpgroup (else the epilogue warpgroup)
+    uint32_t phase = 0;    // tiles staged (consumers) or read (the epilogue warpgroup)
+  };
 
 public:
   using TileShape = Shape;
   using Params = IndexedTuple<typename Ops::Params...>;
-  struct SharedStorage : IndexedTuple<typename Ops::SharedStorage...> {};
+  struct SharedStorage : IndexedTuple<typename Ops::SharedStorage...>,
+                         std::conditional_t<kStaged, StagedStorage, NoStaging> {};
 
-  __device__ static void init(SharedStorage& smem) { OpList<Seq, Ops...>::init(smem); }
-
-  __device__ FusedEpilogue(const Params& params, SharedStorage& smem, int warpgroup, int thread)
-      : params_(params), smem_(smem), wg_{warpgroup, thread} {
-    for_each([&](auto& op, const auto& c) { op.begin_kernel(c); });
+  __device__ static void init(SharedStorage& smem) {
+    OpList<Seq, Ops...>::init(smem);
+    if constexpr (kStaged) Staged::init(smem.staged);
   }
+
+  // `warpgroup`: a consumer warpgroup (0, 1), or, on the staged schedule, the epilogue
+  // warpgroup (sm90::kEpilogueWarpgroupIndex), whose ops see warpgroup 0.
+  __device__ FusedEpilogue(const Params& params, SharedStorage& smem, int warpgroup, int thread)
+      : params_(params),
+        smem_(smem), wg_{warpgroup == sm90::kEpilogueWarpgroupIndex ? 0 : warpgroup, thread} {
+    if constexpr (kStaged) {
+      staged_.consumer = warpgroup != sm90::kEpilogueWarpgroupIndex;
+      if (staged_.consumer) {
+        for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_kernel(c); });
+        return;
+      }
+    }
+    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.begin_kernel(c); });
+  }
+
+  // ---- The epilogue's own warpgroups (every schedule's; on the staged one, the epilogue
+  // warpgroup, for which visit() is visit_staged()).
 
   __device__ void begin_tile(sm90::EpilogueTile tile) {
     const uint32_t slot = subtile_ & 1;
-    for_each([&](auto& op, const auto& c) { op.begin_tile(c, tile, slot); });
+    for_each<kFirstEpilogueOp, kOps>(
+        [&](auto& op, const auto& c) { op.begin_tile(c, tile, slot); });
     __pipeline_commit();
   }
 
   template <int kBlocks, int kN>
   __device__ void visit(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
+    static_assert(!kStaged, "the staged epilogue reads the staged tile: visit_staged()");
     static_assert(kBlocks == Shape::kBlocks && kN == Shape::kCols,
                   "the epilogue's TileShape must match the GEMM config's warpgroup tile");
-    // The per-tile cp.async copies of every thread are visible to all after this barrier.
-    __pipeline_wait_prior(0);
-    sync();
-    for_each([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
+    begin_visit(tile);
 #pragma unroll // NOTE: registers cannot be indexed at run time: blocks are unrolled
     for (int block = 0; block < kBlocks; ++block) {
-      for_each([&](auto& op, const auto& c) { op.visit_block(c, acc.reg[block], tile, block); });
+      for_each<0, kOps>(
+          [&](auto& op, const auto& c) { op.visit_block(c, acc.reg[block], tile, block); });
       if constexpr (kRollSubtiles) {
 #pragma unroll 1
         for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
@@ -162,23 +287,107 @@ public:
     }
   }
 
+  // The staged schedule's epilogue warpgroup: the tile the consumers staged, then its release.
+  __device__ void visit_staged(sm90::EpilogueTile tile) {
+    static_assert(kStaged, "only the staged schedule stages its tile");
+    Staged::wait_full(smem_.staged, staged_.phase);
+    begin_visit(tile);
+#pragma unroll // blocks unrolled: ops index per-block register state by the block
+    for (int block = 0; block < Shape::kBlocks; ++block) {
+      if constexpr (kRollSubtiles) {
+#pragma unroll 1
+        for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+          visit_staged_subtile(tile, block, slab);
+      } else {
+#pragma unroll
+        for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+          visit_staged_subtile(tile, block, slab);
+      }
+    }
+    // Every read of the staged tile is done (each thread's, before the last subtile's barrier;
+    // the bulk stores', once thread 0's wait returns): the consumers may write the next one.
+    if (wg_.thread == 0) {
+      cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
+      Staged::release(smem_.staged);
+    }
+    staged_.phase ^= 1;
+  }
+
   __device__ void end_tile(sm90::EpilogueTile tile) {
-    for_each([&](auto& op, const auto& c) { op.end_tile(c, tile); });
+    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.end_tile(c, tile); });
   }
 
   __device__ void finish() {
     if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 
+  // ---- The staged schedule's consumer warpgroups: their rows of the tile (one 64-row block).
+
+  __device__ void begin_stage(sm90::EpilogueTile tile) {
+    for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_tile(c, tile, 0); });
+  }
+
+  // The ops before the Stage on the registers, then the rounded values into the staged tile.
+  template <int kBlocks, int kN>
+  __device__ void stage(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
+    static_assert(kStaged && kBlocks == 1 && kN == Shape::kCols,
+                  "each consumer warpgroup stages one 64-row block of the tile");
+    for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
+    Staged::wait_empty(smem_.staged, staged_.phase);
+#pragma unroll
+    for (int slab = 0; slab < Shape::kSubtilesN; ++slab) {
+      const Subtile st{tile.row0, tile.col0 + slab * Shape::kSubCols, 0, slab, 0};
+      float v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = acc.reg[0][16 * slab + i];
+      for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
+      uint32_t packed[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
+      sm90::Subtile16::store(smem_.staged.subtile[wg_.index][slab], wg_.thread, packed);
+    }
+    Staged::arrive_full(smem_.staged);
+    staged_.phase ^= 1;
+  }
+
 private:
   static constexpr bool kRollSubtiles = (Ops::kRollSubtiles || ...);
+
+  // The per-tile cp.async copies of every thread are visible to all after the barrier.
+  __device__ void begin_visit(sm90::EpilogueTile tile) {
+    __pipeline_wait_prior(0);
+    sync();
+    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
+  }
 
   // One 64 x 32 subtile through the op chain: wait for its buffers, visit, TMA-store.
   template <int kRegs>
   __device__ __forceinline__ void visit_subtile(float (&regs)[kRegs], sm90::EpilogueTile tile,
                                                 int block, int slab) {
-    const Subtile st{tile.row0 + block * Shape::kSubRows, tile.col0 + slab * Shape::kSubCols, block,
-                     slab, subtile_ & 1};
+    float v[16]; // this thread's values of the subtile, in AccumulatorMap register order
+    load_slab(v, regs, slab);
+    run_subtile(v, tile, block, slab, nullptr);
+  }
+
+  __device__ __forceinline__ void visit_staged_subtile(sm90::EpilogueTile tile, int block,
+                                                       int slab) {
+    uint8_t* staged = smem_.staged.subtile[block][slab];
+    uint32_t packed[8];
+    sm90::Subtile16::load(staged, wg_.thread, packed);
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) unpack(packed[i], v[2 * i], v[2 * i + 1]);
+    run_subtile(v, tile, block, slab, staged);
+  }
+
+  __device__ __forceinline__ void run_subtile(float (&v)[16], sm90::EpilogueTile tile, int block,
+                                              int slab, uint8_t* staged) {
+    const Subtile st{tile.row0 + block * Shape::kSubRows,
+                     tile.col0 + slab * Shape::kSubCols,
+                     block,
+                     slab,
+                     subtile_ & 1,
+                     staged};
     // The stores that last used slot `st.slot` have read their buffers; everyone is done with
     // the loads of the subtile before.
     if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
@@ -188,16 +397,17 @@ private:
       const bool next_block = slab == Shape::kSubtilesN - 1;
       const Subtile next{next_block ? st.row0 + Shape::kSubRows : st.row0,
                          next_block ? tile.col0 : st.col0 + Shape::kSubCols,
-                         next_block ? block + 1 : block, next_block ? 0 : slab + 1, st.slot ^ 1};
-      for_each([&](auto& op, const auto& c) { op.prefetch(c, next); });
+                         next_block ? block + 1 : block,
+                         next_block ? 0 : slab + 1,
+                         st.slot ^ 1,
+                         nullptr};
+      for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
     }
-    float v[16]; // this thread's values of the subtile, in AccumulatorMap register order
-    load_slab(v, regs, slab);
-    for_each([&](auto& op, const auto& c) { op.visit(c, st, v); });
+    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
     sync();
     if (wg_.thread == 0) {
-      for_each([&](auto& op, const auto& c) { op.issue(c, st); });
+      for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
       cuda::ptx::cp_async_bulk_commit_group();
     }
     ++subtile_;
@@ -214,13 +424,33 @@ private:
         for (int i = 0; i < 16; ++i) v[i] = regs[16 * s + i];
   }
 
+  __device__ static uint32_t pack(float lo, float hi) {
+    if constexpr (std::is_same_v<StageT, bf16>) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const uint32_t*>(&h);
+    }
+  }
+  __device__ static void unpack(uint32_t word, float& lo, float& hi) {
+    if constexpr (std::is_same_v<StageT, bf16>) {
+      lo = __uint_as_float(word << 16);
+      hi = __uint_as_float(word & 0xffff0000u);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&word);
+      lo = __low2float(h);
+      hi = __high2float(h);
+    }
+  }
+
   __device__ void sync() {
     arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index,
                              arch::kWarpgroupSize);
   }
 
-  template <class F> __device__ __forceinline__ void for_each(F&& f) {
-    ops_.for_each(params_, smem_, wg_, f);
+  template <int kBegin, int kEnd, class F> __device__ __forceinline__ void for_each(F&& f) {
+    ops_.template for_each<kBegin, kEnd>(params_, smem_, wg_, f);
   }
 
   const Params& params_;
@@ -228,6 +458,7 @@ private:
   Warpgroup wg_;
   OpList<Seq, Ops...> ops_;
   uint32_t subtile_ = 0; // subtiles visited so far; the buffer slot is its parity
+  [[no_unique_address]] std::conditional_t<kStaged, StagedState, NoStaging> staged_;
 };
 
 } // namespace coda::epilogue::device

@@ -2,10 +2,12 @@
 // once to T, written to an [M, N] tensor: the main output or a side output taken at this point
 // of the op chain. Registers -> swizzled shared memory (stmatrix for 16-bit) -> TMA store, which
 // clips rows and columns past the edges. kReduceAdd stores by TMA reduce-add instead
-// (out += value, in T: the existing value and the sum each round once; no atomics).
+// (out += value, in T: the existing value and the sum each round once; no atomics). kInPlace
+// (one store of a list, on the staged schedule) stores from the staged tile itself.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda/ptx>
@@ -16,20 +18,27 @@
 
 namespace coda::epilogue::device {
 
-template <class Shape, class T, bool kReduceAdd = false> struct TileStore : OpBase {
+template <class Shape, class T, bool kReduceAdd = false, bool kInPlace = false>
+struct TileStore : OpBase {
   using Layout = SubtileLayout<T>;
+  // In place (the staged schedule's main output): the values go back into the staged subtile the
+  // driver read them from, and the TMA store reads them there: no buffers of its own. Elsewhere,
+  // or without kInPlace, two buffers per warpgroup (the driver alternates the slot per subtile).
+  static constexpr bool kUsesStage = kInPlace && Shape::kStaged;
+  static_assert(!kUsesStage || sizeof(T) == 2, "the staged tile holds 16-bit values");
 
   struct Params {
     CUtensorMap map; // subtile_map of the output
   };
-  struct SharedStorage {
+  struct OwnBuffers {
     alignas(1024) uint8_t tile[Shape::kWarpgroups][2][Layout::kBytes];
   };
+  using SharedStorage = std::conditional_t<kUsesStage, OpBase::SharedStorage, OwnBuffers>;
 
   using Ctx = OpContext<Params, SharedStorage>;
 
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
-    write_subtile<T>(c.smem.tile[c.wg.index][st.slot], c.wg.thread, v);
+    write_subtile<T>(buffer(c, st), c.wg.thread, v);
   }
 
   __device__ void issue(const Ctx& c, const Subtile& st) {
@@ -37,14 +46,22 @@ template <class Shape, class T, bool kReduceAdd = false> struct TileStore : OpBa
     const int32_t coords[2] = {st.col0, st.row0};
     if constexpr (kReduceAdd)
       ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
-                                       &c.params.map, coords, c.smem.tile[c.wg.index][st.slot]);
+                                       &c.params.map, coords, buffer(c, st));
     else
       ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &c.params.map, coords,
-                                c.smem.tile[c.wg.index][st.slot]);
+                                buffer(c, st));
   }
 
   static Params params(const char* what, const TensorView& out) {
     return Params{subtile_map(what, out)};
+  }
+
+private:
+  __device__ static uint8_t* buffer(const Ctx& c, const Subtile& st) {
+    if constexpr (kUsesStage)
+      return st.staged;
+    else
+      return c.smem.tile[c.wg.index][st.slot];
   }
 };
 

@@ -1,0 +1,93 @@
+// The staged schedule's accumulator tile in shared memory (Schedule::staged, config.hpp): the
+// consumer warpgroups round their fp32 accumulators to a 16-bit T and write them here, then start
+// the next tile's MMAs; the epilogue warpgroup reads the tile back subtile by subtile and releases
+// it when it is done. One tile deep: a full / empty mbarrier pair, like a one-stage pipeline.
+//
+// Layout: kBlocks x kSlabs subtiles of 64 rows x 32 columns, each as TMA reads and writes a 64 x 32
+// box of a 16-bit tensor (64-byte rows, 64-byte swizzle), so that an epilogue may TMA-store an
+// output subtile from the place it read it (an in-place store, TileStore's kInPlace). A thread
+// moves its 16 fragment values of a subtile (AccumulatorMap<32> order) with two stmatrix.x4 and
+// reads them back with two ldmatrix.x4 at the same lane addresses.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda/ptx>
+
+#include "coda/arch/smem_desc.hpp"
+#include "coda/arch/stmatrix.cuh"
+#include "coda/arch/warpgroup.cuh"
+#include "coda/gemm/pipeline.cuh"
+
+namespace coda::sm90 {
+
+// One 64 x 32 subtile of 16-bit elements, 64-byte rows, 64-byte swizzle.
+struct Subtile16 {
+  static constexpr int kRows = 64, kCols = 32, kRowBytes = 64;
+  static constexpr uint32_t kBytes = kRows * kRowBytes;
+
+  // Byte offset of (row, col) in the swizzled buffer.
+  __device__ static uint32_t offset(int row, int col) {
+    return arch::swizzle_offset(arch::Swizzle::b64, uint32_t(row * kRowBytes + col * 2));
+  }
+  // Lane l of warp w addresses row 16 w + (l & 15), column 16 j + 8 (l >> 4) for the j-th
+  // stmatrix / ldmatrix.x4 of a subtile: four 8 x 8 matrices, registers 4j .. 4j + 3 of the
+  // thread's 8 packed pairs (PTX ISA "stmatrix": register r_i of lane l is row l / 4, columns
+  // 2 (l % 4), +1 of matrix i, whose row addresses lanes 8i .. 8i + 7 give).
+  __device__ static uint32_t lane_address(uint32_t base, int thread, int j) {
+    const int warp = thread / arch::kWarpSize, lane = thread % arch::kWarpSize;
+    return base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
+  }
+  // packed[i] holds the pair of fragment values (2i, 2i + 1), low half first.
+  __device__ static void store(uint8_t* buffer, int thread, const uint32_t (&packed)[8]) {
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      arch::stmatrix_x4(lane_address(base, thread, j), packed[4 * j], packed[4 * j + 1],
+                        packed[4 * j + 2], packed[4 * j + 3]);
+  }
+  __device__ static void load(const uint8_t* buffer, int thread, uint32_t (&packed)[8]) {
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      arch::ldmatrix_x4(lane_address(base, thread, j), packed[4 * j], packed[4 * j + 1],
+                        packed[4 * j + 2], packed[4 * j + 3]);
+  }
+};
+
+// The tile of kBlocks 64-row blocks (one per consumer warpgroup) by kCols columns.
+template <int kBlocks, int kCols> struct StagedTile {
+  static constexpr int kSlabs = kCols / Subtile16::kCols;
+  static_assert(kCols % Subtile16::kCols == 0, "whole 32-column subtiles");
+  static constexpr int kWriters = kBlocks * arch::kWarpgroupSize; // the consumer threads
+
+  struct SharedStorage {
+    alignas(1024) uint8_t subtile[kBlocks][kSlabs][Subtile16::kBytes];
+    uint64_t full;  // the consumers wrote the tile: kWriters arrivals
+    uint64_t empty; // the epilogue has read it (and its in-place stores have): one arrival
+  };
+
+  __device__ static void init(SharedStorage& s) {
+    cuda::ptx::mbarrier_init(&s.full, kWriters);
+    cuda::ptx::mbarrier_init(&s.empty, 1);
+  }
+
+  // Consumers, every thread. `phase` counts the tiles this thread has staged (its parity).
+  __device__ static void wait_empty(SharedStorage& s, uint32_t phase) {
+    mbarrier_wait(&s.empty, phase ^ 1); // the first wait passes: a fresh barrier's phase 1 is done
+  }
+  // Every consumer thread, after writing its subtiles: the arrive releases them to the reader.
+  __device__ static void arrive_full(SharedStorage& s) {
+    (void)cuda::ptx::mbarrier_arrive(&s.full);
+  }
+
+  // The epilogue warpgroup, every thread, before reading a tile.
+  __device__ static void wait_full(SharedStorage& s, uint32_t phase) {
+    mbarrier_wait(&s.full, phase);
+  }
+  // One thread of the epilogue warpgroup, once every read of the tile (and every bulk store from
+  // it) is complete.
+  __device__ static void release(SharedStorage& s) { (void)cuda::ptx::mbarrier_arrive(&s.empty); }
+};
+
+} // namespace coda::sm90
