@@ -22,6 +22,8 @@
 #include "coda/core/error.hpp"
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/heuristic.hpp"
+#include "coda/gemm/launch.cuh"
+#include "coda/gemm/linear_epilogue.cuh"
 #include "coda/gemm/scheduler.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gemm_instances.hpp"
@@ -506,6 +508,55 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
           }
         for (int h : hits) EXPECT_EQ(h, 1);
       }
+}
+
+// The launcher's operand tensor maps: the stored shape of each operand and the mainloop's TMA
+// boxes, whose bytes per stage are what the producer arms each stage with (a mismatch hangs
+// the kernel: the consumers wait for bytes that never come). Every compiled configuration and
+// layout, host side only.
+template <class Config, GemmLayout kLayout> void check_operand_shapes() {
+  using Kernel = sm90::GemmKernel<Config, kLayout, bf16,
+                                  sm90::LinearEpilogue<bf16, Config::kConsumerWarpgroups>>;
+  using Main = typename Kernel::Main;
+  SCOPED_TRACE(std::to_string(Config::kTileM) + "x" + std::to_string(Config::kTileN) + " layout " +
+               std::to_string(int(kLayout)));
+  const int64_t m = 1000, n = 776, k = 520;
+  const bool a_km = kLayout == GemmLayout::wgrad, b_nk = kLayout == GemmLayout::fwd;
+  const TensorView a = a_km ? make_view(nullptr, DType::bf16, k, m, Device::cuda)
+                            : make_view(nullptr, DType::bf16, m, k, Device::cuda);
+  const TensorView b = b_nk ? make_view(nullptr, DType::bf16, n, k, Device::cuda)
+                            : make_view(nullptr, DType::bf16, k, n, Device::cuda);
+  const auto shapes = Kernel::operand_shapes(a, b, {m, n, k});
+  EXPECT_EQ(shapes.a.rows, uint64_t(a.shape[0]));
+  EXPECT_EQ(shapes.a.cols, uint64_t(a.shape[1]));
+  EXPECT_EQ(shapes.b.rows, uint64_t(b.shape[0]));
+  EXPECT_EQ(shapes.b.cols, uint64_t(b.shape[1]));
+  EXPECT_EQ(shapes.a.row_stride, uint64_t(a.stride[0]));
+  EXPECT_EQ(shapes.b.row_stride, uint64_t(b.stride[0]));
+  EXPECT_EQ(shapes.a.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+  EXPECT_EQ(shapes.b.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+  // One swizzle span deep in the contiguous dimension; the stage's bytes exactly.
+  EXPECT_EQ(shapes.a.box_cols * 2, 128u);
+  EXPECT_EQ(shapes.b.box_cols * 2, 128u);
+  EXPECT_EQ(uint64_t(shapes.a.box_cols) * shapes.a.box_rows * 2 * Main::kBoxesA +
+                uint64_t(shapes.b.box_cols) * shapes.b.box_rows * 2 * Main::kBoxesB,
+            uint64_t(Main::kStageBytes));
+}
+
+template <class Config> void check_operand_shapes_every_layout() {
+  check_operand_shapes<Config, GemmLayout::fwd>();
+  check_operand_shapes<Config, GemmLayout::dgrad>();
+  check_operand_shapes<Config, GemmLayout::wgrad>();
+}
+
+TEST(GemmHost, OperandBoxesFillTheStage) {
+  using sm90::GemmConfig, sm90::Schedule;
+  check_operand_shapes_every_layout<sm90::WideConfig<bf16>>();
+  check_operand_shapes_every_layout<sm90::PingpongConfig<bf16>>();
+  check_operand_shapes_every_layout<GemmConfig<128, 192, 4, 2, Schedule::cooperative>>();
+  check_operand_shapes_every_layout<GemmConfig<128, 192, 4, 2, Schedule::pingpong>>();
+  check_operand_shapes_every_layout<GemmConfig<128, 256, 3, 2, Schedule::staged>>();
+  check_operand_shapes_every_layout<GemmConfig<128, 192, 4, 2, Schedule::staged>>();
 }
 
 // Every (unit, k-block) is handed out exactly once, over data-parallel and stream-K work; each

@@ -201,7 +201,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     consume<Config>(params, smem, pipe, cta_rank);
   } else {
     if constexpr (Config::kStaged) {
-      arch::setmaxnreg_inc<Config::kEpilogueRegisters>();
+      if constexpr (Config::kEpilogueRegisters > 65536 / Config::kThreads) // above the entry's
+        arch::setmaxnreg_inc<Config::kEpilogueRegisters>();
       run_epilogue<Config>(params, smem, cta_rank);
     }
   }

@@ -84,21 +84,43 @@ template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKer
     int64_t m, n, k;
   };
 
+  // The operands' tensor-map shapes (host only, nothing encoded: GemmHost tests check them).
+  // The boxes are the mainloop's (Mainloop::kBox*), whose bytes add up to its stage.
+  struct OperandShapes {
+    TensorMapShape a, b;
+  };
+  static OperandShapes operand_shapes(const TensorView& a, const TensorView& b, Problem p) {
+    constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
+    // Stored as rows x cols: K-major A [M, K], M-major A [K, M]; K-major B [N, K], N-major
+    // B [K, N].
+    const uint64_t a_cols = kMnA ? uint64_t(p.m) : uint64_t(p.k);
+    const uint64_t a_rows = kMnA ? uint64_t(p.k) : uint64_t(p.m);
+    const uint64_t b_cols = kMnB ? uint64_t(p.n) : uint64_t(p.k);
+    const uint64_t b_rows = kMnB ? uint64_t(p.k) : uint64_t(p.n);
+    return {TensorMapShape{.base = a.data,
+                           .dtype = a.dtype,
+                           .cols = a_cols,
+                           .rows = a_rows,
+                           .row_stride = uint64_t(a.stride[0]),
+                           .box_cols = Main::kBoxColsA,
+                           .box_rows = Main::kBoxRowsA,
+                           .swizzle = CU_TENSOR_MAP_SWIZZLE_128B},
+            TensorMapShape{.base = b.data,
+                           .dtype = b.dtype,
+                           .cols = b_cols,
+                           .rows = b_rows,
+                           .row_stride = uint64_t(b.stride[0]),
+                           .box_cols = Main::kBoxColsB,
+                           .box_rows = Main::kBoxRowsB,
+                           .swizzle = CU_TENSOR_MAP_SWIZZLE_128B}};
+  }
+
   static typename Main::Params mainloop_params(const TensorView& a, const TensorView& b,
                                                Problem p) {
-    constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
-    const CUtensorMapSwizzle sw128 = CU_TENSOR_MAP_SWIZZLE_128B;
+    const OperandShapes shapes = operand_shapes(a, b, p);
     typename Main::Params out;
-    out.a = make_tensor_map(
-        "A", kMnA ? TensorMapShape{a.data, a.dtype, uint64_t(p.m), uint64_t(p.k),
-                                   uint64_t(a.stride[0]), 64, 64, sw128}
-                  : TensorMapShape{a.data, a.dtype, uint64_t(p.k), uint64_t(p.m),
-                                   uint64_t(a.stride[0]), 64, Config::kTileM, sw128});
-    out.b = make_tensor_map("B",
-                            kMnB ? TensorMapShape{b.data, b.dtype, uint64_t(p.n), uint64_t(p.k),
-                                                  uint64_t(b.stride[0]), 64, 64, sw128}
-                                 : TensorMapShape{b.data, b.dtype, uint64_t(p.k), uint64_t(p.n),
-                                                  uint64_t(b.stride[0]), Main::kSliceRowsB, sw128});
+    out.a = make_tensor_map("A", shapes.a);
+    out.b = make_tensor_map("B", shapes.b);
     return out;
   }
 

@@ -36,6 +36,20 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
   static constexpr uint32_t kStageBytes = kTileBytesA + kTileBytesB;
   static_assert(kStageBytes == uint32_t(stage_bytes<Config>()), "stage size mismatch");
 
+  // The TMA boxes (columns x rows of the operand as stored) the launcher's tensor maps must have,
+  // and how many of each fill one stage (B: over the whole cluster, each CTA multicasting its
+  // share). The producer arms every stage with kStageBytes, so they must add up exactly: a box
+  // of another size leaves the consumers waiting forever.
+  static constexpr uint32_t kBoxColsA = 64;
+  static constexpr uint32_t kBoxRowsA = kMajorA == Major::k ? Config::kTileM : 64;
+  static constexpr uint32_t kBoxesA = kMajorA == Major::k ? 1 : Config::kTileM / 64;
+  static constexpr uint32_t kBoxColsB = 64;
+  static constexpr uint32_t kBoxRowsB = kMajorB == Major::k ? kSliceRowsB : 64;
+  static constexpr uint32_t kBoxesB = kMajorB == Major::k ? kClusterM : Config::kTileN / 64;
+  static_assert(kBoxColsA * kBoxRowsA * 2 * kBoxesA + kBoxColsB * kBoxRowsB * 2 * kBoxesB ==
+                    kStageBytes,
+                "the TMA boxes of a stage must deliver exactly the bytes its barrier expects");
+
   using Pipeline = MainloopPipeline<kStages, kClusterM>;
   using State = PipelineState<kStages>;
   using Accum = Accumulator<Config::kMmaBlocksM, Config::kTileN>;
