@@ -178,7 +178,7 @@ unsigned grid_for(int64_t total) {
 struct Result {
   Case c;
   double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
-  double cooperative_ms, pingpong_ms; // the fused kernel on each schedule
+  double cooperative_ms, pingpong_ms, staged_ms; // the fused kernel on each schedule
 };
 
 Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
@@ -308,20 +308,22 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   };
   const std::function<void()> run_cooperative = forced(coda::gpu::FusedSchedule::cooperative);
   const std::function<void()> run_pingpong = forced(coda::gpu::FusedSchedule::pingpong);
+  const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
   for (int i = 0; i < 3; ++i)
-    run_fused(), run_gemm(), run_cublas(), run_unfused(), run_cooperative(), run_pingpong();
+    run_fused(), run_gemm(), run_cublas(), run_unfused(), run_cooperative(), run_pingpong(),
+        run_staged();
   check(cudaStreamSynchronize(s), "warm-up");
   check(cudaGetLastError(), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong;
+  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong, t_staged;
   auto timed = [&](const std::function<void()>& fn, std::vector<float>& times) {
     timer.timed(fn, times);
   };
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
     timed(run_unfused, t_unfused), timed(run_cooperative, t_cooperative);
-    timed(run_pingpong, t_pingpong);
+    timed(run_pingpong, t_pingpong), timed(run_staged, t_staged);
   }
   check(cudaGetLastError(), "timed runs");
   using bench::median;
@@ -332,7 +334,8 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
           median(t_unfused),
           bench::max_rel_diff(out.p, unfused_out.p, M * N),
           median(t_cooperative),
-          median(t_pingpong)};
+          median(t_pingpong),
+          median(t_staged)};
 }
 
 } // namespace
@@ -357,20 +360,21 @@ int main(int argc, char** argv) {
                                     {"llama-8b", 4096, 14336, 32, 8, 128}};
 
     std::vector<Result> results;
-    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s  %9s\n", "", "model", "M",
-                "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm", "unf/fused",
-                "coop/gemm", "pp/gemm", "rel diff");
+    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s %8s  %9s\n", "", "model",
+                "M", "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm",
+                "unf/fused", "coop/gemm", "pp/gemm", "st/gemm", "rel diff");
     for (const Case& c : bench_cases(models)) {
       const std::string name = c.kernel + " " + c.model->name;
       if (name.find(filter) == std::string::npos) continue;
       const Result r = bench_case(c, ctx, runs);
       results.push_back(r);
       std::printf(
-          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f  %9.2e\n",
+          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f %8.3f  "
+          "%9.2e\n",
           c.kernel.c_str(), c.model->name, (long long)c.m, (long long)c.n, (long long)c.k,
           r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms, r.coda_ms / r.coda_gemm_ms,
           r.unfused_ms / r.coda_ms, r.cooperative_ms / r.coda_gemm_ms,
-          r.pingpong_ms / r.coda_gemm_ms, r.max_rel_diff);
+          r.pingpong_ms / r.coda_gemm_ms, r.staged_ms / r.coda_gemm_ms, r.max_rel_diff);
       std::fflush(stdout);
     }
 
@@ -381,10 +385,10 @@ int main(int argc, char** argv) {
                    "    {\"kernel\": \"%s\", \"model\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
                    "%lld, \"coda_ms\": %.5f, \"coda_gemm_ms\": %.5f, \"cublas_ms\": %.5f, "
                    "\"unfused_ms\": %.5f, \"coda_cooperative_ms\": %.5f, \"coda_pingpong_ms\": "
-                   "%.5f}%s\n",
+                   "%.5f, \"coda_staged_ms\": %.5f}%s\n",
                    r.c.kernel.c_str(), r.c.model->name, (long long)r.c.m, (long long)r.c.n,
                    (long long)r.c.k, r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms,
-                   r.cooperative_ms, r.pingpong_ms, i + 1 < results.size() ? "," : "");
+                   r.cooperative_ms, r.pingpong_ms, r.staged_ms, i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     return 0;

@@ -1,5 +1,7 @@
 // The forward CODA kernels K0, K1, K2, K4, K5 (coda/kernels/args.hpp has their math) as ordered
-// epilogue-op chains on acc = a · wᵀ.
+// epilogue-op chains on acc = a · wᵀ. K1, K2 and K4 round z = rstd * acc to the call's 16-bit
+// type before the rest of the chain, as the GPU's staged schedule hands its tile over (and its
+// other schedules' Stage op rounds), so both backends run the same numbers.
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/rope.hpp"
@@ -56,8 +58,9 @@ void gemm_rms_scale(const RmsScaleArgs& args, Tile tile) {
   const auto [m, n, k] = forward_problem(args.a, args.w);
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
+  ep::RoundTo staged({args.out.dtype}); // the GPU's Stage<T> (stored as is: the same rounding)
   ep::StoreTile out({args.out});
-  run_epilogue(mainloop, m, n, tile, rstd, out);
+  run_epilogue(mainloop, m, n, tile, rstd, staged, out);
 }
 
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Tile tile) {
@@ -66,9 +69,10 @@ void gemm_rms_swiglu(const RmsSwigluArgs& args, Tile tile) {
   require(n % 2 == 0, "cpu::gemm_rms_swiglu: the fused gate/up width must be even");
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
+  ep::RoundTo staged({args.preact.dtype}); // the GPU's Stage<T>: act from the stored preact
   ep::StoreTile preact({args.preact});
   ep::SwigluForward act({args.act});
-  run_epilogue(mainloop, m, n, tile, rstd, preact, act);
+  run_epilogue(mainloop, m, n, tile, rstd, staged, preact, act);
 }
 
 void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
@@ -90,7 +94,8 @@ void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
   rope_args.rotated_cols = int64_t(rope.n_q_heads + rope.n_kv_heads) * head_dim; // Q and K
   ep::Rope rotate(rope_args);
   ep::StoreTile out({args.out});
-  run_epilogue(mainloop, m, n, tile, rstd, rotate, out);
+  ep::RoundTo staged({args.out.dtype}); // the GPU's Stage<T>: RoPE on z as stored
+  run_epilogue(mainloop, m, n, tile, rstd, staged, rotate, out);
 }
 
 void gemm_rms_lse(const RmsLseArgs& args, Tile tile) {

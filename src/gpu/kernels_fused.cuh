@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "coda/core/error.hpp"
@@ -14,16 +15,41 @@ namespace coda::gpu::fused {
 
 namespace dev = coda::epilogue::device;
 
-// True when a kernel whose default schedule is `kernel_default` runs ping-pong now.
-bool use_pingpong(FusedSchedule kernel_default);
+// The schedule a kernel whose default is `kernel_default` runs now (set_fused_schedule).
+FusedSchedule schedule_for(FusedSchedule kernel_default);
 
-// f(dev::CooperativeShape{}) or f(dev::PingpongShape{}), by use_pingpong(kernel_default).
-template <class F> void with_schedule(FusedSchedule kernel_default, F&& f) {
-  if (use_pingpong(kernel_default)) return f(dev::PingpongShape{});
+// f(dev::CooperativeShape{}), f(dev::PingpongShape{}) or (kStaged: the kernel has a staged
+// variant) f(dev::StagedShape{}), by schedule_for(kernel_default); a kernel without a staged
+// variant asked for one runs its default.
+template <bool kStaged, class F> void with_schedule(FusedSchedule kernel_default, F&& f) {
+  FusedSchedule s = schedule_for(kernel_default);
+  if (s == FusedSchedule::staged && !kStaged) s = kernel_default;
+  if constexpr (kStaged)
+    if (s == FusedSchedule::staged) return f(dev::StagedShape{});
+  if (s == FusedSchedule::pingpong) return f(dev::PingpongShape{});
   return f(dev::CooperativeShape{});
 }
 
 using gpu::require_device;
+
+// The shape of the ops before a Stage: on the staged schedule they run in the consumer
+// warpgroups, each on its 64-row block (the cooperative view of the tile); elsewhere the list's.
+template <class Shape>
+using BeforeStage = std::conditional_t<Shape::kStaged, dev::TileShape<2, 64, Shape::kCols>, Shape>;
+
+// f(std::integral_constant<int, P>{}) with P the rstd partials a ScalePerRow stages per row: 16
+// on the staged schedule when the rows have at most 16 (hidden <= 2048), so that its 8 KB leave
+// 4 pipeline stages beside the staged tile (with 32, 16 KB, 3 fit); 32 otherwise.
+template <class Shape, class F> void with_staged_partials(const TensorView& partials, F&& f) {
+  if constexpr (Shape::kStaged)
+    if (partials.shape[1] <= 16) return f(std::integral_constant<int, 16>{});
+  return f(std::integral_constant<int, 32>{});
+}
+
+// A kernel's main output: stored from the staged tile itself on the staged schedule, through
+// its own buffers elsewhere.
+template <class Shape, class T>
+using MainStore = dev::TileStore<Shape, T, /*reduce_add=*/false, /*in_place=*/true>;
 
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {

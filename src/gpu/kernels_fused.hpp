@@ -9,23 +9,28 @@
 
 namespace coda::gpu {
 
-// The GEMM schedule under the fused kernels (coda/epilogue/device/launch.cuh): cooperative
-// 128 x 256 tiles (both consumer warpgroups on one tile, the plain GEMM's workhorse) or ping-pong
-// 128 x 128 tiles (the warpgroups on alternate tiles, so one's epilogue overlaps the other's
-// MMAs, at the cost of a smaller tile). `automatic` takes each kernel's default, the faster one
-// on the H200 at the Llama shapes (docs/PERFORMANCE.md): ping-pong for K5 (an exp per logit over
-// a vocabulary-wide N), cooperative for the others (K2 too since the hardware exp: 1.16 against
-// 1.23 of the plain GEMM at 8B, a tie at 1B). The others force one, so that
-// benchmarks and tests can compare them. Process-wide, not thread-safe. The backward kernels
-// have one schedule each and ignore it: K6 cooperative (a tile's 128 rows are one dgamma
+// The GEMM schedule under the fused kernels (coda/epilogue/device/launch.cuh):
+//   cooperative: 128 x 256 tiles, both consumer warpgroups on one tile, the epilogue on their
+//                registers while the tensor cores wait (the plain GEMM's workhorse);
+//   pingpong:    128 x 128 tiles on alternate warpgroups, so one's epilogue overlaps the other's
+//                MMAs, at the cost of a smaller tile;
+//   staged:      128 x 192 tiles whose accumulators the consumers hand over in shared memory
+//                (rounded to the call's 16-bit type), the epilogue in a fourth warpgroup during
+//                the next tile's MMAs (docs/epilogue.md, "The staged schedule").
+// `automatic` takes each kernel's default (docs/PERFORMANCE.md): staged for K1, K2 and K4 with
+// head_dim 64; cooperative for K0 and K4 with head_dim 128 (a 192-column tile cuts its heads);
+// ping-pong for K5. K0 and K5 have no staged variant yet (their row partials are 128 columns
+// wide, a 192-column tile one and a half): forcing staged runs their default. The others force
+// one, so that benchmarks and tests can compare them. Process-wide, not thread-safe. The backward
+// kernels have one schedule each and ignore it: K6 cooperative (a tile's 128 rows are one dgamma
 // reduction block), K7 ping-pong (kernels_k6.cu, kernels_k7.cu say why).
-enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2 };
+enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 
 void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream); // K0
 void gemm_rms_scale(const RmsScaleArgs& args, Stream stream);       // K1
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream);     // K2
-// K4: head_dim 64 or 128 (a 256-column tile holds whole heads).
+// K4: head_dim 64 or 128 (a tile holds whole heads).
 void gemm_rms_rope(const RmsRopeArgs& args, Stream stream);
 void gemm_rms_lse(const RmsLseArgs& args, Stream stream); // K5
 void rms_stats(const RmsStatsArgs& args, Stream stream);

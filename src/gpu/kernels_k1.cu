@@ -9,23 +9,25 @@ namespace {
 FusedSchedule g_schedule = FusedSchedule::automatic;
 } // namespace
 
-bool use_pingpong(FusedSchedule kernel_default) {
-  const FusedSchedule s = g_schedule == FusedSchedule::automatic ? kernel_default : g_schedule;
-  return s == FusedSchedule::pingpong;
+FusedSchedule schedule_for(FusedSchedule kernel_default) {
+  return g_schedule == FusedSchedule::automatic ? kernel_default : g_schedule;
 }
 
 namespace {
 
-template <class Shape, class T>
+template <class Shape, int kPartials>
+using RstdScale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kPartials>;
+template <class Shape, class T, int kPartials>
 using RmsScaleEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape>, dev::TileStore<Shape, T>>;
+    dev::FusedEpilogue<Shape, RstdScale<Shape, kPartials>, dev::Stage<T>, MainStore<Shape, T>>;
 
-template <class Shape, class T> void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
-  using Epi = RmsScaleEpilogue<Shape, T>;
+template <class Shape, class T, int kPartials>
+void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
+  using Epi = RmsScaleEpilogue<Shape, T, kPartials>;
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape>>(args.sumsq_partials, args.a.shape[1],
-                                                        args.eps, args.rstd_out);
-  dev::get<1>(p) = dev::TileStore<Shape, T>::params("out", args.out);
+  dev::get<0>(p) = rstd_params<RstdScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
+                                                            args.eps, args.rstd_out);
+  dev::get<2>(p) = MainStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 
@@ -37,8 +39,11 @@ void set_fused_schedule(FusedSchedule schedule) { fused::g_schedule = schedule; 
 void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::require_device("gemm_rms_scale");
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule(FusedSchedule::cooperative, [&](auto shape) {
-      fused::run_rms_scale<decltype(shape), decltype(t)>(args, stream);
+    fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
+      using Shape = decltype(shape);
+      fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
+        fused::run_rms_scale<Shape, decltype(t), decltype(partials)::value>(args, stream);
+      });
     });
   });
 }

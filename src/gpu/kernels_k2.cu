@@ -1,5 +1,5 @@
-// K2 gemm_rms_swiglu: z = rstd[m] * (a · wᵀ) on the fused interleaved gate/up weight;
-// preact = round(z), act[m, j] = round(silu(z[m, 2j]) * z[m, 2j + 1]) from the fp32 z.
+// K2 gemm_rms_swiglu: z = round(rstd[m] * (a · wᵀ)) on the fused interleaved gate/up weight;
+// preact = z, act[m, j] = round(silu(z[m, 2j]) * z[m, 2j + 1]) from z as stored.
 #include "gpu/kernels_fused.cuh"
 
 namespace coda::gpu {
@@ -13,14 +13,14 @@ namespace {
 // takes the variant that stages them all.
 template <class Shape, class T, int kStaged>
 void run_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
-  using Scale = dev::ScalePerRow<Shape, dev::Pass::subtile, kStaged>;
-  using Epi = dev::FusedEpilogue<Shape, Scale, dev::TileStore<Shape, T>,
+  using Scale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kStaged>;
+  using Epi = dev::FusedEpilogue<Shape, Scale, dev::Stage<T>, MainStore<Shape, T>,
                                  dev::GatedPairStore<Shape, T, dev::SwigluGate>>;
   typename Epi::Params p{};
   dev::get<0>(p) =
       rstd_params<Scale>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
-  dev::get<1>(p) = dev::TileStore<Shape, T>::params("preact", args.preact);
-  dev::get<2>(p) = dev::GatedPairStore<Shape, T, dev::SwigluGate>::params("act", args.act);
+  dev::get<2>(p) = MainStore<Shape, T>::params("preact", args.preact);
+  dev::get<3>(p) = dev::GatedPairStore<Shape, T, dev::SwigluGate>::params("act", args.act);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 
@@ -31,7 +31,7 @@ void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   fused::require_device("gemm_rms_swiglu");
   const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule(FusedSchedule::cooperative, [&](auto shape) {
+    fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
       using Shape = decltype(shape);
       using T = decltype(t);
       if (few_partials)

@@ -1,4 +1,4 @@
-// K4 gemm_rms_rope: out = round(RoPE(rstd[m] * (a · wᵀ))) on the fused [Q; K; V] projection;
+// K4 gemm_rms_rope: out = round(RoPE(round(rstd[m] * (a · wᵀ)))) on the fused [Q; K; V] projection;
 // RoPE turns the Q and K heads (GQA: any n_q_heads, n_kv_heads), V passes through. Both tile
 // widths (256 and 128 columns) hold whole heads for head_dim 64 and 128, the instantiated ones.
 #include "gpu/kernels_fused.cuh"
@@ -7,21 +7,29 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-template <class Shape, class T, int kHeadDim>
-using RmsRopeEpilogue = dev::FusedEpilogue<Shape, dev::ScalePerRow<Shape, dev::Pass::prepass>,
-                                           dev::Rope<Shape, kHeadDim>, dev::TileStore<Shape, T>>;
+// The scale and the rounding before RoPE: in the consumers before the hand-over (staged), in
+// the prepass with RoPE (the register schedules: rotate-half partners straddle subtiles).
+template <class Shape, int kPartials>
+using RopeScale =
+    std::conditional_t<Shape::kStaged,
+                       dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kPartials>,
+                       dev::ScalePerRow<Shape, dev::Pass::prepass>>;
+template <class Shape, class T, int kHeadDim, int kPartials>
+using RmsRopeEpilogue = dev::FusedEpilogue<Shape, RopeScale<Shape, kPartials>,
+                                           dev::Stage<T, /*prepass=*/!Shape::kStaged>,
+                                           dev::Rope<Shape, kHeadDim>, MainStore<Shape, T>>;
 
-template <class Shape, class T, int kHeadDim>
+template <class Shape, class T, int kHeadDim, int kPartials>
 void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
-  using Epi = RmsRopeEpilogue<Shape, T, kHeadDim>;
+  using Epi = RmsRopeEpilogue<Shape, T, kHeadDim, kPartials>;
   const RopeSpec& rope = args.rope;
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<dev::ScalePerRow<Shape, dev::Pass::prepass>>(
-      args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
-  dev::get<1>(p) = {rope.positions.ptr<const int32_t>(), rope.inv_freq.ptr<const float>(),
+  dev::get<0>(p) = rstd_params<RopeScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
+                                                            args.eps, args.rstd_out);
+  dev::get<2>(p) = {rope.positions.ptr<const int32_t>(), rope.inv_freq.ptr<const float>(),
                     int32_t(args.a.shape[0]),
                     int32_t((rope.n_q_heads + rope.n_kv_heads) * rope.head_dim)};
-  dev::get<2>(p) = dev::TileStore<Shape, T>::params("out", args.out);
+  dev::get<3>(p) = MainStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 
@@ -35,14 +43,19 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
     throw Error(Status::not_supported, "the GPU gemm_rms_rope supports head_dim 64 and 128; got " +
                                            std::to_string(head_dim) +
                                            " (use the CPU backend for other head sizes)");
+  // head_dim 64 runs staged (a 192-column tile holds 3 heads); 128 cooperative (256 columns).
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule(FusedSchedule::cooperative, [&](auto shape) {
-      using Shape = decltype(shape);
-      if (head_dim == 64)
-        fused::run_rms_rope<Shape, decltype(t), 64>(args, stream);
-      else
-        fused::run_rms_rope<Shape, decltype(t), 128>(args, stream);
-    });
+    if (head_dim == 64)
+      fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
+        using Shape = decltype(shape);
+        fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
+          fused::run_rms_rope<Shape, decltype(t), 64, decltype(partials)::value>(args, stream);
+        });
+      });
+    else
+      fused::with_schedule<false>(FusedSchedule::cooperative, [&](auto shape) {
+        fused::run_rms_rope<decltype(shape), decltype(t), 128, 32>(args, stream);
+      });
   });
 }
 

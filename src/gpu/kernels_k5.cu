@@ -34,7 +34,7 @@ template <class Shape, class T> void run_rms_lse(const RmsLseArgs& args, Stream 
 void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
   fused::require_device("gemm_rms_lse");
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule(FusedSchedule::pingpong, [&](auto shape) {
+    fused::with_schedule<false>(FusedSchedule::pingpong, [&](auto shape) {
       fused::run_rms_lse<decltype(shape), decltype(t)>(args, stream);
     });
   });

@@ -60,14 +60,14 @@ struct GemmConfig {
   //  - 128 x 40 + 256 x 232 = 64512: consumers with up to 128 accumulators and the epilogue
   //    beside them (cutlass and fast.cu use the same split);
   //  - 128 x 24 + 256 x 240 = 64512: more than 128 accumulators (QuACK's split from 208 on);
-  //  - staged: 128 x (32 + 2 x consumers + epilogue) = 65536, the consumers holding their
-  //    accumulators and the mainloop's and scheduler's state (48 more: with 32 or 40 ptxas
-  //    spilled 16-76 bytes), the epilogue warpgroup the rest (128 beside 256-wide tiles).
+  //  - staged: 128 x (32 + 2 x 176 + 128) = 65536. The consumers hold their accumulators, the
+  //    mainloop's and scheduler's state and the ops before the Stage (the rstd scale): with
+  //    160 (96 accumulators) ptxas spilled 4-20 bytes in K1, K2, K4, with 144 up to 92; the
+  //    plain GEMM's 128 accumulators spilled with 160 or 168. The epilogue warpgroup holds 16
+  //    values a subtile (a RoPE head's 32 in its prepass): the entry's 128.
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
   static constexpr int kProducerRegisters = kStaged ? 32 : kHeavyAccumulators ? 24 : 40;
-  static constexpr int kConsumerRegisters = kStaged              ? kAccumulatorsPerThread + 48
-                                            : kHeavyAccumulators ? 240
-                                                                 : 232;
+  static constexpr int kConsumerRegisters = kStaged ? 176 : kHeavyAccumulators ? 240 : 232;
   static constexpr int kEpilogueRegisters =
       kStaged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
 

@@ -27,7 +27,8 @@
 //                            after it (their 64-row block: round and write the staged tile);
 //   epilogue warpgroup:      begin_tile(tile), visit_staged(tile), end_tile(tile) per tile (the
 //                            tile's 128 rows), finish() once; it synchronizes on
-//                            NamedBarrier::epilogue_warpgroup0.
+//                            NamedBarrier::epilogue_warpgroup0, each consumer warpgroup on
+//                            NamedBarrier::staged_consumer0 + its index.
 // The staged tile and its barriers are part of the Epilogue's SharedStorage.
 // A stream-K piece that only contributes partial sums to a tile finished elsewhere gets no
 // begin_tile / visit / end_tile (see scheduler.hpp); the tile's owner visits the full sum.
@@ -50,6 +51,8 @@ enum class NamedBarrier : uint32_t {
   mma_turn_warpgroup1 = 4,
   stream_k_warpgroup0 = 5, // stream-K partial sums, per consumer warpgroup (kernel's)
   stream_k_warpgroup1 = 6,
+  staged_consumer0 = 7, // the staged schedule's consumers, running the ops before the Stage
+  staged_consumer1 = 8,
 };
 
 // The warpgroup index the staged schedule's epilogue warpgroup passes to the Epilogue (the

@@ -67,16 +67,18 @@ struct RmsScaleArgs {
   TensorView out, rstd_out;
 };
 
-// K2: z = rstd[m] * (a · wᵀ) with w the fused interleaved gate/up weight [2F, K];
-//   preact = round(z) [M, 2F]   (kept for the backward)
-//   act[m, j] = round(silu(z[m, 2j]) * z[m, 2j+1]) [M, F], from the fp32 z.
+// K2: z = round(rstd[m] * (a · wᵀ)) with w the fused interleaved gate/up weight [2F, K] (z in the
+// call's 16-bit type, as the pre-activation is stored: the staged schedule hands its tile over so);
+//   preact = z [M, 2F]   (kept for the backward)
+//   act[m, j] = round(silu(z[m, 2j]) * z[m, 2j+1]) [M, F], from z as stored.
 struct RmsSwigluArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
   TensorView preact, act, rstd_out;
 };
 
-// K4: out = round(RoPE(rstd[m] * (a · wᵀ))), w the fused [Q; K; V] weight [(Hq + 2 Hkv) hd, K].
+// K4: out = round(RoPE(round(rstd[m] * (a · wᵀ)))), w the fused [Q; K; V] weight
+// [(Hq + 2 Hkv) hd, K] (RoPE on z rounded to the 16-bit type, as an unfused projection stores it).
 struct RmsRopeArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;

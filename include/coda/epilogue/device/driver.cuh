@@ -28,6 +28,7 @@
 //    one warpgroup owning the tile's 128 rows as two 64-row blocks.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -95,12 +96,16 @@ struct OpBase {
   // Ops whose per-subtile math is heavy (an exp per value) ask for a rolled subtile loop: unrolled,
   // such code outgrows the instruction cache. Light chains run unrolled (no per-subtile selects).
   static constexpr bool kRollSubtiles = false;
-  // The Stage<T> op (the staged schedule's hand-over point) says so; ops that may run before it,
-  // in the consumer warpgroups, are elementwise (no shared memory, no per-row or column state).
+  // The Stage<T> op (the staged schedule's hand-over point) says so. Ops that may run before
+  // it, in the consumer warpgroups on their own 64-row blocks (so written for the cooperative
+  // shape, whatever the list's), say kBeforeStage: no stores, no cross-warpgroup state.
   static constexpr bool kIsStage = false;
-  static constexpr bool kElementwise = false;
-  // Ops with a prepass (visit_block) need the whole 64-row block in registers.
+  static constexpr bool kBeforeStage = false;
+  // Ops with a prepass (visit_block) see a register group of kGroupCols columns of a 64-row
+  // block at once: the whole block on the register schedules, kGroupCols columns (e.g. one RoPE
+  // head) of the staged tile on the staged one.
   static constexpr bool kPrepass = false;
+  static constexpr int kGroupCols = 32;
   struct SharedStorage {};
   template <class Storage> __device__ static void init(Storage&) {}
   template <class C> __device__ void begin_kernel(const C&) {}
@@ -128,15 +133,23 @@ template <int I, class T> CODA_HD const T& get(const Indexed<I, T>& x) { return 
 // The Stage<T> op: the fragment rounded to T. On the staged schedule it is where the consumer
 // warpgroups hand the tile over (the driver writes the rounded values to the staged tile); on the
 // others it rounds in place, so that every schedule computes the same numbers.
-template <class T> struct Stage : OpBase {
+// kPrepass: on the register schedules, round in the prepass (before a prepass op such as RoPE).
+template <class T, bool kPrepass_ = false> struct Stage : OpBase {
   static_assert(sizeof(T) == 2, "the staged tile holds 16-bit values");
   using Type = T;
   static constexpr bool kIsStage = true;
-  static constexpr bool kElementwise = true;
+  static constexpr bool kPrepass = kPrepass_;
   struct Params {};
   template <class C> __device__ void visit(const C&, const Subtile&, float (&v)[16]) {
+    if constexpr (!kPrepass)
 #pragma unroll
-    for (int i = 0; i < 16; ++i) v[i] = round_through<T>(v[i]);
+      for (int i = 0; i < 16; ++i) v[i] = round_through<T>(v[i]);
+  }
+  template <class C, int kRegs>
+  __device__ void visit_block(const C&, float (&regs)[kRegs], sm90::EpilogueTile, int) {
+    if constexpr (kPrepass)
+#pragma unroll
+      for (int i = 0; i < kRegs; ++i) regs[i] = round_through<T>(regs[i]);
   }
 
 private:
@@ -204,16 +217,27 @@ template <class Shape, class... Ops> class FusedEpilogue {
                 "the staged schedule hands the tile over at a Stage<T> op: put one in the list");
   static_assert(!kStaged || Shape::kWarpgroups == 1,
                 "the staged tile is read by one epilogue warpgroup owning all of its rows");
-  static_assert(!kStaged || !(Ops::kPrepass || ...),
-                "a prepass needs the whole block in registers: not on the staged schedule");
-  static constexpr bool consumer_ops_elementwise() {
-    constexpr bool elementwise[] = {Ops::kElementwise..., true};
+  // The staged epilogue's prepass ops (those after the Stage).
+  static constexpr bool staged_prepass() {
+    constexpr bool prepass[] = {Ops::kPrepass..., false};
+    for (int i = kFirstEpilogueOp; i < kOps; ++i)
+      if (prepass[i]) return true;
+    return false;
+  }
+  static constexpr bool kHasPrepass = staged_prepass();
+  // The staged prepass group: the widest any op asks for.
+  static constexpr int kGroupCols = std::max({Ops::kGroupCols..., 32});
+  static constexpr int kSlabsPerGroup = kGroupCols / Shape::kSubCols;
+  static_assert(kGroupCols % Shape::kSubCols == 0 && Shape::kCols % kGroupCols == 0,
+                "prepass groups are whole subtiles and tile the warpgroup's columns");
+  static constexpr bool consumer_ops_allowed() {
+    constexpr bool allowed[] = {Ops::kBeforeStage..., true};
     for (int i = 0; i < kConsumerOps; ++i)
-      if (!elementwise[i]) return false;
+      if (!allowed[i]) return false;
     return true;
   }
-  static_assert(consumer_ops_elementwise(),
-                "ops before the Stage run in the consumer warpgroups: elementwise ones only");
+  static_assert(consumer_ops_allowed(),
+                "ops before the Stage run in the consumer warpgroups: kBeforeStage ones only");
 
   using StageT = typename StageTypeOf<kStage, Ops...>::type;
   using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols>;
@@ -294,7 +318,12 @@ public:
     begin_visit(tile);
 #pragma unroll // blocks unrolled: ops index per-block register state by the block
     for (int block = 0; block < Shape::kBlocks; ++block) {
-      if constexpr (kRollSubtiles) {
+      if constexpr (kHasPrepass) {
+        // A group of subtiles in registers, its prepass, then its subtiles' chain.
+#pragma unroll
+        for (int group = 0; group < Shape::kCols / kGroupCols; ++group)
+          visit_staged_group(tile, block, group);
+      } else if constexpr (kRollSubtiles) {
 #pragma unroll 1
         for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
           visit_staged_subtile(tile, block, slab);
@@ -325,6 +354,7 @@ public:
 
   __device__ void begin_stage(sm90::EpilogueTile tile) {
     for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_tile(c, tile, 0); });
+    __pipeline_commit();
   }
 
   // The ops before the Stage on the registers, then the rounded values into the staged tile.
@@ -332,7 +362,13 @@ public:
   __device__ void stage(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
     static_assert(kStaged && kBlocks == 1 && kN == Shape::kCols,
                   "each consumer warpgroup stages one 64-row block of the tile");
-    for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
+    if constexpr (kConsumerOps > 0) {
+      // The copies the ops issued before the mainloop are visible to the warpgroup.
+      __pipeline_wait_prior(0);
+      arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::staged_consumer0) + wg_.index,
+                               arch::kWarpgroupSize);
+      for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_visit(c, tile); });
+    }
     Staged::wait_empty(smem_.staged, staged_.phase);
 #pragma unroll
     for (int slab = 0; slab < Shape::kSubtilesN; ++slab) {
@@ -369,15 +405,44 @@ private:
     run_subtile(v, tile, block, slab, nullptr);
   }
 
-  __device__ __forceinline__ void visit_staged_subtile(sm90::EpilogueTile tile, int block,
-                                                       int slab) {
-    uint8_t* staged = smem_.staged.subtile[block][slab];
+  __device__ __forceinline__ void load_staged(float (&v)[16], int block, int slab) {
     uint32_t packed[8];
-    sm90::Subtile16::load(staged, wg_.thread, packed);
-    float v[16];
+    sm90::Subtile16::load(smem_.staged.subtile[block][slab], wg_.thread, packed);
 #pragma unroll
     for (int i = 0; i < 8; ++i) unpack(packed[i], v[2 * i], v[2 * i + 1]);
-    run_subtile(v, tile, block, slab, staged);
+  }
+
+  __device__ __forceinline__ void visit_staged_subtile(sm90::EpilogueTile tile, int block,
+                                                       int slab) {
+    float v[16];
+    load_staged(v, block, slab);
+    run_subtile(v, tile, block, slab, smem_.staged.subtile[block][slab]);
+  }
+
+  // kGroupCols columns of a block: the prepass sees them as the register tile of a narrower
+  // warpgroup tile starting at the group's first column (the same map: fragment.hpp), then each
+  // of their subtiles goes through the chain.
+  __device__ __forceinline__ void visit_staged_group(sm90::EpilogueTile tile, int block,
+                                                     int group) {
+    float regs[kGroupCols / 2];
+#pragma unroll
+    for (int s = 0; s < kSlabsPerGroup; ++s) {
+      float v[16];
+      load_staged(v, block, group * kSlabsPerGroup + s);
+#pragma unroll
+      for (int i = 0; i < 16; ++i) regs[16 * s + i] = v[i];
+    }
+    const sm90::EpilogueTile at{tile.row0, tile.col0 + group * kGroupCols};
+    for_each<kFirstEpilogueOp, kOps>(
+        [&](auto& op, const auto& c) { op.visit_block(c, regs, at, block); });
+#pragma unroll
+    for (int s = 0; s < kSlabsPerGroup; ++s) {
+      const int slab = group * kSlabsPerGroup + s;
+      float v[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) v[i] = regs[16 * s + i];
+      run_subtile(v, tile, block, slab, smem_.staged.subtile[block][slab]);
+    }
   }
 
   __device__ __forceinline__ void run_subtile(float (&v)[16], sm90::EpilogueTile tile, int block,

@@ -4,11 +4,11 @@
 // Column c of a head pairs with c + head_dim/2, register i with i + head_dim/4 of the same thread
 // (coda/core/fragment.hpp), so a tile that holds whole heads rotates without shuffles, but the
 // partners lie in different 32-column subtiles: RoPE runs in the prepass over the whole 64-row
-// block. A thread's first-half columns within a head are 8j + 2q + e (j < head_dim/16, e < 2);
-// it computes the rotation of each such frequency once per row and applies it to every head of
-// the tile. The angles come from the shared rope_rotation (the angle reduced to [-pi, pi] in
-// extra precision, then the hardware sin/cos); the frequency table is copied to shared memory
-// once per kernel.
+// block (on the staged schedule: per head, read from the staged tile). A thread's first-half
+// columns within a head are 8j + 2q + e (j < head_dim/16, e < 2); it computes the rotation of
+// each such frequency once per row and applies it to every head it holds. The angles come from the
+// shared rope_rotation (the angle reduced to [-pi, pi] in extra precision, then the hardware
+// sin/cos); the frequency table is copied to shared memory once per kernel.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +22,8 @@ namespace coda::epilogue::device {
 
 template <class Shape, int kHeadDim> struct Rope : OpBase {
   static constexpr int kHalf = kHeadDim / 2;
-  static constexpr int kHeads = Shape::kCols / kHeadDim;
+  static constexpr bool kPrepass = true;
+  static constexpr int kGroupCols = kHeadDim; // the staged prepass: one head at a time
   static_assert(kHeadDim % 16 == 0 && Shape::kCols % kHeadDim == 0,
                 "tiles hold whole heads; head_dim/2 is a multiple of 8 columns");
 
@@ -59,9 +60,13 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
     }
   }
 
+  // `regs`: whole heads from column tile.col0 on (the block on the register schedules, one head
+  // on the staged one).
   template <int kRegs>
   __device__ void visit_block(const Ctx& c, float (&regs)[kRegs], sm90::EpilogueTile tile,
                               int block) {
+    constexpr int kHeads = 2 * kRegs / kHeadDim;
+    static_assert(2 * kRegs % kHeadDim == 0, "the prepass holds whole heads");
     const Params& p = c.params;
     const float* inv_freq = c.smem.inv_freq[c.wg.index];
     if (tile.col0 >= p.rotated_cols) return; // only V heads in this tile

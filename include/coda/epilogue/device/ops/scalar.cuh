@@ -8,7 +8,7 @@
 namespace coda::epilogue::device {
 
 struct ScaleByScalar : OpBase {
-  static constexpr bool kElementwise = true; // may run before a Stage, in the consumers
+  static constexpr bool kBeforeStage = true; // may run in the consumers, before a Stage
   struct Params {
     float value = 1.f;
     const float* tensor = nullptr; // optional [1]

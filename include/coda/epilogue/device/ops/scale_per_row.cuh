@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_pipeline_primitives.h>
 
@@ -25,15 +26,25 @@ namespace coda::epilogue::device {
 
 enum class Pass { subtile, prepass };
 
-template <class Shape, Pass kPass = Pass::subtile, int kStagedPartials = 32>
+template <class Shape, Pass kPass = Pass::subtile, int kStagedPartials_ = 32>
 struct ScalePerRow : OpBase {
-  static_assert(kStagedPartials == 16 || kStagedPartials == 32, "a row is half or all 32 banks");
+  // On the staged schedule the partials are read from global memory by the epilogue warpgroup
+  // (its wait for the staged tile hides their latency from the MMAs): no shared memory.
+  static constexpr int kStagedPartials = Shape::kStaged ? 0 : kStagedPartials_;
+  static constexpr bool kPrepass = kPass == Pass::prepass;
+  // On the staged schedule it runs before the Stage, in the consumers (with the cooperative
+  // shape): the staged value is then round(s[m] * acc), rounded once as an unfused path stores
+  // it.
+  static constexpr bool kBeforeStage = !Shape::kStaged;
+  static_assert(kStagedPartials == 0 || kStagedPartials == 16 || kStagedPartials == 32,
+                "a row is half or all 32 banks");
   // The 8 rows x 4 quad lanes a warp reads at once (partials k + q of its rows) hit 32 banks:
   // with 32 staged partials, partial b of row r sits at column (b + 4 (r % 8)) % 32; with 16,
   // two rows share the 32 banks and the shift steps every second row.
-  static constexpr int kRowsPerBankLine = 32 / kStagedPartials;
+  static constexpr int kStagedWidth = kStagedPartials > 0 ? kStagedPartials : 32;
+  static constexpr int kRowsPerBankLine = 32 / kStagedWidth;
   __device__ static int staged_col(int r, int b) {
-    return (b + 4 * ((r / kRowsPerBankLine) & (kStagedPartials / 4 - 1))) & (kStagedPartials - 1);
+    return (b + 4 * ((r / kRowsPerBankLine) & (kStagedWidth / 4 - 1))) & (kStagedWidth - 1);
   }
 
   struct Params {
@@ -45,9 +56,11 @@ struct ScalePerRow : OpBase {
     float width = 1.f, eps = 0.f; // rstd = rsqrt(sum / width + eps)
     float* factors_out = nullptr; // optional [M]: the factors, written by the n = 0 tiles
   };
-  struct SharedStorage {
-    float partials[Shape::kWarpgroups][Shape::kRows][kStagedPartials];
+  struct StagedPartials {
+    float partials[Shape::kWarpgroups][Shape::kRows][kStagedWidth];
   };
+  using SharedStorage =
+      std::conditional_t<kStagedPartials == 0, OpBase::SharedStorage, StagedPartials>;
 
   using Ctx = OpContext<Params, SharedStorage>;
 
@@ -55,6 +68,13 @@ struct ScalePerRow : OpBase {
 
   __device__ static bool staged_path(const Params& p) {
     return p.factors == nullptr && p.count <= kStagedPartials;
+  }
+  // The warpgroup's staged rows of partials (null when nothing is staged).
+  __device__ static float (*staged_buffer(const Ctx& c))[kStagedWidth] {
+    if constexpr (kStagedPartials > 0)
+      return c.smem.partials[c.wg.index];
+    else
+      return nullptr;
   }
   __device__ static int32_t row_of(const Ctx& c, sm90::EpilogueTile tile, int block, int slot) {
     return tile.row0 + 64 * block + Shape::Fragment::slot_row(c.wg.thread, slot);
@@ -73,7 +93,7 @@ struct ScalePerRow : OpBase {
       return;
     }
     if (!staged_path(p)) return;
-    float(*staged)[kStagedPartials] = c.smem.partials[c.wg.index];
+    float(*staged)[kStagedWidth] = staged_buffer(c);
     const int count = Shape::kRows * p.count;
     for (int e = c.wg.thread; e < count; e += arch::kWarpgroupSize) {
       const int r = e / p.count, b = e - r * p.count;
@@ -89,7 +109,7 @@ struct ScalePerRow : OpBase {
     const Params& p = c.params;
     if (p.factors == nullptr) {
       const bool staged_rows = staged_path(p);
-      const float(*staged)[kStagedPartials] = c.smem.partials[c.wg.index];
+      const float(*staged)[kStagedWidth] = staged_buffer(c);
       const int q = c.wg.quad_lane();
 #pragma unroll
       for (int b = 0; b < Shape::kBlocks; ++b)
