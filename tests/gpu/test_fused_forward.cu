@@ -23,6 +23,7 @@
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
+#include "tests/gpu/cpu_parity.hpp"
 #include "tests/gpu/device_tensor.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 
@@ -43,14 +44,6 @@ struct ScheduleScope {
   explicit ScheduleScope(gpu::FusedSchedule s) { gpu::set_fused_schedule(s); }
   ~ScheduleScope() { gpu::set_fused_schedule(gpu::FusedSchedule::automatic); }
 };
-
-// The GPU output against the fp64 reference and against the CPU backend's output.
-void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
-                    const std::vector<double>& exact, const std::vector<double>& unfused) {
-  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
-  CODA_EXPECT_PASSES(
-      check_against_baseline(name + " vs the CPU backend", gpu.values(), cpu.values(), unfused));
-}
 
 const DType kHalfTypes[] = {DType::bf16, DType::f16};
 

@@ -61,11 +61,17 @@ template <int kBlocks, int kCols> struct StagedTile {
   static_assert(kCols % Subtile16::kCols == 0, "whole 32-column subtiles");
   static constexpr int kWriters = kBlocks * arch::kWarpgroupSize; // the consumer threads
 
-  struct SharedStorage {
+  // The tile and its barriers apart: a 16-byte barrier pair beside the 1024-byte aligned tile
+  // would pad it by a kilobyte, which is what a fourth pipeline stage lacked (K1 and K2 with 32
+  // staged partials per row).
+  struct Tiles {
     alignas(1024) uint8_t subtile[kBlocks][kSlabs][Subtile16::kBytes];
+  };
+  struct Barriers {
     uint64_t full;  // the consumers wrote the tile: kWriters arrivals
     uint64_t empty; // the epilogue has read it (and its in-place stores have): one arrival
   };
+  using SharedStorage = Barriers; // what the waits and arrivals below take
 
   __device__ static void init(SharedStorage& s) {
     cuda::ptx::mbarrier_init(&s.full, kWriters);

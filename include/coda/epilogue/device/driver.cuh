@@ -243,9 +243,14 @@ template <class Shape, class... Ops> class FusedEpilogue {
   using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols>;
   // The staged tile (staged schedule only; an empty base elsewhere: a member would take a byte
   // and pad the 1024-byte aligned storage by a kilobyte).
-  struct StagedStorage {
-    typename Staged::SharedStorage staged;
+  struct StagedTiles {
+    typename Staged::Tiles staged_tiles;
   };
+  struct StagedBarriers {
+    typename Staged::Barriers staged;
+  };
+  struct NoStagedTiles {};
+  struct NoStagedBarriers {};
   struct NoStaging {};
   // Per-thread state only the staged schedule has.
   struct StagedState {
@@ -256,8 +261,11 @@ template <class Shape, class... Ops> class FusedEpilogue {
 public:
   using TileShape = Shape;
   using Params = IndexedTuple<typename Ops::Params...>;
-  struct SharedStorage : IndexedTuple<typename Ops::SharedStorage...>,
-                         std::conditional_t<kStaged, StagedStorage, NoStaging> {};
+  // Staged: the 1024-byte aligned tile first, the ops' storage, then the tile's barriers
+  // (empty bases elsewhere, which take no bytes).
+  struct SharedStorage : std::conditional_t<kStaged, StagedTiles, NoStagedTiles>,
+                         IndexedTuple<typename Ops::SharedStorage...>,
+                         std::conditional_t<kStaged, StagedBarriers, NoStagedBarriers> {};
 
   __device__ static void init(SharedStorage& smem) {
     OpList<Seq, Ops...>::init(smem);
@@ -380,7 +388,7 @@ public:
       uint32_t packed[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
-      sm90::Subtile16::store(smem_.staged.subtile[wg_.index][slab], wg_.thread, packed);
+      sm90::Subtile16::store(smem_.staged_tiles.subtile[wg_.index][slab], wg_.thread, packed);
     }
     Staged::arrive_full(smem_.staged);
     staged_.phase ^= 1;
@@ -407,7 +415,7 @@ private:
 
   __device__ __forceinline__ void load_staged(float (&v)[16], int block, int slab) {
     uint32_t packed[8];
-    sm90::Subtile16::load(smem_.staged.subtile[block][slab], wg_.thread, packed);
+    sm90::Subtile16::load(smem_.staged_tiles.subtile[block][slab], wg_.thread, packed);
 #pragma unroll
     for (int i = 0; i < 8; ++i) unpack(packed[i], v[2 * i], v[2 * i + 1]);
   }
@@ -416,7 +424,7 @@ private:
                                                        int slab) {
     float v[16];
     load_staged(v, block, slab);
-    run_subtile(v, tile, block, slab, smem_.staged.subtile[block][slab]);
+    run_subtile(v, tile, block, slab, smem_.staged_tiles.subtile[block][slab]);
   }
 
   // kGroupCols columns of a block: the prepass sees them as the register tile of a narrower
@@ -441,7 +449,7 @@ private:
       float v[16];
 #pragma unroll
       for (int i = 0; i < 16; ++i) v[i] = regs[16 * s + i];
-      run_subtile(v, tile, block, slab, smem_.staged.subtile[block][slab]);
+      run_subtile(v, tile, block, slab, smem_.staged_tiles.subtile[block][slab]);
     }
   }
 
