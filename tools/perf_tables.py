@@ -97,26 +97,32 @@ def gemm_plot(results):
 
 
 def fused_table(results):
+    sched = [("coda_cooperative_ms", "cooperative"), ("coda_pingpong_ms", "ping-pong"),
+             ("coda_staged_ms", "staged")]
+    sched = [(k, n) for k, n in sched if all(k in c for c in results["cases"])]
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. bf16, M = 8192 tokens; median of 50 runs, L2 flushed"
-        " before each; every column measured in one process on the same inputs."
+        " before each; every column measured in one process on the same inputs. The schedule"
+        " columns are the same kernel forced onto each GEMM schedule, over the plain GEMM."
         % (results["gpu"], results["date"], results["commit"]),
         "",
-        "| kernel | model | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt | unfused / fused |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| kernel | model | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt | unfused / fused |"
+        + "".join(" %s |" % n for _, n in sched),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(sched),
     ]
     for c in results["cases"]:
         lines.append(
             "| %s | %s | %d | %d | %d | %.3f | %.3f | %.3f | %.3f |"
             % (c["kernel"], c["model"], c["m"], c["n"], c["k"], c["coda_ms"],
                c["coda_ms"] / c["coda_gemm_ms"], c["coda_ms"] / c["cublas_ms"],
-               c["unfused_ms"] / c["coda_ms"]))
+               c["unfused_ms"] / c["coda_ms"])
+            + "".join(" %.3f |" % (c[k] / c["coda_gemm_ms"]) for k, _ in sched))
     hidden = [c["coda_ms"] / c["coda_gemm_ms"] for c in results["cases"]]
     faster = sum(1 for c in results["cases"] if c["unfused_ms"] > c["coda_ms"])
     if hidden:
-        lines += ["", "Fused / plain GEMM: best %.3f, worst %.3f (target <= 1.02). Faster than the"
-                  " unfused path in %d of %d cases." % (min(hidden), max(hidden), faster,
-                                                       len(hidden))]
+        lines += ["", "Fused / plain GEMM: best %.3f, worst %.3f (target <= 1.05, aim 1.02). Faster"
+                  " than the unfused path in %d of %d cases." % (min(hidden), max(hidden), faster,
+                                                                len(hidden))]
     return "\n".join(lines)
 
 

@@ -17,10 +17,10 @@ namespace coda::gpu {
 //   staged:      128 x 192 tiles whose accumulators the consumers hand over in shared memory
 //                (rounded to the call's 16-bit type), the epilogue in a fourth warpgroup during
 //                the next tile's MMAs (docs/epilogue.md, "The staged schedule").
-// `automatic` takes each kernel's default (docs/PERFORMANCE.md): staged for K1, K4 with
-// head_dim 64, and K2 with at most 16 rstd partials per row (hidden <= 2048; with more, 3
-// pipeline stages fit); cooperative for K0, K2 above that and K4 with head_dim 128 (a
-// 192-column tile cuts its heads); ping-pong for K5. K0 and K5 have no staged variant yet (their row partials are 128 columns
+// `automatic` takes each kernel's default, the faster one measured (docs/PERFORMANCE.md): staged
+// for K1 and for K2 with at most 16 rstd partials per row (hidden <= 2048; with more, 3
+// pipeline stages fit); cooperative for K0, K2 above that and K4 (head_dim 64 has a staged
+// variant, measured slower; 128 none: a 192-column tile cuts its heads); ping-pong for K5. K0 and K5 have no staged variant yet (their row partials are 128 columns
 // wide, a 192-column tile one and a half): forcing staged runs their default. The others force
 // one, so that benchmarks and tests can compare them. Process-wide, not thread-safe. The backward
 // kernels have one schedule each and ignore it: K6 cooperative (a tile's 128 rows are one dgamma
