@@ -30,9 +30,12 @@
 //
 //   bench_block [--models 1b,8b] [--tokens 8192,16384] [--runs 30] [--grad-dtype bf16|f32]
 //               [--out bench/results/block.json] [--commit HASH] [--check 1] [--only-check 0]
+//               [--profile 0]
 //
 // --commit defaults to $CODA_COMMIT. --only-check 1 runs the check alone (on a machine without an
-// sm_90 GPU, only its CPU-backend side). Exit status 1 when a check fails.
+// sm_90 GPU, only its CPU-backend side). --profile 1 adds, per case, one forward and backward of
+// each side inside a cudaProfilerStart / Stop range (tools/ncu_block.sh times each kernel in it).
+// Exit status 1 when a check fails.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +44,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "coda/block/llama.hpp"
 #include "coda/coda.hpp"
@@ -821,7 +826,7 @@ struct Result {
 };
 
 std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype,
-                               const bench::Context& ctx, int runs) {
+                               const bench::Context& ctx, int runs, bool profile) {
   const Block b(md, tokens, grad_dtype, ctx);
   b.fill_inputs(ctx.stream);
   const cudaStream_t s = ctx.stream;
@@ -869,6 +874,15 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
       for (int j = 0; j < kSides; ++j) // rotated, so no side always runs first
         once(Pass(p), Side((i + j) % kSides), true);
   check(cudaGetLastError(), "timed runs");
+  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, in that order)
+  // inside the profiler's range, for `ncu --profile-from-start off` (tools/ncu_block.sh).
+  if (profile) {
+    check(cudaStreamSynchronize(s), "before the profiled range");
+    check(cudaProfilerStart(), "cudaProfilerStart");
+    for (int side = 0; side < kSides; ++side) once(kFwdBwd, Side(side), false);
+    check(cudaStreamSynchronize(s), "profiled range");
+    check(cudaProfilerStop(), "cudaProfilerStop");
+  }
 
   // The same outputs from the same inputs: coda against the unfused path.
   double fwd_diff = NAN, bwd_diff = NAN;
@@ -923,11 +937,11 @@ int main(int argc, char** argv) {
   std::string out_path, commit;
   int runs = 30;
   DType grad_dtype = DType::bf16;
-  bool run_checks = true, only_check = false;
+  bool run_checks = true, only_check = false, profile = false;
   try {
     const bench::Flags flags(argc, argv,
                              {"--models", "--tokens", "--runs", "--grad-dtype", "--out", "--commit",
-                              "--check", "--only-check"});
+                              "--check", "--only-check", "--profile"});
     for (const std::string& tag : split(flags.get("--models", "1b,8b"))) {
       const Model* found = nullptr;
       for (const Model& md : kModels)
@@ -948,6 +962,7 @@ int main(int argc, char** argv) {
     commit = flags.commit();
     run_checks = flags.get_int("--check", 1) != 0;
     only_check = flags.get_int("--only-check", 0) != 0;
+    profile = flags.get_int("--profile", 0) != 0;
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "bench_block: %s\n", e.what()), 2;
   }
@@ -968,7 +983,7 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     for (const Model* md : models)
       for (int64_t m : tokens) {
-        const std::vector<Result> r = bench_case(*md, m, grad_dtype, ctx, runs);
+        const std::vector<Result> r = bench_case(*md, m, grad_dtype, ctx, runs, profile);
         results.insert(results.end(), r.begin(), r.end());
         std::fflush(stdout);
       }
