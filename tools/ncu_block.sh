@@ -13,7 +13,7 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 csv="$OUT/block-$MODEL-$TOKENS-kernels.csv"
 timeout 300 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv \
-  --kernel-name-base demangled --cache-control all --clock-control none \
+  --print-kernel-base demangled --cache-control all --clock-control none \
   "$BUILD/bench/bench_block" --models "$MODEL" --tokens "$TOKENS" --runs 1 --check 0 \
   --profile 1 --out "$OUT/block-$MODEL-bench.json" >"$csv" 2>"$OUT/block-$MODEL-ncu.log" ||
   echo "ncu failed: $(tail -3 "$OUT/block-$MODEL-ncu.log")"

@@ -9,7 +9,8 @@ and each side's total.
 import csv
 import sys
 
-UNIT = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
+        "second": 1e6, "s": 1e6}
 
 # Fused kernels by the epilogue ops in their demangled names (first match wins).
 FUSED = [("SwigluBackward", "K7 swiglu backward"), ("RmsNormBackward", "K6 rms backward"),
