@@ -25,6 +25,7 @@ from coda import _lib as L
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir))
 HEADERS = [
+    os.path.join(REPO, "include", "coda", "core", "types.h"),
     os.path.join(REPO, "include", "coda", "coda.h"),
     os.path.join(REPO, "include", "coda", "block", "llama.h"),
 ]
