@@ -9,7 +9,6 @@
 
 #include "coda/coda.h"
 #include "coda/core/error.hpp"
-#include "coda/core/tensor.hpp"
 
 namespace coda::api {
 
@@ -43,21 +42,6 @@ template <class T> const T& deref(const char* fn, const char* what, const T* p) 
   if (p == nullptr)
     throw Error(Status::invalid_argument, std::string(fn) + ": " + what + " is NULL");
   return *p;
-}
-
-// A C tensor descriptor as the C++ view (same fields; the enum values are asserted equal).
-inline TensorView view(const coda_tensor& t) {
-  TensorView v;
-  v.data = t.data;
-  v.dtype = DType(t.dtype);
-  v.rank = t.rank;
-  for (int i = 0; i < kMaxRank; ++i) {
-    v.shape[i] = t.shape[i];
-    v.stride[i] = t.stride[i];
-  }
-  v.device = Device(t.device);
-  v.device_index = t.device_index;
-  return v;
 }
 
 } // namespace coda::api
