@@ -2,6 +2,8 @@
 // backend computes synchronously and ignores the stream.
 #include "coda/coda.hpp"
 
+#include <string>
+
 #include "api/checks.hpp"
 #include "api/device.hpp"
 #include "cpu/backend.hpp"
@@ -29,6 +31,29 @@ size_t gemm_workspace_size(const GemmArgs& args) {
 #if CODA_WITH_CUDA
   return gpu::gemm_workspace_size(args);
 #else
+  return 0;
+#endif
+}
+
+size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, DType out) {
+  if (m < 1 || n < 1 || k < 1)
+    throw Error(Status::invalid_argument, "gemm_workspace_size: m, n and k must be >= 1; got " +
+                                              std::to_string(m) + ", " + std::to_string(n) +
+                                              " and " + std::to_string(k));
+#if CODA_WITH_CUDA
+  if (!gpu::device_supported()) return 0;
+  // Shapes and dtypes only: the GPU query reads no data.
+  const bool wgrad = layout == GemmLayout::wgrad;
+  GemmArgs g;
+  g.layout = layout;
+  g.a = wgrad ? make_view(nullptr, DType::bf16, k, m, Device::cuda)
+              : make_view(nullptr, DType::bf16, m, k, Device::cuda);
+  g.b = layout == GemmLayout::fwd ? make_view(nullptr, DType::bf16, n, k, Device::cuda)
+                                  : make_view(nullptr, DType::bf16, k, n, Device::cuda);
+  g.d = make_view(nullptr, out, m, n, Device::cuda);
+  return gpu::gemm_workspace_size(g);
+#else
+  (void)layout, (void)out;
   return 0;
 #endif
 }
@@ -125,6 +150,16 @@ void cross_entropy(const CrossEntropyArgs& args, Stream stream) {
   run(
       "cross_entropy", args, stream, [](const CrossEntropyArgs& x) { cpu::cross_entropy(x); },
       CODA_GPU_KERNEL(cross_entropy));
+}
+
+// One f32 loss and one i32 "counted" flag per row, each region 256-byte aligned, so the GPU
+// reduces the loss deterministically without atomics.
+size_t cross_entropy_workspace_size(int64_t m) {
+  if (m < 0)
+    throw Error(Status::invalid_argument,
+                "cross_entropy_workspace_size: m must be >= 0; got " + std::to_string(m));
+  const auto region = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  return region(size_t(m) * sizeof(float)) + region(size_t(m) * sizeof(int32_t));
 }
 
 } // namespace coda

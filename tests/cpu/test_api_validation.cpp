@@ -1181,6 +1181,8 @@ TEST(ApiValidationCuda, GemmWorkspaceTooSmall) {
   const size_t needed = gemm_workspace_size(g);
   ASSERT_GT(needed, 0u);
   ASSERT_EQ(needed % 4, 0u);
+  // The query from shapes alone (what the Llama block sizes its workspace with) agrees.
+  EXPECT_EQ(gemm_workspace_size(GemmLayout::fwd, 512, 1024, 4096, bf16), needed);
   coda_gemm_args c{};
   c.layout = CODA_GEMM_FWD;
   c.a = to_c(g.a), c.b = to_c(g.b), c.d = to_c(g.d);
