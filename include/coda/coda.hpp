@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "coda/core/error.hpp"
+#include "coda/core/stream.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/gemm/problem.hpp"
 #include "coda/kernels/args.hpp"

@@ -27,16 +27,11 @@
 
 #include "coda/core/bool32.hpp"
 #include "coda/core/scalar.hpp"
+#include "coda/core/stream.hpp" // Stream, for the entry points that take these
 #include "coda/core/tensor.hpp"
-
-struct CUstream_st;
+#include "coda/epilogue/reduce_block.hpp" // kReduceBlock, num_reduce_blocks
 
 namespace coda {
-
-using Stream = CUstream_st*; // the same type as cudaStream_t; nullptr is the default stream
-
-constexpr int64_t kReduceBlock = 128;
-constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
 
 // Every struct below is layout-identical to its C twin in coda/coda.h (coda_rms_scale_args for
 // RmsScaleArgs, ...): src/api/abi_cast.hpp static_asserts it field by field and the C ABI casts.
