@@ -51,8 +51,9 @@ static_assert(CODA_LLAMA_FORWARD == int(llama::Pass::forward) &&
                   CODA_LLAMA_BACKWARD == int(llama::Pass::backward),
               "coda_llama_pass must equal coda::llama::Pass");
 
-// The C++ twin of a C struct: CppOf<coda_gemm_args>::type is coda::GemmArgs.
+// The C++ twin of a C struct (CppOf<coda_gemm_args>::type is coda::GemmArgs), and back.
 template <class C> struct CppOf;
+template <class Cpp> struct COf;
 
 template <class Cpp, class C> constexpr bool same_representation() {
   if constexpr (std::is_same_v<Cpp, C>)
@@ -69,6 +70,7 @@ template <class Cpp, class C> constexpr bool same_representation() {
 
 #define CODA_ABI_STRUCT(C, Cpp)                                                                    \
   template <> struct CppOf<C> { using type = Cpp; };                                               \
+  template <> struct COf<Cpp> { using type = C; };                                                 \
   static_assert(sizeof(C) == sizeof(Cpp) && alignof(C) == alignof(Cpp),                            \
                 #Cpp " must have the size and alignment of " #C);                                  \
   static_assert(std::is_trivially_copyable_v<Cpp> && std::is_standard_layout_v<Cpp>,               \
@@ -82,9 +84,13 @@ template <class Cpp, class C> constexpr bool same_representation() {
 #undef CODA_ABI_FIELD
 #undef CODA_ABI_STRUCT
 
-// A C argument struct as its C++ twin.
+// A C argument struct as its C++ twin, and a C++ one as its C twin (for tests that drive both
+// interfaces with one call).
 template <class C> typename CppOf<C>::type from_c(const C& c) {
   return std::bit_cast<typename CppOf<C>::type>(c);
+}
+template <class Cpp> typename COf<Cpp>::type to_c(const Cpp& cpp) {
+  return std::bit_cast<typename COf<Cpp>::type>(cpp);
 }
 
 } // namespace coda::api
