@@ -3,9 +3,10 @@
 ABI's structs, constants and signatures:
 
   python/coda/_abi.py      the ctypes Structures, the constants and every function's signature
-  src/api/abi_layout.inc   one X-macro line per struct and per field, from which
+  src/api/abi_layout.inc   X-macro lines: one per struct and per field, from which
                            src/api/abi_cast.hpp static_asserts that each C++ twin (coda::GemmArgs,
-                           coda::llama::Config, ...) is layout-identical to its C struct
+                           coda::llama::Config, ...) is layout-identical to its C struct; one per
+                           kernel entry point, which src/api/c_abi.cpp defines from them
 
   tools/gen_abi.py           rewrite both files
   tools/gen_abi.py --check   exit 1 (saying which file and how to fix it) when either is stale
@@ -250,23 +251,38 @@ def render_python(abi):
         out += wrap('    "%s": (%s, [' % (fname, restype), [py_type(t, p) for t, p in params],
                     "]),")
     out.append("}")
-    kernels = [(f, p[0][0]) for f, ret, p, _ in abi.functions
-               if len(p) == 2 and p[0][1] and p[0][0] in abi.struct_names()
-               and p[1] == ("coda_stream_t", False) and p[0][0] != "coda_tensor"]
+    kernels = kernels_of(abi)
     out += [""] + wrap("KERNELS = {", ['"%s": %s' % (f, names_of(s)[0]) for f, s in kernels], "}",
                        indent=4)
     return "\n".join(out) + "\n"
 
 
+def kernels_of(abi):
+    """The functions that take one argument struct and a stream: [(name, C struct)]."""
+    return [(f, p[0][0]) for f, ret, p, _ in abi.functions
+            if len(p) == 2 and p[0][1] and p[0][0] in abi.struct_names()
+            and p[1] == ("coda_stream_t", False) and p[0][0] != "coda_tensor"]
+
+
 def render_cpp(abi):
     out = ["// %s." % (BANNER % MAIN_HEADER),
-           "// Read by src/api/abi_cast.hpp: CODA_ABI_STRUCT(C struct, C++ twin) for every struct,",
-           "// then CODA_ABI_FIELD(C struct, C++ twin, field) for every field."]
+           "// X-macro lists; each section is read where its macro is defined:",
+           "//   CODA_ABI_STRUCT(C struct, C++ twin) and CODA_ABI_FIELD(C struct, C++ twin, field):",
+           "//     src/api/abi_cast.hpp (the layout assertions);",
+           "//   CODA_ABI_KERNEL(C function, C argument struct, C++ function), for the functions that take one",
+           "//     argument struct and a stream (the C++ one is named alike, without coda_):",
+           "//     src/api/c_abi.cpp (their entry points).",
+           "#ifdef CODA_ABI_STRUCT"]
     for cname, _, _ in abi.structs:
         out.append("CODA_ABI_STRUCT(%s, %s)" % (cname, names_of(cname)[1]))
+    out += ["#endif", "#ifdef CODA_ABI_FIELD"]
     for cname, fields, _ in abi.structs:
         for field, _, _ in fields:
             out.append("CODA_ABI_FIELD(%s, %s, %s)" % (cname, names_of(cname)[1], field))
+    out += ["#endif", "#ifdef CODA_ABI_KERNEL"]
+    for fname, sname in kernels_of(abi):
+        out.append("CODA_ABI_KERNEL(%s, %s, coda::%s)" % (fname, sname, fname[len("coda_"):]))
+    out.append("#endif")
     return "\n".join(out) + "\n"
 
 

@@ -19,18 +19,31 @@ using api::from_c;
 using api::guarded;
 
 // The body of every kernel entry point: check the pointer, cast, call.
-template <class CArgs, class Call>
-coda_status call(const char* fn, const CArgs* args, coda_stream_t stream, Call cpp_call) noexcept {
-  return guarded(fn, [&] { cpp_call(from_c(deref(fn, "args", args)), stream); });
+template <class CArgs>
+coda_status call(const char* fn, const CArgs* args, coda_stream_t stream,
+                 void (*cpp_function)(const typename api::CppOf<CArgs>::type&, Stream)) noexcept {
+  return guarded(fn, [&] { cpp_function(from_c(deref(fn, "args", args)), stream); });
+}
+
+// The gate/up converters' body: both tensors required, from `src` into `dst`.
+coda_status convert_rows(const char* fn, const char* src_name, const coda_tensor* src,
+                         const char* dst_name, const coda_tensor* dst, coda_stream_t stream,
+                         void (*cpp_function)(const TensorView&, const TensorView&,
+                                              Stream)) noexcept {
+  return guarded(fn, [&] {
+    cpp_function(from_c(deref(fn, src_name, src)), from_c(deref(fn, dst_name, dst)), stream);
+  });
 }
 
 } // namespace
 } // namespace coda
 
 using coda::call;
+using coda::convert_rows;
 using coda::api::deref;
 using coda::api::from_c;
 using coda::api::guarded;
+using coda::api::size_query;
 
 namespace coda::api {
 namespace {
@@ -48,94 +61,34 @@ const char* last_error() noexcept { return t_last_error.c_str(); }
 
 extern "C" {
 
-coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream) {
-  return call("coda_gemm", args, stream, [](const auto& a, auto s) { coda::gemm(a, s); });
-}
+// The kernels: coda_gemm, coda_gemm_residual_rms, ..., coda_cross_entropy, each the C++ entry
+// point of its name on the C++ twin of its argument struct (the list: api/abi_layout.inc).
+#define CODA_ABI_KERNEL(c_function, CArgs, cpp_function)                                           \
+  coda_status c_function(const CArgs* args, coda_stream_t stream) {                                \
+    return call(#c_function, args, stream, cpp_function);                                          \
+  }
+#include "api/abi_layout.inc"
+#undef CODA_ABI_KERNEL
+
 coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes) {
   const char* fn = "coda_gemm_workspace_size";
-  return guarded(fn, [&] {
-    if (bytes == nullptr)
-      throw coda::Error(coda::Status::invalid_argument, std::string(fn) + ": bytes is NULL");
-    *bytes = coda::gemm_workspace_size(from_c(deref(fn, "args", args)));
-  });
+  return size_query(fn, bytes,
+                    [&] { return coda::gemm_workspace_size(from_c(deref(fn, "args", args))); });
 }
-coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args, coda_stream_t stream) {
-  return call("coda_gemm_residual_rms", args, stream,
-              [](const auto& a, auto s) { coda::gemm_residual_rms(a, s); });
-}
-coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream) {
-  return call("coda_gemm_rms_scale", args, stream,
-              [](const auto& a, auto s) { coda::gemm_rms_scale(a, s); });
-}
-coda_status coda_gemm_rms_swiglu(const coda_rms_swiglu_args* args, coda_stream_t stream) {
-  return call("coda_gemm_rms_swiglu", args, stream,
-              [](const auto& a, auto s) { coda::gemm_rms_swiglu(a, s); });
-}
-coda_status coda_gemm_rms_rope(const coda_rms_rope_args* args, coda_stream_t stream) {
-  return call("coda_gemm_rms_rope", args, stream,
-              [](const auto& a, auto s) { coda::gemm_rms_rope(a, s); });
-}
-coda_status coda_gemm_rms_lse(const coda_rms_lse_args* args, coda_stream_t stream) {
-  return call("coda_gemm_rms_lse", args, stream,
-              [](const auto& a, auto s) { coda::gemm_rms_lse(a, s); });
-}
-coda_status coda_gemm_rms_backward(const coda_rms_backward_args* args, coda_stream_t stream) {
-  return call("coda_gemm_rms_backward", args, stream,
-              [](const auto& a, auto s) { coda::gemm_rms_backward(a, s); });
-}
-coda_status coda_gemm_swiglu_backward(const coda_swiglu_backward_args* args, coda_stream_t stream) {
-  return call("coda_gemm_swiglu_backward", args, stream,
-              [](const auto& a, auto s) { coda::gemm_swiglu_backward(a, s); });
-}
-coda_status coda_rms_stats(const coda_rms_stats_args* args, coda_stream_t stream) {
-  return call("coda_rms_stats", args, stream, [](const auto& a, auto s) { coda::rms_stats(a, s); });
-}
-coda_status coda_rstd_from_partials(const coda_rstd_args* args, coda_stream_t stream) {
-  return call("coda_rstd_from_partials", args, stream,
-              [](const auto& a, auto s) { coda::rstd_from_partials(a, s); });
-}
-coda_status coda_reduce_row_partials(const coda_row_reduce_args* args, coda_stream_t stream) {
-  return call("coda_reduce_row_partials", args, stream,
-              [](const auto& a, auto s) { coda::reduce_row_partials(a, s); });
-}
-coda_status coda_reduce_col_partials(const coda_col_reduce_args* args, coda_stream_t stream) {
-  return call("coda_reduce_col_partials", args, stream,
-              [](const auto& a, auto s) { coda::reduce_col_partials(a, s); });
-}
-coda_status coda_rope_backward(const coda_rope_backward_args* args, coda_stream_t stream) {
-  return call("coda_rope_backward", args, stream,
-              [](const auto& a, auto s) { coda::rope_backward(a, s); });
-}
-coda_status coda_cross_entropy(const coda_cross_entropy_args* args, coda_stream_t stream) {
-  return call("coda_cross_entropy", args, stream,
-              [](const auto& a, auto s) { coda::cross_entropy(a, s); });
-}
-
 coda_status coda_cross_entropy_workspace_size(int64_t m, size_t* bytes) {
-  const char* fn = "coda_cross_entropy_workspace_size";
-  return guarded(fn, [&] {
-    if (bytes == nullptr)
-      throw coda::Error(coda::Status::invalid_argument, std::string(fn) + ": bytes is NULL");
-    *bytes = coda::cross_entropy_workspace_size(m);
-  });
+  return size_query("coda_cross_entropy_workspace_size", bytes,
+                    [&] { return coda::cross_entropy_workspace_size(m); });
 }
 
 coda_status coda_interleave_gate_up(const coda_tensor* stacked, const coda_tensor* fused,
                                     coda_stream_t stream) {
-  const char* fn = "coda_interleave_gate_up";
-  return guarded(fn, [&] {
-    coda::interleave_gate_up(from_c(deref(fn, "stacked", stacked)),
-                             from_c(deref(fn, "fused", fused)), stream);
-  });
+  return convert_rows("coda_interleave_gate_up", "stacked", stacked, "fused", fused, stream,
+                      coda::interleave_gate_up);
 }
-
 coda_status coda_deinterleave_gate_up(const coda_tensor* fused, const coda_tensor* stacked,
                                       coda_stream_t stream) {
-  const char* fn = "coda_deinterleave_gate_up";
-  return guarded(fn, [&] {
-    coda::deinterleave_gate_up(from_c(deref(fn, "fused", fused)),
-                               from_c(deref(fn, "stacked", stacked)), stream);
-  });
+  return convert_rows("coda_deinterleave_gate_up", "fused", fused, "stacked", stacked, stream,
+                      coda::deinterleave_gate_up);
 }
 
 const char* coda_last_error(void) { return coda::api::last_error(); }

@@ -44,4 +44,14 @@ template <class T> const T& deref(const char* fn, const char* what, const T* p) 
   return *p;
 }
 
+// The body of a size query: `bytes` NULL is an error naming it, else *bytes = query().
+template <class Query>
+coda_status size_query(const char* fn, size_t* bytes, Query&& query) noexcept {
+  return guarded(fn, [&] {
+    if (bytes == nullptr)
+      throw Error(Status::invalid_argument, std::string(fn) + ": bytes is NULL");
+    *bytes = query();
+  });
+}
+
 } // namespace coda::api

@@ -33,87 +33,50 @@ extern "C" {
 coda_status coda_llama_workspace_size(int32_t layer, int32_t pass, const coda_llama_config* config,
                                       int64_t tokens, size_t* bytes) {
   const char* fn = "coda_llama_workspace_size";
-  return guarded(fn, [&] {
-    if (bytes == nullptr)
-      throw coda::Error(coda::Status::invalid_argument, std::string(fn) + ": bytes is NULL");
-    *bytes = coda::llama::workspace_size(coda::llama::Layer(layer), coda::llama::Pass(pass),
-                                         arg(fn, "config", config), tokens);
+  return coda::api::size_query(fn, bytes, [&] {
+    return coda::llama::workspace_size(coda::llama::Layer(layer), coda::llama::Pass(pass),
+                                       arg(fn, "config", config), tokens);
   });
 }
 
-coda_status coda_llama_first_forward(const coda_llama_config* config,
-                                     const coda_llama_first_weights* weights,
-                                     const coda_llama_first_inputs* inputs,
-                                     const coda_llama_first_outputs* outputs,
-                                     const coda_llama_first_saved* saved,
-                                     const coda_tensor* workspace, coda_stream_t stream) {
-  const char* fn = "coda_llama_first_forward";
-  return guarded(fn, [&] {
-    coda::llama::first_forward(arg(fn, "config", config), arg(fn, "weights", weights),
-                               arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),
-                               arg(fn, "saved", saved), arg(fn, "workspace", workspace), stream);
-  });
-}
-
-coda_status coda_llama_first_backward(const coda_llama_config* config,
-                                      const coda_llama_first_weights* weights,
-                                      const coda_llama_first_inputs* inputs,
-                                      const coda_llama_first_outputs* outputs,
-                                      const coda_llama_first_saved* saved,
-                                      const coda_llama_first_grads* grads, int32_t accumulate,
-                                      const coda_tensor* workspace, coda_stream_t stream) {
-  const char* fn = "coda_llama_first_backward";
-  return guarded(fn, [&] {
-    coda::llama::first_backward(arg(fn, "config", config), arg(fn, "weights", weights),
-                                arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),
-                                arg(fn, "saved", saved), arg(fn, "grads", grads), accumulate != 0,
-                                arg(fn, "workspace", workspace), stream);
-  });
-}
-
-coda_status coda_llama_middle_forward(const coda_llama_config* config,
-                                      const coda_llama_middle_weights* weights,
-                                      const coda_llama_middle_inputs* inputs,
-                                      const coda_llama_middle_outputs* outputs,
-                                      const coda_llama_middle_saved* saved,
-                                      const coda_tensor* workspace, coda_stream_t stream) {
-  const char* fn = "coda_llama_middle_forward";
-  return guarded(fn, [&] {
-    coda::llama::middle_forward(arg(fn, "config", config), arg(fn, "weights", weights),
-                                arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),
-                                arg(fn, "saved", saved), arg(fn, "workspace", workspace), stream);
-  });
-}
-
-coda_status coda_llama_middle_backward(const coda_llama_config* config,
-                                       const coda_llama_middle_weights* weights,
-                                       const coda_llama_middle_inputs* inputs,
-                                       const coda_llama_middle_outputs* outputs,
-                                       const coda_llama_middle_saved* saved,
-                                       const coda_llama_middle_grads* grads, int32_t accumulate,
-                                       const coda_tensor* workspace, coda_stream_t stream) {
-  const char* fn = "coda_llama_middle_backward";
-  return guarded(fn, [&] {
-    coda::llama::middle_backward(arg(fn, "config", config), arg(fn, "weights", weights),
-                                 arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),
-                                 arg(fn, "saved", saved), arg(fn, "grads", grads), accumulate != 0,
-                                 arg(fn, "workspace", workspace), stream);
-  });
-}
-
-coda_status coda_llama_last_forward(const coda_llama_config* config,
-                                    const coda_llama_last_weights* weights,
-                                    const coda_llama_last_inputs* inputs,
-                                    const coda_llama_last_outputs* outputs,
-                                    const coda_llama_last_saved* saved,
-                                    const coda_tensor* workspace, coda_stream_t stream) {
-  const char* fn = "coda_llama_last_forward";
-  return guarded(fn, [&] {
-    coda::llama::last_forward(arg(fn, "config", config), arg(fn, "weights", weights),
-                              arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),
-                              arg(fn, "saved", saved), arg(fn, "workspace", workspace), stream);
-  });
-}
+// coda_llama_{first,middle,last}_forward, and the first and middle layers' backward (the last
+// layer's takes no outputs; it follows): each the C++ entry point of its name on the C++ twins of
+// its argument structs.
+#define CODA_LLAMA_FORWARD(layer)                                                                  \
+  coda_status coda_llama_##layer##_forward(                                                        \
+      const coda_llama_config* config, const coda_llama_##layer##_weights* weights,                \
+      const coda_llama_##layer##_inputs* inputs, const coda_llama_##layer##_outputs* outputs,      \
+      const coda_llama_##layer##_saved* saved, const coda_tensor* workspace,                       \
+      coda_stream_t stream) {                                                                      \
+    const char* fn = "coda_llama_" #layer "_forward";                                              \
+    return guarded(fn, [&] {                                                                       \
+      coda::llama::layer##_forward(arg(fn, "config", config), arg(fn, "weights", weights),         \
+                                   arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),         \
+                                   arg(fn, "saved", saved), arg(fn, "workspace", workspace),       \
+                                   stream);                                                        \
+    });                                                                                            \
+  }
+#define CODA_LLAMA_BACKWARD(layer)                                                                 \
+  coda_status coda_llama_##layer##_backward(                                                       \
+      const coda_llama_config* config, const coda_llama_##layer##_weights* weights,                \
+      const coda_llama_##layer##_inputs* inputs, const coda_llama_##layer##_outputs* outputs,      \
+      const coda_llama_##layer##_saved* saved, const coda_llama_##layer##_grads* grads,            \
+      int32_t accumulate, const coda_tensor* workspace, coda_stream_t stream) {                    \
+    const char* fn = "coda_llama_" #layer "_backward";                                             \
+    return guarded(fn, [&] {                                                                       \
+      coda::llama::layer##_backward(arg(fn, "config", config), arg(fn, "weights", weights),        \
+                                    arg(fn, "inputs", inputs), arg(fn, "outputs", outputs),        \
+                                    arg(fn, "saved", saved), arg(fn, "grads", grads),              \
+                                    accumulate != 0, arg(fn, "workspace", workspace), stream);     \
+    });                                                                                            \
+  }
+CODA_LLAMA_FORWARD(first)
+CODA_LLAMA_FORWARD(middle)
+CODA_LLAMA_FORWARD(last)
+CODA_LLAMA_BACKWARD(first)
+CODA_LLAMA_BACKWARD(middle)
+#undef CODA_LLAMA_BACKWARD
+#undef CODA_LLAMA_FORWARD
 
 coda_status coda_llama_last_backward(const coda_llama_config* config,
                                      const coda_llama_last_weights* weights,
