@@ -1,4 +1,4 @@
-// Fused gate/up weight layout converters and the cross-entropy workspace size.
+// Fused gate/up weight layout converters.
 //
 // Fused (interleaved) layout: row 2j = gate row j, row 2j+1 = up row j.
 // Stacked (Hugging Face) layout: rows [0, F) = gate, rows [F, 2F) = up.
@@ -75,16 +75,6 @@ void deinterleave_gate_up(const TensorView& fused, const TensorView& stacked, St
   run_copy(op, {d.data, d.pitch, s.data, 2 * s.pitch, s.width, s.f}, device, stream);
   run_copy(op, {d.data + d.f * d.pitch, d.pitch, s.data + s.pitch, 2 * s.pitch, s.width, s.f},
            device, stream);
-}
-
-// One f32 loss and one i32 "counted" flag per row, each region 256-byte aligned, so the GPU
-// reduces the loss deterministically without atomics.
-size_t cross_entropy_workspace_size(int64_t m) {
-  if (m < 0)
-    throw Error(Status::invalid_argument,
-                "cross_entropy_workspace_size: m must be >= 0; got " + std::to_string(m));
-  const auto region = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  return region(size_t(m) * sizeof(float)) + region(size_t(m) * sizeof(int32_t));
 }
 
 } // namespace coda
