@@ -29,8 +29,10 @@
 
 namespace coda::ref {
 
-// The partial-reduction block of the public API (= coda::kReduceBlock).
+// The partial-reduction block of the public API (= coda::kReduceBlock), and that of K5's lse and
+// K7's zeta partials (= coda::kStagedReduceBlock).
 constexpr int64_t kPartialBlock = 128;
+constexpr int64_t kStagedPartialBlock = 64;
 constexpr int64_t partial_blocks(int64_t n, int64_t block = kPartialBlock) {
   return (n + block - 1) / block;
 }
@@ -110,17 +112,17 @@ RmsRopeOutputs rms_rope(Rounding r, const NormedGemmInputs& in, const RopeTable&
 // logit in the unfused path) where 0 <= targets[m] < V, else 0.
 struct RmsLseOutputs {
   std::vector<double> logits;       // [M, V]
-  std::vector<double> lse_partials; // [M, partial_blocks(V)]
+  std::vector<double> lse_partials; // [M, partial_blocks(V, kStagedPartialBlock)]
   std::vector<double> target_logit; // [M]
   std::vector<double> rstd;         // [M]
 };
 RmsLseOutputs rms_lse(Rounding r, const NormedGemmInputs& in, const std::vector<int32_t>& targets,
-                      int64_t block = kPartialBlock);
+                      int64_t block = kStagedPartialBlock);
 
 // Row partials of logsumexp: entry (m, b) = log sum_{n in block b} exp(x[m, n]) over x [M, N]
 // (fp64, or fp32 max and sum of exponentials).
 std::vector<double> lse_row_partials(Rounding r, int64_t M, int64_t N, const std::vector<double>& x,
-                                     int64_t block = kPartialBlock);
+                                     int64_t block = kStagedPartialBlock);
 
 // ---- K6 gemm_rms_backward (N = the RMSNorm width, K = the consumer's output width):
 //   g = alpha * (dz · w),  xh = x * rstd[m]
@@ -155,12 +157,12 @@ struct SwigluBackwardInputs {
   std::vector<double> dx;     // [M, K] the residual-stream gradient
   std::vector<double> w;      // [K, F] the down-projection weight
   std::vector<double> preact; // [M, 2F] interleaved (g0, u0, g1, u1, ...)
-  int64_t block = kPartialBlock;
+  int64_t block = kStagedPartialBlock;
 };
 struct SwigluBackwardOutputs {
   std::vector<double> act;           // [M, F]
   std::vector<double> dpreact;       // [M, 2F]
-  std::vector<double> zeta_partials; // [M, partial_blocks(F)]
+  std::vector<double> zeta_partials; // [M, partial_blocks(F, kStagedPartialBlock)]
 };
 SwigluBackwardOutputs swiglu_backward(Rounding r, const SwigluBackwardInputs& in);
 

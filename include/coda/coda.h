@@ -22,8 +22,11 @@
 #define CODA_VERSION_PATCH 0
 #define CODA_VERSION_STRING "0.1.0"
 
-/* Partial reductions have one column per CODA_REDUCE_BLOCK elements (kReduceBlock). */
+/* Partial reductions have one column per CODA_REDUCE_BLOCK elements (kReduceBlock), except the
+   log-sum-exp partials of gemm_rms_lse and the zeta partials of gemm_swiglu_backward: one per
+   CODA_STAGED_REDUCE_BLOCK (kStagedReduceBlock). */
 #define CODA_REDUCE_BLOCK 128
+#define CODA_STAGED_REDUCE_BLOCK 64
 
 #ifdef __cplusplus
 extern "C" {
@@ -85,7 +88,8 @@ typedef struct coda_rms_lse_args { /* K5 */
   coda_tensor a, w, sumsq_partials;
   float eps;
   coda_tensor targets;
-  coda_tensor logits, lse_partials, target_logit, rstd_out;
+  coda_tensor logits, lse_partials /* [M, ceil(V / CODA_STAGED_REDUCE_BLOCK)] */, target_logit,
+      rstd_out;
 } coda_rms_lse_args;
 
 typedef struct coda_rms_backward_args { /* K6 */
@@ -97,7 +101,7 @@ typedef struct coda_rms_backward_args { /* K6 */
 
 typedef struct coda_swiglu_backward_args { /* K7 */
   coda_tensor dx, w, preact;
-  coda_tensor act, dpreact, zeta_partials;
+  coda_tensor act, dpreact, zeta_partials /* [M, ceil(F / CODA_STAGED_REDUCE_BLOCK)] */;
 } coda_swiglu_backward_args;
 
 typedef struct coda_rms_stats_args {

@@ -40,7 +40,8 @@ static_assert(CODA_GEMM_FWD == int(GemmLayout::fwd) && CODA_GEMM_DGRAD == int(Ge
 static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
                   CODA_LOSS_SUM == int(LossReduction::sum),
               "coda_loss_reduction must equal coda::LossReduction");
-static_assert(CODA_REDUCE_BLOCK == kReduceBlock && CODA_MAX_RANK == kMaxRank,
+static_assert(CODA_REDUCE_BLOCK == kReduceBlock &&
+                  CODA_STAGED_REDUCE_BLOCK == kStagedReduceBlock && CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");
 
 static_assert(CODA_LLAMA_FIRST == int(llama::Layer::first) &&

@@ -105,7 +105,7 @@ Device validate(const RmsLseArgs& args) {
   const Dim M = exactly("M", p.m);
   v.input("targets", args.targets, Elem::i32, {M});
   v.output("logits", args.logits, Elem::half, {M, exactly("V", p.n)});
-  v.output("lse_partials", args.lse_partials, Elem::f32, {M, reduce_blocks("ceil(V/128)", p.n)});
+  v.output("lse_partials", args.lse_partials, Elem::f32, {M, staged_reduce_blocks("ceil(V/64)", p.n)});
   v.output("target_logit", args.target_logit, Elem::f32, {M});
   v.optional_output("rstd_out", args.rstd_out, Elem::f32, {M});
   return v.finish();
@@ -136,7 +136,7 @@ Device validate(const SwigluBackwardArgs& args) {
   v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});
   v.output("act", args.act, Elem::half, {M, exactly("F", f)});
   v.output("dpreact", args.dpreact, Elem::half, {M, exactly("2F", 2 * f)});
-  v.output("zeta_partials", args.zeta_partials, Elem::f32, {M, reduce_blocks("ceil(F/128)", f)});
+  v.output("zeta_partials", args.zeta_partials, Elem::f32, {M, staged_reduce_blocks("ceil(F/64)", f)});
   return v.finish();
 }
 

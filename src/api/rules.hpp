@@ -6,7 +6,8 @@
 
 namespace coda::api {
 
-static_assert(kReduceBlock == 128, "the partial shapes in messages say ceil(x/128)");
+static_assert(kReduceBlock == 128 && kStagedReduceBlock == 64,
+              "the partial shapes in messages say ceil(x/128) and ceil(x/64)");
 
 // The documented name of the fused QKV width.
 inline constexpr const char* kQkvWidth = "(n_q_heads + 2*n_kv_heads)*head_dim";
@@ -14,6 +15,10 @@ inline constexpr const char* kQkvWidth = "(n_q_heads + 2*n_kv_heads)*head_dim";
 // Partials written by a producer: exactly one column per kReduceBlock block of `n`.
 inline Dim reduce_blocks(const char* name, int64_t n) {
   return exactly(name, num_reduce_blocks(n));
+}
+// The same per kStagedReduceBlock (K5's lse and K7's zeta partials).
+inline Dim staged_reduce_blocks(const char* name, int64_t n) {
+  return exactly(name, num_staged_reduce_blocks(n));
 }
 
 struct Mnk {

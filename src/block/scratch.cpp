@@ -65,7 +65,7 @@ MlpBackwardScratch carve_mlp_backward(Arena& arena, const Config& c, int64_t m, 
   MlpBackwardScratch s;
   s.y1 = arena.matrix(act, m, c.intermediate);
   s.dz1 = arena.matrix(act, m, 2 * c.intermediate);
-  s.zeta_partials = arena.matrix(DType::f32, m, num_reduce_blocks(c.intermediate));
+  s.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
   return s;
 }
 
@@ -96,7 +96,7 @@ FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t
 LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act) {
   LastForwardScratch s;
   s.mlp = carve_mlp_forward(arena, c, m, act);
-  s.lse_partials = arena.matrix(DType::f32, m, num_reduce_blocks(c.vocab));
+  s.lse_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.vocab));
   s.target_logit = arena.vector(DType::f32, m);
   s.ce_workspace = arena.bytes(cross_entropy_workspace_size(m));
   return s;

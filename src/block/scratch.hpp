@@ -55,7 +55,7 @@ size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m);
 struct MlpBackwardScratch {
   TensorView y1;            // [M, F] recomputed SwiGLU output
   TensorView dz1;           // [M, 2F] gradient of the gate/up pre-activation
-  TensorView zeta_partials; // [M, ceil(F/128)] f32
+  TensorView zeta_partials; // [M, ceil(F/64)] f32
 };
 
 struct FirstForwardScratch {
@@ -68,7 +68,7 @@ struct FirstBackwardScratch {
 };
 struct LastForwardScratch {
   MlpForwardScratch mlp;
-  TensorView lse_partials; // [M, ceil(V/128)] f32
+  TensorView lse_partials; // [M, ceil(V/64)] f32
   TensorView target_logit; // [M] f32
   TensorView ce_workspace; // cross_entropy_workspace_size(M) bytes
 };

@@ -4,6 +4,7 @@
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/rms_norm_backward.hpp"
+#include "coda/epilogue/ops/round.hpp"
 #include "coda/epilogue/ops/scalar.hpp"
 #include "coda/epilogue/ops/store.hpp"
 #include "coda/epilogue/ops/swiglu_backward.hpp"
@@ -37,10 +38,11 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
   require_partials(args.zeta_partials, m, ceil_div(f, tile.n), "gemm_swiglu_backward",
                    "zeta_partials");
   const GemmMainloop mainloop(GemmLayout::dgrad, args.dx, args.w, m, f, k);
+  ep::RoundTo staged({args.act.dtype}); // the GPU's Stage<T>: dy as an unfused dgrad stores it
   ep::SwigluBackward swiglu({args.preact, args.dpreact});
   ep::StoreTile act({args.act});
   ep::ReduceOverN<ep::Sum> zeta({args.zeta_partials, ep::Plane::aux});
-  run_epilogue(mainloop, m, f, tile, swiglu, act, zeta);
+  run_epilogue(mainloop, m, f, tile, staged, swiglu, act, zeta);
 }
 
 } // namespace coda::cpu

@@ -71,11 +71,11 @@ typename Op::Params rstd_params(const TensorView& partials, int64_t width, float
   return p;
 }
 
-// Row partials [M, ceil(N / kReduceBlock)] of an [M, N] output.
-template <class Shape, template <class> class Reduction>
-typename dev::ReduceOverN<Shape, Reduction>::Params row_partials_params(const TensorView& partials,
-                                                                        int64_t cols) {
-  typename dev::ReduceOverN<Shape, Reduction>::Params p;
+// Row partials [M, ceil(N / kBlock)] of an [M, N] output.
+template <class Shape, template <class> class Reduction, int64_t kBlock = kReduceBlock>
+typename dev::ReduceOverN<Shape, Reduction, kBlock>::Params
+row_partials_params(const TensorView& partials, int64_t cols) {
+  typename dev::ReduceOverN<Shape, Reduction, kBlock>::Params p;
   p.partials = partials.ptr<float>();
   p.stride = partials.stride[0];
   p.rows = int32_t(partials.shape[0]);

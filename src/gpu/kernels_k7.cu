@@ -1,40 +1,65 @@
 // K7 gemm_swiglu_backward: the SwiGLU backward in the down projection's input-gradient GEMM
-// (dgrad layout: dy = dx · w, w [K, F]). The op chain of the CPU backend
+// (dgrad layout: dy = round(dx · w), w [K, F]). The op chain of the CPU backend
 // (src/cpu/backward_kernels.cpp), on the device:
-//   act = silu(g) u, dpreact = (dg, du) interleaved    SwigluBackward (preact by TMA as 32-bit
-//                                                      (g, u) containers, dpreact stored alike)
-//   zeta_partials = row partials of g dg + u du        ReduceOverN<Sum> on its aux (AuxReduce)
+//   dy rounded to T                                    Stage (the staged schedule's hand-over)
+//   act = silu(g) u, dpreact = (dg, du) interleaved    SwigluBackward (ping-pong: preact by TMA as
+//                                                      32-bit (g, u) containers, dpreact stored
+//                                                      alike) or SwigluBackwardGlobal (staged:
+//                                                      each thread's containers from and to
+//                                                      global memory)
+//   zeta_partials = row partials of g dg + u du        ReduceOverN<Sum> on its aux (AuxReduce), one
+//                                                      per kStagedReduceBlock columns
 //   act                                                TileStore
 //
-// Always the ping-pong 128 x 128 schedule (an exp per element: a heavy epilogue, as K2's); its
-// preact ring of 3 slots and 4 pipeline stages fill the 227 KB exactly (the container subtiles
-// are 8 KB; one more slot would cost a stage). The cooperative 128 x 256 variant spills a
-// register (ptxas, 4 bytes) with its stream-K state beside the 128 accumulators, so
-// set_fused_schedule does not apply here.
+// Ping-pong 128 x 128: its preact ring of 3 slots and 4 pipeline stages fill the 227 KB exactly
+// (the container subtiles are 8 KB; one more slot would cost a stage). Staged 128 x 192: no
+// epilogue buffers beside the staged tile, so 4 stages. The cooperative 128 x 256 variant
+// spills a register (ptxas, 4 bytes) with its stream-K state beside the 128 accumulators, so
+// it is not built: forcing cooperative runs the default.
 #include "gpu/kernels_fused.cuh"
 
 namespace coda::gpu {
 namespace fused {
 namespace {
 
-using Shape = dev::PingpongShape;
+template <class Shape, class T>
+using Swiglu = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shape, T>,
+                                  dev::SwigluBackward<Shape, T, 3>>;
+template <class Shape>
+using ZetaPartials = dev::ReduceOverN<Shape, epilogue::Sum, kStagedReduceBlock>;
+template <class Shape, class T>
+using SwigluBackwardEpilogue =
+    dev::FusedEpilogue<Shape, dev::Stage<T>, dev::AuxReduce<Swiglu<Shape, T>, ZetaPartials<Shape>>,
+                       MainStore<Shape, T>>;
+template <class Shape, class T>
+using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<Shape, T>, T, GemmLayout::dgrad>;
 
-template <class T>
-using SwigluBackwardEpilogue = dev::FusedEpilogue<
-    Shape, dev::AuxReduce<dev::SwigluBackward<Shape, T, 3>, dev::ReduceOverN<Shape, epilogue::Sum>>,
-    dev::TileStore<Shape, T>>;
-
-template <class T> using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<T>, T, GemmLayout::dgrad>;
-static_assert(Gemm<bf16>::Config::kStages == 4 && Gemm<f16>::Config::kStages == 4,
+static_assert(Gemm<dev::PingpongShape, bf16>::Config::kStages == 4 &&
+                  Gemm<dev::PingpongShape, f16>::Config::kStages == 4,
               "K7's epilogue buffers leave room for 4 pipeline stages (see the file comment)");
+static_assert(Gemm<dev::StagedShape, bf16>::Config::kStages == 4 &&
+                  Gemm<dev::StagedShape, f16>::Config::kStages == 4,
+              "the staged K7 keeps no epilogue buffers: 4 pipeline stages");
 
-template <class T> void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
+template <class Shape, class T>
+void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   const int64_t f = args.w.shape[1];
-  typename SwigluBackwardEpilogue<T>::Params p{};
-  dev::get<0>(p).op = dev::SwigluBackward<Shape, T, 3>::params(args.preact, args.dpreact);
-  dev::get<0>(p).reduce = row_partials_params<Shape, epilogue::Sum>(args.zeta_partials, f);
-  dev::get<1>(p) = dev::TileStore<Shape, T>::params("act", args.act);
-  Gemm<T>::run(args.dx, args.w, p, stream);
+  typename SwigluBackwardEpilogue<Shape, T>::Params p{};
+  dev::get<1>(p).op = Swiglu<Shape, T>::params(args.preact, args.dpreact);
+  dev::get<1>(p).reduce =
+      row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f);
+  dev::get<2>(p) = MainStore<Shape, T>::params("act", args.act);
+  Gemm<Shape, T>::run(args.dx, args.w, p, stream);
+}
+
+// Ping-pong or staged (cooperative is not built: see the file comment). By default staged from
+// K = 4096: the staged epilogue warpgroup's work per tile is fixed, and it hides under a mainloop
+// of 4096 (H200, bench_fused: 1.30x the plain GEMM at Llama-8B against ping-pong's 1.35x) but
+// not of 2048 (Llama-1B: 1.89x against 1.57x).
+template <class F> void with_k7_schedule(int64_t k, F&& f) {
+  const FusedSchedule fallback = k >= 4096 ? FusedSchedule::staged : FusedSchedule::pingpong;
+  if (schedule_for(fallback) == FusedSchedule::staged) return f(dev::StagedShape{});
+  f(dev::PingpongShape{});
 }
 
 } // namespace
@@ -42,8 +67,11 @@ template <class T> void run_swiglu_backward(const SwigluBackwardArgs& args, Stre
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_swiglu_backward");
-  fused::with_half_type(args.dx.dtype,
-                        [&](auto t) { fused::run_swiglu_backward<decltype(t)>(args, stream); });
+  fused::with_half_type(args.dx.dtype, [&](auto t) {
+    fused::with_k7_schedule(args.dx.shape[1], [&](auto shape) {
+      fused::run_swiglu_backward<decltype(shape), decltype(t)>(args, stream);
+    });
+  });
 }
 
 } // namespace coda::gpu

@@ -251,7 +251,8 @@ ref::RmsBackwardInputs RmsBackwardCall::inputs() const {
 SwigluBackwardCall::SwigluBackwardCall(HostTensor& dx, HostTensor& w, HostTensor& preact)
     : dx(dx), w(w), preact(preact), act(preact.dtype(), {dx.shape()[0], w.shape()[1]}),
       dpreact(preact.dtype(), preact.shape()),
-      zeta_partials(DType::f32, {dx.shape()[0], ref::partial_blocks(w.shape()[1])}) {}
+      zeta_partials(DType::f32,
+                    {dx.shape()[0], ref::partial_blocks(w.shape()[1], ref::kStagedPartialBlock)}) {}
 
 SwigluBackwardArgs SwigluBackwardCall::args() {
   return {.dx = dx.view(),
@@ -284,7 +285,7 @@ CrossEntropyInputs make_cross_entropy_inputs(DType dtype, const CrossEntropyCase
     if (t >= 0 && t < c.V) target_logit[size_t(m)] = L[size_t(m * c.V + t)];
   }
   CrossEntropyInputs in{HostTensor::of(dtype, {c.M, c.V}, L),
-                        HostTensor::of(DType::f32, {c.M, ref::partial_blocks(c.V)},
+                        HostTensor::of(DType::f32, {c.M, ref::partial_blocks(c.V, ref::kStagedPartialBlock)},
                                        ref::lse_row_partials({}, c.M, c.V, L)),
                         HostTensor::of(DType::f32, {c.M}, target_logit),
                         HostTensor::of_ints({c.M}, targets),

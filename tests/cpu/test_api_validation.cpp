@@ -160,7 +160,7 @@ SwigluBackwardArgs valid_k7(Arena& ar) {
   constexpr int64_t F = 16;
   return {ar.matrix(bf16, M, K),         ar.matrix(bf16, K, F),
           ar.matrix(bf16, M, 2 * F),     ar.out_matrix(bf16, M, F),
-          ar.out_matrix(bf16, M, 2 * F), ar.out_matrix(f32, M, num_reduce_blocks(F))};
+          ar.out_matrix(bf16, M, 2 * F), ar.out_matrix(f32, M, num_staged_reduce_blocks(F))};
 }
 
 RmsStatsArgs valid_stats(Arena& ar) {
@@ -460,7 +460,7 @@ const Rejection kRejections[] = {
            {"dgamma_partials must have shape [N, ceil(M/128)] = [16, 1]; got [5, 1]"}),
     reject("SwigluBackwardPartialWidth", valid_k7,
            [](Arena& ar, SwigluBackwardArgs& k7) { k7.zeta_partials = ar.out_matrix(f32, M, 2); },
-           Status::invalid_argument, {"zeta_partials must have shape [M, ceil(F/128)]"}),
+           Status::invalid_argument, {"zeta_partials must have shape [M, ceil(F/64)]"}),
     // --- strides, alignment, pointers
     reject("NonContiguousStrides", valid_gemm,
            [](Arena&, GemmArgs& g) {

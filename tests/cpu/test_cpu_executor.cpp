@@ -214,14 +214,22 @@ TEST(CpuExecutor, ZetaPartialsFollowTheTile) {
   const int64_t m = 70, f = 100, k = 16;
   for (cpu::Tile tile : kTiles) {
     SCOPED_TRACE("tile " + std::to_string(tile.m) + "x" + std::to_string(tile.n));
-    HostTensor dxin = HostTensor::random(DType::bf16, {m, k}, seeds.next());
-    HostTensor w = HostTensor::random(DType::bf16, {k, f}, seeds.next());
+    // Multiples of 1/16: the fp32 GEMM is exact, so dy as K7 stores it is known here.
+    auto sixteenths = [&](int64_t rows, int64_t cols) {
+      std::vector<double> v = test::random_doubles(size_t(rows * cols), seeds.next(), -1, 1);
+      for (double& x : v) x = std::round(x * 16) / 16;
+      return HostTensor::of(DType::bf16, {rows, cols}, v);
+    };
+    HostTensor dxin = sixteenths(m, k);
+    HostTensor w = sixteenths(k, f);
     HostTensor preact = HostTensor::random(DType::bf16, {m, 2 * f}, seeds.next(), -4, 4);
     HostTensor act(DType::bf16, {m, f}), dpreact(DType::bf16, {m, 2 * f});
     HostTensor partials(DType::f32, {m, ceil_div(f, tile.n)});
     cpu::gemm_swiglu_backward(
         {dxin.view(), w.view(), preact.view(), act.view(), dpreact.view(), partials.view()}, tile);
-    const std::vector<double> dy = gemm_exact(ref::Layout::dgrad, dxin, w, m, f, k);
+    // dy rounded as K7 stores it (its Stage), then fp64.
+    std::vector<double> dy = gemm_exact(ref::Layout::dgrad, dxin, w, m, f, k);
+    for (double& d : dy) d = double(round_to<bf16>(float(d)));
     const std::vector<double> z = preact.values();
     std::vector<double> act_exact(static_cast<size_t>(m * f)), dz(static_cast<size_t>(m * 2 * f)),
         terms(static_cast<size_t>(m * f));

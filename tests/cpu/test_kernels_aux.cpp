@@ -229,7 +229,7 @@ TEST_P(PartialLayout, SwigluBackwardZetaPartialReducesItsPairBlock) {
   // Pairs j outside block b have g = u = 0, so g dg + u du vanishes there.
   std::vector<double> preact = random_doubles(size_t(kLayoutM * 2 * F), seeds.next(), -3, 3);
   for (size_t i = 0; i < preact.size(); ++i)
-    if (int64_t(i % size_t(2 * F)) / 2 / ref::kPartialBlock != b) preact[i] = 0;
+    if (int64_t(i % size_t(2 * F)) / 2 / ref::kStagedPartialBlock != b) preact[i] = 0;
   auto pre = HostTensor::of(DType::bf16, {kLayoutM, 2 * F}, preact);
   SwigluBackwardCall k7(dx, w, pre);
   gemm_swiglu_backward(k7.args());

@@ -125,8 +125,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SwigluBackward,
                                   std::to_string(s.K);
                          });
 
-// ---- Partials the epilogue reduces from the fp32 accumulator (g of K6; dg, du of K7), not from
-// rounded tensors: held to the fp32 unfused path, about 10^4 times tighter than the bf16 one.
+// ---- Partials the epilogue reduces in fp32 (g of K6 from the accumulator; dg, du of K7 from dy
+// as stored), not from rounded gradients: held to the fp32 path, about 10^4 times tighter than
+// the bf16 one.
 
 class Fp32Partials : public testing::TestWithParam<DType> {};
 
@@ -148,16 +149,34 @@ TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseUnroundedGradient) {
                                   ref::rms_backward(kFp32, in).dgamma_partials));
 }
 
+// K7 rounds dy = dx · w to the 16-bit type first (the staged schedule hands it over so, as an
+// unfused input-gradient GEMM stores it), then dg, du and their zeta terms stay in fp32. dx and
+// w are multiples of 1/16 in [-1, 1], so every fp32 sum of the GEMM is exact and dy as stored is
+// the same in the kernel and here; the references get that dy: dx = dy, w the identity.
 TEST_P(Fp32Partials, SwigluBackwardZetaPartialsUseUnroundedGradients) {
   const DType dtype = GetParam();
   const int64_t M = 200, F = 264, K = 32;
   Seeds seeds;
-  auto dx = HostTensor::random(dtype, {M, K}, seeds.next());
-  auto w = HostTensor::random(dtype, {K, F}, seeds.next());
+  auto sixteenths = [&](int64_t rows, int64_t cols) {
+    std::vector<double> v = random_doubles(size_t(rows * cols), seeds.next(), -1, 1);
+    for (double& x : v) x = std::round(x * 16) / 16;
+    return HostTensor::of(dtype, {rows, cols}, v);
+  };
+  auto dx = sixteenths(M, K);
+  auto w = sixteenths(K, F);
   auto preact = HostTensor::random(dtype, {M, 2 * F}, seeds.next(), -4, 4);
   SwigluBackwardCall k7(dx, w, preact);
   gemm_swiglu_backward(k7.args());
-  const ref::SwigluBackwardInputs in = k7.inputs();
+  ref::SwigluBackwardInputs in = k7.inputs();
+  std::vector<double> dy(size_t(M * F), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < F; ++j)
+        dy[size_t(m * F + j)] += in.dx[size_t(m * K + k)] * in.w[size_t(k * F + j)];
+  in.dx = ref::rounded(lowp(dtype), dy); // dy as stored
+  in.K = F;
+  in.w.assign(size_t(F * F), 0.0);
+  for (int64_t j = 0; j < F; ++j) in.w[size_t(j * F + j)] = 1.0;
   CODA_EXPECT_PASSES(check_output("zeta_partials", k7.zeta_partials,
                                   ref::swiglu_backward({}, in).zeta_partials,
                                   ref::swiglu_backward(kFp32, in).zeta_partials));

@@ -317,7 +317,7 @@ struct RmsLseRun {
 
   RmsLseRun(DType dtype, const LseCase& lc, Seeds& seeds)
       : c(dtype, lc.M, lc.V, lc.K, seeds), targets(size_t(lc.M)), logits(dtype, {lc.M, lc.V}),
-        lse_partials(DType::f32, {lc.M, ref::partial_blocks(lc.V)}),
+        lse_partials(DType::f32, {lc.M, ref::partial_blocks(lc.V, ref::kStagedPartialBlock)}),
         target_logit(DType::f32, {lc.M}) {
     const std::vector<double> u = random_doubles(targets.size(), seeds.next(), 0, 1);
     for (size_t m = 0; m < targets.size(); ++m)
@@ -391,8 +391,8 @@ TEST_P(Fp32Statistics, RmsLsePartialsAndTargetLogitComeFromStoredLogits) {
   const std::vector<double> stored = run.logits.values();
   CODA_EXPECT_PASSES(
       check_output("lse_partials", run.lse_partials,
-                   ref::lse_row_partials({}, lc.M, lc.V, stored, ref::kPartialBlock),
-                   ref::lse_row_partials(kFp32, lc.M, lc.V, stored, ref::kPartialBlock)));
+                   ref::lse_row_partials({}, lc.M, lc.V, stored, ref::kStagedPartialBlock),
+                   ref::lse_row_partials(kFp32, lc.M, lc.V, stored, ref::kStagedPartialBlock)));
   const std::vector<double> target_logit = run.target_logit.values();
   for (int64_t m = 0; m < lc.M; ++m) {
     const int32_t t = run.targets[size_t(m)];

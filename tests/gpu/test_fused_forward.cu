@@ -390,7 +390,7 @@ void check_rms_lse(DType dtype, const LseCase& lc) {
     targets[m] = m % 5 == 1 ? -100 : m % 7 == 3 ? int32_t(lc.V) : int32_t(u[m] * double(lc.V));
   if (lc.M > 2) targets[2] = int32_t(lc.V) - 1;
   auto target_tensor = HostTensor::of_ints({lc.M}, targets);
-  const int64_t P = ref::partial_blocks(lc.V);
+  const int64_t P = ref::partial_blocks(lc.V, ref::kStagedPartialBlock);
   HostTensor cpu_logits(dtype, {lc.M, lc.V}), cpu_lse(DType::f32, {lc.M, P}),
       cpu_target(DType::f32, {lc.M}), cpu_rstd(DType::f32, {lc.M});
   gemm_rms_lse({.a = in.a.view(),

@@ -2,6 +2,11 @@
 // row ("row partials" [M, ceil(N / kReduceBlock)]), ReduceOverM one per kReduceBlock rows of a
 // column. Fixed at 128 in the API (docs/DESIGN.md), so a partial buffer's shape is a function of
 // the problem alone; CODA_REDUCE_BLOCK in coda.h is the same number.
+//
+// The exception: the row partials of K5 (log-sum-exp) and K7 (zeta) are kStagedReduceBlock = 64
+// columns wide (CODA_STAGED_REDUCE_BLOCK), so that the staged schedule's 128 x 192 tiles hold
+// whole blocks (a 128-column block would straddle two tiles; docs/epilogue.md). The sums of
+// squares stay 128 wide: the fused kernels that read them stage them per row in shared memory.
 #pragma once
 
 #include <cstdint>
@@ -10,5 +15,10 @@ namespace coda {
 
 constexpr int64_t kReduceBlock = 128;
 constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
+
+constexpr int64_t kStagedReduceBlock = 64;
+constexpr int64_t num_staged_reduce_blocks(int64_t n) {
+  return (n + kStagedReduceBlock - 1) / kStagedReduceBlock;
+}
 
 } // namespace coda

@@ -12,7 +12,9 @@
 //    columns [b*kReduceBlock, (b+1)*kReduceBlock) of row m. "Column partials" are
 //    [N, ceil(M / kReduceBlock)] f32, entry (n, b) reduces rows [b*kReduceBlock, ...) of column n.
 //    Producers write exactly num_reduce_blocks(width) columns; consumers of row partials accept
-//    any width P >= 1 (they sum the row).
+//    any width P >= 1 (they sum the row). K5's lse and K7's zeta partials are the exception: one
+//    column per kStagedReduceBlock (64) columns, num_staged_reduce_blocks(width) of them
+//    (coda/epilogue/reduce_block.hpp says why).
 //  * The fused gate/up layout is interleaved by row pairs: fused row 2j is gate row j and fused
 //    row 2j+1 is up row j (so a pre-activation row reads g0,u0,g1,u1,...). Converters to and
 //    from Hugging Face's [gate; up] stacking are in coda/coda.hpp.
@@ -88,8 +90,9 @@ struct RmsRopeArgs {
 
 // K5: logits l = rstd[m] * (a · wᵀ), w the LM head [V, K].
 //   logits = round(l) [M, V]
-//   lse_partials[m, b] = logsumexp (in fp32) of the stored logits round(l) over the block (row
-//                        partials; -inf never appears since every block holds at least one column)
+//   lse_partials[m, b] = logsumexp (in fp32) of the stored logits round(l) over the b-th block of
+//                        kStagedReduceBlock columns: [M, ceil(V / 64)] (-inf never appears since
+//                        every block holds at least one column)
 //   target_logit[m] = round(l)[m, targets[m]] as f32 where 0 <= targets[m] < V, else 0.
 // Both come from the rounded logits that cross_entropy reads, so its softmax sums to 1 (as
 // PyTorch's cross-entropy of 16-bit logits does); coda/epilogue/ops/round.hpp says why.
@@ -116,12 +119,15 @@ struct RmsBackwardArgs {
 };
 
 // K7: the SwiGLU backward in the down projection's input-gradient GEMM.
-//   dy = dx · w          dx [M, K] residual-stream gradient, w [K, F] the down weight
+//   dy = round(dx · w)   dx [M, K] residual-stream gradient, w [K, F] the down weight (rounded to
+//                        the call's 16-bit type, as an unfused input-gradient GEMM stores it:
+//                        the staged schedule hands its tile over so)
 //   g = preact[m, 2j], u = preact[m, 2j+1], sig = sigmoid(g), s = g * sig
 //   act[m, j]          = round(s * u)                           (recomputed y for dW_down)
 //   dpreact[m, 2j]     = round(dy * u * sig * (1 + g * (1 - sig)))
 //   dpreact[m, 2j + 1] = round(dy * s)
-//   zeta_partials: row partials over j of g * dg + u * du (fp32)   [M, ceil(F / kReduceBlock)]
+//   zeta_partials: row partials over j of g * dg + u * du (fp32), per kStagedReduceBlock
+//                  columns                                            [M, ceil(F / 64)]
 struct SwigluBackwardArgs {
   TensorView dx, w, preact;
   TensorView act, dpreact, zeta_partials;

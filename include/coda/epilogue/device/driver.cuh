@@ -130,6 +130,25 @@ using IndexedTuple = IndexedTupleOf<std::make_integer_sequence<int, int(sizeof..
 template <int I, class T> CODA_HD T& get(Indexed<I, T>& x) { return x.value; }
 template <int I, class T> CODA_HD const T& get(const Indexed<I, T>& x) { return x.value; }
 
+// The ops' shared storage by position. An op without any (an empty SharedStorage) takes no
+// bytes: as a member it would take one and pad the 1024-byte aligned buffers after it by a
+// kilobyte (a Stage<T> before K7's ring cost its fourth pipeline stage so). Empty ones are empty
+// bases of distinct types, so they share offset 0; get<I> hands their ops a T& that nothing
+// reads or writes.
+template <int I, class T, bool = std::is_empty_v<T>> struct IndexedStorage {
+  T value;
+};
+template <int I, class T> struct IndexedStorage<I, T, true> {};
+template <int I, class T> CODA_HD T& get(IndexedStorage<I, T, false>& x) { return x.value; }
+template <int I, class T> CODA_HD T& get(IndexedStorage<I, T, true>& x) {
+  return *reinterpret_cast<T*>(&x);
+}
+template <class Seq, class... Ts> struct StorageTupleOf;
+template <int... Is, class... Ts>
+struct StorageTupleOf<std::integer_sequence<int, Is...>, Ts...> : IndexedStorage<Is, Ts>... {};
+template <class... Ts>
+using StorageTuple = StorageTupleOf<std::make_integer_sequence<int, int(sizeof...(Ts))>, Ts...>;
+
 // The Stage<T> op: the fragment rounded to T. On the staged schedule it is where the consumer
 // warpgroups hand the tile over (the driver writes the rounded values to the staged tile); on the
 // others it rounds in place, so that every schedule computes the same numbers.
@@ -203,6 +222,10 @@ private:
   template <int I, class T> __device__ static const T& get(const Indexed<I, T>& x) {
     return x.value;
   }
+  template <int I, class T, bool kEmpty>
+  __device__ static T& get(IndexedStorage<I, T, kEmpty>& x) {
+    return device::get<I>(x);
+  }
 };
 
 template <class Shape, class... Ops> class FusedEpilogue {
@@ -264,7 +287,7 @@ public:
   // Staged: the 1024-byte aligned tile first, the ops' storage, then the tile's barriers
   // (empty bases elsewhere, which take no bytes).
   struct SharedStorage : std::conditional_t<kStaged, StagedTiles, NoStagedTiles>,
-                         IndexedTuple<typename Ops::SharedStorage...>,
+                         StorageTuple<typename Ops::SharedStorage...>,
                          std::conditional_t<kStaged, StagedBarriers, NoStagedBarriers> {};
 
   __device__ static void init(SharedStorage& smem) {

@@ -1,6 +1,7 @@
 // Device side of ReduceOverN (coda/epilogue/ops/reduce_over_n.hpp): one partial per (row,
-// kReduceBlock-column block), [M, ceil(N / kReduceBlock)] f32, with Sum, SumOfSquares or
-// LogSumExp (coda/epilogue/reduction.hpp).
+// kBlock-column block), [M, ceil(N / kBlock)] f32, with Sum, SumOfSquares or LogSumExp
+// (coda/epilogue/reduction.hpp). kBlock is the API's kReduceBlock, or kStagedReduceBlock for the
+// partials the staged 128 x 192 tiles write (K5, K7: coda/epilogue/reduce_block.hpp).
 //
 // A row of a 64-row block lives in the 4 lanes of one quad. Each thread folds its own columns of
 // the row into a state, in increasing column order, across the subtiles of the block; at the
@@ -64,19 +65,21 @@ template <> struct SubtileFold<LogSumExp<float>> {
   }
 };
 
-template <class Shape, template <class> class Reduction> struct ReduceOverN : OpBase {
+template <class Shape, template <class> class Reduction, int64_t kBlock = kReduceBlock>
+struct ReduceOverN : OpBase {
   using R = Reduction<float>;
   using State = typename R::State;
   static constexpr bool kRollSubtiles = std::is_same_v<R, LogSumExp<float>>; // an exp per value
-  static constexpr int kSlabsPerBlock = int(kReduceBlock) / Shape::kSubCols;
-  static_assert(Shape::kCols % kReduceBlock == 0, "tiles hold whole reduction blocks");
+  static constexpr int kSlabsPerBlock = int(kBlock) / Shape::kSubCols;
+  static_assert(kBlock % Shape::kSubCols == 0 && Shape::kCols % kBlock == 0,
+                "tiles hold whole reduction blocks of whole subtiles");
 
   struct Params {
     float* partials = nullptr; // [rows, blocks], row stride `stride`
     int64_t stride = 0;
     int32_t rows = 0;   // M
     int32_t cols = 0;   // N: columns at or past it are not reduced
-    int32_t blocks = 0; // ceil(N / kReduceBlock)
+    int32_t blocks = 0; // ceil(N / kBlock)
     float scale = 1.f;  // applied to each finished partial
   };
   using Ctx = OpContext<Params, SharedStorage>;
@@ -97,7 +100,7 @@ template <class Shape, template <class> class Reduction> struct ReduceOverN : Op
       fold(c, st, v, false);
     if ((st.slab + 1) % kSlabsPerBlock != 0) return;
     const int32_t block =
-        (st.col0 - (kSlabsPerBlock - 1) * Shape::kSubCols) / int32_t(kReduceBlock);
+        (st.col0 - (kSlabsPerBlock - 1) * Shape::kSubCols) / int32_t(kBlock);
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
       State merged = R::merge(state[s], shuffle_xor(state[s], 1));

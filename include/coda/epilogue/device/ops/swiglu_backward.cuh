@@ -19,6 +19,7 @@
 #include <cuda.h>
 #include <cuda/ptx>
 
+#include "coda/arch/prefetch.cuh"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/load_ring.cuh"
 #include "coda/epilogue/device/tensor_maps.hpp"
@@ -89,6 +90,114 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
 
   static Params params(const TensorView& preact, const TensorView& dpreact) {
     return Params{pair_subtile_map("preact", preact), pair_subtile_map("dpreact", dpreact)};
+  }
+};
+
+// SwigluBackward for the staged schedule's epilogue warpgroup, which has a whole mainloop per
+// tile but no shared memory to spare (4 pipeline stages and the staged tile fill it): each
+// thread reads its (g, u) containers from global memory and writes its (dg, du) pairs there, as
+// registers (i, i + 1) hold two adjacent containers: one 8-byte access per pair of values, the
+// four lanes of a quad covering 32 contiguous bytes of a row. The tile's pre-activation rows are
+// prefetched into L2 when the epilogue warpgroup starts the tile (before it waits for the staged
+// values), and each subtile's containers are loaded into registers during the subtile before it.
+// Past the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives.
+template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
+  static_assert(sizeof(T) == 2, "16-bit pre-activations and gradients");
+  static constexpr bool kRollSubtiles = true; // an exp per element
+
+  struct Params {
+    const uint32_t* preact = nullptr; // [M, F] (g, u) containers, row stride in containers
+    uint32_t* dpreact = nullptr;      // [M, F] (dg, du) containers
+    int64_t preact_stride = 0, dpreact_stride = 0;
+    int32_t rows = 0, cols = 0; // M, F
+  };
+  using Ctx = OpContext<Params, SharedStorage>;
+
+  uint2 pending[8]; // the containers of the next subtile, (i / 2)-th pair of registers
+
+  // One L2 prefetch per 128-byte line of the tile's rows of containers (thread t: row t).
+  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
+    const Params& p = c.params;
+    constexpr int kRowsPerTile = Shape::kBlocks * Shape::kSubRows;
+    constexpr int kLinesPerRow = Shape::kCols * 4 / 128;
+    for (int r = c.wg.thread; r < kRowsPerTile; r += arch::kWarpgroupSize) {
+      const int64_t row = int64_t(tile.row0) + r;
+      if (row >= p.rows) break;
+      const uint32_t* base = p.preact + row * p.preact_stride + tile.col0;
+#pragma unroll
+      for (int l = 0; l < kLinesPerRow; ++l)
+        if (tile.col0 + l * 32 < p.cols) arch::prefetch_l2(base + l * 32);
+    }
+  }
+  __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
+    load(c, tile.row0, tile.col0);
+  }
+
+  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
+    uint2 z[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) z[k] = pending[k];
+    // The next subtile's containers, while this one is computed.
+    if (st.slab + 1 < Shape::kSubtilesN)
+      load(c, st.row0, st.col0 + Shape::kSubCols);
+    else if (st.block + 1 < Shape::kBlocks)
+      load(c, st.row0 + Shape::kSubRows, st.col0 - st.slab * Shape::kSubCols);
+    const Params& p = c.params;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const int64_t row = int64_t(st.row0) + SubtileMap::row(c.wg.thread, i);
+      const int32_t j = st.col0 + SubtileMap::col(c.wg.thread, i);
+      const float2 lo_pair = unpack2<T>(z[i / 2].x), hi_pair = unpack2<T>(z[i / 2].y);
+      const auto lo = swiglu_backward(lo_pair.x, lo_pair.y, v[i]);
+      const auto hi = swiglu_backward(hi_pair.x, hi_pair.y, v[i + 1]);
+      const uint32_t dlo = pack2<T>(lo.dgate, lo.dup), dhi = pack2<T>(hi.dgate, hi.dup);
+      if (row < p.rows) {
+        uint32_t* out = p.dpreact + row * p.dpreact_stride + j;
+        if (j + 1 < p.cols)
+          *reinterpret_cast<uint2*>(out) = make_uint2(dlo, dhi);
+        else if (j < p.cols)
+          *out = dlo;
+      }
+      v[i] = lo.act, v[i + 1] = hi.act;
+      aux[i] = lo.zeta_term, aux[i + 1] = hi.zeta_term;
+    }
+  }
+
+  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
+  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
+    static_assert(sizeof(C) == 0, "SwigluBackwardGlobal leaves an aux value per element: use it "
+                                  "as AuxReduce<SwigluBackwardGlobal, a reduction>");
+  }
+
+  static Params params(const TensorView& preact, const TensorView& dpreact) {
+    Params p;
+    p.preact = preact.ptr<const uint32_t>();
+    p.dpreact = dpreact.ptr<uint32_t>();
+    p.preact_stride = preact.stride[0] / 2; // in (g, u) containers: 16-byte aligned rows
+    p.dpreact_stride = dpreact.stride[0] / 2;
+    p.rows = int32_t(preact.shape[0]);
+    p.cols = int32_t(preact.shape[1] / 2);
+    return p;
+  }
+
+private:
+  // This thread's 8 container pairs of the subtile at (row0, col0) into `pending`.
+  __device__ void load(const Ctx& c, int32_t row0, int32_t col0) {
+    const Params& p = c.params;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const int64_t row = int64_t(row0) + SubtileMap::row(c.wg.thread, i);
+      const int32_t j = col0 + SubtileMap::col(c.wg.thread, i);
+      const uint32_t* in = p.preact + row * p.preact_stride + j;
+      uint2 z = make_uint2(0u, 0u);
+      if (row < p.rows) {
+        if (j + 1 < p.cols)
+          z = __ldg(reinterpret_cast<const uint2*>(in));
+        else if (j < p.cols)
+          z.x = __ldg(in);
+      }
+      pending[i / 2] = z;
+    }
   }
 };
 
