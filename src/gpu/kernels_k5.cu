@@ -28,8 +28,8 @@ void run_rms_lse(const RmsLseArgs& args, Stream stream) {
   dev::get<0>(p) = rstd_params<RstdScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
                                                             args.eps, args.rstd_out);
   dev::get<2>(p) = MainStore<Shape, T>::params("logits", args.logits);
-  dev::get<3>(p) = row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(
-      args.lse_partials, vocab);
+  dev::get<3>(p) =
+      row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(args.lse_partials, vocab);
   dev::get<4>(p) = {args.targets.ptr<const int32_t>(), args.target_logit.ptr<float>(), int32_t(m),
                     int32_t(vocab)};
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);

@@ -135,9 +135,7 @@ template <int I, class T> CODA_HD const T& get(const Indexed<I, T>& x) { return 
 // kilobyte (a Stage<T> before K7's ring cost its fourth pipeline stage so). Empty ones are empty
 // bases of distinct types, so they share offset 0; get<I> hands their ops a T& that nothing
 // reads or writes.
-template <int I, class T, bool = std::is_empty_v<T>> struct IndexedStorage {
-  T value;
-};
+template <int I, class T, bool = std::is_empty_v<T>> struct IndexedStorage { T value; };
 template <int I, class T> struct IndexedStorage<I, T, true> {};
 template <int I, class T> CODA_HD T& get(IndexedStorage<I, T, false>& x) { return x.value; }
 template <int I, class T> CODA_HD T& get(IndexedStorage<I, T, true>& x) {
@@ -222,8 +220,7 @@ private:
   template <int I, class T> __device__ static const T& get(const Indexed<I, T>& x) {
     return x.value;
   }
-  template <int I, class T, bool kEmpty>
-  __device__ static T& get(IndexedStorage<I, T, kEmpty>& x) {
+  template <int I, class T, bool kEmpty> __device__ static T& get(IndexedStorage<I, T, kEmpty>& x) {
     return device::get<I>(x);
   }
 };
