@@ -37,13 +37,15 @@ using gpu::require_device;
 template <class Shape>
 using BeforeStage = std::conditional_t<Shape::kStaged, dev::TileShape<2, 64, Shape::kCols>, Shape>;
 
-// f(std::integral_constant<int, P>{}) with P the rstd partials a ScalePerRow stages per row: 16
-// on the staged schedule when the rows have at most 16 (hidden <= 2048), so that its 8 KB leave
-// 4 pipeline stages beside the staged tile (with 32, 16 KB, 3 fit); 32 otherwise.
-template <class Shape, class F> void with_staged_partials(const TensorView& partials, F&& f) {
+// f(std::integral_constant<int, P>{}) with P the rstd partials a ScalePerRow stages per row: on
+// the staged schedule none (dev::kPartialsInRegisters: its consumers hold up to 32 per row in
+// registers across the mainloop, so that 4 pipeline stages fit beside the staged tile; shared
+// memory for 32 left 3); 32 otherwise.
+template <class Shape, class F> void with_staged_partials(const TensorView&, F&& f) {
   if constexpr (Shape::kStaged)
-    if (partials.shape[1] <= 16) return f(std::integral_constant<int, 16>{});
-  return f(std::integral_constant<int, 32>{});
+    return f(std::integral_constant<int, dev::kPartialsInRegisters>{});
+  else
+    return f(std::integral_constant<int, 32>{});
 }
 
 // A kernel's main output: stored from the staged tile itself on the staged schedule, through

@@ -6,11 +6,12 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-// kStaged rstd partials staged per row: 32 fit every hidden size up to 4096 (one partial per
-// 128 columns), but their 16 KB leave the cooperative kernel 3 pipeline stages; with 16 (hidden
-// up to 2048, e.g. Llama-1B) the 8 KB saved buy a fourth (docs/epilogue.md). Rows with more
-// partials than staged would read them from global memory after the mainloop, so the launch
-// takes the variant that stages them all.
+// kStaged rstd partials staged per row on the cooperative schedule: 32 fit every hidden size up
+// to 4096 (one partial per 128 columns), but their 16 KB leave the cooperative kernel 3 pipeline
+// stages; with 16 (hidden up to 2048, e.g. Llama-1B) the 8 KB saved buy a fourth
+// (docs/epilogue.md). Rows with more partials than staged would read them from global memory
+// after the mainloop, so the launch takes the variant that stages them all. On the staged
+// schedule the consumers hold them in registers instead (dev::kPartialsInRegisters): 4 stages.
 template <class Shape, class T, int kStaged>
 void run_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   using Scale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kStaged>;
@@ -31,14 +32,14 @@ void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
   fused::require_device("gemm_rms_swiglu");
   const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    // Staged where 16 staged partials per row leave it 4 pipeline stages; with 32 (hidden
-    // above 2048) 3 fit beside the act buffers, and 3 stages measured 1.31x the plain GEMM at
-    // the Llama-8B shape against the cooperative 1.15x (H200, 27fee52).
-    const FusedSchedule fastest = few_partials ? FusedSchedule::staged : FusedSchedule::cooperative;
-    fused::with_schedule<true>(fastest, [&](auto shape) {
+    // Staged (4 stages with the partials in registers; with them in shared memory at the
+    // Llama-8B width, 3 stages measured 1.31x the plain GEMM against the cooperative 1.15x).
+    fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
       using Shape = decltype(shape);
       using T = decltype(t);
-      if (few_partials)
+      if constexpr (Shape::kStaged)
+        fused::run_rms_swiglu<Shape, T, fused::dev::kPartialsInRegisters>(args, stream);
+      else if (few_partials)
         fused::run_rms_swiglu<Shape, T, 16>(args, stream);
       else
         fused::run_rms_swiglu<Shape, T, 32>(args, stream);

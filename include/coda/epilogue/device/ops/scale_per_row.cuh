@@ -9,6 +9,12 @@
 // 4 lanes that share a row each sum a quarter of its partials and merge; each thread keeps the
 // factors of its two rows per 64-row block in registers.
 //
+// kStagedPartials = kPartialsInRegisters (the staged schedule's consumers): no shared memory,
+// which would cost a 128 x 192 staged kernel its fourth pipeline stage at 32 partials per row;
+// begin_tile loads each quad lane's partials of its two rows (up to 8 each, 32 per row) into
+// registers, and begin_visit sums them after the mainloop, in the same order. The staged
+// consumers hold 96 accumulators in 176 registers, so the 16 they take across the MMAs fit.
+//
 // Pass::subtile scales in the per-subtile pass; Pass::prepass scales the whole block first, for
 // chains whose later ops run in the prepass (RoPE after the rstd scale in K4).
 #pragma once
@@ -26,11 +32,19 @@ namespace coda::epilogue::device {
 
 enum class Pass { subtile, prepass };
 
+// ScalePerRow's kStagedPartials for partials held in registers across the mainloop.
+inline constexpr int kPartialsInRegisters = -1;
+
 template <class Shape, Pass kPass = Pass::subtile, int kStagedPartials_ = 32>
 struct ScalePerRow : OpBase {
+  static constexpr bool kInRegisters = kStagedPartials_ == kPartialsInRegisters;
+  static constexpr int kRegisterPartials = 32; // per row, at most; more: read after the mainloop
+  static constexpr int kPerLane = kRegisterPartials / 4;
   // On the staged schedule the partials are read from global memory by the epilogue warpgroup
   // (its wait for the staged tile hides their latency from the MMAs): no shared memory.
-  static constexpr int kStagedPartials = Shape::kStaged ? 0 : kStagedPartials_;
+  static constexpr int kStagedPartials = Shape::kStaged || kInRegisters ? 0 : kStagedPartials_;
+  static_assert(!kInRegisters || Shape::kBlocks == 1,
+                "partials in registers: the staged consumers' one 64-row block");
   static constexpr bool kPrepass = kPass == Pass::prepass;
   // On the staged schedule it runs before the Stage, in the consumers (with the cooperative
   // shape): the staged value is then round(s[m] * acc), rounded once as an unfused path stores
@@ -65,9 +79,14 @@ struct ScalePerRow : OpBase {
   using Ctx = OpContext<Params, SharedStorage>;
 
   float factor[Shape::kBlocks][2]; // the factors of this thread's two rows per block
+  // kInRegisters: this quad lane's partials q, q + 4, ... of its two rows.
+  float early[kInRegisters ? 2 : 1][kInRegisters ? kPerLane : 1];
 
   __device__ static bool staged_path(const Params& p) {
     return p.factors == nullptr && p.count <= kStagedPartials;
+  }
+  __device__ static bool register_path(const Params& p) {
+    return kInRegisters && p.factors == nullptr && p.count <= kRegisterPartials;
   }
   // The warpgroup's staged rows of partials (null when nothing is staged).
   __device__ static float (*staged_buffer(const Ctx& c))[kStagedWidth] {
@@ -90,6 +109,20 @@ struct ScalePerRow : OpBase {
           const int32_t row = row_of(c, tile, b, s);
           factor[b][s] = row < p.rows ? p.factors[row] : 1.f;
         }
+      return;
+    }
+    if constexpr (kInRegisters) {
+      if (!register_path(p)) return;
+      const int q = c.wg.quad_lane();
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int32_t row = row_of(c, tile, 0, s);
+#pragma unroll
+        for (int i = 0; i < kPerLane; ++i) {
+          const int k = q + 4 * i;
+          early[s][i] = row < p.rows && k < p.count ? p.partials[int64_t(row) * p.stride + k] : 0.f;
+        }
+      }
       return;
     }
     if (!staged_path(p)) return;
@@ -120,7 +153,12 @@ struct ScalePerRow : OpBase {
           // The 4 lanes sharing the row each sum every 4th partial (a 4 times shorter chain of
           // dependent adds), then merge as a quad: a fixed order, the same in every lane.
           float sum = Sum<float>::identity();
-          if (staged_rows) {
+          if (kInRegisters && register_path(p)) {
+            // The same order as below: partials q, q + 4, ... one after another.
+#pragma unroll
+            for (int i = 0; i < kPerLane; ++i)
+              if (q + 4 * i < p.count) Sum<float>::add(sum, early[s][i]);
+          } else if (staged_rows) {
 #pragma unroll 4
             for (int k = q; k < p.count; k += 4) Sum<float>::add(sum, staged[r][staged_col(r, k)]);
           } else if (row < p.rows) {
