@@ -18,15 +18,13 @@ namespace coda::gpu {
 //                (rounded to the call's 16-bit type), the epilogue in a fourth warpgroup during
 //                the next tile's MMAs (docs/epilogue.md, "The staged schedule").
 // `automatic` takes each kernel's default, the faster one measured (docs/PERFORMANCE.md): staged
-// for K1, for K2 with at most 16 rstd partials per row (hidden <= 2048; with more, 3 pipeline
-// stages fit) and for K5; cooperative for K0, K2 above that and K4 (head_dim 64 has a staged
-// variant, measured slower; 128 none: a 192-column tile cuts its heads). K0 has no staged variant
-// (its sum-of-squares partials are 128 columns wide, a 192-column tile holds one and a half):
-// forcing staged runs its default. The others force one, so that benchmarks and tests can
-// compare them. Process-wide, not thread-safe. The backward kernels: K6 is cooperative and
-// ignores it (a tile's 128 rows are one dgamma reduction block); K7 runs ping-pong or staged
-// (staged by default from K = 4096; forcing cooperative runs its default; kernels_k7.cu says
-// why).
+// for K1, K2, K5 and K4 with head_dim 64; cooperative for K0 and K4 with head_dim 128 (a
+// 192-column tile cuts its heads). K0 has no staged variant (its sum-of-squares partials are 128
+// columns wide, a 192-column tile holds one and a half): forcing staged runs its default. The
+// others force one, so that benchmarks and tests can compare them. Process-wide, not thread-safe.
+// The backward kernels: K6 is cooperative and ignores it (a tile's 128 rows are one dgamma
+// reduction block); K7 runs ping-pong or staged (staged by default from K = 4096; forcing
+// cooperative runs its default; kernels_k7.cu says why).
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 

@@ -43,12 +43,13 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
     throw Error(Status::not_supported, "the GPU gemm_rms_rope supports head_dim 64 and 128; got " +
                                            std::to_string(head_dim) +
                                            " (use the CPU backend for other head sizes)");
-  // Both head sizes default to cooperative: with head_dim 64 the staged variant (a 192-column
-  // tile holds 3 heads) measured 1.166-1.168x the plain GEMM against 1.141x (H200, ce21d40);
-  // 128 has no staged variant (a 192-column tile cuts its heads).
+  // head_dim 64 defaults to staged (a 192-column tile holds 3 heads): with its rstd partials in
+  // registers it measured 1.113-1.118x the plain GEMM against the cooperative 1.133-1.145x (H200,
+  // two runs at f672385; 1.166 against 1.141 with the partials in shared memory, ce21d40). 128
+  // has no staged variant (a 192-column tile cuts its heads): cooperative.
   fused::with_half_type(args.a.dtype, [&](auto t) {
     if (head_dim == 64)
-      fused::with_schedule<true>(FusedSchedule::cooperative, [&](auto shape) {
+      fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
         using Shape = decltype(shape);
         fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
           fused::run_rms_rope<Shape, decltype(t), 64, decltype(partials)::value>(args, stream);
