@@ -49,7 +49,7 @@ struct Config {
   LossReduction loss_reduction = LossReduction::mean;
 
   int64_t attention_width() const { return int64_t(n_heads) * head_dim; }
-  int64_t qkv_width() const { return int64_t(n_heads + 2 * n_kv_heads) * head_dim; }
+  int64_t qkv_width() const { return (int64_t(n_heads) + 2 * int64_t(n_kv_heads)) * head_dim; }
 };
 
 enum class Layer : int32_t { first = 0, middle = 1, last = 2 };

@@ -35,7 +35,10 @@ namespace coda {
 using Stream = CUstream_st*; // the same type as cudaStream_t; nullptr is the default stream
 
 constexpr int64_t kReduceBlock = 128;
-constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
+// ceil(n / kReduceBlock) for n >= 0, written so that no n overflows (n + 127 would near 2^63).
+constexpr int64_t num_reduce_blocks(int64_t n) {
+  return n / kReduceBlock + (n % kReduceBlock > 0 ? 1 : 0);
+}
 
 // Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) *
 // head_dim].
