@@ -11,8 +11,8 @@
 
 namespace coda::test {
 
-// Fresh inputs each run unless CODA_TEST_SEED is set; the seed is printed on failure by the
-// comparison helpers so a failing case can be replayed.
+// Fresh inputs each run unless CODA_TEST_SEED is set; a failing test prints the seed that
+// replays it (CODA_TEST_SEED=<seed>). Iteration i of --gtest_repeat runs seed base + i.
 uint64_t test_seed();
 
 // Uniform in [lo, hi), rounded to T's precision and returned as T.
