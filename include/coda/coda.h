@@ -259,6 +259,9 @@ CODA_API coda_status coda_deinterleave_gate_up(const coda_tensor* fused, const c
  * this thread. */
 CODA_API const char* coda_last_error(void);
 
+/* 1 when this build has the GPU backend and the current CUDA device can run it (sm_90), else 0. */
+CODA_API int coda_gpu_supported(void);
+
 /* "MAJOR.MINOR.PATCH" of the library actually loaded (compare with CODA_VERSION_*). */
 CODA_API const char* coda_version(void);
 

@@ -231,4 +231,6 @@ const char* coda_last_error(void) { return coda::api::last_error(); }
 
 const char* coda_version(void) { return CODA_VERSION_STRING; }
 
+int coda_gpu_supported(void) { return coda::gpu_supported() ? 1 : 0; }
+
 } // extern "C"
