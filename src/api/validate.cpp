@@ -253,8 +253,10 @@ void Validator::check_layout(const char* name, const TensorView& t, Elem elem) c
       fail(Status::invalid_argument, n + " is too large to address: shape " +
                                          dims_string(t.shape, t.rank) + ", strides " + strides);
   }
+  // The element count is last + 1, which itself overflows for last = INT64_MAX (found by the
+  // C ABI fuzzer: a [2, 1] f32 view with stride[0] = 2^63 - 1).
   int64_t bytes = 0;
-  if (__builtin_mul_overflow(last + 1, es, &bytes))
+  if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, es, &bytes))
     fail(Status::invalid_argument,
          n + " is too large to address: shape " + dims_string(t.shape, t.rank));
   if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(es) != 0)

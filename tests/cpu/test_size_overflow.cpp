@@ -81,6 +81,19 @@ TEST(SizeOverflow, SingleRowWithHugeStrideRunsLikeAContiguousOne) {
   }
 }
 
+// The last element of a [2, 1] f32 view with stride[0] = 2^63 - 1 sits at offset INT64_MAX: its
+// element count overflows (found by the fuzzer; the validator formed last + 1 unchecked).
+TEST(SizeOverflow, ViewEndingAtInt64MaxIsTooLargeToAddress) {
+  std::vector<float> partials(2), out(2);
+  RowReduceArgs args;
+  args.partials = make_view(partials.data(), DType::f32, 2, 1);
+  args.partials.stride[0] = kInt64Max;
+  args.out = make_view(out.data(), DType::f32, 2);
+  const auto [status, message] = error_of([&] { reduce_row_partials(args); });
+  EXPECT_EQ(status, Status::invalid_argument);
+  EXPECT_NE(message.find("too large to address"), std::string::npos) << message;
+}
+
 TEST(SizeOverflow, RopeWidthThatOverflowsIsAnError) {
   RmsRopeArgs args; // the rope fields are checked before any tensor is read
   args.rope.n_q_heads = kInt32Max;
