@@ -65,7 +65,7 @@ uint64_t test_seed() { return g_seed; }
 
 std::string check_against_baseline(const std::string& what, const std::vector<double>& out,
                                    const std::vector<double>& ref,
-                                   const std::vector<double>& baseline) {
+                                   const std::vector<double>& baseline, double atol) {
   std::ostringstream msg;
   if (out.size() != ref.size() || baseline.size() != ref.size()) {
     msg << what << ": size mismatch (out " << out.size() << ", ref " << ref.size() << ", baseline "
@@ -83,13 +83,13 @@ std::string check_against_baseline(const std::string& what, const std::vector<do
     if (e > err) err = e, worst = i;
     base_err = std::max(base_err, std::fabs(baseline[i] - ref[i]));
   }
-  const double bound = 2 * base_err + 1e-6;
+  const double bound = 2 * base_err + atol;
   if (std::FILE* log = error_log())
-    std::fprintf(log, "check\t%s\t%s\t%llu\t%.9g\t%.9g\n", current_test_name().c_str(),
-                 what.c_str(), static_cast<unsigned long long>(test_seed()), err, base_err);
+    std::fprintf(log, "check\t%s\t%s\t%llu\t%.9g\t%.9g\t%.9g\n", current_test_name().c_str(),
+                 what.c_str(), static_cast<unsigned long long>(test_seed()), err, base_err, atol);
   if (err <= bound) return {};
   msg << what << ": max|out-ref| = " << err << " at index " << worst << " (out " << out[worst]
-      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + 1e-6 = " << bound << " (seed "
+      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + " << atol << " = " << bound << " (seed "
       << test_seed() << ")";
   return msg.str();
 }

@@ -183,9 +183,10 @@ std::vector<double> random_doubles(size_t n, uint64_t seed, double lo, double hi
 }
 
 std::string check_output(const std::string& name, const HostTensor& out,
-                         const std::vector<double>& exact, const std::vector<double>& unfused) {
+                         const std::vector<double>& exact, const std::vector<double>& unfused,
+                         double atol) {
   if (!out.guard_intact()) return name + ": the call wrote past the end of the output";
-  return check_against_baseline(name, out.values(), exact, unfused);
+  return check_against_baseline(name, out.values(), exact, unfused, atol);
 }
 
 std::string check_output(const std::string& name, const HostTensor& out, double exact,

@@ -91,7 +91,8 @@ std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1, doub
 
 // An output checked by the tolerance rule (check.hpp) after its guard bytes: empty on success.
 std::string check_output(const std::string& name, const HostTensor& out,
-                         const std::vector<double>& exact, const std::vector<double>& unfused);
+                         const std::vector<double>& exact, const std::vector<double>& unfused,
+                         double atol = 1e-6);
 // A scalar output (the loss, a grad scale) as a [1] tensor.
 std::string check_output(const std::string& name, const HostTensor& out, double exact,
                          double unfused);
