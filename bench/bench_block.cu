@@ -5,13 +5,13 @@
 //   coda:      the block calls (4 fused GEMMs forward; 3 fused + 5 plain GEMMs and the small
 //              auxiliary kernels backward), with their workspace allocated once;
 //   gemm_only: the same 4 + 8 GEMMs (same layouts and dtypes) run by cuBLASLt, nothing else;
-//   unfused:   those cuBLASLt GEMMs plus the simplest correct separate CUDA kernels for the rest,
-//              one per operation, in PyTorch eager's order (eager launches more: its RMSNorm
-//              alone is several kernels): residual add, RMSNorm (saving rstd), SwiGLU, RoPE
-//              forward; RoPE backward, RMSNorm backward, dgamma reduction (two passes),
-//              residual-gradient add, SwiGLU backward. The forward saves what eager autograd
-//              saves (the normalized GEMM inputs h1, h2 and the SwiGLU output y1 among them), so
-//              its backward recomputes nothing.
+//   unfused:   those cuBLASLt GEMMs plus the simplest correct separate CUDA kernels for the rest
+//              (bench/unfused_block.cuh), one per operation, in PyTorch eager's order (eager
+//              launches more: its RMSNorm alone is several kernels): residual add, RMSNorm (saving
+//              rstd), SwiGLU, RoPE forward; RoPE backward, RMSNorm backward, dgamma reduction (two
+//              passes), residual-gradient add, SwiGLU backward. The forward saves what eager
+//              autograd saves (the normalized GEMM inputs h1, h2 and the SwiGLU output y1 among
+//              them), so its backward recomputes nothing.
 // Weight and gamma gradients are written (no accumulation) in --grad-dtype (bf16 or f32) on
 // every side. The backward starts from the same incoming residual gradient each run (a copy
 // before the L2 flush, outside the timed region); it accumulates into it in place, as the block
@@ -30,9 +30,12 @@
 //
 //   bench_block [--models 1b,8b] [--tokens 8192,16384] [--runs 30] [--grad-dtype bf16|f32]
 //               [--out bench/results/block.json] [--commit HASH] [--check 1] [--only-check 0]
+//               [--profile 0]
 //
 // --commit defaults to $CODA_COMMIT. --only-check 1 runs the check alone (on a machine without an
-// sm_90 GPU, only its CPU-backend side). Exit status 1 when a check fails.
+// sm_90 GPU, only its CPU-backend side). --profile 1 adds, per case, one forward and backward of
+// each side inside a cudaProfilerStart / Stop range (tools/ncu_block.sh times each kernel in it).
+// Exit status 1 when a check fails.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,6 +45,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_profiler_api.h>
+
 #include "coda/block/llama.hpp"
 #include "coda/coda.hpp"
 #include "coda/core/error.hpp"
@@ -49,18 +54,19 @@
 #include "harness.cuh"
 #include "reference/llama.hpp"
 #include "reference/llama_fused.hpp"
+#include "unfused_block.cuh"
 
 namespace {
 
+using bench::bf16;
+using bench::bf16_bytes;
 using bench::Buffer;
 using bench::check;
-using bench::CublasGemm;
 using bench::view;
 using coda::Device;
 using coda::DType;
 using coda::GemmLayout;
 using coda::TensorView;
-using bf16 = __nv_bfloat16;
 namespace llama = coda::llama;
 
 struct Model {
@@ -83,238 +89,6 @@ llama::Config config_of(const Model& md) {
   c.head_dim = md.head_dim;
   c.eps = kEps;
   return c;
-}
-
-// ---------------------------------------------------------------------------------------------
-// The unfused path's kernels. Each reads the rounded bf16 output of the step before it and does
-// its math in fp32. Rows are multiples of 8 elements, so every thread moves 16 bytes at a time.
-
-constexpr int kThreads = 256;
-int g_grid_limit = 132 * 8; // blocks of a grid-stride launch: 8 of kThreads fill an SM
-
-unsigned grid_for(int64_t items) {
-  return unsigned(
-      std::max<int64_t>(1, std::min<int64_t>((items + kThreads - 1) / kThreads, g_grid_limit)));
-}
-
-__device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
-
-__device__ inline void load8(const bf16* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-  }
-}
-__device__ inline void store8(bf16* p, const float (&v)[8]) {
-  uint4 raw;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
-__device__ inline void load4(const bf16* p, float (&v)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-  }
-}
-__device__ inline void store4(bf16* p, const float (&v)[4]) {
-  uint2 raw;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint2*>(p) = raw;
-}
-
-// Sum over the kThreads threads of a block; every thread gets the total.
-__device__ float block_sum(float x) {
-  __shared__ float scratch[kThreads / 32];
-#pragma unroll
-  for (int mask = 16; mask >= 1; mask /= 2) x += __shfl_xor_sync(0xffffffffu, x, mask);
-  if (threadIdx.x % 32 == 0) scratch[threadIdx.x / 32] = x;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
-  __syncthreads();
-  return total;
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < (n);                        \
-       i += int64_t(gridDim.x) * blockDim.x)
-
-// out = a + b (out may be a). n8: elements / 8.
-__global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n8) {
-  GRID_STRIDE(i, n8) {
-    float x[8], y[8];
-    load8(a + 8 * i, x), load8(b + 8 * i, y);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) x[k] += y[k];
-    store8(out + 8 * i, x);
-  }
-}
-
-// RMSNorm of each row (one block per row): rstd = 1 / sqrt(mean(x²) + eps),
-// out = round(round(x * rstd) * gamma), Hugging Face's LlamaRMSNorm order; rstd is saved.
-__global__ void rmsnorm_kernel(const bf16* x, const bf16* gamma, bf16* out, float* rstd, int32_t d,
-                               float eps) {
-  const bf16* row = x + int64_t(blockIdx.x) * d;
-  float sum = 0.f;
-  for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
-    float v[8];
-    load8(row + c, v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) sum += v[k] * v[k];
-  }
-  const float r = rsqrtf(block_sum(sum) / float(d) + eps);
-  if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-  for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
-    float v[8], g[8];
-    load8(row + c, v), load8(gamma + c, g);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = round_bf16(v[k] * r) * g[k];
-    store8(out + int64_t(blockIdx.x) * d + c, v);
-  }
-}
-
-// RMSNorm backward of one row (one block per row), from dh = d loss / d out:
-//   u = dh * gamma;  dx = rstd * (u - x * rstd² * mean(u * x)).
-__global__ void rmsnorm_backward_kernel(const bf16* dh, const bf16* x, const float* rstd,
-                                        const bf16* gamma, bf16* dx, int32_t d) {
-  const int64_t base = int64_t(blockIdx.x) * d;
-  const float r = rstd[blockIdx.x];
-  float dot = 0.f;
-  for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
-    float g[8], v[8], w[8];
-    load8(dh + base + c, g), load8(x + base + c, v), load8(gamma + c, w);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) dot += g[k] * w[k] * v[k];
-  }
-  const float coef = r * r * block_sum(dot) / float(d);
-  for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
-    float g[8], v[8], w[8];
-    load8(dh + base + c, g), load8(x + base + c, v), load8(gamma + c, w);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) g[k] = r * (g[k] * w[k] - v[k] * coef);
-    store8(dx + base + c, g);
-  }
-}
-
-// dgamma, first pass: partials[s, n] = sum over the rows of split s of dh[m, n] * round(x * rstd)
-// (the normalized input as the forward rounded it). Grid (ceil(d / (8 kThreads)), splits).
-__global__ void dgamma_partials_kernel(const bf16* dh, const bf16* x, const float* rstd,
-                                       float* partials, int32_t d, int64_t rows,
-                                       int32_t rows_per_split) {
-  const int32_t c = (int32_t(blockIdx.x) * kThreads + int32_t(threadIdx.x)) * 8;
-  if (c >= d) return;
-  const int64_t begin = int64_t(blockIdx.y) * rows_per_split;
-  const int64_t end = std::min<int64_t>(rows, begin + rows_per_split);
-  float acc[8] = {};
-  for (int64_t m = begin; m < end; ++m) {
-    const float r = rstd[m];
-    float g[8], v[8];
-    load8(dh + m * d + c, g), load8(x + m * d + c, v);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) acc[k] += g[k] * round_bf16(v[k] * r);
-  }
-  float4* out = reinterpret_cast<float4*>(partials + int64_t(blockIdx.y) * d + c);
-  out[0] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-  out[1] = make_float4(acc[4], acc[5], acc[6], acc[7]);
-}
-
-__device__ inline void store_value(float* p, float v) { *p = v; }
-__device__ inline void store_value(bf16* p, float v) { *p = __float2bfloat16(v); }
-
-// dgamma, second pass: out[n] = sum_s partials[s, n]. Blocks of 32 x 8 threads: 32 columns,
-// each summed by 8 threads over interleaved splits, then across those 8.
-template <class Out>
-__global__ void column_sum_kernel(const float* partials, int32_t splits, int32_t d, Out* out) {
-  __shared__ float sums[8][33];
-  const int32_t c = int32_t(blockIdx.x) * 32 + int32_t(threadIdx.x);
-  float sum = 0.f;
-  if (c < d)
-    for (int32_t s = int32_t(threadIdx.y); s < splits; s += 8) sum += partials[int64_t(s) * d + c];
-  sums[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < d) {
-    float total = 0.f;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) total += sums[k][threadIdx.x];
-    store_value(out + c, total);
-  }
-}
-
-// SwiGLU on the interleaved gate/up output: y[m, j] = silu(z[m, 2j]) * z[m, 2j+1], four pairs
-// per thread. n4: elements of y / 4.
-__global__ void swiglu_kernel(const bf16* z, bf16* y, int64_t n4) {
-  GRID_STRIDE(i, n4) {
-    float v[8], o[4];
-    load8(z + 8 * i, v);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float g = v[2 * k], u = v[2 * k + 1];
-      o[k] = g / (1.f + __expf(-g)) * u;
-    }
-    store4(y + 4 * i, o);
-  }
-}
-
-// SwiGLU backward: with s = sigmoid(g), dg = dy * u * s * (1 + g (1 - s)), du = dy * g * s,
-// written interleaved like z.
-__global__ void swiglu_backward_kernel(const bf16* z, const bf16* dy, bf16* dz, int64_t n4) {
-  GRID_STRIDE(i, n4) {
-    float v[8], d[4], o[8];
-    load8(z + 8 * i, v), load4(dy + 4 * i, d);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float g = v[2 * k], u = v[2 * k + 1];
-      const float s = 1.f / (1.f + __expf(-g));
-      o[2 * k] = d[k] * u * s * (1.f + g * (1.f - s));
-      o[2 * k + 1] = d[k] * g * s;
-    }
-    store8(dz + 8 * i, o);
-  }
-}
-
-// Rotate-half RoPE (Hugging Face) on heads [0, rotated_heads) of each row of [M, width]:
-// for pair i < head_dim / 2 with angle t = position * inv_freq[i], forward
-//   (a, b) -> (a cos t - b sin t, b cos t + a sin t),
-// backward (the transpose) (da, db) -> (da cos t + db sin t, db cos t - da sin t). Eight pairs
-// per thread; heads at or past rotated_heads are copied (backward into a separate output) or
-// left alone (forward, in place). items = M * heads * (head_dim / 16).
-template <bool kBackward>
-__global__ void rope_kernel(const bf16* in, bf16* out, const int32_t* positions,
-                            const float* inv_freq, int32_t width, int32_t head_dim, int32_t heads,
-                            int32_t rotated_heads, int64_t items) {
-  const int32_t half = head_dim / 2, chunks = half / 8;
-  GRID_STRIDE(item, items) {
-    const int32_t c = int32_t(item % chunks);
-    const int64_t t = item / chunks;
-    const int32_t h = int32_t(t % heads);
-    const int64_t m = t / heads;
-    const int64_t offset = m * width + int64_t(h) * head_dim + c * 8;
-    float a[8], b[8];
-    load8(in + offset, a), load8(in + offset + half, b);
-    if (h < rotated_heads) {
-      const float pos = float(positions[m]);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        float sn, cs;
-        sincosf(pos * inv_freq[c * 8 + k], &sn, &cs);
-        const float x = a[k], y = b[k];
-        a[k] = kBackward ? x * cs + y * sn : x * cs - y * sn;
-        b[k] = kBackward ? y * cs - x * sn : y * cs + x * sn;
-      }
-    }
-    store8(out + offset, a), store8(out + offset + half, b);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,18 +137,14 @@ std::vector<InputSpec> input_specs(const Shape& b) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// One case's device tensors: the inputs, the coda block's tensors, the unfused path's (which the
-// GEMM-only side reuses), and the cuBLASLt GEMMs.
-
-size_t bf16_bytes(int64_t n) { return size_t(n) * 2; }
+// One case's device tensors: the inputs, the coda block's tensors, and the unfused path
+// (bench/unfused_block.cuh: its tensors and cuBLASLt GEMMs, which the GEMM-only side reuses).
 
 struct Block : Shape {
   const size_t gsize = size_t(coda::dtype_size(grad_dtype)); // bytes per weight-gradient element
-  static constexpr int32_t kDgammaRows = 32;                 // rows per dgamma partial
-  const int32_t dgamma_splits = int32_t((M + kDgammaRows - 1) / kDgammaRows);
 
   // Inputs: the residual stream and attention output entering the block, the incoming gradients
-  // (dx_init is copied into dx / u_dx before each backward), RoPE tables, weights.
+  // (dx_init is copied into dx / unfused.dx before each backward), RoPE tables, weights.
   Buffer x0{bf16_bytes(M * D)}, y0{bf16_bytes(M * A)}, dx_init{bf16_bytes(M * D)},
       dqkv{bf16_bytes(M * Nq)}, positions{size_t(M) * 4}, inv_freq{size_t(md.head_dim / 2) * 4};
   Buffer w_out{bf16_bytes(D * A)}, ffn_norm{bf16_bytes(D)}, w_gate_up{bf16_bytes(2 * F * D)},
@@ -388,40 +158,15 @@ struct Block : Shape {
       d_attn_norm{gsize * size_t(D)}, d_w_qkv{gsize * size_t(Nq * D)};
   Buffer workspace{workspace_bytes()};
 
-  // unfused: what eager autograd saves (x1, r1, h1, z1, y1, x2, r2, h2), the outputs, the
-  // gradients, scratch (u_tmp: a GEMM's output before its residual add, or the gradient of a
-  // norm's output; u_dxn: a norm's input gradient before it is added to u_dx).
-  Buffer u_x1{bf16_bytes(M * D)}, u_r1{size_t(M) * 4}, u_h1{bf16_bytes(M * D)},
-      u_z1{bf16_bytes(M * 2 * F)}, u_y1{bf16_bytes(M * F)}, u_x2{bf16_bytes(M * D)},
-      u_r2{size_t(M) * 4}, u_h2{bf16_bytes(M * D)}, u_qkv{bf16_bytes(M * Nq)},
-      u_tmp{bf16_bytes(M * D)};
-  Buffer u_dz2{bf16_bytes(M * Nq)}, u_dy1{bf16_bytes(M * F)}, u_dz1{bf16_bytes(M * 2 * F)},
-      u_dxn{bf16_bytes(M * D)}, u_dx{bf16_bytes(M * D)}, u_dy0{bf16_bytes(M * A)},
-      u_partials{size_t(dgamma_splits) * size_t(D) * 4};
-  Buffer u_d_w_out{gsize * size_t(D * A)}, u_d_ffn_norm{gsize * size_t(D)},
-      u_d_w_gate_up{gsize * size_t(2 * F * D)}, u_d_w_down{gsize * size_t(D * F)},
-      u_d_attn_norm{gsize * size_t(D)}, u_d_w_qkv{gsize * size_t(Nq * D)};
-
-  // cuBLASLt, named <weight>_<layout>, M = tokens; weight gradients in grad_dtype.
-  const bench::Context& ctx;
-  const cudaDataType_t gt = grad_dtype == DType::f32 ? CUDA_R_32F : CUDA_R_16BF;
-  void* const ws = ctx.workspace.p;
-  static constexpr size_t kWs = bench::Context::kWorkspaceBytes;
-  const CublasGemm o_fwd{ctx.lt, GemmLayout::fwd, M, D, A, ws, kWs},
-      gate_up_fwd{ctx.lt, GemmLayout::fwd, M, 2 * F, D, ws, kWs},
-      down_fwd{ctx.lt, GemmLayout::fwd, M, D, F, ws, kWs},
-      qkv_fwd{ctx.lt, GemmLayout::fwd, M, Nq, D, ws, kWs},
-      qkv_dgrad{ctx.lt, GemmLayout::dgrad, M, D, Nq, ws, kWs},
-      qkv_wgrad{ctx.lt, GemmLayout::wgrad, Nq, D, M, ws, kWs, gt},
-      down_dgrad{ctx.lt, GemmLayout::dgrad, M, F, D, ws, kWs},
-      down_wgrad{ctx.lt, GemmLayout::wgrad, D, F, M, ws, kWs, gt},
-      gate_up_dgrad{ctx.lt, GemmLayout::dgrad, M, D, 2 * F, ws, kWs},
-      gate_up_wgrad{ctx.lt, GemmLayout::wgrad, 2 * F, D, M, ws, kWs, gt},
-      o_dgrad{ctx.lt, GemmLayout::dgrad, M, A, D, ws, kWs},
-      o_wgrad{ctx.lt, GemmLayout::wgrad, D, A, M, ws, kWs, gt};
+  // The unfused path (which the GEMM-only side shares), on the same inputs.
+  const bench::UnfusedBlock unfused;
 
   Block(const Model& model, int64_t tokens, DType grads, const bench::Context& context)
-      : Shape(model, tokens, grads), ctx(context) {
+      : Shape(model, tokens, grads),
+        unfused({M, D, F, A, Nq, md.q_heads, md.kv_heads, md.head_dim, kEps, grad_dtype},
+                {x0, y0, dqkv, positions, inv_freq, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
+                 w_qkv},
+                context) {
     std::vector<int32_t> pos(static_cast<size_t>(M));
     for (int64_t m = 0; m < M; ++m) pos[size_t(m)] = int32_t(m % kSequence);
     std::vector<float> freq(static_cast<size_t>(md.head_dim / 2));
@@ -479,97 +224,6 @@ struct Block : Shape {
   void coda_backward(cudaStream_t s) const {
     llama::middle_backward(cfg, weights(), inputs(), outputs(), saved(), grads(), false,
                            workspace_view(), s);
-  }
-
-  // ---- The GEMMs alone, by cuBLASLt: the forward's 4 and the backward's 8, on the unfused
-  // path's buffers.
-  void gemm_forward(cudaStream_t s) const {
-    o_fwd.run(y0.p, w_out.p, u_tmp.p, s);
-    gate_up_fwd.run(u_h1.p, w_gate_up.p, u_z1.p, s);
-    down_fwd.run(u_y1.p, w_down.p, u_tmp.p, s);
-    qkv_fwd.run(u_h2.p, w_qkv.p, u_qkv.p, s);
-  }
-  void gemm_backward(cudaStream_t s) const {
-    qkv_dgrad.run(u_dz2.p, w_qkv.p, u_tmp.p, s);
-    qkv_wgrad.run(u_dz2.p, u_h2.p, u_d_w_qkv.p, s);
-    down_dgrad.run(u_dx.p, w_down.p, u_dy1.p, s);
-    down_wgrad.run(u_dx.p, u_y1.p, u_d_w_down.p, s);
-    gate_up_dgrad.run(u_dz1.p, w_gate_up.p, u_tmp.p, s);
-    gate_up_wgrad.run(u_dz1.p, u_h1.p, u_d_w_gate_up.p, s);
-    o_dgrad.run(u_dx.p, w_out.p, u_dy0.p, s);
-    o_wgrad.run(u_dx.p, y0.p, u_d_w_out.p, s);
-  }
-
-  // ---- The unfused path: the same GEMMs, each followed by the separate kernels of its math.
-  void add(const Buffer& a, const Buffer& b, const Buffer& out, cudaStream_t s) const {
-    add_kernel<<<grid_for(M * D / 8), kThreads, 0, s>>>(a.as<bf16>(), b.as<bf16>(), out.as<bf16>(),
-                                                        M * D / 8);
-  }
-  void rmsnorm(const Buffer& x, const Buffer& gamma, const Buffer& out, const Buffer& rstd,
-               cudaStream_t s) const {
-    rmsnorm_kernel<<<unsigned(M), kThreads, 0, s>>>(x.as<bf16>(), gamma.as<bf16>(), out.as<bf16>(),
-                                                    rstd.as<float>(), int32_t(D), kEps);
-  }
-  // Forward: in place on the q and k heads. Backward: every head into `out` (v copied).
-  void rope(bool backward, const Buffer& in, const Buffer& out, cudaStream_t s) const {
-    const int32_t rotated = md.q_heads + md.kv_heads;
-    const int32_t heads = backward ? rotated + md.kv_heads : rotated;
-    const int64_t items = M * heads * (md.head_dim / 16);
-    const auto kernel = backward ? rope_kernel<true> : rope_kernel<false>;
-    kernel<<<grid_for(items), kThreads, 0, s>>>(in.as<bf16>(), out.as<bf16>(),
-                                                positions.as<int32_t>(), inv_freq.as<float>(),
-                                                int32_t(Nq), md.head_dim, heads, rotated, items);
-  }
-  // From dh (the gradient of the norm's output): the input gradient, added to u_dx (through
-  // u_dxn), and the gamma gradient (partials, then their sum).
-  void rmsnorm_backward(const Buffer& dh, const Buffer& x, const Buffer& rstd, const Buffer& gamma,
-                        const Buffer& dgamma, cudaStream_t s) const {
-    rmsnorm_backward_kernel<<<unsigned(M), kThreads, 0, s>>>(dh.as<bf16>(), x.as<bf16>(),
-                                                             rstd.as<float>(), gamma.as<bf16>(),
-                                                             u_dxn.as<bf16>(), int32_t(D));
-    const dim3 grid(unsigned((D + 8 * kThreads - 1) / (8 * kThreads)), unsigned(dgamma_splits));
-    dgamma_partials_kernel<<<grid, kThreads, 0, s>>>(dh.as<bf16>(), x.as<bf16>(), rstd.as<float>(),
-                                                     u_partials.as<float>(), int32_t(D), M,
-                                                     kDgammaRows);
-    const unsigned cols = unsigned((D + 31) / 32);
-    if (grad_dtype == DType::f32)
-      column_sum_kernel<<<cols, dim3(32, 8), 0, s>>>(u_partials.as<float>(), dgamma_splits,
-                                                     int32_t(D), dgamma.as<float>());
-    else
-      column_sum_kernel<<<cols, dim3(32, 8), 0, s>>>(u_partials.as<float>(), dgamma_splits,
-                                                     int32_t(D), dgamma.as<bf16>());
-    add(u_dx, u_dxn, u_dx, s);
-  }
-  void unfused_forward(cudaStream_t s) const {
-    o_fwd.run(y0.p, w_out.p, u_tmp.p, s);
-    add(x0, u_tmp, u_x1, s);                // x1 = x0 + y0 W0ᵀ
-    rmsnorm(u_x1, ffn_norm, u_h1, u_r1, s); // h1
-    gate_up_fwd.run(u_h1.p, w_gate_up.p, u_z1.p, s);
-    swiglu_kernel<<<grid_for(M * F / 4), kThreads, 0, s>>>(u_z1.as<bf16>(), u_y1.as<bf16>(),
-                                                           M * F / 4); // y1
-    down_fwd.run(u_y1.p, w_down.p, u_tmp.p, s);
-    add(u_x1, u_tmp, u_x2, s);               // x2 = x1 + y1 W2ᵀ
-    rmsnorm(u_x2, attn_norm, u_h2, u_r2, s); // h2
-    qkv_fwd.run(u_h2.p, w_qkv.p, u_qkv.p, s);
-    rope(false, u_qkv, u_qkv, s); // qkv
-    check(cudaGetLastError(), "unfused forward");
-  }
-  // u_dx holds d loss / d x2 on entry and d loss / d x0 on exit.
-  void unfused_backward(cudaStream_t s) const {
-    rope(true, dqkv, u_dz2, s);                                       // d z2 (pre-RoPE)
-    qkv_dgrad.run(u_dz2.p, w_qkv.p, u_tmp.p, s);                      // d h2
-    qkv_wgrad.run(u_dz2.p, u_h2.p, u_d_w_qkv.p, s);                   // d W3
-    rmsnorm_backward(u_tmp, u_x2, u_r2, attn_norm, u_d_attn_norm, s); // d x2 in full
-    down_dgrad.run(u_dx.p, w_down.p, u_dy1.p, s);                     // d y1
-    down_wgrad.run(u_dx.p, u_y1.p, u_d_w_down.p, s);                  // d W2
-    swiglu_backward_kernel<<<grid_for(M * F / 4), kThreads, 0, s>>>(
-        u_z1.as<bf16>(), u_dy1.as<bf16>(), u_dz1.as<bf16>(), M * F / 4); // d z1
-    gate_up_dgrad.run(u_dz1.p, w_gate_up.p, u_tmp.p, s);                 // d h1
-    gate_up_wgrad.run(u_dz1.p, u_h1.p, u_d_w_gate_up.p, s);              // d W1
-    rmsnorm_backward(u_tmp, u_x1, u_r1, ffn_norm, u_d_ffn_norm, s);      // d x1 (= d x0)
-    o_dgrad.run(u_dx.p, w_out.p, u_dy0.p, s);                            // d y0
-    o_wgrad.run(u_dx.p, y0.p, u_d_w_out.p, s);                           // d W0
-    check(cudaGetLastError(), "unfused backward");
   }
 };
 
@@ -634,16 +288,16 @@ Outputs gpu_outputs(const Block& b, bool unfused) {
   const auto pick = [&](const Buffer& coda_side, const Buffer& unfused_side) -> const Buffer& {
     return unfused ? unfused_side : coda_side;
   };
-  return {download(pick(b.x2, b.u_x2), DType::bf16, b.M, b.D),
-          download(pick(b.qkv, b.u_qkv), DType::bf16, b.M, b.Nq),
-          download(pick(b.dx, b.u_dx), DType::bf16, b.M, b.D),
-          download(pick(b.dy0, b.u_dy0), DType::bf16, b.M, b.A),
-          download(pick(b.d_w_out, b.u_d_w_out), g, b.D, b.A),
-          download(pick(b.d_ffn_norm, b.u_d_ffn_norm), g, b.D),
-          download(pick(b.d_w_gate_up, b.u_d_w_gate_up), g, 2 * b.F, b.D),
-          download(pick(b.d_w_down, b.u_d_w_down), g, b.D, b.F),
-          download(pick(b.d_attn_norm, b.u_d_attn_norm), g, b.D),
-          download(pick(b.d_w_qkv, b.u_d_w_qkv), g, b.Nq, b.D)};
+  return {download(pick(b.x2, b.unfused.x2), DType::bf16, b.M, b.D),
+          download(pick(b.qkv, b.unfused.qkv), DType::bf16, b.M, b.Nq),
+          download(pick(b.dx, b.unfused.dx), DType::bf16, b.M, b.D),
+          download(pick(b.dy0, b.unfused.dy0), DType::bf16, b.M, b.A),
+          download(pick(b.d_w_out, b.unfused.d_w_out), g, b.D, b.A),
+          download(pick(b.d_ffn_norm, b.unfused.d_ffn_norm), g, b.D),
+          download(pick(b.d_w_gate_up, b.unfused.d_w_gate_up), g, 2 * b.F, b.D),
+          download(pick(b.d_w_down, b.unfused.d_w_down), g, b.D, b.F),
+          download(pick(b.d_attn_norm, b.unfused.d_attn_norm), g, b.D),
+          download(pick(b.d_w_qkv, b.unfused.d_w_qkv), g, b.Nq, b.D)};
 }
 
 struct CheckInputs {
@@ -783,9 +437,10 @@ bool run_check(const bench::Context* ctx, DType grad_dtype) {
                          cudaMemcpyHostToDevice),
               "upload");
       const cudaStream_t s = ctx->stream;
-      check(cudaMemcpy(b.u_dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice), "dx");
-      b.unfused_forward(s);
-      b.unfused_backward(s);
+      check(cudaMemcpy(b.unfused.dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice),
+            "dx");
+      b.unfused.forward(s);
+      b.unfused.backward(s);
       check(cudaStreamSynchronize(s), "unfused check");
       ok = report("unfused (GPU)", gpu_outputs(b, true), exact, eager) && ok;
       check(cudaMemcpy(b.dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice), "dx");
@@ -821,20 +476,24 @@ struct Result {
 };
 
 std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype,
-                               const bench::Context& ctx, int runs) {
+                               const bench::Context& ctx, int runs, bool profile) {
   const Block b(md, tokens, grad_dtype, ctx);
   b.fill_inputs(ctx.stream);
   const cudaStream_t s = ctx.stream;
   const auto reset_dx = [&](Side side) { // the incoming residual gradient, which bwd overwrites
     if (side == kGemm) return;
-    const Buffer& dx = side == kCoda ? b.dx : b.u_dx;
+    const Buffer& dx = side == kCoda ? b.dx : b.unfused.dx;
     check(cudaMemcpyAsync(dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice, s), "dx");
   };
   const auto forward = [&](Side side) {
-    side == kCoda ? b.coda_forward(s) : side == kGemm ? b.gemm_forward(s) : b.unfused_forward(s);
+    side == kCoda   ? b.coda_forward(s)
+    : side == kGemm ? b.unfused.gemm_forward(s)
+                    : b.unfused.forward(s);
   };
   const auto backward = [&](Side side) {
-    side == kCoda ? b.coda_backward(s) : side == kGemm ? b.gemm_backward(s) : b.unfused_backward(s);
+    side == kCoda   ? b.coda_backward(s)
+    : side == kGemm ? b.unfused.gemm_backward(s)
+                    : b.unfused.backward(s);
   };
 
   bool runs_on[kPasses][kSides];
@@ -869,21 +528,30 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
       for (int j = 0; j < kSides; ++j) // rotated, so no side always runs first
         once(Pass(p), Side((i + j) % kSides), true);
   check(cudaGetLastError(), "timed runs");
+  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, in that order)
+  // inside the profiler's range, for `ncu --profile-from-start off` (tools/ncu_block.sh).
+  if (profile) {
+    check(cudaStreamSynchronize(s), "before the profiled range");
+    check(cudaProfilerStart(), "cudaProfilerStart");
+    for (int side = 0; side < kSides; ++side) once(kFwdBwd, Side(side), false);
+    check(cudaStreamSynchronize(s), "profiled range");
+    check(cudaProfilerStop(), "cudaProfilerStop");
+  }
 
   // The same outputs from the same inputs: coda against the unfused path.
   double fwd_diff = NAN, bwd_diff = NAN;
   if (coda_fwd) {
-    b.coda_forward(s), b.unfused_forward(s);
+    b.coda_forward(s), b.unfused.forward(s);
     check(cudaStreamSynchronize(s), "compare");
-    fwd_diff = std::max(bench::max_rel_diff(b.qkv.p, b.u_qkv.p, b.M * b.Nq),
-                        bench::max_rel_diff(b.x2.p, b.u_x2.p, b.M * b.D));
+    fwd_diff = std::max(bench::max_rel_diff(b.qkv.p, b.unfused.qkv.p, b.M * b.Nq),
+                        bench::max_rel_diff(b.x2.p, b.unfused.x2.p, b.M * b.D));
   }
   if (coda_bwd) {
     reset_dx(kCoda), reset_dx(kUnfused);
-    b.coda_backward(s), b.unfused_backward(s);
+    b.coda_backward(s), b.unfused.backward(s);
     check(cudaStreamSynchronize(s), "compare");
-    bwd_diff = std::max(bench::max_rel_diff(b.dx.p, b.u_dx.p, b.M * b.D),
-                        bench::max_rel_diff(b.dy0.p, b.u_dy0.p, b.M * b.A));
+    bwd_diff = std::max(bench::max_rel_diff(b.dx.p, b.unfused.dx.p, b.M * b.D),
+                        bench::max_rel_diff(b.dy0.p, b.unfused.dy0.p, b.M * b.A));
   }
   std::printf("%-9s %6lld  coda vs unfused, max relative difference: fwd (qkv, x2) %.2e, bwd "
               "(dx0, dy0) %.2e\n",
@@ -923,11 +591,11 @@ int main(int argc, char** argv) {
   std::string out_path, commit;
   int runs = 30;
   DType grad_dtype = DType::bf16;
-  bool run_checks = true, only_check = false;
+  bool run_checks = true, only_check = false, profile = false;
   try {
     const bench::Flags flags(argc, argv,
                              {"--models", "--tokens", "--runs", "--grad-dtype", "--out", "--commit",
-                              "--check", "--only-check"});
+                              "--check", "--only-check", "--profile"});
     for (const std::string& tag : split(flags.get("--models", "1b,8b"))) {
       const Model* found = nullptr;
       for (const Model& md : kModels)
@@ -948,6 +616,7 @@ int main(int argc, char** argv) {
     commit = flags.commit();
     run_checks = flags.get_int("--check", 1) != 0;
     only_check = flags.get_int("--only-check", 0) != 0;
+    profile = flags.get_int("--profile", 0) != 0;
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "bench_block: %s\n", e.what()), 2;
   }
@@ -959,7 +628,6 @@ int main(int argc, char** argv) {
     }
     if (!gpu) return std::fprintf(stderr, "bench_block needs an sm_90 GPU\n"), 1;
     const bench::Context ctx;
-    g_grid_limit = ctx.prop.multiProcessorCount * 8;
     const bool ok = !run_checks || run_check(&ctx, grad_dtype);
     if (only_check) return ok ? 0 : 1;
 
@@ -968,7 +636,7 @@ int main(int argc, char** argv) {
     std::vector<Result> results;
     for (const Model* md : models)
       for (int64_t m : tokens) {
-        const std::vector<Result> r = bench_case(*md, m, grad_dtype, ctx, runs);
+        const std::vector<Result> r = bench_case(*md, m, grad_dtype, ctx, runs, profile);
         results.insert(results.end(), r.begin(), r.end());
         std::fflush(stdout);
       }

@@ -1,5 +1,6 @@
-// The fused forward kernels (K0, K1, K2, K4, K5) at the Llama-3.2-1B and Llama-3.1-8B forward
-// shapes (8192 tokens, bf16), each against
+// The fused kernels at the Llama-3.2-1B and Llama-3.1-8B shapes (8192 tokens, bf16): the forward
+// K0, K1, K2, K4, K5 and the backward K6 (at the QKV and gate/up input-gradient shapes) and K7
+// (the down projection's input gradient), each against
 //   coda_gemm: coda's plain GEMM of the same shape (the mainloop the fused kernel runs on),
 //   cublas:    cuBLASLt's plain GEMM of the same shape,
 //   unfused:   cuBLASLt's GEMM plus the simplest correct CUDA kernels doing the rest of the math
@@ -7,7 +8,8 @@
 // All run in this process on the same random inputs, interleaved run by run; each timed run
 // follows a 256 MB write that flushes L2; CUDA events; the median of the timed runs is reported.
 // The fused kernel runs on its default GEMM schedule (coda_ms in the JSON) and, for the table,
-// on each schedule forced (cooperative 128 x 256 and ping-pong 128 x 128 tiles).
+// on each schedule forced (cooperative 128 x 256, ping-pong 128 x 128 and staged 128 x 192 tiles;
+// the backward kernels have one schedule each, so they have no forced columns).
 //
 //   bench_fused [--commit HASH] [--out bench/results/fused.json] [--runs 50] [--filter K2]
 // (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
@@ -43,9 +45,12 @@ struct Model {
 constexpr int64_t kTokens = 8192, kVocab = 128256;
 
 struct Case {
-  std::string kernel; // "K0" | "K1" | "K2" | "K4" | "K5"
+  std::string kernel; // "K0" | "K1" | "K2" | "K4" | "K5" | "K6" | "K7"
   const Model* model;
   int64_t m, n, k;
+  // fwd: acc = a · wᵀ, w [N, K]; dgrad (K6, K7): acc = a · w, w [K, N].
+  coda::GemmLayout layout = coda::GemmLayout::fwd;
+  bool backward() const { return layout == coda::GemmLayout::dgrad; }
 };
 
 std::vector<Case> bench_cases(const std::vector<Model>& models) {
@@ -57,6 +62,10 @@ std::vector<Case> bench_cases(const std::vector<Model>& models) {
     cases.push_back({"K2", &md, kTokens, 2 * md.mlp, md.hidden});
     cases.push_back({"K4", &md, kTokens, md.qkv(), md.hidden});
     cases.push_back({"K5", &md, kTokens, kVocab, md.hidden});
+    constexpr coda::GemmLayout kDgrad = coda::GemmLayout::dgrad;
+    cases.push_back({"K6", &md, kTokens, md.hidden, md.qkv(), kDgrad});   // attention-input norm
+    cases.push_back({"K6", &md, kTokens, md.hidden, 2 * md.mlp, kDgrad}); // MLP-input norm
+    cases.push_back({"K7", &md, kTokens, md.mlp, md.hidden, kDgrad});     // down's input gradient
   }
   return cases;
 }
@@ -169,6 +178,52 @@ __global__ void lse_kernel(const __nv_bfloat16* y, const float* rstd, const int3
   if (threadIdx.x == 0) partials[m * gridDim.y + blockIdx.y] = mx + logf(sum);
 }
 
+// K6: xh = x * rstd; result = rstd * (g * gamma - xh * zeta); dx = round(dx + result);
+// h_hat = round(xh * gamma); dgamma partials of g * xh per 128 rows. Grid (ceil(N / 128),
+// ceil(M / 128)), 128 threads: one column each, looping over the block's rows.
+__global__ void rms_backward_kernel(const __nv_bfloat16* g, const __nv_bfloat16* x,
+                                    const float* rstd, const float* zeta,
+                                    const __nv_bfloat16* gamma, __nv_bfloat16* dx,
+                                    __nv_bfloat16* h_hat, float* partials, int32_t m_rows,
+                                    int32_t n) {
+  const int32_t col = blockIdx.x * 128 + threadIdx.x;
+  if (col >= n) return;
+  const float gm = bf(gamma[col]);
+  float sum = 0.f;
+  const int32_t row0 = blockIdx.y * 128, row1 = min(row0 + 128, m_rows);
+  for (int32_t row = row0; row < row1; ++row) {
+    const int64_t i = int64_t(row) * n + col;
+    const float r = rstd[row], xh = bf(x[i]) * r, gi = bf(g[i]);
+    dx[i] = to_bf(bf(dx[i]) + r * (gi * gm - xh * zeta[row]));
+    h_hat[i] = to_bf(xh * gm);
+    sum += gi * xh;
+  }
+  partials[int64_t(col) * gridDim.y + blockIdx.y] = sum;
+}
+
+// K7: from dy and the saved pre-activation pair (g, u): act = round(s u), dg, du rounded, and
+// the zeta partials of g dg + u du per 128 columns. Grid (M, ceil(F / 128)), 128 threads.
+__global__ void swiglu_backward_kernel(const __nv_bfloat16* dy, const __nv_bfloat162* preact,
+                                       __nv_bfloat16* act, __nv_bfloat162* dpreact, float* partials,
+                                       int32_t f) {
+  __shared__ float scratch[4];
+  const int64_t m = blockIdx.x;
+  const int32_t j = blockIdx.y * 128 + threadIdx.x;
+  float z = 0.f;
+  if (j < f) {
+    const int64_t i = m * f + j;
+    const float2 gu = __bfloat1622float2(preact[i]);
+    const float d = bf(dy[i]), sig = 1.f / (1.f + expf(-gu.x)), sw = gu.x * sig;
+    act[i] = to_bf(sw * gu.y);
+    const __nv_bfloat162 dgu =
+        __floats2bfloat162_rn(d * gu.y * sig * (1.f + gu.x * (1.f - sig)), d * sw);
+    dpreact[i] = dgu;
+    z = gu.x * __low2float(dgu) + gu.y * __high2float(dgu);
+  }
+  const float sum = block_reduce<false>(z, scratch);
+  if (threadIdx.x == 0) partials[m * gridDim.y + blockIdx.y] = sum;
+}
+
 unsigned grid_for(int64_t total) {
   return unsigned(std::min<int64_t>((total + 255) / 256, 132 * 16));
 }
@@ -178,7 +233,7 @@ unsigned grid_for(int64_t total) {
 struct Result {
   Case c;
   double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
-  double cooperative_ms, pingpong_ms, staged_ms; // the fused kernel on each schedule
+  double cooperative_ms, pingpong_ms, staged_ms; // the fused kernel on each schedule (forward)
 };
 
 Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
@@ -186,16 +241,19 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const int64_t M = c.m, N = c.n, K = c.k;
   const Model& md = *c.model;
   const DType bf16 = DType::bf16, f32 = DType::f32;
-  const int64_t P_in = (K + 127) / 128, P_out = (N + 127) / 128;
-  Buffer a(size_t(M * K * 2)), w(size_t(N * K * 2)), out(size_t(M * N * 2)),
+  const int64_t P_in = (K + 127) / 128, P_out = (N + 127) / 128, P_rows = (M + 127) / 128;
+  // K7 reads and writes the [M, 2F] pre-activation pair per GEMM column: twice the GEMM width.
+  const int64_t wide = c.kernel == "K7" ? 2 * N : N;
+  Buffer a(size_t(M * K * 2)), w(size_t(N * K * 2)), out(size_t(M * wide * 2)),
       side(size_t(M * N * 2)), gemm_out(size_t(M * N * 2)), y(size_t(M * N * 2)),
-      unfused_out(size_t(M * N * 2)), unfused_side(size_t(M * N * 2)), residual(size_t(M * N * 2)),
-      gamma(size_t(N * 2)), partials_in(size_t(M * P_in * 4)), partials_out(size_t(M * P_out * 4)),
-      rstd(size_t(M * 4)), rstd_unfused(size_t(M * 4)), positions(size_t(M * 4)),
-      inv_freq(size_t(md.head_dim * 2)), targets(size_t(M * 4)), target_logit(size_t(M * 4));
+      unfused_out(size_t(M * wide * 2)), unfused_side(size_t(M * N * 2)),
+      residual(size_t(M * wide * 2)), gamma(size_t(N * 2)), partials_in(size_t(M * P_in * 4)),
+      partials_out(size_t(std::max(M * P_out, N * P_rows) * 4)), rstd(size_t(M * 4)),
+      rstd_unfused(size_t(M * 4)), positions(size_t(M * 4)), inv_freq(size_t(md.head_dim * 2)),
+      targets(size_t(M * 4)), target_logit(size_t(M * 4));
   bench::fill_uniform<<<1024, 256, 0, s>>>(a.as<__nv_bfloat16>(), M * K, 1, -1.f, 1.f);
   bench::fill_uniform<<<1024, 256, 0, s>>>(w.as<__nv_bfloat16>(), N * K, 2, -0.05f, 0.05f);
-  bench::fill_uniform<<<1024, 256, 0, s>>>(residual.as<__nv_bfloat16>(), M * N, 3, -1.f, 1.f);
+  bench::fill_uniform<<<1024, 256, 0, s>>>(residual.as<__nv_bfloat16>(), M * wide, 3, -1.f, 1.f);
   bench::fill_uniform<<<64, 256, 0, s>>>(gamma.as<__nv_bfloat16>(), N, 4, 0.5f, 1.5f);
   // Sums of squares of K values in [-1, 1] (mean 1/3 each).
   bench::fill_partials<<<256, 256, 0, s>>>(partials_in.as<float>(), M * P_in, 5, 128.f / 3.f);
@@ -205,7 +263,8 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
                                          int32_t(md.head_dim));
   check(cudaGetLastError(), "fill");
 
-  const coda::TensorView A = view(a, bf16, M, K), W = view(w, bf16, N, K);
+  const coda::TensorView A = view(a, bf16, M, K);
+  const coda::TensorView W = c.backward() ? view(w, bf16, K, N) : view(w, bf16, N, K);
   const coda::TensorView Pin = view(partials_in, f32, M, P_in);
   const float eps = 1e-5f;
   std::function<void()> run_fused, run_rest;
@@ -267,6 +326,37 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
       rope_kernel<<<dim3(unsigned(M), unsigned(N / head_dim)), unsigned(head_dim / 2), 0, s>>>(
           Y, u_rstd, pos, freq, u_out, int32_t(N), int32_t(head_dim), int32_t(rotated_heads));
     };
+  } else if (c.kernel == "K6") {
+    // residual: x; partials_in's first column: zeta; rstd from the fill below; dx accumulates
+    // into `out` (its values drift over the runs; the check compares h_hat).
+    bench::fill_partials<<<64, 256, 0, s>>>(rstd.as<float>(), M, 8, 1.f);
+    coda::RmsBackwardArgs args;
+    args.dz = A, args.w = W, args.x = view(residual, bf16, M, N);
+    args.rstd = view(rstd, f32, M), args.zeta = view(rstd_unfused, f32, M);
+    args.gamma = view(gamma, bf16, N), args.alpha = coda::Scalar{1.f};
+    args.accumulate = true;
+    args.dx = view(out, bf16, M, N), args.h_hat = view(side, bf16, M, N);
+    args.dgamma_partials = view(partials_out, f32, N, P_rows);
+    bench::fill_partials<<<64, 256, 0, s>>>(rstd_unfused.as<float>(), M, 9, 0.5f);
+    const float* r6 = rstd.as<float>();
+    const float* z6 = rstd_unfused.as<float>();
+    run_fused = [=] { coda::gpu::gemm_rms_backward(args, s); };
+    run_rest = [=] {
+      rms_backward_kernel<<<dim3(unsigned(P_out), unsigned(P_rows)), 128, 0, s>>>(
+          Y, res, r6, z6, gam, u_out, u_side, p_out, int32_t(M), int32_t(N));
+    };
+  } else if (c.kernel == "K7") {
+    // residual: the [M, 2F] pre-activation; out: dpreact; side: act.
+    coda::SwigluBackwardArgs args;
+    args.dx = A, args.w = W, args.preact = view(residual, bf16, M, 2 * N);
+    args.act = view(side, bf16, M, N), args.dpreact = view(out, bf16, M, 2 * N);
+    args.zeta_partials = view(partials_out, f32, M, P_out);
+    run_fused = [=] { coda::gpu::gemm_swiglu_backward(args, s); };
+    run_rest = [=] {
+      swiglu_backward_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(
+          Y, reinterpret_cast<const __nv_bfloat162*>(res), u_side,
+          reinterpret_cast<__nv_bfloat162*>(u_out), p_out, int32_t(N));
+    };
   } else {
     coda::RmsLseArgs args{A,
                           W,
@@ -286,13 +376,13 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   }
 
   coda::GemmArgs plain;
+  plain.layout = c.layout;
   plain.a = A, plain.b = W, plain.d = view(gemm_out, bf16, M, N);
   // coda's plain GEMM with its stream-K scratch, as coda::gemm's callers pass it.
   const size_t gemm_ws_bytes = coda::gpu::gemm_workspace_size(plain);
   Buffer gemm_ws(gemm_ws_bytes);
   if (gemm_ws_bytes > 0) plain.workspace = view(gemm_ws, f32, int64_t(gemm_ws_bytes / 4));
-  const bench::CublasGemm cublas(ctx.lt, coda::GemmLayout::fwd, M, N, K, ctx.workspace.p,
-                                 ctx.kWorkspaceBytes);
+  const bench::CublasGemm cublas(ctx.lt, c.layout, M, N, K, ctx.workspace.p, ctx.kWorkspaceBytes);
   auto run_gemm = [&] { coda::gpu::gemm(plain, s); };
   auto run_cublas = [&] { cublas.run(a.p, w.p, gemm_out.p, s); };
   auto run_unfused = [&] {
@@ -309,9 +399,12 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const std::function<void()> run_cooperative = forced(coda::gpu::FusedSchedule::cooperative);
   const std::function<void()> run_pingpong = forced(coda::gpu::FusedSchedule::pingpong);
   const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
-  for (int i = 0; i < 3; ++i)
-    run_fused(), run_gemm(), run_cublas(), run_unfused(), run_cooperative(), run_pingpong(),
-        run_staged();
+  // The backward kernels have one schedule each: no forced runs.
+  const bool forced_runs = !c.backward();
+  for (int i = 0; i < 3; ++i) {
+    run_fused(), run_gemm(), run_cublas(), run_unfused();
+    if (forced_runs) run_cooperative(), run_pingpong(), run_staged();
+  }
   check(cudaStreamSynchronize(s), "warm-up");
   check(cudaGetLastError(), "warm-up");
 
@@ -322,20 +415,26 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   };
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
-    timed(run_unfused, t_unfused), timed(run_cooperative, t_cooperative);
-    timed(run_pingpong, t_pingpong), timed(run_staged, t_staged);
+    timed(run_unfused, t_unfused);
+    if (forced_runs)
+      timed(run_cooperative, t_cooperative), timed(run_pingpong, t_pingpong),
+          timed(run_staged, t_staged);
   }
   check(cudaGetLastError(), "timed runs");
   using bench::median;
+  auto median_or_none = [](const std::vector<float>& t) { return t.empty() ? -1.0 : median(t); };
+  // K6's dx accumulates over the runs: compare h_hat. K7: dpreact, 2F wide.
+  const double diff = c.kernel == "K6" ? bench::max_rel_diff(side.p, unfused_side.p, M * N)
+                                       : bench::max_rel_diff(out.p, unfused_out.p, M * wide);
   return {c,
           median(t_fused),
           median(t_gemm),
           median(t_cublas),
           median(t_unfused),
-          bench::max_rel_diff(out.p, unfused_out.p, M * N),
-          median(t_cooperative),
-          median(t_pingpong),
-          median(t_staged)};
+          diff,
+          median_or_none(t_cooperative),
+          median_or_none(t_pingpong),
+          median_or_none(t_staged)};
 }
 
 } // namespace
@@ -368,13 +467,14 @@ int main(int argc, char** argv) {
       if (name.find(filter) == std::string::npos) continue;
       const Result r = bench_case(c, ctx, runs);
       results.push_back(r);
+      auto over_gemm = [&](double ms) { return ms > 0 ? ms / r.coda_gemm_ms : NAN; };
       std::printf(
           "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f %8.3f  "
           "%9.2e\n",
           c.kernel.c_str(), c.model->name, (long long)c.m, (long long)c.n, (long long)c.k,
           r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms, r.coda_ms / r.coda_gemm_ms,
-          r.unfused_ms / r.coda_ms, r.cooperative_ms / r.coda_gemm_ms,
-          r.pingpong_ms / r.coda_gemm_ms, r.staged_ms / r.coda_gemm_ms, r.max_rel_diff);
+          r.unfused_ms / r.coda_ms, over_gemm(r.cooperative_ms), over_gemm(r.pingpong_ms),
+          over_gemm(r.staged_ms), r.max_rel_diff);
       std::fflush(stdout);
     }
 
@@ -382,13 +482,18 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,
-                   "    {\"kernel\": \"%s\", \"model\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
-                   "%lld, \"coda_ms\": %.5f, \"coda_gemm_ms\": %.5f, \"cublas_ms\": %.5f, "
-                   "\"unfused_ms\": %.5f, \"coda_cooperative_ms\": %.5f, \"coda_pingpong_ms\": "
-                   "%.5f, \"coda_staged_ms\": %.5f}%s\n",
-                   r.c.kernel.c_str(), r.c.model->name, (long long)r.c.m, (long long)r.c.n,
-                   (long long)r.c.k, r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms,
-                   r.cooperative_ms, r.pingpong_ms, r.staged_ms, i + 1 < results.size() ? "," : "");
+                   "    {\"kernel\": \"%s\", \"model\": \"%s\", \"layout\": \"%s\", \"m\": %lld, "
+                   "\"n\": %lld, \"k\": %lld, \"coda_ms\": %.5f, \"coda_gemm_ms\": %.5f, "
+                   "\"cublas_ms\": %.5f, \"unfused_ms\": %.5f",
+                   r.c.kernel.c_str(), r.c.model->name, r.c.backward() ? "dgrad" : "fwd",
+                   (long long)r.c.m, (long long)r.c.n, (long long)r.c.k, r.coda_ms, r.coda_gemm_ms,
+                   r.cublas_ms, r.unfused_ms);
+      if (!r.c.backward()) // the forced schedules (the backward kernels have one each)
+        std::fprintf(f,
+                     ", \"coda_cooperative_ms\": %.5f, \"coda_pingpong_ms\": %.5f, "
+                     "\"coda_staged_ms\": %.5f",
+                     r.cooperative_ms, r.pingpong_ms, r.staged_ms);
+      std::fprintf(f, "}%s\n", i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     return 0;

@@ -118,6 +118,14 @@ coda::sm90::GemmPlan study_plan(const coda::GemmArgs& args) {
   plan.group_m = coda::sm90::group_m_for(kKernel, args.m(), 132);
   return plan;
 }
+// The same without stream-K: the floor of a fused kernel on that schedule (the fused launches
+// take no workspace, so no stream-K).
+template <coda::sm90::KernelId kKernel>
+coda::sm90::GemmPlan study_plan_no_sk(const coda::GemmArgs& args) {
+  coda::sm90::GemmPlan plan = study_plan<kKernel>(args);
+  plan.stream_k = coda::sm90::StreamKMode::off;
+  return plan;
+}
 
 using coda::sm90::KernelId;
 using coda::sm90::StreamKMode;
@@ -135,6 +143,7 @@ const Variant kVariants[] = {
     {"pingpong192", study_plan<KernelId::pingpong192>},
     {"staged", study_plan<KernelId::staged>},
     {"staged192", study_plan<KernelId::staged192>},
+    {"staged192_no_sk", study_plan_no_sk<KernelId::staged192>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 

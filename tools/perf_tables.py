@@ -99,26 +99,29 @@ def gemm_plot(results):
 
 
 def fused_table(results):
+    # The schedule columns: the forward kernels forced onto each schedule (the backward kernels
+    # have one schedule each and no such keys: "-").
     sched = [("coda_cooperative_ms", "cooperative"), ("coda_pingpong_ms", "ping-pong"),
              ("coda_staged_ms", "staged")]
-    sched = [(k, n) for k, n in sched if all(k in c for c in results["cases"])]
+    sched = [(k, n) for k, n in sched if any(k in c for c in results["cases"])]
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. bf16, M = 8192 tokens; median of 50 runs, L2 flushed"
         " before each; every column measured in one process on the same inputs. The schedule"
         " columns are the same kernel forced onto each GEMM schedule, over the plain GEMM."
         % (results["gpu"], results["date"], results["commit"]),
         "",
-        "| kernel | model | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt | unfused / fused |"
-        + "".join(" %s |" % n for _, n in sched),
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(sched),
+        "| kernel | model | layout | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt |"
+        " unfused / fused |" + "".join(" %s |" % n for _, n in sched),
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(sched),
     ]
     for c in results["cases"]:
         lines.append(
-            "| %s | %s | %d | %d | %d | %.3f | %.3f | %.3f | %.3f |"
-            % (c["kernel"], c["model"], c["m"], c["n"], c["k"], c["coda_ms"],
-               c["coda_ms"] / c["coda_gemm_ms"], c["coda_ms"] / c["cublas_ms"],
+            "| %s | %s | %s | %d | %d | %d | %.3f | %.3f | %.3f | %.3f |"
+            % (c["kernel"], c["model"], c.get("layout", "fwd"), c["m"], c["n"], c["k"],
+               c["coda_ms"], c["coda_ms"] / c["coda_gemm_ms"], c["coda_ms"] / c["cublas_ms"],
                c["unfused_ms"] / c["coda_ms"])
-            + "".join(" %.3f |" % (c[k] / c["coda_gemm_ms"]) for k, _ in sched))
+            + "".join(" %s |" % ("%.3f" % (c[k] / c["coda_gemm_ms"]) if k in c else "-")
+                      for k, _ in sched))
     hidden = [c["coda_ms"] / c["coda_gemm_ms"] for c in results["cases"]]
     faster = sum(1 for c in results["cases"] if c["unfused_ms"] > c["coda_ms"])
     if hidden:

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "coda/core/error.hpp"
+#include "coda/core/stream.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/gemm/problem.hpp"
 #include "coda/kernels/args.hpp"
@@ -23,6 +24,10 @@ void gemm(const GemmArgs& args, Stream stream = nullptr);
 // launch. 0 for host tensors and for shapes whose plan never uses stream-K. Validates args as
 // gemm() does; args.workspace itself may be absent or of any size.
 size_t gemm_workspace_size(const GemmArgs& args);
+// The same number from the problem alone, before there are tensors (the Llama block sizes its
+// workspace so): D [m, n] = op(A)·op(B) over k in `layout`, A and B 16-bit, D of dtype `out`, on
+// the current device; 0 where no sm_90 device is current. m, n and k must be >= 1.
+size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, DType out);
 
 // The named CODA kernels (coda/kernels/args.hpp has the math of each).
 void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream = nullptr);       // K0

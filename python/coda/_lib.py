@@ -1,9 +1,10 @@
 """ctypes binding of libcoda's C ABI (``include/coda/coda.h``, ``include/coda/block/llama.h``).
 
-Torch-free: this module needs only the standard library. Every ``Structure`` below mirrors its
-C struct field for field, in order, with the same C types; ``tests/python/test_lib_cpu.py``
-checks each ``ctypes.sizeof`` and field offset against the layout computed by hand from the
-headers (x86-64 / aarch64 LP64) and the field names and order against the headers' text.
+Torch-free: this module needs only the standard library. The constants, the ``Structure`` of
+every C struct and every function's signature come from ``coda._abi``, which
+``tools/gen_abi.py`` generates from the headers (``--check`` fails when it is stale; ctest runs
+it); ``tests/python/test_lib_cpu.py`` checks each ``ctypes.sizeof`` and field offset against a C
+compiler's. This module loads the library, maps errors and wraps the calls.
 
 Errors: every call returns a ``coda_status``; a failure raises a subclass of :class:`Error`
 that is also the matching Python built-in (ARCHITECTURE.md section 6):
@@ -23,20 +24,13 @@ import glob
 import os
 import sys
 import threading
-from ctypes import POINTER, c_char_p, c_float, c_int32, c_int64, c_size_t, c_void_p
+from ctypes import c_size_t
 
-# ---- constants (coda.h)
+# ---- constants, structs and signatures (generated from the headers)
 
-MAX_RANK = 4  # CODA_MAX_RANK
-REDUCE_BLOCK = 128  # CODA_REDUCE_BLOCK
-
-OK, INVALID_ARGUMENT, TYPE_ERROR, NOT_SUPPORTED, CUDA_ERROR, INTERNAL = range(6)
-BF16, F16, F32, I32 = range(4)  # coda_dtype
-DEVICE_CPU, DEVICE_CUDA = range(2)  # coda_device
-GEMM_FWD, GEMM_DGRAD, GEMM_WGRAD = range(3)  # coda_gemm_layout
-LOSS_MEAN, LOSS_SUM = range(2)  # coda_loss_reduction
-LLAMA_FIRST, LLAMA_MIDDLE, LLAMA_LAST = range(3)  # coda_llama_layer
-LLAMA_FORWARD, LLAMA_BACKWARD = range(2)  # coda_llama_pass
+from ._abi import *  # noqa: E402,F401,F403  (BF16, ..., Tensor, GemmArgs, ..., STRUCTS)
+from ._abi import KERNELS as _KERNELS
+from ._abi import SIGNATURES as _SIGNATURES
 
 DTYPE_SIZE = {BF16: 2, F16: 2, F32: 4, I32: 4}
 
@@ -89,298 +83,6 @@ def error_for(status, message):
     return cls(message, int(status))
 
 
-# ---- structs (field for field the C headers)
-
-
-class Tensor(ctypes.Structure):
-    """coda_tensor: a non-owning strided view. Absent (optional) when data is NULL."""
-
-    _fields_ = [
-        ("data", c_void_p),
-        ("dtype", c_int32),
-        ("rank", c_int32),
-        ("shape", c_int64 * MAX_RANK),
-        ("stride", c_int64 * MAX_RANK),
-        ("device", c_int32),
-        ("device_index", c_int32),
-    ]
-
-
-class Scalar(ctypes.Structure):
-    """coda_scalar: value, times tensor[0] when the optional [1] f32 tensor is given."""
-
-    _fields_ = [("value", c_float), ("tensor", Tensor)]
-
-
-class RopeSpec(ctypes.Structure):
-    _fields_ = [
-        ("positions", Tensor),
-        ("inv_freq", Tensor),
-        ("n_q_heads", c_int32),
-        ("n_kv_heads", c_int32),
-        ("head_dim", c_int32),
-    ]
-
-
-class GemmArgs(ctypes.Structure):
-    _fields_ = [
-        ("layout", c_int32),
-        ("a", Tensor),
-        ("b", Tensor),
-        ("d", Tensor),
-        ("c", Tensor),
-        ("alpha", Scalar),
-        ("beta", c_float),
-        ("workspace", Tensor),
-    ]
-
-
-def _tensors(*names):
-    return [(n, Tensor) for n in names]
-
-
-class ResidualRmsArgs(ctypes.Structure):  # K0
-    _fields_ = _tensors("a", "w", "residual", "gamma", "out", "out_scaled", "sumsq_partials")
-
-
-class RmsScaleArgs(ctypes.Structure):  # K1
-    _fields_ = _tensors("a", "w", "sumsq_partials") + [("eps", c_float)] + _tensors(
-        "out", "rstd_out"
-    )
-
-
-class RmsSwigluArgs(ctypes.Structure):  # K2
-    _fields_ = _tensors("a", "w", "sumsq_partials") + [("eps", c_float)] + _tensors(
-        "preact", "act", "rstd_out"
-    )
-
-
-class RmsRopeArgs(ctypes.Structure):  # K4
-    _fields_ = (
-        _tensors("a", "w", "sumsq_partials")
-        + [("eps", c_float), ("rope", RopeSpec)]
-        + _tensors("out", "rstd_out")
-    )
-
-
-class RmsLseArgs(ctypes.Structure):  # K5
-    _fields_ = (
-        _tensors("a", "w", "sumsq_partials")
-        + [("eps", c_float)]
-        + _tensors("targets", "logits", "lse_partials", "target_logit", "rstd_out")
-    )
-
-
-class RmsBackwardArgs(ctypes.Structure):  # K6
-    _fields_ = (
-        _tensors("dz", "w", "x", "rstd", "zeta", "gamma")
-        + [("alpha", Scalar), ("accumulate", c_int32)]
-        + _tensors("dx", "h_hat", "dgamma_partials")
-    )
-
-
-class SwigluBackwardArgs(ctypes.Structure):  # K7
-    _fields_ = _tensors("dx", "w", "preact", "act", "dpreact", "zeta_partials")
-
-
-class RmsStatsArgs(ctypes.Structure):
-    _fields_ = _tensors("x", "gamma", "out_scaled", "sumsq_partials")
-
-
-class RstdArgs(ctypes.Structure):
-    _fields_ = [("partials", Tensor), ("n", c_int64), ("eps", c_float), ("rstd", Tensor)]
-
-
-class RowReduceArgs(ctypes.Structure):
-    _fields_ = [("partials", Tensor), ("scale", Scalar), ("out", Tensor)]
-
-
-class ColReduceArgs(ctypes.Structure):
-    _fields_ = [("partials", Tensor), ("accumulate", c_int32), ("out", Tensor)]
-
-
-class RopeBackwardArgs(ctypes.Structure):
-    _fields_ = (
-        _tensors("dqkv", "qkv") + [("rope", RopeSpec), ("scale", c_float)] + _tensors("dz", "zeta")
-    )
-
-
-class CrossEntropyArgs(ctypes.Structure):
-    _fields_ = (
-        _tensors("logits", "lse_partials", "target_logit", "targets")
-        + [("ignore_index", c_int32), ("reduction", c_int32)]
-        + _tensors("loss", "dlogits", "grad_scale", "zeta", "workspace")
-    )
-
-
-# ---- the Llama block (coda/block/llama.h)
-
-
-class LlamaConfig(ctypes.Structure):
-    _fields_ = [
-        ("hidden", c_int64),
-        ("intermediate", c_int64),
-        ("n_heads", c_int32),
-        ("n_kv_heads", c_int32),
-        ("head_dim", c_int32),
-        ("vocab", c_int64),
-        ("eps", c_float),
-        ("ignore_index", c_int32),
-        ("loss_reduction", c_int32),
-    ]
-
-
-class LlamaRope(ctypes.Structure):
-    _fields_ = _tensors("positions", "inv_freq")
-
-
-class LlamaFirstWeights(ctypes.Structure):
-    _fields_ = _tensors("attn_norm", "w_qkv")
-
-
-class LlamaFirstInputs(ctypes.Structure):
-    _fields_ = [("x", Tensor), ("rope", LlamaRope)]
-
-
-class LlamaFirstOutputs(ctypes.Structure):
-    _fields_ = _tensors("qkv")
-
-
-class LlamaFirstSaved(ctypes.Structure):
-    _fields_ = _tensors("rstd")
-
-
-class LlamaFirstGrads(ctypes.Structure):
-    _fields_ = _tensors("dx", "dqkv") + [("dweights", LlamaFirstWeights)]
-
-
-class LlamaMiddleWeights(ctypes.Structure):
-    _fields_ = _tensors("w_out", "ffn_norm", "w_gate_up", "w_down", "attn_norm", "w_qkv")
-
-
-class LlamaMiddleInputs(ctypes.Structure):
-    _fields_ = _tensors("x0", "y0") + [("rope", LlamaRope)]
-
-
-class LlamaMiddleOutputs(ctypes.Structure):
-    _fields_ = _tensors("x2", "qkv")
-
-
-class LlamaMiddleSaved(ctypes.Structure):
-    _fields_ = _tensors("x1", "z1", "r1", "r2")
-
-
-class LlamaMiddleGrads(ctypes.Structure):
-    _fields_ = _tensors("dx", "dqkv", "dy0") + [("dweights", LlamaMiddleWeights)]
-
-
-class LlamaLastWeights(ctypes.Structure):
-    _fields_ = _tensors("w_out", "ffn_norm", "w_gate_up", "w_down", "final_norm", "lm_head")
-
-
-class LlamaLastInputs(ctypes.Structure):
-    _fields_ = _tensors("x0", "y0", "targets")
-
-
-class LlamaLastOutputs(ctypes.Structure):
-    _fields_ = _tensors("loss", "logits")
-
-
-class LlamaLastSaved(ctypes.Structure):
-    _fields_ = _tensors("x1", "z1", "r1", "x2", "r2", "dlogits", "grad_scale", "zeta")
-
-
-class LlamaLastGrads(ctypes.Structure):
-    _fields_ = [("dloss", Scalar)] + _tensors("dx", "dy0") + [("dweights", LlamaLastWeights)]
-
-
-# Every mirrored struct by its C name (the layout test walks this table).
-STRUCTS = {
-    "coda_tensor": Tensor,
-    "coda_scalar": Scalar,
-    "coda_rope_spec": RopeSpec,
-    "coda_gemm_args": GemmArgs,
-    "coda_residual_rms_args": ResidualRmsArgs,
-    "coda_rms_scale_args": RmsScaleArgs,
-    "coda_rms_swiglu_args": RmsSwigluArgs,
-    "coda_rms_rope_args": RmsRopeArgs,
-    "coda_rms_lse_args": RmsLseArgs,
-    "coda_rms_backward_args": RmsBackwardArgs,
-    "coda_swiglu_backward_args": SwigluBackwardArgs,
-    "coda_rms_stats_args": RmsStatsArgs,
-    "coda_rstd_args": RstdArgs,
-    "coda_row_reduce_args": RowReduceArgs,
-    "coda_col_reduce_args": ColReduceArgs,
-    "coda_rope_backward_args": RopeBackwardArgs,
-    "coda_cross_entropy_args": CrossEntropyArgs,
-    "coda_llama_config": LlamaConfig,
-    "coda_llama_rope": LlamaRope,
-    "coda_llama_first_weights": LlamaFirstWeights,
-    "coda_llama_first_inputs": LlamaFirstInputs,
-    "coda_llama_first_outputs": LlamaFirstOutputs,
-    "coda_llama_first_saved": LlamaFirstSaved,
-    "coda_llama_first_grads": LlamaFirstGrads,
-    "coda_llama_middle_weights": LlamaMiddleWeights,
-    "coda_llama_middle_inputs": LlamaMiddleInputs,
-    "coda_llama_middle_outputs": LlamaMiddleOutputs,
-    "coda_llama_middle_saved": LlamaMiddleSaved,
-    "coda_llama_middle_grads": LlamaMiddleGrads,
-    "coda_llama_last_weights": LlamaLastWeights,
-    "coda_llama_last_inputs": LlamaLastInputs,
-    "coda_llama_last_outputs": LlamaLastOutputs,
-    "coda_llama_last_saved": LlamaLastSaved,
-    "coda_llama_last_grads": LlamaLastGrads,
-}
-
-# ---- functions: name -> argument types (all return coda_status unless listed in _RETURNS)
-
-_P = POINTER
-_STREAM = c_void_p  # coda_stream_t (cudaStream_t); None is the default stream
-
-_KERNELS = {
-    "coda_gemm": GemmArgs,
-    "coda_gemm_residual_rms": ResidualRmsArgs,
-    "coda_gemm_rms_scale": RmsScaleArgs,
-    "coda_gemm_rms_swiglu": RmsSwigluArgs,
-    "coda_gemm_rms_rope": RmsRopeArgs,
-    "coda_gemm_rms_lse": RmsLseArgs,
-    "coda_gemm_rms_backward": RmsBackwardArgs,
-    "coda_gemm_swiglu_backward": SwigluBackwardArgs,
-    "coda_rms_stats": RmsStatsArgs,
-    "coda_rstd_from_partials": RstdArgs,
-    "coda_reduce_row_partials": RowReduceArgs,
-    "coda_reduce_col_partials": ColReduceArgs,
-    "coda_rope_backward": RopeBackwardArgs,
-    "coda_cross_entropy": CrossEntropyArgs,
-}
-
-_SIGNATURES = {name: [_P(args), _STREAM] for name, args in _KERNELS.items()}
-_SIGNATURES.update(
-    {
-        "coda_gemm_workspace_size": [_P(GemmArgs), _P(c_size_t)],
-        "coda_cross_entropy_workspace_size": [c_int64, _P(c_size_t)],
-        "coda_interleave_gate_up": [_P(Tensor), _P(Tensor), _STREAM],
-        "coda_deinterleave_gate_up": [_P(Tensor), _P(Tensor), _STREAM],
-        "coda_llama_workspace_size": [c_int32, c_int32, _P(LlamaConfig), c_int64, _P(c_size_t)],
-    }
-)
-for _layer, _has_outputs in (("first", True), ("middle", True), ("last", False)):
-    _W, _I, _O, _S, _G = (
-        STRUCTS["coda_llama_%s_%s" % (_layer, part)]
-        for part in ("weights", "inputs", "outputs", "saved", "grads")
-    )
-    _SIGNATURES["coda_llama_%s_forward" % _layer] = [
-        _P(LlamaConfig), _P(_W), _P(_I), _P(_O), _P(_S), _P(Tensor), _STREAM
-    ]
-    _SIGNATURES["coda_llama_%s_backward" % _layer] = (
-        [_P(LlamaConfig), _P(_W), _P(_I)]
-        + ([_P(_O)] if _has_outputs else [])
-        + [_P(_S), _P(_G), c_int32, _P(Tensor), _STREAM]
-    )
-del _layer, _has_outputs, _W, _I, _O, _S, _G
-
-_RETURNS = {"coda_last_error": c_char_p, "coda_version": c_char_p}
-
 # ---- loading
 
 
@@ -427,13 +129,9 @@ _lib_path = None
 
 
 def _declare(lib):
-    for name, argtypes in _SIGNATURES.items():
+    for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.argtypes = argtypes
-        fn.restype = c_int32
-    for name, restype in _RETURNS.items():
-        fn = getattr(lib, name)
-        fn.argtypes = []
         fn.restype = restype
 
 
@@ -554,20 +252,11 @@ def _kernel(c_name):
     return run
 
 
-gemm = _kernel("coda_gemm")
-gemm_residual_rms = _kernel("coda_gemm_residual_rms")
-gemm_rms_scale = _kernel("coda_gemm_rms_scale")
-gemm_rms_swiglu = _kernel("coda_gemm_rms_swiglu")
-gemm_rms_rope = _kernel("coda_gemm_rms_rope")
-gemm_rms_lse = _kernel("coda_gemm_rms_lse")
-gemm_rms_backward = _kernel("coda_gemm_rms_backward")
-gemm_swiglu_backward = _kernel("coda_gemm_swiglu_backward")
-rms_stats = _kernel("coda_rms_stats")
-rstd_from_partials = _kernel("coda_rstd_from_partials")
-reduce_row_partials = _kernel("coda_reduce_row_partials")
-reduce_col_partials = _kernel("coda_reduce_col_partials")
-rope_backward = _kernel("coda_rope_backward")
-cross_entropy = _kernel("coda_cross_entropy")
+# gemm, gemm_residual_rms, ..., cross_entropy: one wrapper per C kernel that takes an argument
+# struct and a stream (KERNELS of coda._abi).
+for _c_name in _KERNELS:
+    globals()[_c_name[len("coda_"):]] = _kernel(_c_name)
+del _c_name
 
 
 def gemm_workspace_size(args):

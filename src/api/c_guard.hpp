@@ -9,7 +9,6 @@
 
 #include "coda/coda.h"
 #include "coda/core/error.hpp"
-#include "coda/core/tensor.hpp"
 
 namespace coda::api {
 
@@ -45,19 +44,14 @@ template <class T> const T& deref(const char* fn, const char* what, const T* p) 
   return *p;
 }
 
-// A C tensor descriptor as the C++ view (same fields; the enum values are asserted equal).
-inline TensorView view(const coda_tensor& t) {
-  TensorView v;
-  v.data = t.data;
-  v.dtype = DType(t.dtype);
-  v.rank = t.rank;
-  for (int i = 0; i < kMaxRank; ++i) {
-    v.shape[i] = t.shape[i];
-    v.stride[i] = t.stride[i];
-  }
-  v.device = Device(t.device);
-  v.device_index = t.device_index;
-  return v;
+// The body of a size query: `bytes` NULL is an error naming it, else *bytes = query().
+template <class Query>
+coda_status size_query(const char* fn, size_t* bytes, Query&& query) noexcept {
+  return guarded(fn, [&] {
+    if (bytes == nullptr)
+      throw Error(Status::invalid_argument, std::string(fn) + ": bytes is NULL");
+    *bytes = query();
+  });
 }
 
 } // namespace coda::api

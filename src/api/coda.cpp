@@ -2,6 +2,8 @@
 // backend computes synchronously and ignores the stream.
 #include "coda/coda.hpp"
 
+#include <string>
+
 #include "api/checks.hpp"
 #include "api/device.hpp"
 #include "cpu/backend.hpp"
@@ -33,6 +35,29 @@ size_t gemm_workspace_size(const GemmArgs& args) {
 #endif
 }
 
+size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, DType out) {
+  if (m < 1 || n < 1 || k < 1)
+    throw Error(Status::invalid_argument, "gemm_workspace_size: m, n and k must be >= 1; got " +
+                                              std::to_string(m) + ", " + std::to_string(n) +
+                                              " and " + std::to_string(k));
+#if CODA_WITH_CUDA
+  if (!gpu::device_supported()) return 0;
+  // Shapes and dtypes only: the GPU query reads no data.
+  const bool wgrad = layout == GemmLayout::wgrad;
+  GemmArgs g;
+  g.layout = layout;
+  g.a = wgrad ? make_view(nullptr, DType::bf16, k, m, Device::cuda)
+              : make_view(nullptr, DType::bf16, m, k, Device::cuda);
+  g.b = layout == GemmLayout::fwd ? make_view(nullptr, DType::bf16, n, k, Device::cuda)
+                                  : make_view(nullptr, DType::bf16, k, n, Device::cuda);
+  g.d = make_view(nullptr, out, m, n, Device::cuda);
+  return gpu::gemm_workspace_size(g);
+#else
+  (void)layout, (void)out;
+  return 0;
+#endif
+}
+
 namespace {
 
 // Validate, then run on the backend of the tensors' device.
@@ -56,75 +81,46 @@ void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel
 
 } // namespace
 
-void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream) {
-  run(
-      "gemm_residual_rms", args, stream,
-      [](const ResidualRmsArgs& x) { cpu::gemm_residual_rms(x); },
-      CODA_GPU_KERNEL(gemm_residual_rms));
-}
-void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
-  run(
-      "gemm_rms_scale", args, stream, [](const RmsScaleArgs& x) { cpu::gemm_rms_scale(x); },
-      CODA_GPU_KERNEL(gemm_rms_scale));
-}
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
-  run(
-      "gemm_rms_swiglu", args, stream, [](const RmsSwigluArgs& x) { cpu::gemm_rms_swiglu(x); },
-      CODA_GPU_KERNEL(gemm_rms_swiglu));
-}
-void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
-  run(
-      "gemm_rms_rope", args, stream, [](const RmsRopeArgs& x) { cpu::gemm_rms_rope(x); },
-      CODA_GPU_KERNEL(gemm_rms_rope));
-}
-void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
-  run(
-      "gemm_rms_lse", args, stream, [](const RmsLseArgs& x) { cpu::gemm_rms_lse(x); },
-      CODA_GPU_KERNEL(gemm_rms_lse));
-}
-void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
-  run(
-      "gemm_rms_backward", args, stream,
-      [](const RmsBackwardArgs& x) { cpu::gemm_rms_backward(x); },
-      CODA_GPU_KERNEL(gemm_rms_backward));
-}
-void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
-  run(
-      "gemm_swiglu_backward", args, stream,
-      [](const SwigluBackwardArgs& x) { cpu::gemm_swiglu_backward(x); },
-      CODA_GPU_KERNEL(gemm_swiglu_backward));
-}
-void rms_stats(const RmsStatsArgs& args, Stream stream) {
-  run(
-      "rms_stats", args, stream, [](const RmsStatsArgs& x) { cpu::rms_stats(x); },
-      CODA_GPU_KERNEL(rms_stats));
-}
-void rstd_from_partials(const RstdArgs& args, Stream stream) {
-  run(
-      "rstd_from_partials", args, stream, [](const RstdArgs& x) { cpu::rstd_from_partials(x); },
-      CODA_GPU_KERNEL(rstd_from_partials));
-}
-void reduce_row_partials(const RowReduceArgs& args, Stream stream) {
-  run(
-      "reduce_row_partials", args, stream,
-      [](const RowReduceArgs& x) { cpu::reduce_row_partials(x); },
-      CODA_GPU_KERNEL(reduce_row_partials));
-}
-void reduce_col_partials(const ColReduceArgs& args, Stream stream) {
-  run(
-      "reduce_col_partials", args, stream,
-      [](const ColReduceArgs& x) { cpu::reduce_col_partials(x); },
-      CODA_GPU_KERNEL(reduce_col_partials));
-}
-void rope_backward(const RopeBackwardArgs& args, Stream stream) {
-  run(
-      "rope_backward", args, stream, [](const RopeBackwardArgs& x) { cpu::rope_backward(x); },
-      CODA_GPU_KERNEL(rope_backward));
-}
-void cross_entropy(const CrossEntropyArgs& args, Stream stream) {
-  run(
-      "cross_entropy", args, stream, [](const CrossEntropyArgs& x) { cpu::cross_entropy(x); },
-      CODA_GPU_KERNEL(cross_entropy));
+// Validate, then run on the CPU or the GPU backend's function of the same name.
+#define CODA_ENTRY_POINT(fn, Args)                                                                 \
+  void fn(const Args& args, Stream stream) {                                                       \
+    run(                                                                                           \
+        #fn, args, stream, [](const Args& x) { cpu::fn(x); }, CODA_GPU_KERNEL(fn));                \
+  }
+CODA_ENTRY_POINT(gemm_residual_rms, ResidualRmsArgs)
+CODA_ENTRY_POINT(gemm_rms_scale, RmsScaleArgs)
+CODA_ENTRY_POINT(gemm_rms_swiglu, RmsSwigluArgs)
+CODA_ENTRY_POINT(gemm_rms_rope, RmsRopeArgs)
+CODA_ENTRY_POINT(gemm_rms_lse, RmsLseArgs)
+CODA_ENTRY_POINT(gemm_rms_backward, RmsBackwardArgs)
+CODA_ENTRY_POINT(gemm_swiglu_backward, SwigluBackwardArgs)
+CODA_ENTRY_POINT(rms_stats, RmsStatsArgs)
+CODA_ENTRY_POINT(rstd_from_partials, RstdArgs)
+CODA_ENTRY_POINT(reduce_row_partials, RowReduceArgs)
+CODA_ENTRY_POINT(reduce_col_partials, ColReduceArgs)
+CODA_ENTRY_POINT(rope_backward, RopeBackwardArgs)
+CODA_ENTRY_POINT(cross_entropy, CrossEntropyArgs)
+#undef CODA_ENTRY_POINT
+
+// One f32 loss and one i32 "counted" flag per row, each region 256-byte aligned, so the GPU
+// reduces the loss deterministically without atomics.
+size_t cross_entropy_workspace_size(int64_t m) {
+  if (m < 0)
+    throw Error(Status::invalid_argument,
+                "cross_entropy_workspace_size: m must be >= 0; got " + std::to_string(m));
+  // Each region rounded up to 256 bytes. A size past SIZE_MAX is an error, never a wrapped
+  // (small) number: m >= 2^61 used to return 0 bytes.
+  const auto padded = [m](size_t element, size_t* bytes) {
+    return !__builtin_mul_overflow(size_t(m), element, bytes) &&
+           !__builtin_add_overflow(*bytes, size_t(255), bytes);
+  };
+  size_t loss = 0, flags = 0, total = 0;
+  if (!padded(sizeof(float), &loss) || !padded(sizeof(int32_t), &flags) ||
+      __builtin_add_overflow(loss / 256 * 256, flags / 256 * 256, &total))
+    throw Error(Status::invalid_argument,
+                "cross_entropy_workspace_size: m = " + std::to_string(m) +
+                    " rows need more than SIZE_MAX bytes of workspace");
+  return total;
 }
 
 } // namespace coda

@@ -1,4 +1,4 @@
-// Fused gate/up weight layout converters and the cross-entropy workspace size.
+// Fused gate/up weight layout converters.
 //
 // Fused (interleaved) layout: row 2j = gate row j, row 2j+1 = up row j.
 // Stacked (Hugging Face) layout: rows [0, F) = gate, rows [F, 2F) = up.
@@ -75,27 +75,6 @@ void deinterleave_gate_up(const TensorView& fused, const TensorView& stacked, St
   run_copy(op, {d.data, d.pitch, s.data, 2 * s.pitch, s.width, s.f}, device, stream);
   run_copy(op, {d.data + d.f * d.pitch, d.pitch, s.data + s.pitch, 2 * s.pitch, s.width, s.f},
            device, stream);
-}
-
-// One f32 loss and one i32 "counted" flag per row, each region 256-byte aligned, so the GPU
-// reduces the loss deterministically without atomics.
-size_t cross_entropy_workspace_size(int64_t m) {
-  if (m < 0)
-    throw Error(Status::invalid_argument,
-                "cross_entropy_workspace_size: m must be >= 0; got " + std::to_string(m));
-  // Each region rounded up to 256 bytes. A size past SIZE_MAX is an error, never a wrapped
-  // (small) number: m >= 2^61 used to return 0 bytes.
-  const auto padded = [m](size_t element, size_t* bytes) {
-    return !__builtin_mul_overflow(size_t(m), element, bytes) &&
-           !__builtin_add_overflow(*bytes, size_t(255), bytes);
-  };
-  size_t loss = 0, flags = 0, total = 0;
-  if (!padded(sizeof(float), &loss) || !padded(sizeof(int32_t), &flags) ||
-      __builtin_add_overflow(loss / 256 * 256, flags / 256 * 256, &total))
-    throw Error(Status::invalid_argument,
-                "cross_entropy_workspace_size: m = " + std::to_string(m) +
-                    " rows need more than SIZE_MAX bytes of workspace");
-  return total;
 }
 
 } // namespace coda

@@ -1,40 +1,17 @@
 // The stream-K scratch the block's coda::gemm calls (weight gradients and dy0) take from the
-// block workspace: the largest gemm_workspace_size of those GEMMs on the current device.
+// block workspace: the largest gemm_workspace_size of those GEMMs on the current device, from the
+// public query (0 where no sm_90 device is current, so host calls there need none).
 #include "block/scratch.hpp"
 
 #include <algorithm>
 #include <initializer_list>
 #include <vector>
 
-#if CODA_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "gpu/backend.hpp"
-#include "gpu/gemm_workspace.hpp"
-#endif
+#include "coda/coda.hpp"
 
 namespace coda::llama::detail {
 
-#if CODA_WITH_CUDA
-
-namespace {
-
-// D [rows, cols] with reduction depth k, as a GemmArgs holding shapes and dtypes only (the size
-// query reads no data).
-GemmArgs gemm_shape(GemmLayout layout, int64_t rows, int64_t cols, int64_t k, DType out) {
-  GemmArgs g;
-  g.layout = layout;
-  g.a = layout == GemmLayout::wgrad ? make_view(nullptr, DType::bf16, k, rows, Device::cuda)
-                                    : make_view(nullptr, DType::bf16, rows, k, Device::cuda);
-  g.d = make_view(nullptr, out, rows, cols, Device::cuda);
-  return g;
-}
-
-} // namespace
-
 size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m) {
-  // NOTE: only where the GPU backend can run: host calls on a machine without one need none.
-  if (!gpu::device_supported()) return 0;
   const int64_t d = c.hidden, f = c.intermediate;
   struct Shape {
     GemmLayout layout;
@@ -53,15 +30,8 @@ size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m) {
   size_t most = 0;
   for (const Shape& s : gemms)
     for (DType out : {DType::bf16, DType::f32}) // weight gradients may be either
-      most =
-          std::max(most, gpu::gemm_workspace_size(gemm_shape(s.layout, s.rows, s.cols, s.k, out)));
+      most = std::max(most, gemm_workspace_size(s.layout, s.rows, s.cols, s.k, out));
   return most;
 }
-
-#else
-
-size_t gemm_scratch_bytes(Layer, const Config&, int64_t) { return 0; }
-
-#endif
 
 } // namespace coda::llama::detail

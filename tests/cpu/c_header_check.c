@@ -1,4 +1,6 @@
-/* coda.h must stay plain C99: this file is only compiled (ctest c_header_is_c99), never run. */
+/* coda.h must stay plain C99: this file is only compiled (ctest c_header_is_c99), never run.
+ * The block's header comes first: it stands alone (on coda/core/types.h), with no include loop. */
+#include "coda/block/llama.h"
 #include "coda/coda.h"
 
 /* C99 has no static_assert: a negative array size fails the compile instead. */

@@ -10,11 +10,15 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "api/abi_cast.hpp"
 #include "api/checks.hpp"
 #include "coda/coda.h"
 #include "coda/coda.hpp"
@@ -205,112 +209,41 @@ struct GateUp {
 GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_matrix(f32, 8, 12)}; }
 
 // ---------------------------------------------------------------------------------------------
-// The same call through the C ABI.
-coda_tensor to_c(const TensorView& v) {
-  coda_tensor t;
-  t.data = v.data;
-  t.dtype = int32_t(v.dtype);
-  t.rank = v.rank;
-  for (int i = 0; i < kMaxRank; ++i) t.shape[i] = v.shape[i], t.stride[i] = v.stride[i];
-  t.device = int32_t(v.device);
-  t.device_index = v.device_index;
-  return t;
-}
-coda_scalar to_c(const Scalar& s) { return {s.value, to_c(s.tensor)}; }
-coda_rope_spec to_c(const RopeSpec& r) {
-  return {to_c(r.positions), to_c(r.inv_freq), r.n_q_heads, r.n_kv_heads, r.head_dim};
-}
+// The same call through both interfaces: the C ABI gets the C twin of the C++ Args (the same
+// layout, src/api/abi_cast.hpp).
+using api::to_c;
 
-coda_status call_c(const GemmArgs& g) {
-  coda_gemm_args c{int32_t(g.layout), to_c(g.a),     to_c(g.b), to_c(g.d),
-                   to_c(g.c),         to_c(g.alpha), g.beta,    to_c(g.workspace)};
-  return coda_gemm(&c, nullptr);
-}
-coda_status call_c(const ResidualRmsArgs& a) {
-  coda_residual_rms_args c{to_c(a.a),   to_c(a.w),          to_c(a.residual),      to_c(a.gamma),
-                           to_c(a.out), to_c(a.out_scaled), to_c(a.sumsq_partials)};
-  return coda_gemm_residual_rms(&c, nullptr);
-}
-coda_status call_c(const RmsScaleArgs& a) {
-  coda_rms_scale_args c{to_c(a.a), to_c(a.w),   to_c(a.sumsq_partials),
-                        a.eps,     to_c(a.out), to_c(a.rstd_out)};
-  return coda_gemm_rms_scale(&c, nullptr);
-}
-coda_status call_c(const RmsSwigluArgs& a) {
-  coda_rms_swiglu_args c{to_c(a.a),      to_c(a.w),   to_c(a.sumsq_partials), a.eps,
-                         to_c(a.preact), to_c(a.act), to_c(a.rstd_out)};
-  return coda_gemm_rms_swiglu(&c, nullptr);
-}
-coda_status call_c(const RmsRopeArgs& a) {
-  coda_rms_rope_args c{to_c(a.a),    to_c(a.w),   to_c(a.sumsq_partials), a.eps,
-                       to_c(a.rope), to_c(a.out), to_c(a.rstd_out)};
-  return coda_gemm_rms_rope(&c, nullptr);
-}
-coda_status call_c(const RmsLseArgs& a) {
-  coda_rms_lse_args c{to_c(a.a),       to_c(a.w),      to_c(a.sumsq_partials), a.eps,
-                      to_c(a.targets), to_c(a.logits), to_c(a.lse_partials),   to_c(a.target_logit),
-                      to_c(a.rstd_out)};
-  return coda_gemm_rms_lse(&c, nullptr);
-}
-coda_status call_c(const RmsBackwardArgs& a) {
-  coda_rms_backward_args c{
-      to_c(a.dz),    to_c(a.w),    to_c(a.x),  to_c(a.rstd),  to_c(a.zeta),           to_c(a.gamma),
-      to_c(a.alpha), a.accumulate, to_c(a.dx), to_c(a.h_hat), to_c(a.dgamma_partials)};
-  return coda_gemm_rms_backward(&c, nullptr);
-}
-coda_status call_c(const SwigluBackwardArgs& a) {
-  coda_swiglu_backward_args c{to_c(a.dx),  to_c(a.w),       to_c(a.preact),
-                              to_c(a.act), to_c(a.dpreact), to_c(a.zeta_partials)};
-  return coda_gemm_swiglu_backward(&c, nullptr);
-}
-coda_status call_c(const RmsStatsArgs& a) {
-  coda_rms_stats_args c{to_c(a.x), to_c(a.gamma), to_c(a.out_scaled), to_c(a.sumsq_partials)};
-  return coda_rms_stats(&c, nullptr);
-}
-coda_status call_c(const RstdArgs& a) {
-  coda_rstd_args c{to_c(a.partials), a.n, a.eps, to_c(a.rstd)};
-  return coda_rstd_from_partials(&c, nullptr);
-}
-coda_status call_c(const RowReduceArgs& a) {
-  coda_row_reduce_args c{to_c(a.partials), to_c(a.scale), to_c(a.out)};
-  return coda_reduce_row_partials(&c, nullptr);
-}
-coda_status call_c(const ColReduceArgs& a) {
-  coda_col_reduce_args c{to_c(a.partials), a.accumulate, to_c(a.out)};
-  return coda_reduce_col_partials(&c, nullptr);
-}
-coda_status call_c(const RopeBackwardArgs& a) {
-  coda_rope_backward_args c{to_c(a.dqkv), to_c(a.qkv), to_c(a.rope),
-                            a.scale,      to_c(a.dz),  to_c(a.zeta)};
-  return coda_rope_backward(&c, nullptr);
-}
-coda_status call_c(const CrossEntropyArgs& a) {
-  coda_cross_entropy_args c{to_c(a.logits),  to_c(a.lse_partials), to_c(a.target_logit),
-                            to_c(a.targets), a.ignore_index,       int32_t(a.reduction),
-                            to_c(a.loss),    to_c(a.dlogits),      to_c(a.grad_scale),
-                            to_c(a.zeta),    to_c(a.workspace)};
-  return coda_cross_entropy(&c, nullptr);
-}
+#define CODA_VALIDATED_CALLS(X)                                                                    \
+  X(GemmArgs, gemm)                                                                                \
+  X(ResidualRmsArgs, gemm_residual_rms)                                                            \
+  X(RmsScaleArgs, gemm_rms_scale)                                                                  \
+  X(RmsSwigluArgs, gemm_rms_swiglu)                                                                \
+  X(RmsRopeArgs, gemm_rms_rope)                                                                    \
+  X(RmsLseArgs, gemm_rms_lse)                                                                      \
+  X(RmsBackwardArgs, gemm_rms_backward)                                                            \
+  X(SwigluBackwardArgs, gemm_swiglu_backward)                                                      \
+  X(RmsStatsArgs, rms_stats)                                                                       \
+  X(RstdArgs, rstd_from_partials)                                                                  \
+  X(RowReduceArgs, reduce_row_partials)                                                            \
+  X(ColReduceArgs, reduce_col_partials)                                                            \
+  X(RopeBackwardArgs, rope_backward)                                                               \
+  X(CrossEntropyArgs, cross_entropy)
+#define CODA_BOTH_INTERFACES(Args, fn)                                                             \
+  void call_cpp(const Args& a) { fn(a); }                                                          \
+  coda_status call_c(const Args& a) {                                                              \
+    const auto c = to_c(a);                                                                        \
+    return coda_##fn(&c, nullptr);                                                                 \
+  }
+CODA_VALIDATED_CALLS(CODA_BOTH_INTERFACES)
+#undef CODA_BOTH_INTERFACES
+#undef CODA_VALIDATED_CALLS
+
 coda_status call_c(const GateUp& g) {
   const coda_tensor src = to_c(g.src), dst = to_c(g.dst);
   return g.interleave ? coda_interleave_gate_up(&src, &dst, nullptr)
                       : coda_deinterleave_gate_up(&src, &dst, nullptr);
 }
 
-void call_cpp(const GemmArgs& a) { gemm(a); }
-void call_cpp(const ResidualRmsArgs& a) { gemm_residual_rms(a); }
-void call_cpp(const RmsScaleArgs& a) { gemm_rms_scale(a); }
-void call_cpp(const RmsSwigluArgs& a) { gemm_rms_swiglu(a); }
-void call_cpp(const RmsRopeArgs& a) { gemm_rms_rope(a); }
-void call_cpp(const RmsLseArgs& a) { gemm_rms_lse(a); }
-void call_cpp(const RmsBackwardArgs& a) { gemm_rms_backward(a); }
-void call_cpp(const SwigluBackwardArgs& a) { gemm_swiglu_backward(a); }
-void call_cpp(const RmsStatsArgs& a) { rms_stats(a); }
-void call_cpp(const RstdArgs& a) { rstd_from_partials(a); }
-void call_cpp(const RowReduceArgs& a) { reduce_row_partials(a); }
-void call_cpp(const ColReduceArgs& a) { reduce_col_partials(a); }
-void call_cpp(const RopeBackwardArgs& a) { rope_backward(a); }
-void call_cpp(const CrossEntropyArgs& a) { cross_entropy(a); }
 void call_cpp(const GateUp& g) {
   if (g.interleave)
     interleave_gate_up(g.src, g.dst);
@@ -329,7 +262,7 @@ template <class Args> Device validate_only(const Args& a) { return api::validate
 // contains each of `mentions` (the first names the argument), and memory is untouched.
 template <class Args>
 void expect_rejected(const Arena& arena, const Args& args, Status status,
-                     std::initializer_list<const char*> mentions) {
+                     const std::vector<const char*>& mentions) {
   std::string message;
   try {
     call_cpp(args);
@@ -368,308 +301,271 @@ TEST(ApiValidation, ValidFixturesPass) {
   EXPECT_TRUE(ar.unchanged());
 }
 
-// --- dtypes ----------------------------------------------------------------------------------
-TEST(ApiValidation, WrongDtype) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.a.dtype = f32;
-  expect_rejected(ar, g, Status::type_error, {"gemm: a must be bf16 or f16; got f32"});
+// Each row: a valid fixture, one thing broken, the status both interfaces return and what the
+// message says (the first mention names the argument); expect_rejected also holds every byte of
+// memory unchanged.
+struct Rejection {
+  const char* name;
+  std::function<void(Arena&)> check;
+};
+void PrintTo(const Rejection& r, std::ostream* os) { *os << r.name; }
+
+template <class Args>
+Rejection reject(const char* name, Args (*valid)(Arena&),
+                 std::type_identity_t<std::function<void(Arena&, Args&)>> breaks, Status status,
+                 std::vector<const char*> mentions) {
+  return {name, [=](Arena& ar) {
+            Args args = valid(ar);
+            breaks(ar, args);
+            expect_rejected(ar, args, status, mentions);
+          }};
 }
 
-TEST(ApiValidation, MismatchedHalfDtypes) {
+const Rejection kRejections[] = {
+    // --- dtypes
+    reject("WrongDtype", valid_gemm, [](Arena&, GemmArgs& g) { g.a.dtype = f32; },
+           Status::type_error, {"gemm: a must be bf16 or f16; got f32"}),
+    reject("MismatchedHalfDtypes", valid_gemm, [](Arena&, GemmArgs& g) { g.b.dtype = f16; },
+           Status::type_error, {"b and a must have the same dtype", "b f16, a bf16"}),
+    reject("OutputDtypeDiffersFromInputs", valid_k0,
+           [](Arena&, ResidualRmsArgs& k0) { k0.out_scaled.dtype = f16; }, Status::type_error,
+           {"out_scaled and a must have the same dtype"}),
+    reject("StatisticsMustBeF32", valid_k1,
+           [](Arena&, RmsScaleArgs& k1) { k1.sumsq_partials.dtype = bf16; }, Status::type_error,
+           {"sumsq_partials must be f32; got bf16"}),
+    reject("PositionsMustBeI32", valid_k4,
+           [](Arena&, RmsRopeArgs& k4) { k4.rope.positions.dtype = f32; }, Status::type_error,
+           {"rope.positions must be i32; got f32"}),
+    reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
+           Status::type_error, {"gamma must be bf16 or f16; got f32"}),
+    reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,
+           [](Arena&, ColReduceArgs& r) { r.out.dtype = i32; }, Status::type_error,
+           {"out must be bf16, f16 or f32; got i32"}),
+    reject("UnknownDtypeValue", valid_gemm, [](Arena&, GemmArgs& g) { g.d.dtype = DType(9); },
+           Status::type_error, {"d has an unknown dtype 9"}),
+    reject("ConverterDtypesMustMatch", valid_gate_up,
+           [](Arena&, GateUp& c) {
+             c.dst.dtype = i32; // same size, other dtype
+           },
+           Status::type_error, {"fused and stacked must have the same dtype"}),
+    // --- shapes: one mismatch in each kernel
+    reject("GemmShapeMismatch", valid_gemm, [](Arena&, GemmArgs& g) { g.b.shape[1] = K - 8; },
+           Status::invalid_argument, {"gemm: b must have shape [N, K] = [N, 24]; got [16, 16]"}),
+    reject("GemmDgradLayoutShapes", valid_gemm,
+           [](Arena&, GemmArgs& g) {
+             g.layout = GemmLayout::dgrad; // b is now read as [K, N] = [24, 16]; it is [16, 24]
+           },
+           Status::invalid_argument, {"b must have shape [K, N] = [24, N]; got [16, 24]"}),
+    reject("ResidualRmsShapeMismatch", valid_k0,
+           [](Arena&, ResidualRmsArgs& k0) { k0.residual.shape[0] = M - 1; },
+           Status::invalid_argument,
+           {"gemm_residual_rms: residual must have shape [M, N] = [5, 16]; got [4, 16]"}),
+    reject("RmsScaleShapeMismatch", valid_k1,
+           [](Arena&, RmsScaleArgs& k1) { k1.rstd_out.shape[0] = M + 1; }, Status::invalid_argument,
+           {"rstd_out must have shape [M] = [5]; got [6]"}),
+    reject("RmsSwigluShapeMismatch", valid_k2,
+           [](Arena&, RmsSwigluArgs& k2) {
+             k2.act.shape[1] = 16; // act is [M, F], not [M, 2F]
+             k2.act.stride[0] = 16;
+           },
+           Status::invalid_argument, {"act must have shape [M, F] = [5, 8]; got [5, 16]"}),
+    reject("RmsRopeWeightShapeNamesTheFormula", valid_k4,
+           [](Arena&, RmsRopeArgs& k4) { k4.w.shape[0] = 380; }, Status::invalid_argument,
+           {"gemm_rms_rope: w must have shape [(n_q_heads + 2*n_kv_heads)*head_dim, K] = "
+            "[384, 256]; got [380, 256]"}),
+    reject("RmsLseShapeMismatch", valid_k5, [](Arena&, RmsLseArgs& k5) { k5.logits.shape[1] = 16; },
+           Status::invalid_argument, {"logits must have shape [M, V] = [5, 24]; got [5, 16]"}),
+    reject("RmsBackwardShapeMismatch", valid_k6,
+           [](Arena&, RmsBackwardArgs& k6) { k6.zeta.shape[0] = 3; }, Status::invalid_argument,
+           {"zeta must have shape [M] = [5]; got [3]"}),
+    reject("SwigluBackwardShapeMismatch", valid_k7,
+           [](Arena&, SwigluBackwardArgs& k7) { k7.preact.shape[1] = 16; },
+           Status::invalid_argument, {"preact must have shape [M, 2F] = [5, 32]; got [5, 16]"}),
+    reject("RmsStatsShapeMismatch", valid_stats,
+           [](Arena&, RmsStatsArgs& s) { s.gamma.shape[0] = 8; }, Status::invalid_argument,
+           {"rms_stats: gamma must have shape [N] = [16]; got [8]"}),
+    reject("RowReduceShapeMismatch", valid_row_reduce,
+           [](Arena&, RowReduceArgs& r) { r.out.shape[0] = 4; }, Status::invalid_argument,
+           {"out must have shape [M] = [5]; got [4]"}),
+    reject("RopeBackwardShapeMismatch", valid_rope_backward,
+           [](Arena&, RopeBackwardArgs& r) {
+             r.rope.inv_freq.shape[0] = 8; // head_dim, not head_dim / 2
+           },
+           Status::invalid_argument, {"rope.inv_freq must have shape [head_dim/2] = [4]; got [8]"}),
+    reject("CrossEntropyShapeMismatch", valid_ce,
+           [](Arena&, CrossEntropyArgs& c) { c.loss.shape[0] = 2; }, Status::invalid_argument,
+           {"loss must have shape [1] = [1]; got [2]"}),
+    reject("WrongRank", valid_gemm,
+           [](Arena&, GemmArgs& g) {
+             g.a.rank = 3;
+             g.a.shape[2] = 1;
+             g.a.stride[2] = 1;
+           },
+           Status::invalid_argument, {"a must be a 2-D tensor [M, K]; got rank 3"}),
+    // --- GEMM dimensions
+    reject("MZeroIsAnError", valid_gemm,
+           [](Arena&, GemmArgs& g) {
+             g.a.shape[0] = 0;
+             g.d.shape[0] = 0;
+           },
+           Status::invalid_argument, {"M must be >= 1; got 0 (from a"}),
+    reject("NNotMultipleOf8", valid_gemm,
+           [](Arena& ar, GemmArgs& g) {
+             g.b.shape[0] = 12;
+             g.d = ar.out_matrix(bf16, M, 16);
+             g.d.shape[1] = 12;
+           },
+           Status::not_supported,
+           {"N must be a multiple of 8", "got 12 (from b, shape [12, 24])", "pad it to 16"}),
+    reject("WgradMIsARowWidth", valid_gemm,
+           [](Arena& ar, GemmArgs& g) {
+             g.layout = GemmLayout::wgrad; // a [K, M]: its rows hold M elements
+             g.a = ar.matrix(bf16, K, M, false, 8);
+             g.b = ar.matrix(bf16, K, N);
+           },
+           Status::not_supported, {"M must be a multiple of 8", "from a, shape [24, 5]"}),
+    reject("KNotMultipleOf8", valid_k0,
+           [](Arena&, ResidualRmsArgs& k0) {
+             k0.a.shape[1] = 20;
+             k0.w.shape[1] = 20;
+           },
+           Status::not_supported, {"K must be a multiple of 8", "from a"}),
+    reject("SwigluWeightRowsMustBeEven", valid_k2,
+           [](Arena&, RmsSwigluArgs& k2) { k2.w.shape[0] = 15; }, Status::invalid_argument,
+           {"w must have an even number of rows", "got 15"}),
+    reject("SwigluHalfWidthMultipleOf8", valid_k2,
+           [](Arena&, RmsSwigluArgs& k2) {
+             k2.w.shape[0] = 12; // F = 6
+           },
+           Status::not_supported, {"F must be a multiple of 8", "from w"}),
+    reject("OddHeadDim", valid_k4, [](Arena&, RmsRopeArgs& k4) { k4.rope.head_dim = 63; },
+           Status::invalid_argument, {"rope.head_dim must be even", "got 63"}),
+    reject("ZeroKvHeads", valid_rope_backward,
+           [](Arena&, RopeBackwardArgs& r) { r.rope.n_kv_heads = 0; }, Status::invalid_argument,
+           {"rope.n_kv_heads must be >= 1; got 0"}),
+    // --- partial widths
+    reject("ProducerPartialWidthIsExact", valid_k0,
+           [](Arena& ar, ResidualRmsArgs& k0) { k0.sumsq_partials = ar.out_matrix(f32, M, 2); },
+           Status::invalid_argument,
+           {"sumsq_partials must have shape [M, ceil(N/128)] = [5, 1]; got [5, 2]"}),
+    reject("ConsumerPartialWidthAtLeastOne", valid_k1,
+           [](Arena&, RmsScaleArgs& k1) { k1.sumsq_partials.shape[1] = 0; },
+           Status::invalid_argument,
+           {"sumsq_partials must have shape [M, P] = [5, P >= 1]; got [5, 0]"}),
+    reject("ColumnPartialWidth", valid_k6,
+           [](Arena& ar, RmsBackwardArgs& k6) {
+             k6.dgamma_partials = ar.out_matrix(f32, M, 1); // [M, .] instead of [N, ceil(M/128)]
+           },
+           Status::invalid_argument,
+           {"dgamma_partials must have shape [N, ceil(M/128)] = [16, 1]; got [5, 1]"}),
+    reject("SwigluBackwardPartialWidth", valid_k7,
+           [](Arena& ar, SwigluBackwardArgs& k7) { k7.zeta_partials = ar.out_matrix(f32, M, 2); },
+           Status::invalid_argument, {"zeta_partials must have shape [M, ceil(F/128)]"}),
+    // --- strides, alignment, pointers
+    reject("NonContiguousStrides", valid_gemm,
+           [](Arena&, GemmArgs& g) {
+             g.d.stride[0] = 1;
+             g.d.stride[1] = M; // column-major
+           },
+           Status::invalid_argument,
+           {"d must be row-contiguous (stride[1] == 1, stride[0] >= shape[1]); got strides [1, "
+            "5]"}),
+    reject(
+        "RowStrideNot16Bytes", valid_k0,
+        [](Arena& ar, ResidualRmsArgs& k0) { k0.residual = ar.matrix(bf16, M, N, false, N + 4); },
+        Status::invalid_argument,
+        {"residual must have a row stride", "multiple of 8 elements (16 bytes", "got 20"}),
+    reject("StridedVector", valid_k6, [](Arena&, RmsBackwardArgs& k6) { k6.rstd.stride[0] = 2; },
+           Status::invalid_argument, {"rstd must be contiguous (stride[0] == 1)"}),
+    reject("MisalignedPointer", valid_gemm,
+           [](Arena&, GemmArgs& g) { g.b.data = static_cast<char*>(g.b.data) + 1; },
+           Status::invalid_argument, {"b must be aligned to its 2-byte elements; got pointer 0x"}),
+    reject("NullRequiredPointer", valid_k5,
+           [](Arena&, RmsLseArgs& k5) { k5.target_logit.data = nullptr; }, Status::invalid_argument,
+           {"target_logit is required; got a null data pointer"}),
+    reject("StridesThatOverflow", valid_row_reduce,
+           [](Arena&, RowReduceArgs& r) { r.partials.stride[0] = int64_t(1) << 62; },
+           Status::invalid_argument, {"partials is too large to address"}),
+    // --- scalars and combinations
+    reject("BetaWithoutC", valid_gemm, [](Arena&, GemmArgs& g) { g.beta = 1.f; },
+           Status::invalid_argument, {"beta is 1", "c is absent"}),
+    reject("NegativeEps", valid_k1, [](Arena&, RmsScaleArgs& k1) { k1.eps = -1e-6f; },
+           Status::invalid_argument, {"eps must be >= 0"}),
+    reject("NonFiniteAlpha", valid_k6, [](Arena&, RmsBackwardArgs& k6) { k6.alpha.value = NAN; },
+           Status::invalid_argument, {"alpha must be finite"}),
+    reject("ScalarTensorShape", valid_k6,
+           [](Arena& ar, RmsBackwardArgs& k6) { k6.alpha.tensor = ar.vector(f32, 2); },
+           Status::invalid_argument, {"alpha.tensor must have shape [1] = [1]; got [2]"}),
+    reject("RstdNeedsWidth", valid_rstd, [](Arena&, RstdArgs& r) { r.n = 0; },
+           Status::invalid_argument, {"n (the RMSNorm width) must be >= 1; got 0"}),
+    reject("CrossEntropyTargetOutOfRange", valid_ce,
+           [](Arena& ar, CrossEntropyArgs& c) { ar.set_i32(c.targets, 3, 32); },
+           Status::invalid_argument,
+           {"targets[3] = 32 is outside [0, V) = [0, 32) and is not ignore_index (-100)"}),
+    reject("CrossEntropyWorkspaceTooSmall", valid_ce,
+           [](Arena& ar, CrossEntropyArgs& c) { c.workspace = ar.out_vector(i32, 4); },
+           Status::invalid_argument,
+           {"workspace must hold cross_entropy_workspace_size(M) = 512 bytes; got 16"}),
+    reject("ConverterNeedsEvenRows", valid_gate_up,
+           [](Arena&, GateUp& c) { c.src.shape[0] = c.dst.shape[0] = 7; }, Status::invalid_argument,
+           {"stacked must have an even number of rows", "got 7"}),
+    // --- devices
+    reject("MixedHostAndDeviceLabels", valid_gemm,
+           [](Arena&, GemmArgs& g) { g.b.device = Device::cuda; }, Status::invalid_argument,
+           {"b is on cuda:0 but a is on cpu; all tensors of one call must be on one device"}),
+    reject("GemmWorkspaceOnAnotherDevice", valid_gemm,
+           [](Arena& ar, GemmArgs& g) {
+             g.workspace = ar.out_vector(f32, 64);
+             g.workspace.device = Device::cuda;
+           },
+           Status::invalid_argument,
+           {"workspace is on cuda:0 but a is on cpu; all tensors of one call must be on one "
+            "device"}),
+    reject("UnknownDeviceLabel", valid_stats,
+           [](Arena&, RmsStatsArgs& s) { s.out_scaled.device = Device(5); },
+           Status::invalid_argument, {"out_scaled has an unknown device label 5"}),
+    // --- overlap and aliases
+    reject("OutputOverlapsInput", valid_k0,
+           [](Arena&, ResidualRmsArgs& k0) {
+             k0.out_scaled.data = k0.a.data; // [5, 16] over a's [5, 24]
+             k0.out_scaled.stride[0] = K;
+           },
+           Status::invalid_argument, {"out_scaled overlaps a in memory"}),
+    reject("OutputsOverlapEachOther", valid_k7,
+           [](Arena&, SwigluBackwardArgs& k7) {
+             k7.act.data =
+                 static_cast<char*>(k7.dpreact.data) + 2 * 8; // inside dpreact's first row
+             k7.act.stride[0] = 32;
+           },
+           Status::invalid_argument, {"overlaps", "act", "dpreact"}),
+    reject("AliasMustBeExact", valid_rope_backward,
+           [](Arena&, RopeBackwardArgs& r) {
+             r.dz = r.dqkv;
+             r.dz.data = static_cast<char*>(r.dqkv.data) + 16; // 8 elements further
+           },
+           Status::invalid_argument, {"dz may alias dqkv only exactly"}),
+    reject("UndocumentedAlias", valid_k6,
+           [](Arena&, RmsBackwardArgs& k6) {
+             k6.dx = k6.x; // x is an input; dx may not alias it
+           },
+           Status::invalid_argument, {"dx overlaps x in memory"}),
+    reject("ConverterOverlap", valid_gate_up,
+           [](Arena&, GateUp& c) {
+             c.interleave = false;
+             c.dst = c.src;
+           },
+           Status::invalid_argument, {"stacked overlaps fused in memory"}),
+};
+
+class Rejects : public ::testing::TestWithParam<Rejection> {};
+
+TEST_P(Rejects, WithTheStatusAMessageAndUntouchedMemory) {
   Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.b.dtype = f16;
-  expect_rejected(ar, g, Status::type_error, {"b and a must have the same dtype", "b f16, a bf16"});
+  GetParam().check(ar);
 }
 
-TEST(ApiValidation, OutputDtypeDiffersFromInputs) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.out_scaled.dtype = f16;
-  expect_rejected(ar, k0, Status::type_error, {"out_scaled and a must have the same dtype"});
-}
-
-TEST(ApiValidation, StatisticsMustBeF32) {
-  Arena ar;
-  RmsScaleArgs k1 = valid_k1(ar);
-  k1.sumsq_partials.dtype = bf16;
-  expect_rejected(ar, k1, Status::type_error, {"sumsq_partials must be f32; got bf16"});
-}
-
-TEST(ApiValidation, PositionsMustBeI32) {
-  Arena ar;
-  RmsRopeArgs k4 = valid_k4(ar);
-  k4.rope.positions.dtype = f32;
-  expect_rejected(ar, k4, Status::type_error, {"rope.positions must be i32; got f32"});
-}
-
-TEST(ApiValidation, GammaMustBe16Bit) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.gamma.dtype = f32;
-  expect_rejected(ar, k0, Status::type_error, {"gamma must be bf16 or f16; got f32"});
-}
-
-TEST(ApiValidation, ColumnReduceOutputCannotBeI32) {
-  Arena ar;
-  ColReduceArgs r = valid_col_reduce(ar);
-  r.out.dtype = i32;
-  expect_rejected(ar, r, Status::type_error, {"out must be bf16, f16 or f32; got i32"});
-}
-
-TEST(ApiValidation, UnknownDtypeValue) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.d.dtype = DType(9);
-  expect_rejected(ar, g, Status::type_error, {"d has an unknown dtype 9"});
-}
-
-TEST(ApiValidation, ConverterDtypesMustMatch) {
-  Arena ar;
-  GateUp c = valid_gate_up(ar);
-  c.dst.dtype = i32; // same size, other dtype
-  expect_rejected(ar, c, Status::type_error, {"fused and stacked must have the same dtype"});
-}
-
-// --- shapes: one mismatch in each kernel ------------------------------------------------------
-TEST(ApiValidation, GemmShapeMismatch) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.b.shape[1] = K - 8;
-  expect_rejected(ar, g, Status::invalid_argument,
-                  {"gemm: b must have shape [N, K] = [N, 24]; got [16, 16]"});
-}
-
-TEST(ApiValidation, GemmDgradLayoutShapes) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.layout = GemmLayout::dgrad; // b is now read as [K, N] = [24, 16]; it is [16, 24]
-  expect_rejected(ar, g, Status::invalid_argument,
-                  {"b must have shape [K, N] = [24, N]; got [16, 24]"});
-}
-
-TEST(ApiValidation, ResidualRmsShapeMismatch) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.residual.shape[0] = M - 1;
-  expect_rejected(ar, k0, Status::invalid_argument,
-                  {"gemm_residual_rms: residual must have shape [M, N] = [5, 16]; got [4, 16]"});
-}
-
-TEST(ApiValidation, RmsScaleShapeMismatch) {
-  Arena ar;
-  RmsScaleArgs k1 = valid_k1(ar);
-  k1.rstd_out.shape[0] = M + 1;
-  expect_rejected(ar, k1, Status::invalid_argument,
-                  {"rstd_out must have shape [M] = [5]; got [6]"});
-}
-
-TEST(ApiValidation, RmsSwigluShapeMismatch) {
-  Arena ar;
-  RmsSwigluArgs k2 = valid_k2(ar);
-  k2.act.shape[1] = 16; // act is [M, F], not [M, 2F]
-  k2.act.stride[0] = 16;
-  expect_rejected(ar, k2, Status::invalid_argument,
-                  {"act must have shape [M, F] = [5, 8]; got [5, 16]"});
-}
-
-TEST(ApiValidation, RmsRopeWeightShapeNamesTheFormula) {
-  Arena ar;
-  RmsRopeArgs k4 = valid_k4(ar);
-  k4.w.shape[0] = 380;
-  expect_rejected(ar, k4, Status::invalid_argument,
-                  {"gemm_rms_rope: w must have shape [(n_q_heads + 2*n_kv_heads)*head_dim, K] = "
-                   "[384, 256]; got [380, 256]"});
-}
-
-TEST(ApiValidation, RmsLseShapeMismatch) {
-  Arena ar;
-  RmsLseArgs k5 = valid_k5(ar);
-  k5.logits.shape[1] = 16;
-  expect_rejected(ar, k5, Status::invalid_argument,
-                  {"logits must have shape [M, V] = [5, 24]; got [5, 16]"});
-}
-
-TEST(ApiValidation, RmsBackwardShapeMismatch) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.zeta.shape[0] = 3;
-  expect_rejected(ar, k6, Status::invalid_argument, {"zeta must have shape [M] = [5]; got [3]"});
-}
-
-TEST(ApiValidation, SwigluBackwardShapeMismatch) {
-  Arena ar;
-  SwigluBackwardArgs k7 = valid_k7(ar);
-  k7.preact.shape[1] = 16;
-  expect_rejected(ar, k7, Status::invalid_argument,
-                  {"preact must have shape [M, 2F] = [5, 32]; got [5, 16]"});
-}
-
-TEST(ApiValidation, RmsStatsShapeMismatch) {
-  Arena ar;
-  RmsStatsArgs s = valid_stats(ar);
-  s.gamma.shape[0] = 8;
-  expect_rejected(ar, s, Status::invalid_argument,
-                  {"rms_stats: gamma must have shape [N] = [16]; got [8]"});
-}
-
-TEST(ApiValidation, RowReduceShapeMismatch) {
-  Arena ar;
-  RowReduceArgs r = valid_row_reduce(ar);
-  r.out.shape[0] = 4;
-  expect_rejected(ar, r, Status::invalid_argument, {"out must have shape [M] = [5]; got [4]"});
-}
-
-TEST(ApiValidation, RopeBackwardShapeMismatch) {
-  Arena ar;
-  RopeBackwardArgs r = valid_rope_backward(ar);
-  r.rope.inv_freq.shape[0] = 8; // head_dim, not head_dim / 2
-  expect_rejected(ar, r, Status::invalid_argument,
-                  {"rope.inv_freq must have shape [head_dim/2] = [4]; got [8]"});
-}
-
-TEST(ApiValidation, CrossEntropyShapeMismatch) {
-  Arena ar;
-  CrossEntropyArgs c = valid_ce(ar);
-  c.loss.shape[0] = 2;
-  expect_rejected(ar, c, Status::invalid_argument, {"loss must have shape [1] = [1]; got [2]"});
-}
-
-TEST(ApiValidation, WrongRank) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.a.rank = 3;
-  g.a.shape[2] = 1;
-  g.a.stride[2] = 1;
-  expect_rejected(ar, g, Status::invalid_argument, {"a must be a 2-D tensor [M, K]; got rank 3"});
-}
-
-// --- GEMM dimensions -------------------------------------------------------------------------
-TEST(ApiValidation, MZeroIsAnError) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.a.shape[0] = 0;
-  g.d.shape[0] = 0;
-  expect_rejected(ar, g, Status::invalid_argument, {"M must be >= 1; got 0 (from a"});
-}
-
-TEST(ApiValidation, NNotMultipleOf8) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.b.shape[0] = 12;
-  g.d = ar.out_matrix(bf16, M, 16);
-  g.d.shape[1] = 12;
-  expect_rejected(ar, g, Status::not_supported,
-                  {"N must be a multiple of 8", "got 12 (from b, shape [12, 24])", "pad it to 16"});
-}
-
-TEST(ApiValidation, WgradMIsARowWidth) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.layout = GemmLayout::wgrad; // a [K, M]: its rows hold M elements
-  g.a = ar.matrix(bf16, K, M, false, 8);
-  g.b = ar.matrix(bf16, K, N);
-  expect_rejected(ar, g, Status::not_supported,
-                  {"M must be a multiple of 8", "from a, shape [24, 5]"});
-}
-
-TEST(ApiValidation, KNotMultipleOf8) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.a.shape[1] = 20;
-  k0.w.shape[1] = 20;
-  expect_rejected(ar, k0, Status::not_supported, {"K must be a multiple of 8", "from a"});
-}
-
-TEST(ApiValidation, SwigluWeightRowsMustBeEven) {
-  Arena ar;
-  RmsSwigluArgs k2 = valid_k2(ar);
-  k2.w.shape[0] = 15;
-  expect_rejected(ar, k2, Status::invalid_argument,
-                  {"w must have an even number of rows", "got 15"});
-}
-
-TEST(ApiValidation, SwigluHalfWidthMultipleOf8) {
-  Arena ar;
-  RmsSwigluArgs k2 = valid_k2(ar);
-  k2.w.shape[0] = 12; // F = 6
-  expect_rejected(ar, k2, Status::not_supported, {"F must be a multiple of 8", "from w"});
-}
-
-TEST(ApiValidation, OddHeadDim) {
-  Arena ar;
-  RmsRopeArgs k4 = valid_k4(ar);
-  k4.rope.head_dim = 63;
-  expect_rejected(ar, k4, Status::invalid_argument, {"rope.head_dim must be even", "got 63"});
-}
-
-TEST(ApiValidation, ZeroKvHeads) {
-  Arena ar;
-  RopeBackwardArgs r = valid_rope_backward(ar);
-  r.rope.n_kv_heads = 0;
-  expect_rejected(ar, r, Status::invalid_argument, {"rope.n_kv_heads must be >= 1; got 0"});
-}
-
-// --- partial widths ----------------------------------------------------------------------------
-TEST(ApiValidation, ProducerPartialWidthIsExact) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.sumsq_partials = ar.out_matrix(f32, M, 2);
-  expect_rejected(ar, k0, Status::invalid_argument,
-                  {"sumsq_partials must have shape [M, ceil(N/128)] = [5, 1]; got [5, 2]"});
-}
-
-TEST(ApiValidation, ConsumerPartialWidthAtLeastOne) {
-  Arena ar;
-  RmsScaleArgs k1 = valid_k1(ar);
-  k1.sumsq_partials.shape[1] = 0;
-  expect_rejected(ar, k1, Status::invalid_argument,
-                  {"sumsq_partials must have shape [M, P] = [5, P >= 1]; got [5, 0]"});
-}
-
-TEST(ApiValidation, ColumnPartialWidth) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.dgamma_partials = ar.out_matrix(f32, M, 1); // [M, .] instead of [N, ceil(M/128)]
-  expect_rejected(ar, k6, Status::invalid_argument,
-                  {"dgamma_partials must have shape [N, ceil(M/128)] = [16, 1]; got [5, 1]"});
-}
-
-TEST(ApiValidation, SwigluBackwardPartialWidth) {
-  Arena ar;
-  SwigluBackwardArgs k7 = valid_k7(ar);
-  k7.zeta_partials = ar.out_matrix(f32, M, 2);
-  expect_rejected(ar, k7, Status::invalid_argument,
-                  {"zeta_partials must have shape [M, ceil(F/128)]"});
-}
-
-// --- strides, alignment, pointers ----------------------------------------------------------------
-TEST(ApiValidation, NonContiguousStrides) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.d.stride[0] = 1;
-  g.d.stride[1] = M; // column-major
-  expect_rejected(
-      ar, g, Status::invalid_argument,
-      {"d must be row-contiguous (stride[1] == 1, stride[0] >= shape[1]); got strides [1, 5]"});
-}
-
-TEST(ApiValidation, RowStrideNot16Bytes) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.residual = ar.matrix(bf16, M, N, false, N + 4);
-  expect_rejected(
-      ar, k0, Status::invalid_argument,
-      {"residual must have a row stride", "multiple of 8 elements (16 bytes", "got 20"});
-}
-
-TEST(ApiValidation, StridedVector) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.rstd.stride[0] = 2;
-  expect_rejected(ar, k6, Status::invalid_argument, {"rstd must be contiguous (stride[0] == 1)"});
-}
+INSTANTIATE_TEST_SUITE_P(ApiValidation, Rejects, ::testing::ValuesIn(kRejections),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // A [1] tensor's stride is irrelevant (PyTorch reports 0 for an expanded scalar, e.g. a loss
 // gradient): accepted, and read as its one element.
@@ -678,60 +574,6 @@ TEST(ApiValidation, SizeOneVectorTakesAnyStride) {
   RmsBackwardArgs k6 = valid_k6(ar);
   k6.alpha.tensor.stride[0] = 0;
   EXPECT_NO_THROW(gemm_rms_backward(k6));
-}
-
-TEST(ApiValidation, MisalignedPointer) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.b.data = static_cast<char*>(g.b.data) + 1;
-  expect_rejected(ar, g, Status::invalid_argument,
-                  {"b must be aligned to its 2-byte elements; got pointer 0x"});
-}
-
-TEST(ApiValidation, NullRequiredPointer) {
-  Arena ar;
-  RmsLseArgs k5 = valid_k5(ar);
-  k5.target_logit.data = nullptr;
-  expect_rejected(ar, k5, Status::invalid_argument,
-                  {"target_logit is required; got a null data pointer"});
-}
-
-TEST(ApiValidation, StridesThatOverflow) {
-  Arena ar;
-  RowReduceArgs r = valid_row_reduce(ar);
-  r.partials.stride[0] = int64_t(1) << 62;
-  expect_rejected(ar, r, Status::invalid_argument, {"partials is too large to address"});
-}
-
-// --- scalars and combinations
-// ----------------------------------------------------------------------
-TEST(ApiValidation, BetaWithoutC) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.beta = 1.f;
-  expect_rejected(ar, g, Status::invalid_argument, {"beta is 1", "c is absent"});
-}
-
-TEST(ApiValidation, NegativeEps) {
-  Arena ar;
-  RmsScaleArgs k1 = valid_k1(ar);
-  k1.eps = -1e-6f;
-  expect_rejected(ar, k1, Status::invalid_argument, {"eps must be >= 0"});
-}
-
-TEST(ApiValidation, NonFiniteAlpha) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.alpha.value = NAN;
-  expect_rejected(ar, k6, Status::invalid_argument, {"alpha must be finite"});
-}
-
-TEST(ApiValidation, ScalarTensorShape) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.alpha.tensor = ar.vector(f32, 2);
-  expect_rejected(ar, k6, Status::invalid_argument,
-                  {"alpha.tensor must have shape [1] = [1]; got [2]"});
 }
 
 // The GEMM's alpha and the row reduce's scale are Scalars like K6's alpha: a finite value and
@@ -781,13 +623,6 @@ TEST(ApiValidation, RowReduceScaleScalar) {
   expect_rejected(ar, r, Status::invalid_argument, {"out overlaps scale.tensor in memory"});
 }
 
-TEST(ApiValidation, RstdNeedsWidth) {
-  Arena ar;
-  RstdArgs r = valid_rstd(ar);
-  r.n = 0;
-  expect_rejected(ar, r, Status::invalid_argument, {"n (the RMSNorm width) must be >= 1; got 0"});
-}
-
 TEST(ApiValidation, UnknownLayoutAndReduction) {
   Arena ar;
   GemmArgs g = valid_gemm(ar);
@@ -800,50 +635,6 @@ TEST(ApiValidation, UnknownLayoutAndReduction) {
                   {"reduction must be mean (0) or sum (1); got 2"});
 }
 
-TEST(ApiValidation, CrossEntropyTargetOutOfRange) {
-  Arena ar;
-  CrossEntropyArgs c = valid_ce(ar);
-  ar.set_i32(c.targets, 3, 32);
-  expect_rejected(ar, c, Status::invalid_argument,
-                  {"targets[3] = 32 is outside [0, V) = [0, 32) and is not ignore_index (-100)"});
-}
-
-TEST(ApiValidation, CrossEntropyWorkspaceTooSmall) {
-  Arena ar;
-  CrossEntropyArgs c = valid_ce(ar);
-  c.workspace = ar.out_vector(i32, 4);
-  expect_rejected(ar, c, Status::invalid_argument,
-                  {"workspace must hold cross_entropy_workspace_size(M) = 512 bytes; got 16"});
-}
-
-TEST(ApiValidation, ConverterNeedsEvenRows) {
-  Arena ar;
-  GateUp c = valid_gate_up(ar);
-  c.src.shape[0] = c.dst.shape[0] = 7;
-  expect_rejected(ar, c, Status::invalid_argument,
-                  {"stacked must have an even number of rows", "got 7"});
-}
-
-// --- devices -----------------------------------------------------------------------------------
-TEST(ApiValidation, MixedHostAndDeviceLabels) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.b.device = Device::cuda;
-  expect_rejected(
-      ar, g, Status::invalid_argument,
-      {"b is on cuda:0 but a is on cpu; all tensors of one call must be on one device"});
-}
-
-TEST(ApiValidation, GemmWorkspaceOnAnotherDevice) {
-  Arena ar;
-  GemmArgs g = valid_gemm(ar);
-  g.workspace = ar.out_vector(f32, 64);
-  g.workspace.device = Device::cuda;
-  expect_rejected(
-      ar, g, Status::invalid_argument,
-      {"workspace is on cuda:0 but a is on cpu; all tensors of one call must be on one device"});
-}
-
 TEST(ApiValidation, GemmWorkspaceMustBeContiguousAndApart) {
   Arena ar;
   GemmArgs g = valid_gemm(ar);
@@ -853,13 +644,6 @@ TEST(ApiValidation, GemmWorkspaceMustBeContiguousAndApart) {
                   {"workspace must be contiguous (stride[0] == 1); got strides [2]"});
   g.workspace = make_view(g.d.data, f32, 8); // over d
   expect_rejected(ar, g, Status::invalid_argument, {"d overlaps workspace in memory"});
-}
-
-TEST(ApiValidation, UnknownDeviceLabel) {
-  Arena ar;
-  RmsStatsArgs s = valid_stats(ar);
-  s.out_scaled.device = Device(5);
-  expect_rejected(ar, s, Status::invalid_argument, {"out_scaled has an unknown device label 5"});
 }
 
 // Host memory labelled cuda: without the CUDA backend that is not_supported; with it, the CUDA
@@ -888,46 +672,6 @@ TEST(ApiValidation, DeviceLabelOnHostMemory) {
   }
   EXPECT_FALSE(message.empty()) << "host memory labelled cuda was accepted";
   EXPECT_TRUE(ar.unchanged());
-}
-
-// --- overlap and aliases -------------------------------------------------------------------------
-TEST(ApiValidation, OutputOverlapsInput) {
-  Arena ar;
-  ResidualRmsArgs k0 = valid_k0(ar);
-  k0.out_scaled.data = k0.a.data; // [5, 16] over a's [5, 24]
-  k0.out_scaled.stride[0] = K;
-  expect_rejected(ar, k0, Status::invalid_argument, {"out_scaled overlaps a in memory"});
-}
-
-TEST(ApiValidation, OutputsOverlapEachOther) {
-  Arena ar;
-  SwigluBackwardArgs k7 = valid_k7(ar);
-  k7.act.data = static_cast<char*>(k7.dpreact.data) + 2 * 8; // inside dpreact's first row
-  k7.act.stride[0] = 32;
-  expect_rejected(ar, k7, Status::invalid_argument, {"overlaps", "act", "dpreact"});
-}
-
-TEST(ApiValidation, AliasMustBeExact) {
-  Arena ar;
-  RopeBackwardArgs r = valid_rope_backward(ar);
-  r.dz = r.dqkv;
-  r.dz.data = static_cast<char*>(r.dqkv.data) + 16; // 8 elements further
-  expect_rejected(ar, r, Status::invalid_argument, {"dz may alias dqkv only exactly"});
-}
-
-TEST(ApiValidation, UndocumentedAlias) {
-  Arena ar;
-  RmsBackwardArgs k6 = valid_k6(ar);
-  k6.dx = k6.x; // x is an input; dx may not alias it
-  expect_rejected(ar, k6, Status::invalid_argument, {"dx overlaps x in memory"});
-}
-
-TEST(ApiValidation, ConverterOverlap) {
-  Arena ar;
-  GateUp c = valid_gate_up(ar);
-  c.interleave = false;
-  c.dst = c.src;
-  expect_rejected(ar, c, Status::invalid_argument, {"stacked overlaps fused in memory"});
 }
 
 // The documented aliases, interleaved views of one buffer, and absent optional tensors pass.
@@ -1181,6 +925,8 @@ TEST(ApiValidationCuda, GemmWorkspaceTooSmall) {
   const size_t needed = gemm_workspace_size(g);
   ASSERT_GT(needed, 0u);
   ASSERT_EQ(needed % 4, 0u);
+  // The query from shapes alone (what the Llama block sizes its workspace with) agrees.
+  EXPECT_EQ(gemm_workspace_size(GemmLayout::fwd, 512, 1024, 4096, bf16), needed);
   coda_gemm_args c{};
   c.layout = CODA_GEMM_FWD;
   c.a = to_c(g.a), c.b = to_c(g.b), c.d = to_c(g.d);

@@ -123,6 +123,25 @@ TEST(CAbi, GemmWorkspaceIsIgnoredOnTheCpu) {
   EXPECT_STREQ(coda_last_error(), "coda_gemm_workspace_size: args is NULL");
 }
 
+// The shape-only query: a size for each valid problem (0 unless an sm_90 device is current) and
+// an invalid_argument naming the dimensions for an empty one.
+TEST(CAbi, GemmWorkspaceSizeFromShapes) {
+  for (GemmLayout layout : {GemmLayout::fwd, GemmLayout::dgrad, GemmLayout::wgrad})
+    EXPECT_NO_THROW(gemm_workspace_size(layout, 300, 1024, 4096, DType::f32));
+#if !CODA_WITH_CUDA
+  EXPECT_EQ(gemm_workspace_size(GemmLayout::wgrad, 3072, 2048, 8192, DType::bf16), 0u);
+#endif
+  try {
+    gemm_workspace_size(GemmLayout::fwd, 0, 8, 8, DType::bf16);
+    ADD_FAILURE() << "m = 0 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("m, n and k must be >= 1; got 0, 8 and 8"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // alpha and the row reduce's scale as value * a [1] f32 tensor: the same bits as the product
 // given as a number (the CPU backend reads the host tensor); a bad tensor is rejected with its
 // name and nothing is written.

@@ -6,7 +6,7 @@
 #ifndef CODA_BLOCK_LLAMA_H
 #define CODA_BLOCK_LLAMA_H
 
-#include "coda/coda.h"
+#include "coda/core/types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -29,7 +29,7 @@ typedef struct coda_llama_config {
   int64_t vocab;    /* last layer only */
   float eps;
   int32_t ignore_index;   /* e.g. -100 */
-  int32_t loss_reduction; /* coda_loss_reduction */
+  int32_t loss_reduction; /* coda_loss_reduction (coda/coda.h) */
 } coda_llama_config;
 
 typedef struct coda_llama_rope {

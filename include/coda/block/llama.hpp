@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "coda/core/error.hpp"
+#include "coda/core/stream.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/kernels/args.hpp"
 

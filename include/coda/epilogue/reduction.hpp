@@ -5,6 +5,7 @@
 
 #include "coda/core/types.hpp"
 #include "coda/epilogue/math.hpp"
+#include "coda/epilogue/reduce_block.hpp"
 
 namespace coda::epilogue {
 

@@ -25,20 +25,17 @@
 
 #include <cstdint>
 
+#include "coda/core/bool32.hpp"
 #include "coda/core/scalar.hpp"
+#include "coda/core/stream.hpp" // Stream, for the entry points that take these
 #include "coda/core/tensor.hpp"
-
-struct CUstream_st;
+#include "coda/epilogue/reduce_block.hpp" // kReduceBlock, num_reduce_blocks
 
 namespace coda {
 
-using Stream = CUstream_st*; // the same type as cudaStream_t; nullptr is the default stream
-
-constexpr int64_t kReduceBlock = 128;
-// ceil(n / kReduceBlock) for n >= 0, written so that no n overflows (n + 127 would near 2^63).
-constexpr int64_t num_reduce_blocks(int64_t n) {
-  return n / kReduceBlock + (n % kReduceBlock > 0 ? 1 : 0);
-}
+// Every struct below is layout-identical to its C twin in coda/coda.h (coda_rms_scale_args for
+// RmsScaleArgs, ...): src/api/abi_cast.hpp static_asserts it field by field and the C ABI casts.
+// A field added here goes into coda.h too, at the same place.
 
 // Per-token rotary embedding of the fused QKV projection [M, (n_q_heads + 2 n_kv_heads) *
 // head_dim].
@@ -114,7 +111,7 @@ struct RmsLseArgs {
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
   Scalar alpha;
-  bool accumulate = true;
+  Bool32 accumulate = true; // a bool held as the C ABI's int32_t (coda/core/bool32.hpp)
   TensorView dx, h_hat, dgamma_partials;
 };
 
@@ -155,7 +152,7 @@ struct RowReduceArgs {
 // out[n] (+)= sum_b partials[n, b]  (e.g. dgamma from K6's partials); out is f32, bf16 or f16.
 struct ColReduceArgs {
   TensorView partials;
-  bool accumulate = false;
+  Bool32 accumulate = false; // a bool held as the C ABI's int32_t
   TensorView out;
 };
 

@@ -20,11 +20,11 @@ inline CUtensorMap subtile_map(const char* what, const TensorView& t) {
 }
 
 // A 16-bit [rows, cols] tensor written in 64 x 16 boxes (the half-width output of a pairwise
-// 2 -> 1 op), unswizzled 32-byte rows.
+// 2 -> 1 op), 32-byte rows with the 32-byte swizzle (GatedPairStore's layout).
 inline CUtensorMap half_subtile_map(const char* what, const TensorView& t) {
   return sm90::make_tensor_map(
       what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
-                                 uint64_t(t.stride[0]), 16, 64, CU_TENSOR_MAP_SWIZZLE_NONE});
+                                 uint64_t(t.stride[0]), 16, 64, CU_TENSOR_MAP_SWIZZLE_32B});
 }
 
 // A 16-bit [rows, 2 cols] tensor of (even, odd) element pairs, e.g. the interleaved (gate, up)

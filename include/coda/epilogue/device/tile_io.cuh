@@ -12,6 +12,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cuda.h>
+#include <cuda/ptx>
+
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/stmatrix.cuh"
 #include "coda/core/fragment.hpp"
@@ -59,6 +62,15 @@ template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 }
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t word) {
   return make_float2(to_float<T>(uint16_t(word & 0xffffu)), to_float<T>(uint16_t(word >> 16)));
+}
+
+// An epilogue output's TMA store of one box from `smem` at (col, row). (An L2 evict_first hint
+// on these stores measured no difference: docs/epilogue.md, experiments.)
+__device__ __forceinline__ void store_subtile(const CUtensorMap* map, const void* smem, int32_t col,
+                                              int32_t row) {
+  namespace ptx = cuda::ptx;
+  const int32_t coords[2] = {col, row};
+  ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, map, coords, smem);
 }
 
 using SubtileMap = AccumulatorMap<32>; // registers 0..15 of a subtile: the map of a 32-wide block

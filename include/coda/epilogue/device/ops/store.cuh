@@ -48,8 +48,7 @@ struct TileStore : OpBase {
       ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
                                        &c.params.map, coords, buffer(c, st));
     else
-      ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &c.params.map, coords,
-                                buffer(c, st));
+      store_subtile(&c.params.map, buffer(c, st), st.col0, st.row0);
   }
 
   static Params params(const char* what, const TensorView& out) {

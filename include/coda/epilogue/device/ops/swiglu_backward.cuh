@@ -31,7 +31,8 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
   static_assert(sizeof(T) == 2, "16-bit pre-activations and gradients");
   using Pairs = SubtileLayout<float>; // 64 x 32 32-bit containers, 128-byte swizzle
   using Ring = SubtileLoadRing<Shape, Pairs::kBytes, kSlots>;
-  // An exp per element and the ring's bookkeeping: the rolled subtile loop.
+  // An exp per element and the ring's bookkeeping: the rolled subtile loop (unrolled, ptxas
+  // spills 208 bytes on the ping-pong config).
   static constexpr bool kRollSubtiles = true;
 
   struct Params {
@@ -82,10 +83,8 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
   }
 
   __device__ void issue(const Ctx& c, const Subtile& st) {
-    namespace ptx = cuda::ptx;
-    const int32_t coords[2] = {st.col0, st.row0}; // container j = accumulator column j
-    ptx::cp_async_bulk_tensor(ptx::space_global, ptx::space_shared, &c.params.dpreact, coords,
-                              c.smem.dpreact[c.wg.index][st.slot]);
+    // container j = accumulator column j
+    store_subtile(&c.params.dpreact, c.smem.dpreact[c.wg.index][st.slot], st.col0, st.row0);
   }
 
   static Params params(const TensorView& preact, const TensorView& dpreact) {

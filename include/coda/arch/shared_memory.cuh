@@ -1,0 +1,16 @@
+// Plain shared-memory stores the compiler would otherwise emit as generic stores (ST.E), when
+// it cannot prove that a pointer into a struct of dynamic shared memory is shared. PTX ISA
+// sections are cited by title.
+#pragma once
+
+#include <cstdint>
+
+namespace coda::arch {
+
+// PTX ISA "st" with the .shared::cta state space, 32 bits, at a shared-window address
+// (__cvta_generic_to_shared).
+__device__ __forceinline__ void store_shared_u32(uint32_t smem_addr, uint32_t value) {
+  asm volatile("st.shared::cta.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(value) : "memory");
+}
+
+} // namespace coda::arch

@@ -1,0 +1,17 @@
+// The block of a partial reduction: ReduceOverN writes one partial per kReduceBlock columns of a
+// row ("row partials" [M, ceil(N / kReduceBlock)]), ReduceOverM one per kReduceBlock rows of a
+// column. Fixed at 128 in the API (docs/DESIGN.md), so a partial buffer's shape is a function of
+// the problem alone; CODA_REDUCE_BLOCK in coda.h is the same number.
+#pragma once
+
+#include <cstdint>
+
+namespace coda {
+
+constexpr int64_t kReduceBlock = 128;
+// ceil(n / kReduceBlock) for n >= 0, written so that no n overflows (n + 127 would near 2^63).
+constexpr int64_t num_reduce_blocks(int64_t n) {
+  return n / kReduceBlock + (n % kReduceBlock > 0 ? 1 : 0);
+}
+
+} // namespace coda
