@@ -9,13 +9,12 @@
 
 #include <cuda_runtime.h>
 
-#include "examples/fused_geglu.cuh"
-#include "gpu/backend.hpp"
+#include "coda/coda.hpp"
+#include "fused_geglu.cuh"
 
 int main() {
   using coda::bf16;
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0 || !coda::gpu::device_supported())
+  if (!coda::gpu_supported())
     return std::puts("fused_geglu: no sm_90 GPU, skipped"), 77;
   const int64_t M = 300, F = 520, K = 256;
   std::mt19937 rng(std::random_device{}());

@@ -12,6 +12,14 @@ multiple of 8). Both sides train in bf16 with fp32 master weights and the same A
 and cosine schedule, and gradient clipping; there is no dropout, so the only difference is the
 arithmetic. Writes OUT/loss.png and OUT/loss.json and exits 1 when the smoothed final losses
 differ by more than --tolerance (relative).
+
+    python examples/train_llama.py --soak [--steps 2000] [--out soak_out/run1]
+
+--soak trains coda alone (2000 steps unless --steps says otherwise) with PyTorch's deterministic
+algorithms on, and records every step's loss (and its float32 bits), gradient norm and allocated
+CUDA memory in OUT/soak.json; it exits 1 on a NaN or Inf. tools/soak.sh runs it twice from the same
+seed and compares the runs (tools/soak_compare.py: bitwise-identical losses, no growth of
+allocated memory after the first steps).
 """
 import argparse
 import json
@@ -34,7 +42,9 @@ SUFFIXES = (".md", ".cpp", ".cu", ".cuh", ".hpp", ".h", ".c", ".py")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps", type=int, default=None, help="default 400, 2000 with --soak")
+    p.add_argument("--soak", action="store_true",
+                   help="coda alone, deterministic, per-step loss bits and memory in OUT/soak.json")
     p.add_argument("--out", default="train_llama_out", help="folder for loss.png and loss.json")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=512)
@@ -52,7 +62,12 @@ def parse_args(argv=None):
     p.add_argument("--smooth", type=int, default=25, help="moving-average window (steps)")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="largest relative difference of the smoothed final losses")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.steps is None:
+        args.steps = 2000 if args.soak else 400
+    if args.soak:
+        args.sides = "coda"
+    return args
 
 
 # ---- data
@@ -133,7 +148,7 @@ class MasterAdamW:
         for p, m in zip(self.params, self.master):
             m.grad = None if p.grad is None else p.grad.float()
             p.grad = None
-        torch.nn.utils.clip_grad_norm_(self.master, self.clip)
+        norm = torch.nn.utils.clip_grad_norm_(self.master, self.clip)
         self.opt.step()
         self.sched.step()
         with torch.no_grad():
@@ -141,6 +156,7 @@ class MasterAdamW:
                 p.copy_(m)
             for m in self.master:
                 m.grad = None
+        return norm
 
 
 def progress(iterable, total, desc):
@@ -182,7 +198,8 @@ def _sync(device):
 
 def train(name, model, batches, args, device):
     opt = MasterAdamW(model.parameters(), args.lr, args.warmup, args.steps)
-    losses = []
+    losses, norms, allocated = [], [], []
+    cuda = device.type == "cuda"
     bar = progress(range(args.steps), args.steps, "%-5s" % name)
     _sync(device)
     t0 = time.perf_counter()
@@ -190,8 +207,10 @@ def train(name, model, batches, args, device):
         ids = batches.train_batch(step, device)
         loss = model(ids, labels=ids)
         loss.backward()
-        opt.step()
+        norms.append(opt.step().detach())
         losses.append(loss.detach())
+        if cuda:  # the caching allocator's count of live tensor bytes, after the step
+            allocated.append(torch.cuda.memory_allocated(device))
         if step % 10 == 0 or step == args.steps - 1:
             bar.set_postfix_str("loss %.4f" % losses[-1].item())
     _sync(device)
@@ -200,11 +219,47 @@ def train(name, model, batches, args, device):
         bar.close()
     with torch.no_grad():
         val = [model(ids, labels=ids).float().item() for ids in batches.val_batches(device)]
-    losses = [float(x) for x in torch.stack(losses).float().cpu()]
+    loss32 = torch.stack(losses).float().cpu()
+    losses = [float(x) for x in loss32]
     tokens = args.steps * args.batch * args.seq
     print("%-5s %d steps in %.1f s (%.0f tokens/s), final loss %.4f, held-out loss %.4f"
           % (name, args.steps, seconds, tokens / seconds, losses[-1], sum(val) / len(val)))
-    return {"loss": losses, "val_loss": sum(val) / len(val), "seconds": seconds}
+    out = {"loss": losses, "val_loss": sum(val) / len(val), "seconds": seconds}
+    if args.soak:
+        out.update(
+            loss_bits=["%08x" % (int(b) & 0xFFFFFFFF) for b in loss32.view(torch.int32).tolist()],
+            grad_norm=[float(x) for x in torch.stack(norms).float().cpu()],
+            allocated=allocated,
+            max_allocated=torch.cuda.max_memory_allocated(device) if cuda else None,
+            reserved=torch.cuda.memory_reserved(device) if cuda else None)
+    return out
+
+
+def soak_report(curve, args, device, cfg):
+    """OUT/soak.json for tools/soak_compare.py; False when a loss or gradient norm is not finite."""
+    nonfinite = [i + 1 for i, (x, g) in enumerate(zip(curve["loss"], curve["grad_norm"]))
+                 if not (math.isfinite(x) and math.isfinite(g))]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, text=True,
+                                capture_output=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    import coda
+    report = dict(curve, nonfinite_steps=nonfinite, steps=args.steps, seed=args.seed,
+                  commit=commit, torch=torch.__version__, coda=coda.__version__,
+                  gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
+                  config=cfg.to_dict(), args=vars(args))
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "soak.json")
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1)
+    alloc = curve["allocated"]
+    print("soak: %d steps, %d with a NaN or Inf loss or gradient norm; allocated memory %s;"
+          " wrote %s" % (args.steps, len(nonfinite),
+                         "%d -> %d bytes (step 10 -> last)" % (alloc[min(9, len(alloc) - 1)],
+                                                               alloc[-1]) if alloc else "n/a",
+                         path))
+    return not nonfinite
 
 
 def smooth(xs, window):
@@ -264,6 +319,12 @@ def main(argv=None):
     from coda.bench.reference import RefConfig, ReferenceLlama, init_weights
 
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
+    if args.soak:
+        # Two runs from one seed must match bit for bit: no nondeterministic PyTorch kernel
+        # (attention's backward among them) and a fixed cuBLAS workspace.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
     data = load_corpus()
     corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
     print("corpus: %d files, %d bytes (%.1f epochs of the training split over %d steps)"
@@ -294,6 +355,9 @@ def main(argv=None):
     for name in ("torch", "coda"):
         if name in models:
             curves[name] = train(name, models[name], batches, args, device)
+
+    if args.soak:
+        return 0 if soak_report(curves["coda"], args, device, cfg) else 1
 
     os.makedirs(args.out, exist_ok=True)
     summary = {"config": cfg.to_dict(), "args": vars(args)}

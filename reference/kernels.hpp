@@ -34,7 +34,7 @@ namespace coda::ref {
 constexpr int64_t kPartialBlock = 128;
 constexpr int64_t kStagedPartialBlock = 64;
 constexpr int64_t partial_blocks(int64_t n, int64_t block = kPartialBlock) {
-  return (n + block - 1) / block;
+  return n / block + (n % block > 0 ? 1 : 0); // ceil(n / block), no overflow near 2^63
 }
 
 // ---- plain GEMM: D = alpha * op(A) op(B) + beta * C, D [M, N] in the layouts of gemm.hpp.

@@ -6,7 +6,9 @@
 set -euo pipefail
 build=$1 dest=$2 log=${3:-$1/build.log}
 rm -rf "$dest" && mkdir -p "$dest"/{src,tests,bench,examples}
-cp -P "$build"/src/libcoda.so* "$dest/src/"
+# The file under its SONAME (libcoda.so.0), which the binaries load, as a plain file: symlinks
+# may not survive the trip to the device.
+cp -L "$build"/src/libcoda.so.[0-9] "$dest/src/"
 cp "$build"/tests/coda_gpu_tests "$build"/tests/coda_cpu_tests "$dest/tests/"
 cp "$build"/bench/bench_gemm "$build"/bench/bench_fused "$build"/bench/bench_block "$dest/bench/"
 cp "$build"/examples/fused_geglu "$dest/examples/"

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Regenerate the tables of docs/PERFORMANCE.md from bench/results/*.json.
+"""Regenerate the tables of docs/PERFORMANCE.md and the status table of README.md from
+bench/results/*.json.
 
 Usage: tools/perf_tables.py [--check]
 Each table lives between <!-- NAME:begin --> and <!-- NAME:end --> markers, so hand-written text
-around it survives. --check exits 1 when the file is out of date instead of rewriting it.
+around it survives. --check exits 1 when either file is out of date instead of rewriting it.
 Where matplotlib is installed, the block benchmark's plot (bench/results/block.png, next to
 block.json) is redrawn too (not with --check); the table links it whenever the file exists.
 """
@@ -14,6 +15,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "PERFORMANCE.md")
+README = os.path.join(ROOT, "README.md")
 
 
 def tflops(case, ms):
@@ -275,6 +277,74 @@ PLOTS = {"block": block_plot, "gemm": gemm_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 
 
+def _short(commit):
+    return commit[:7]
+
+
+def _range(values):
+    lo, hi = "%.2f" % min(values), "%.2f" % max(values)
+    return lo if lo == hi else "%s-%s" % (lo, hi)
+
+
+def status_table(results):
+    """README.md's status table: every GPU number from bench/results, each with its commit."""
+    gemm, fused, block, torch = (results.get(n) for n in ("gemm", "fused", "block", "torch"))
+    rows = [("capability", "CPU backend", "GPU (sm_90a)"), ("---", "---", "---")]
+    if gemm:
+        ratios = [c["cublas_ms"] / c["coda_ms"] for c in gemm["cases"] if c["layout"] != "square"]
+        geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        rows.append(("GEMM, fwd / dgrad / wgrad layouts", "yes",
+                     "yes: %.2fx cuBLASLt's speed (geomean over the %d Llama block GEMMs, minimum"
+                     " %.2f), at `%s`" % (geomean, len(ratios), min(ratios),
+                                          _short(gemm["commit"]))))
+    backward_text = "yes: K6 and K7 one dgrad GEMM launch each; deterministic (no float atomics)"
+    if fused:
+        forward, backward = {}, {}
+        for c in fused["cases"]:
+            kernels = backward if c.get("layout", "fwd") == "dgrad" else forward
+            kernels.setdefault(c["kernel"], []).append(c["coda_ms"] / c["coda_gemm_ms"])
+
+        def summary(per_kernel):
+            every = [r for v in per_kernel.values() for r in v]
+            return "%sx the plain GEMM's time (%s; the target is 1.05x), at `%s`" % (
+                _range(every), ", ".join("%s %s" % (k, _range(v))
+                                         for k, v in sorted(per_kernel.items())),
+                _short(fused["commit"]))
+        rows.append(("forward kernels %s, first-layer statistics" % " ".join(sorted(forward)),
+                     "yes", "yes: one launch each; " + summary(forward)))
+        if backward:
+            backward_text = ("yes: K6 and K7 one dgrad GEMM launch each, " + summary(backward) +
+                             "; deterministic (no float atomics)")
+    rows.append(("backward kernels K6 K7, RoPE backward, cross-entropy, reduces", "yes",
+                 backward_text))
+    if block:
+        both = [c for c in block["cases"] if c["pass"] == "fwd+bwd" and c["coda_ms"] is not None]
+        tokens = min(c["tokens"] for c in both)
+        at = [c for c in both if c["tokens"] == tokens]
+        rows.append(("Llama block, first / middle / last layer, forward + backward", "yes",
+                     "yes: checked against the fp64 textbook block and bitwise identical run to"
+                     " run; %s the time of its GEMMs alone in cuBLASLt (forward + backward, %d"
+                     " tokens, `%s`)" % (" / ".join("%.2fx (%s)" % (c["coda_ms"] / c["gemm_only_ms"],
+                                                               c["model"].replace("llama-", "").upper())
+                                                    for c in at), tokens,
+                                         _short(block["commit"]))))
+    if torch:
+        model = [c for c in torch["cases"] if c["case"] == "model-1b" and c["pass"] == "fwd+bwd"]
+        if model and all(model[0].get(k) for k in ("coda_ms", "eager_ms", "compile_ms")):
+            c = model[0]
+            rows.append(("PyTorch package (`import coda`, `docs/python.md`)", "yes",
+                         "yes: a %d-layer Llama-1B trains %.2fx faster than PyTorch eager with"
+                         " %.2fx torch.compile's peak memory, at %.2fx torch.compile's speed (at"
+                         " `%s`)" % (c.get("layers", 16), c["eager_ms"] / c["coda_ms"],
+                                     c["coda_peak_mib"] / c["compile_peak_mib"],
+                                     c["compile_ms"] / c["coda_ms"], _short(torch["commit"]))))
+    gpus = sorted({r["gpu"] for r in (gemm, fused, block, torch) if r})
+    lines = ["| %s |" % " | ".join(r) for r in rows]
+    lines += ["", "Generated by `tools/perf_tables.py` from `bench/results/*.json` (%s); tables,"
+              " plots and dates in `docs/PERFORMANCE.md`." % ", ".join(gpus)]
+    return "\n".join(lines)
+
+
 def replace_section(text, name, body):
     begin, end = "<!-- %s:begin -->" % name, "<!-- %s:end -->" % name
     block = "%s\n%s\n%s" % (begin, body, end)
@@ -284,22 +354,38 @@ def replace_section(text, name, body):
     return text.rstrip("\n") + "\n\n" + block + "\n"
 
 
+def _load(json_name):
+    path = os.path.join(ROOT, "bench", "results", json_name)
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
 def main():
     check = "--check" in sys.argv[1:]
+    loaded = {name: _load(json_name) for name, (json_name, _) in TABLES.items()}
     text = open(DOC).read() if os.path.exists(DOC) else "# Performance\n"
     updated = text
     for name, (json_name, render) in TABLES.items():
-        path = os.path.join(ROOT, "bench", "results", json_name)
-        if os.path.exists(path):
-            with open(path) as f:
-                results = json.load(f)
+        results = loaded[name]
+        if results is not None:
             if not check and name in PLOTS:
                 PLOTS[name](results)
             updated = replace_section(updated, name, render(results))
+    readme = open(README).read()
+    readme_updated = replace_section(readme, "status", status_table(loaded))
     if check:
-        return 0 if updated == text else 1
+        stale = [os.path.relpath(p, ROOT) for p, old, new in
+                 ((DOC, text, updated), (README, readme, readme_updated)) if old != new]
+        if stale:
+            print("perf_tables.py --check: out of date: %s (run tools/perf_tables.py)"
+                  % ", ".join(stale))
+        return 1 if stale else 0
     with open(DOC, "w") as f:
         f.write(updated)
+    with open(README, "w") as f:
+        f.write(readme_updated)
     return 0
 
 

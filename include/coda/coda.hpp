@@ -13,6 +13,10 @@
 
 namespace coda {
 
+// True when this build has the GPU backend and the current CUDA device can run it (an sm_90
+// Hopper GPU); false otherwise, without raising (device tensors then get not_supported).
+bool gpu_supported();
+
 // D = alpha · op(A)·op(B) + beta · C in the layouts of GemmLayout.
 void gemm(const GemmArgs& args, Stream stream = nullptr);
 // Bytes of args.workspace that gemm(args) can use (GemmArgs documents the workspace): the

@@ -108,8 +108,19 @@ size_t cross_entropy_workspace_size(int64_t m) {
   if (m < 0)
     throw Error(Status::invalid_argument,
                 "cross_entropy_workspace_size: m must be >= 0; got " + std::to_string(m));
-  const auto region = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  return region(size_t(m) * sizeof(float)) + region(size_t(m) * sizeof(int32_t));
+  // Each region rounded up to 256 bytes. A size past SIZE_MAX is an error, never a wrapped
+  // (small) number: m >= 2^61 used to return 0 bytes.
+  const auto padded = [m](size_t element, size_t* bytes) {
+    return !__builtin_mul_overflow(size_t(m), element, bytes) &&
+           !__builtin_add_overflow(*bytes, size_t(255), bytes);
+  };
+  size_t loss = 0, flags = 0, total = 0;
+  if (!padded(sizeof(float), &loss) || !padded(sizeof(int32_t), &flags) ||
+      __builtin_add_overflow(loss / 256 * 256, flags / 256 * 256, &total))
+    throw Error(Status::invalid_argument,
+                "cross_entropy_workspace_size: m = " + std::to_string(m) +
+                    " rows need more than SIZE_MAX bytes of workspace");
+  return total;
 }
 
 } // namespace coda

@@ -102,3 +102,13 @@ void require_supported_gpu(const char* op) {
 #endif
 
 } // namespace coda::api
+
+namespace coda {
+
+#if CODA_WITH_CUDA
+bool gpu_supported() { return gpu::device_supported(); }
+#else
+bool gpu_supported() { return false; }
+#endif
+
+} // namespace coda

@@ -42,7 +42,15 @@ int64_t rope_width(const Validator& v, const RopeSpec& rope) {
         Status::invalid_argument,
         "rope.head_dim must be even and >= 2 (RoPE rotates the pairs (i, i + head_dim/2)); got " +
             std::to_string(rope.head_dim));
-  return (int64_t(rope.n_q_heads) + 2 * int64_t(rope.n_kv_heads)) * rope.head_dim;
+  // At most (3 * 2^31) * 2^31, past int64: a width that overflows is an error.
+  int64_t width = 0;
+  if (__builtin_mul_overflow(int64_t(rope.n_q_heads) + 2 * int64_t(rope.n_kv_heads), rope.head_dim,
+                             &width))
+    v.fail(Status::invalid_argument,
+           "rope: (n_q_heads + 2*n_kv_heads)*head_dim overflows 64 bits; got n_q_heads " +
+               std::to_string(rope.n_q_heads) + ", n_kv_heads " + std::to_string(rope.n_kv_heads) +
+               ", head_dim " + std::to_string(rope.head_dim));
+  return width;
 }
 
 void rope_tables(Validator& v, const RopeSpec& rope, int64_t m) {

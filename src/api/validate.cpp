@@ -98,6 +98,9 @@ Rows rows_of(const TensorView& t) {
   const int64_t es = dtype_size(t.dtype);
   const auto begin = int64_t(reinterpret_cast<uintptr_t>(t.data));
   if (t.rank == 1) return {begin, 1, t.shape[0] * es, t.shape[0] * es};
+  // A single row's stride is never used to address memory and may be any value (a huge one
+  // would overflow stride * es): its pitch is its width.
+  if (t.shape[0] == 1) return {begin, 1, t.shape[1] * es, t.shape[1] * es};
   return {begin, t.shape[0], t.shape[1] * es, t.stride[0] * es};
 }
 
@@ -234,7 +237,9 @@ void Validator::check_layout(const char* name, const TensorView& t, Elem elem) c
          n + " must be row-contiguous (stride[1] == 1, stride[0] >= shape[1]); got strides " +
              strides);
   const int64_t es = dtype_size(t.dtype);
-  if (needs_16_byte_rows(t, elem) && (t.stride[0] * es) % 16 != 0)
+  // stride[0] % (16 / es), not (stride[0] * es) % 16: the product overflows for strides past
+  // 2^62, which a single row may have (its stride addresses nothing).
+  if (needs_16_byte_rows(t, elem) && t.stride[0] % (16 / es) != 0)
     fail(Status::invalid_argument,
          n + " must have a row stride (stride[0]) that is a multiple of " +
              std::to_string(16 / es) + " elements (16 bytes, for TMA); got " +
@@ -248,8 +253,10 @@ void Validator::check_layout(const char* name, const TensorView& t, Elem elem) c
       fail(Status::invalid_argument, n + " is too large to address: shape " +
                                          dims_string(t.shape, t.rank) + ", strides " + strides);
   }
+  // The element count is last + 1, which itself overflows for last = INT64_MAX (found by the
+  // C ABI fuzzer: a [2, 1] f32 view with stride[0] = 2^63 - 1).
   int64_t bytes = 0;
-  if (__builtin_mul_overflow(last + 1, es, &bytes))
+  if (__builtin_add_overflow(last, 1, &last) || __builtin_mul_overflow(last, es, &bytes))
     fail(Status::invalid_argument,
          n + " is too large to address: shape " + dims_string(t.shape, t.rank));
   if (reinterpret_cast<uintptr_t>(t.data) % uintptr_t(es) != 0)

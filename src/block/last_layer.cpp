@@ -120,6 +120,9 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
 
   api::Validator v("coda::llama::last_backward");
   const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, saved);
+  // Not read (the loss gradient is saved.dlogits), but like every argument given it must be
+  // valid: the fuzzer found an unaddressable targets view accepted here.
+  v.optional_input("inputs.targets", inputs.targets, Elem::i32, {tokens_dim(m)});
   check_scalar(v, "grads.dloss.value", "grads.dloss.tensor", grads.dloss);
   check_mlp_gradients(v, config, m, mlp);
   v.output("grads.dweights.final_norm", dw.final_norm, Elem::half_or_f32, {hidden_dim(config)});

@@ -36,7 +36,19 @@ void check_config(const api::Validator& v, const Config& c, Layer layer) {
     v.fail(Status::invalid_argument,
            "config.head_dim must be even (RoPE rotates the pairs (i, i + head_dim/2)); got " +
                std::to_string(c.head_dim));
+  // The widths derived from the config (n_heads*head_dim, qkv_width, 2*intermediate) must fit
+  // in 64 bits before any shape is compared with them.
+  int64_t width = 0;
+  if (__builtin_mul_overflow(int64_t(c.n_heads) + 2 * int64_t(c.n_kv_heads), c.head_dim, &width))
+    v.fail(Status::invalid_argument,
+           "config: (n_heads + 2*n_kv_heads)*head_dim overflows 64 bits; got n_heads " +
+               std::to_string(c.n_heads) + ", n_kv_heads " + std::to_string(c.n_kv_heads) +
+               ", head_dim " + std::to_string(c.head_dim));
   if (layer != Layer::first) positive(v, "intermediate", c.intermediate, "the SwiGLU width");
+  if (layer != Layer::first && __builtin_mul_overflow(c.intermediate, 2, &width))
+    v.fail(Status::invalid_argument, "config.intermediate must be < 2^62 (2*intermediate rows of "
+                                     "the gate/up weight); got " +
+                                         std::to_string(c.intermediate));
   if (layer == Layer::last) positive(v, "vocab", c.vocab, "the LM head's output width");
   if (!std::isfinite(c.eps) || c.eps < 0.f)
     v.fail(Status::invalid_argument,

@@ -91,7 +91,7 @@ void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
   rope_args.positions = rope.positions;
   rope_args.inv_freq = rope.inv_freq;
   rope_args.head_dim = head_dim;
-  rope_args.rotated_cols = int64_t(rope.n_q_heads + rope.n_kv_heads) * head_dim; // Q and K
+  rope_args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * head_dim; // Q and K
   ep::Rope rotate(rope_args);
   ep::StoreTile out({args.out});
   ep::RoundTo staged({args.out.dtype}); // the GPU's Stage<T>: RoPE on z as stored

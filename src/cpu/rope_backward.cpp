@@ -32,7 +32,7 @@ void rope_backward(const RopeBackwardArgs& args) {
   rope_args.positions = rope.positions;
   rope_args.inv_freq = rope.inv_freq;
   rope_args.head_dim = rope.head_dim;
-  rope_args.rotated_cols = int64_t(rope.n_q_heads + rope.n_kv_heads) * rope.head_dim;
+  rope_args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * rope.head_dim;
   rope_args.inverse = true;
   ep::Rope rotate(rope_args);
   ep::StoreTile dz({args.dz});

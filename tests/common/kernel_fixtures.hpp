@@ -91,7 +91,8 @@ std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1, doub
 
 // An output checked by the tolerance rule (check.hpp) after its guard bytes: empty on success.
 std::string check_output(const std::string& name, const HostTensor& out,
-                         const std::vector<double>& exact, const std::vector<double>& unfused);
+                         const std::vector<double>& exact, const std::vector<double>& unfused,
+                         double atol = 1e-6);
 // A scalar output (the loss, a grad scale) as a [1] tensor.
 std::string check_output(const std::string& name, const HostTensor& out, double exact,
                          double unfused);
@@ -156,5 +157,10 @@ struct CrossEntropyOutputs {
 // The call on in and out (views as HostTensor::view gives them; no workspace).
 CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs& out,
                                     LossReduction reduction);
+
+// K7's zeta partials against the fp64 ones: within what rounding dy to `dtype` (K7's Stage) can
+// move them, sum over the block of |d(g dg + u du) / d dy| ulp(dy) / 2, plus the fp32 evaluation.
+void expect_zeta_within_dy_rounding(const HostTensor& partials, const std::vector<double>& exact,
+                                    const ref::SwigluBackwardInputs& in, DType dtype);
 
 } // namespace coda::test

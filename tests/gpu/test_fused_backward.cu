@@ -206,13 +206,13 @@ struct DeviceSwigluBackward {
 // act and dpreact absorb that within their one-ulp rule; a zeta partial sums g dg + u du =
 // dy (g u sig (1 + g (1 - sig)) + u s) over its block, so each such dy moves it by up to
 // |d term / d dy| ulp(dy). The CPU parity of the partials allows the whole block that much on top
-// of the rule (the fp64 check in expect_matches still holds them to twice the unfused error).
+// of the rule; against fp64 they are held to what the rounding of dy allows
+// (expect_zeta_within_dy_rounding).
 void expect_zeta_matches(const SwigluBackwardCase& gpu, const SwigluBackwardCase& cpu,
                          const ref::SwigluBackwardOutputs& exact,
                          const ref::SwigluBackwardOutputs& unfused,
                          const ref::SwigluBackwardInputs& in, DType dtype) {
-  CODA_EXPECT_PASSES(
-      check_output("zeta_partials", gpu.partials, exact.zeta_partials, unfused.zeta_partials));
+  expect_zeta_within_dy_rounding(gpu.partials, exact.zeta_partials, in, dtype);
   const int mantissa_bits = dtype == DType::bf16 ? 8 : 11;
   const int64_t M = in.M, F = in.F, K = in.K, blocks = gpu.partials.shape()[1];
   const std::vector<double> out = gpu.partials.values(), c = cpu.partials.values();

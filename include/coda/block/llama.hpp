@@ -50,7 +50,7 @@ struct Config {
   LossReduction loss_reduction = LossReduction::mean;
 
   int64_t attention_width() const { return int64_t(n_heads) * head_dim; }
-  int64_t qkv_width() const { return int64_t(n_heads + 2 * n_kv_heads) * head_dim; }
+  int64_t qkv_width() const { return (int64_t(n_heads) + 2 * int64_t(n_kv_heads)) * head_dim; }
 };
 
 enum class Layer : int32_t { first = 0, middle = 1, last = 2 };
@@ -192,7 +192,8 @@ void last_forward(const Config& config, const LastWeights& weights, const LastIn
 
 // B1 is K6 with A = dlogits, alpha = dloss * grad_scale, zeta = saved.zeta * alpha / D. alpha is
 // formed on the block's device (in the workspace) from saved.grad_scale and dloss, so a mean
-// loss or a device dloss needs no host synchronization.
+// loss or a device dloss needs no host synchronization. inputs.targets is not read (the forward
+// saved dlogits) and may be absent; when given it is validated like the forward's.
 void last_backward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
                    const LastSaved& saved, const LastGrads& grads, bool accumulate,
                    const TensorView& workspace, Stream stream = nullptr);

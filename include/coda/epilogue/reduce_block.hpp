@@ -14,7 +14,10 @@
 namespace coda {
 
 constexpr int64_t kReduceBlock = 128;
-constexpr int64_t num_reduce_blocks(int64_t n) { return (n + kReduceBlock - 1) / kReduceBlock; }
+// ceil(n / kReduceBlock) for n >= 0, written so that no n overflows (n + 127 would near 2^63).
+constexpr int64_t num_reduce_blocks(int64_t n) {
+  return n / kReduceBlock + (n % kReduceBlock > 0 ? 1 : 0);
+}
 
 constexpr int64_t kStagedReduceBlock = 64;
 constexpr int64_t num_staged_reduce_blocks(int64_t n) {

@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of fuzz_c_abi (tests/fuzz/corpus/): one valid call of every entry
+point and sub-case, at a small and a ragged size, plus a few broken ones.
+
+An input is read front to back by the harness: byte 0 picks the entry point, bytes 1-4 seed the
+input values, then each entry reads its dimensions and sub-cases, then one or more decision bytes
+per argument, where 0 always means "as valid". Missing bytes read as 0, so a short input is a
+valid call of small dimensions.
+
+Inputs named regression_* are not written here: each is an input that once found a defect
+(kept as found by the fuzzer)."""
+import os
+import sys
+
+ENTRIES = ["gemm", "residual_rms", "rms_scale", "rms_swiglu", "rms_rope", "rms_lse",
+           "rms_backward", "swiglu_backward", "reductions", "rope_backward", "cross_entropy",
+           "gate_up", "size_queries", "llama"]
+SEED = bytes([0x12, 0x34, 0x56, 0x78])
+
+# Dimension and sub-case bytes after the seed, per entry (several cases each).
+CASES = {
+    "gemm": [[layout, m, n, k] for layout in range(3) for (m, n, k) in [(0, 0, 0), (4, 2, 36)]],
+    "residual_rms": [[0, 0, 0], [36, 17, 3]],
+    "rms_scale": [[0, 0, 0], [36, 5, 7]],
+    "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
+    "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0]],
+    "rms_lse": [[0, 0, 0], [29, 39, 5]],
+    "rms_backward": [[0, 0, 0], [36, 7, 5]],
+    "swiglu_backward": [[0, 0, 0], [36, 3, 7]],
+    "reductions": [[m, p, n, case] for case in range(4) for (m, p, n) in [(0, 0, 0), (59, 4, 19)]],
+    "rope_backward": [[0, 0, 3, 0], [1, 1, 7, 29]],
+    "cross_entropy": [[0, 0], [29, 39]],
+    "gate_up": [[f, k, dtype, direction] for dtype in range(4) for direction in range(2)
+                for (f, k) in [(0, 7)]],
+    "size_queries": [[0] * 8, [0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
+                     [0x20, 0, 0, 0, 0, 0, 0, 0]],
+    "llama": [[layer, pass_, 1, 1, 1, 3, 3, 5, 0, 23] for layer in range(3) for pass_ in range(2)]
+             + [[layer, pass_] for layer in range(3) for pass_ in range(2)],
+}
+
+
+def main():
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "corpus")
+    os.makedirs(out, exist_ok=True)
+    for index, name in enumerate(ENTRIES):
+        for i, case in enumerate(CASES[name]):
+            with open(os.path.join(out, "%s_%d" % (name, i)), "wb") as f:
+                f.write(bytes([index]) + SEED + bytes(case))
+    # Broken calls: each kind of break (decision bytes 200-208) on one of the first arguments
+    # of a few entries (which one depends on the bytes the entry reads before its tensors).
+    for index in (0, 1, 5, 13):
+        for kind in range(9):
+            dims = [0] * len(CASES[ENTRIES[index]][0])
+            with open(os.path.join(out, "%s_broken_%d" % (ENTRIES[index], kind)), "wb") as f:
+                f.write(bytes([index]) + SEED + bytes(dims) + bytes([0, 200 + kind, 0x85]))
+
+
+if __name__ == "__main__":
+    main()

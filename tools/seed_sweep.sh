@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Runs one gtest suite over N consecutive seeds and reports the failing ones and how much of its
+# tolerance each output used (max |out - ref| over 2 max |baseline - ref| + atol, atol = 1e-6
+# unless the test says otherwise: a test fails above 1).
+#   tools/seed_sweep.sh SUITE N [--first S] [--gpu] [--log FILE]
+#     SUITE  a gtest filter, e.g. 'Kernels/RmsLse.*' or 'Kernels/*:Cpu/*'
+#     N      the number of seeds: S, S+1, ..., S+N-1 (default S = 1)
+#     --gpu  the GPU suite (coda_gpu_tests) instead of the CPU one
+#   BUILD_DIR=... (default build) names the build folder; JOBS=... the parallel processes.
+# One failing seed replays with CODA_TEST_SEED=<seed> <binary> --gtest_filter=<test>.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[[ $# -ge 2 ]] || { sed -n '2,10p' "$0"; exit 2; }
+suite=$1 n=$2
+shift 2
+first=1 binary=coda_cpu_tests log=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --first) first=$2; shift 2 ;;
+    --gpu) binary=coda_gpu_tests; shift ;;
+    --log) log=$2; shift 2 ;;
+    *) echo "seed_sweep.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+build=${BUILD_DIR:-build}
+exe=$build/tests/$binary
+[[ -x $exe ]] || { echo "seed_sweep.sh: $exe not built (tools/test.sh builds it)" >&2; exit 2; }
+jobs=${JOBS:-$(nproc)}
+[[ -n $log ]] || log=$(mktemp /tmp/seed_sweep.XXXXXX)
+: > "$log"
+
+# The seeds in `jobs` contiguous chunks, one process each (--gtest_repeat: iteration i runs
+# seed first + i).
+chunk=$(( (n + jobs - 1) / jobs ))
+pids=()
+for (( start = first; start < first + n; start += chunk )); do
+  count=$(( first + n - start < chunk ? first + n - start : chunk ))
+  CODA_TEST_SEED=$start CODA_TEST_ERROR_LOG=$log.$start \
+    "$exe" --gtest_filter="$suite" --gtest_repeat="$count" --gtest_brief=1 \
+    > "$log.$start.out" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+cat "$log".*[0-9] > "$log" && rm -f "$log".*[0-9]
+
+rc=0
+python3 - "$log" "$suite" "$first" "$n" <<'PY' || rc=$?
+import collections, sys
+log, suite, first, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+results = collections.defaultdict(lambda: collections.Counter())
+failing = collections.defaultdict(list)
+use = {}  # (test suite, output) -> [max use, seed, test, count, sum of use]
+for line in open(log):
+    f = line.rstrip("\n").split("\t")
+    if f[0] == "result":
+        _, test, seed, result = f
+        results[test.split(".")[0]][result] += 1
+        if result == "fail":
+            failing[test].append(int(seed))
+    elif f[0] == "check":
+        _, test, what, seed, err, base, atol = f
+        u = float(err) / (2 * float(base) + float(atol))
+        key = (test.split(".")[0], what)
+        e = use.setdefault(key, [0.0, 0, "", 0, 0.0])
+        if u > e[0]:
+            e[0], e[1], e[2] = u, int(seed), test
+        e[3] += 1
+        e[4] += u
+print("seed sweep: %s, seeds %d..%d" % (suite, first, first + n - 1))
+for s in sorted(results):
+    c = results[s]
+    print("  %-40s pass %d, fail %d, skip %d" % (s, c["pass"], c["fail"], c["skip"]))
+if use:
+    print("tolerance used, max |out-ref| / (2 max |baseline-ref| + atol) (fails above 1):")
+    print("  %-40s %-18s %8s %8s  %s" % ("suite", "output", "max", "mean", "worst seed (test)"))
+    for (s, what), (mx, seed, test, count, total) in sorted(use.items()):
+        print("  %-40s %-18s %8.3f %8.3f  %d (%s)" % (s, what, mx, total / count, seed, test))
+if failing:
+    print("failing seeds:")
+    for test, seeds in sorted(failing.items()):
+        print("  %s: %s" % (test, " ".join(map(str, seeds[:20])) + (" ..." if len(seeds) > 20 else "")))
+    sys.exit(1)
+print("no failing seed")
+PY
+[[ $rc -eq 0 && $status -eq 0 ]] && rm -f "$log".*.out || echo "gtest output: $log.*.out"
+exit $(( rc || status ))
