@@ -140,7 +140,6 @@ const Variant kVariants[] = {
     {"pingpong", pingpong_plan},
     {"wide_3stages", study_plan<KernelId::wide_3stages>},
     {"wide192", study_plan<KernelId::wide192>},
-    {"pingpong192", study_plan<KernelId::pingpong192>},
     {"staged", study_plan<KernelId::staged>},
     {"staged192", study_plan<KernelId::staged192>},
     {"staged192_no_sk", study_plan_no_sk<KernelId::staged192>},

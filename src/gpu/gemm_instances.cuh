@@ -100,8 +100,6 @@ GemmLauncher launcher_for(sm90::KernelId kernel) {
     return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::cooperative>, kLayout, InT, OutT>();
   case KernelId::wide192:
     return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::cooperative>, kLayout, InT, OutT>();
-  case KernelId::pingpong192:
-    return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::pingpong>, kLayout, InT, OutT>();
   case KernelId::staged:
     return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::staged>, kLayout, InT, OutT>();
   case KernelId::staged192:

@@ -505,6 +505,11 @@ private:
 
 // ---- the entry points. Dimensions are small; N-like dimensions are multiples of 8.
 
+// K5's lse and K7's zeta partials: one per CODA_STAGED_REDUCE_BLOCK columns.
+int64_t staged_blocks(int64_t n) {
+  return (n + CODA_STAGED_REDUCE_BLOCK - 1) / CODA_STAGED_REDUCE_BLOCK;
+}
+
 void fuzz_gemm(Call& c) {
   Reader& in = c.in();
   const int32_t layout = int32_t(in.byte() % 3);
@@ -607,7 +612,7 @@ void fuzz_rms_lse(Call& c) {
   a.a = x.a, a.w = x.w, a.sumsq_partials = x.partials, a.eps = x.eps;
   a.targets = c.indices("targets", {m}, -101, int32_t(v) + 3); // ignore_index and out of range
   a.logits = c.output("logits", c.half(), {m, v});
-  a.lse_partials = c.output("lse_partials", CODA_F32, {m, (v + 127) / 128});
+  a.lse_partials = c.output("lse_partials", CODA_F32, {m, staged_blocks(v)});
   a.target_logit = c.output("target_logit", CODA_F32, {m});
   a.rstd_out = c.optional("rstd_out", Role::output, CODA_F32, {m});
   c.run("coda_gemm_rms_lse", [&] { return coda_gemm_rms_lse(&a, nullptr); });
@@ -642,7 +647,7 @@ void fuzz_swiglu_backward(Call& c) {
   a.preact = c.input("preact", t, {m, 2 * f}, -4.f, 4.f);
   a.act = c.output("act", t, {m, f});
   a.dpreact = c.output("dpreact", t, {m, 2 * f});
-  a.zeta_partials = c.output("zeta_partials", CODA_F32, {m, (f + 127) / 128});
+  a.zeta_partials = c.output("zeta_partials", CODA_F32, {m, staged_blocks(f)});
   c.run("coda_gemm_swiglu_backward", [&] { return coda_gemm_swiglu_backward(&a, nullptr); });
 }
 

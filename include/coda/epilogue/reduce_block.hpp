@@ -20,8 +20,9 @@ constexpr int64_t num_reduce_blocks(int64_t n) {
 }
 
 constexpr int64_t kStagedReduceBlock = 64;
+// ceil(n / kStagedReduceBlock), overflow-free as num_reduce_blocks.
 constexpr int64_t num_staged_reduce_blocks(int64_t n) {
-  return (n + kStagedReduceBlock - 1) / kStagedReduceBlock;
+  return n / kStagedReduceBlock + (n % kStagedReduceBlock > 0 ? 1 : 0);
 }
 
 } // namespace coda
