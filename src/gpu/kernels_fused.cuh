@@ -41,7 +41,7 @@ using BeforeStage = std::conditional_t<Shape::kStaged, dev::TileShape<2, 64, Sha
 // the staged schedule none (dev::kPartialsInRegisters: its consumers hold up to 32 per row in
 // registers across the mainloop, so that 4 pipeline stages fit beside the staged tile; shared
 // memory for 32 left 3); 32 otherwise.
-template <class Shape, class F> void with_staged_partials(const TensorView&, F&& f) {
+template <class Shape, class F> void with_staged_partials(F&& f) {
   if constexpr (Shape::kStaged)
     return f(std::integral_constant<int, dev::kPartialsInRegisters>{});
   else

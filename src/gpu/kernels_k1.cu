@@ -41,7 +41,7 @@ void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::with_half_type(args.a.dtype, [&](auto t) {
     fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
       using Shape = decltype(shape);
-      fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
+      fused::with_staged_partials<Shape>([&](auto partials) {
         fused::run_rms_scale<Shape, decltype(t), decltype(partials)::value>(args, stream);
       });
     });

@@ -51,7 +51,7 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
     if (head_dim == 64)
       fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
         using Shape = decltype(shape);
-        fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
+        fused::with_staged_partials<Shape>([&](auto partials) {
           fused::run_rms_rope<Shape, decltype(t), 64, decltype(partials)::value>(args, stream);
         });
       });

@@ -45,7 +45,7 @@ void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
     // 1.52x, 1.07x against 1.25x at Llama-8B).
     fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
       using Shape = decltype(shape);
-      fused::with_staged_partials<Shape>(args.sumsq_partials, [&](auto partials) {
+      fused::with_staged_partials<Shape>([&](auto partials) {
         fused::run_rms_lse<Shape, decltype(t), decltype(partials)::value>(args, stream);
       });
     });

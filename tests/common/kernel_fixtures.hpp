@@ -158,9 +158,18 @@ struct CrossEntropyOutputs {
 CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs& out,
                                     LossReduction reduction);
 
-// K7's zeta partials against the fp64 ones: within what rounding dy to `dtype` (K7's Stage) can
-// move them, sum over the block of |d(g dg + u du) / d dy| ulp(dy) / 2, plus the fp32 evaluation.
+// What rounding dy to `dtype` (K7's Stage) can move each of K7's zeta partials [M, blocks]:
+// half_ulp_moves = sum over the block of |d(g dg + u du) / d dy| ulp(dy) / 2 (dy in fp64), and
+// magnitude = sum of |d term / d dy| |dy| (the scale of its fp32 evaluation).
+struct ZetaDyRounding {
+  int64_t blocks = 0;
+  std::vector<double> half_ulp_moves, magnitude;
+};
+ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype);
+
+// K7's zeta partials against the fp64 ones: within what rounding dy can move them, plus the
+// fp32 evaluation.
 void expect_zeta_within_dy_rounding(const HostTensor& partials, const std::vector<double>& exact,
-                                    const ref::SwigluBackwardInputs& in, DType dtype);
+                                    const ZetaDyRounding& rounding);
 
 } // namespace coda::test

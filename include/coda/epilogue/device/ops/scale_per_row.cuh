@@ -153,7 +153,7 @@ struct ScalePerRow : OpBase {
           // The 4 lanes sharing the row each sum every 4th partial (a 4 times shorter chain of
           // dependent adds), then merge as a quad: a fixed order, the same in every lane.
           float sum = Sum<float>::identity();
-          if (kInRegisters && register_path(p)) {
+          if (register_path(p)) {
             // The same order as below: partials q, q + 4, ... one after another.
 #pragma unroll
             for (int i = 0; i < kPerLane; ++i)

@@ -28,6 +28,20 @@
 
 namespace coda::epilogue::device {
 
+// Registers (i, i + 1), i even, of the fragment: the pair of dy values of two adjacent containers
+// z = (g, u) pairs. Replaces them by act, leaves the zeta terms in aux, returns the (dg, du) pairs
+// packed as the containers are.
+template <class T>
+__device__ __forceinline__ uint2 swiglu_backward_pair(uint2 z, float (&v)[16], float (&aux)[16],
+                                                      int i) {
+  const float2 lo_pair = unpack2<T>(z.x), hi_pair = unpack2<T>(z.y);
+  const auto lo = swiglu_backward(lo_pair.x, lo_pair.y, v[i]);
+  const auto hi = swiglu_backward(hi_pair.x, hi_pair.y, v[i + 1]);
+  v[i] = lo.act, v[i + 1] = hi.act;
+  aux[i] = lo.zeta_term, aux[i + 1] = hi.zeta_term;
+  return make_uint2(pack2<T>(lo.dgate, lo.dup), pack2<T>(hi.dgate, hi.dup));
+}
+
 template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
   static_assert(sizeof(T) == 2, "16-bit pre-activations and gradients");
   using Pairs = SubtileLayout<float>; // 64 x 32 32-bit containers, 128-byte swizzle
@@ -66,14 +80,8 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
     for (int i = 0; i < 16; i += 2) {
       const uint32_t off =
           Pairs::offset(SubtileMap::row(c.wg.thread, i), SubtileMap::col(c.wg.thread, i));
-      const uint2 z = *reinterpret_cast<const uint2*>(in + off);
-      const float2 lo_pair = unpack2<T>(z.x), hi_pair = unpack2<T>(z.y);
-      const auto lo = swiglu_backward(lo_pair.x, lo_pair.y, v[i]);
-      const auto hi = swiglu_backward(hi_pair.x, hi_pair.y, v[i + 1]);
       *reinterpret_cast<uint2*>(out + off) =
-          make_uint2(pack2<T>(lo.dgate, lo.dup), pack2<T>(hi.dgate, hi.dup));
-      v[i] = lo.act, v[i + 1] = hi.act;
-      aux[i] = lo.zeta_term, aux[i + 1] = hi.zeta_term;
+          swiglu_backward_pair<T>(*reinterpret_cast<const uint2*>(in + off), v, aux, i);
     }
   }
 
@@ -147,19 +155,14 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
     for (int i = 0; i < 16; i += 2) {
       const int64_t row = int64_t(st.row0) + SubtileMap::row(c.wg.thread, i);
       const int32_t j = st.col0 + SubtileMap::col(c.wg.thread, i);
-      const float2 lo_pair = unpack2<T>(z[i / 2].x), hi_pair = unpack2<T>(z[i / 2].y);
-      const auto lo = swiglu_backward(lo_pair.x, lo_pair.y, v[i]);
-      const auto hi = swiglu_backward(hi_pair.x, hi_pair.y, v[i + 1]);
-      const uint32_t dlo = pack2<T>(lo.dgate, lo.dup), dhi = pack2<T>(hi.dgate, hi.dup);
+      const uint2 d = swiglu_backward_pair<T>(z[i / 2], v, aux, i);
       if (row < p.rows) {
         uint32_t* out = p.dpreact + row * p.dpreact_stride + j;
         if (j + 1 < p.cols)
-          *reinterpret_cast<uint2*>(out) = make_uint2(dlo, dhi);
+          *reinterpret_cast<uint2*>(out) = d;
         else if (j < p.cols)
-          *out = dlo;
+          *out = d.x;
       }
-      v[i] = lo.act, v[i + 1] = hi.act;
-      aux[i] = lo.zeta_term, aux[i + 1] = hi.zeta_term;
     }
   }
 
