@@ -216,13 +216,6 @@ private:
                            get<I>(params), get<I>(smem), wg});
     }
   }
-  template <int I, class T> __device__ static T& get(Indexed<I, T>& x) { return x.value; }
-  template <int I, class T> __device__ static const T& get(const Indexed<I, T>& x) {
-    return x.value;
-  }
-  template <int I, class T, bool kEmpty> __device__ static T& get(IndexedStorage<I, T, kEmpty>& x) {
-    return device::get<I>(x);
-  }
 };
 
 template <class Shape, class... Ops> class FusedEpilogue {
