@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -30,37 +31,25 @@ constexpr int kThreads = 256;
 
 __device__ inline float round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
-__device__ inline void load8(const bf16* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// N consecutive bf16 values (N = 4 or 8: one 8- or 16-byte access) to and from fp32.
+template <int N> using Packed = std::conditional_t<N == 8, uint4, uint2>;
+template <int N> __device__ inline void load_bf16(const bf16* p, float (&v)[N]) {
+  static_assert(N == 4 || N == 8, "one 8- or 16-byte access");
+  const Packed<N> raw = *reinterpret_cast<const Packed<N>*>(p);
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < N / 2; ++k) {
     const float2 f = __bfloat1622float2(h[k]);
     v[2 * k] = f.x, v[2 * k + 1] = f.y;
   }
 }
-__device__ inline void store8(bf16* p, const float (&v)[8]) {
-  uint4 raw;
+template <int N> __device__ inline void store_bf16(bf16* p, const float (&v)[N]) {
+  static_assert(N == 4 || N == 8, "one 8- or 16-byte access");
+  Packed<N> raw;
   __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
-__device__ inline void load4(const bf16* p, float (&v)[4]) {
-  const uint2 raw = *reinterpret_cast<const uint2*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    v[2 * k] = f.x, v[2 * k + 1] = f.y;
-  }
-}
-__device__ inline void store4(bf16* p, const float (&v)[4]) {
-  uint2 raw;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int k = 0; k < 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
-  *reinterpret_cast<uint2*>(p) = raw;
+  for (int k = 0; k < N / 2; ++k) h[k] = __floats2bfloat162_rn(v[2 * k], v[2 * k + 1]);
+  *reinterpret_cast<Packed<N>*>(p) = raw;
 }
 
 // Sum over the kThreads threads of a block; every thread gets the total.
@@ -85,10 +74,10 @@ __device__ float block_sum(float x) {
 __global__ void add_kernel(const bf16* a, const bf16* b, bf16* out, int64_t n8) {
   GRID_STRIDE(i, n8) {
     float x[8], y[8];
-    load8(a + 8 * i, x), load8(b + 8 * i, y);
+    load_bf16(a + 8 * i, x), load_bf16(b + 8 * i, y);
 #pragma unroll
     for (int k = 0; k < 8; ++k) x[k] += y[k];
-    store8(out + 8 * i, x);
+    store_bf16(out + 8 * i, x);
   }
 }
 
@@ -100,7 +89,7 @@ __global__ void rmsnorm_kernel(const bf16* x, const bf16* gamma, bf16* out, floa
   float sum = 0.f;
   for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
     float v[8];
-    load8(row + c, v);
+    load_bf16(row + c, v);
 #pragma unroll
     for (int k = 0; k < 8; ++k) sum += v[k] * v[k];
   }
@@ -108,10 +97,10 @@ __global__ void rmsnorm_kernel(const bf16* x, const bf16* gamma, bf16* out, floa
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
     float v[8], g[8];
-    load8(row + c, v), load8(gamma + c, g);
+    load_bf16(row + c, v), load_bf16(gamma + c, g);
 #pragma unroll
     for (int k = 0; k < 8; ++k) v[k] = round_bf16(v[k] * r) * g[k];
-    store8(out + int64_t(blockIdx.x) * d + c, v);
+    store_bf16(out + int64_t(blockIdx.x) * d + c, v);
   }
 }
 
@@ -124,17 +113,17 @@ __global__ void rmsnorm_backward_kernel(const bf16* dh, const bf16* x, const flo
   float dot = 0.f;
   for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
     float g[8], v[8], w[8];
-    load8(dh + base + c, g), load8(x + base + c, v), load8(gamma + c, w);
+    load_bf16(dh + base + c, g), load_bf16(x + base + c, v), load_bf16(gamma + c, w);
 #pragma unroll
     for (int k = 0; k < 8; ++k) dot += g[k] * w[k] * v[k];
   }
   const float coef = r * r * block_sum(dot) / float(d);
   for (int32_t c = threadIdx.x * 8; c < d; c += kThreads * 8) {
     float g[8], v[8], w[8];
-    load8(dh + base + c, g), load8(x + base + c, v), load8(gamma + c, w);
+    load_bf16(dh + base + c, g), load_bf16(x + base + c, v), load_bf16(gamma + c, w);
 #pragma unroll
     for (int k = 0; k < 8; ++k) g[k] = r * (g[k] * w[k] - v[k] * coef);
-    store8(dx + base + c, g);
+    store_bf16(dx + base + c, g);
   }
 }
 
@@ -151,7 +140,7 @@ __global__ void dgamma_partials_kernel(const bf16* dh, const bf16* x, const floa
   for (int64_t m = begin; m < end; ++m) {
     const float r = rstd[m];
     float g[8], v[8];
-    load8(dh + m * d + c, g), load8(x + m * d + c, v);
+    load_bf16(dh + m * d + c, g), load_bf16(x + m * d + c, v);
 #pragma unroll
     for (int k = 0; k < 8; ++k) acc[k] += g[k] * round_bf16(v[k] * r);
   }
@@ -187,13 +176,13 @@ __global__ void column_sum_kernel(const float* partials, int32_t splits, int32_t
 __global__ void swiglu_kernel(const bf16* z, bf16* y, int64_t n4) {
   GRID_STRIDE(i, n4) {
     float v[8], o[4];
-    load8(z + 8 * i, v);
+    load_bf16(z + 8 * i, v);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float g = v[2 * k], u = v[2 * k + 1];
       o[k] = g / (1.f + __expf(-g)) * u;
     }
-    store4(y + 4 * i, o);
+    store_bf16(y + 4 * i, o);
   }
 }
 
@@ -202,7 +191,7 @@ __global__ void swiglu_kernel(const bf16* z, bf16* y, int64_t n4) {
 __global__ void swiglu_backward_kernel(const bf16* z, const bf16* dy, bf16* dz, int64_t n4) {
   GRID_STRIDE(i, n4) {
     float v[8], d[4], o[8];
-    load8(z + 8 * i, v), load4(dy + 4 * i, d);
+    load_bf16(z + 8 * i, v), load_bf16(dy + 4 * i, d);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const float g = v[2 * k], u = v[2 * k + 1];
@@ -210,7 +199,7 @@ __global__ void swiglu_backward_kernel(const bf16* z, const bf16* dy, bf16* dz, 
       o[2 * k] = d[k] * u * s * (1.f + g * (1.f - s));
       o[2 * k + 1] = d[k] * g * s;
     }
-    store8(dz + 8 * i, o);
+    store_bf16(dz + 8 * i, o);
   }
 }
 
@@ -232,7 +221,7 @@ __global__ void rope_kernel(const bf16* in, bf16* out, const int32_t* positions,
     const int64_t m = t / heads;
     const int64_t offset = m * width + int64_t(h) * head_dim + c * 8;
     float a[8], b[8];
-    load8(in + offset, a), load8(in + offset + half, b);
+    load_bf16(in + offset, a), load_bf16(in + offset + half, b);
     if (h < rotated_heads) {
       const float pos = float(positions[m]);
 #pragma unroll
@@ -244,7 +233,7 @@ __global__ void rope_kernel(const bf16* in, bf16* out, const int32_t* positions,
         b[k] = kBackward ? y * cs - x * sn : y * cs + x * sn;
       }
     }
-    store8(out + offset, a), store8(out + offset + half, b);
+    store_bf16(out + offset, a), store_bf16(out + offset + half, b);
   }
 }
 
