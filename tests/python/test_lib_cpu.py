@@ -66,15 +66,22 @@ def test_struct_layout_matches_c_compiler(c_layout, name):
                                                                            c[field])
 
 
+def _c_headers():
+    """The text of every C header (.h) under include/coda (none where the tree is not beside this
+    test)."""
+    for root, _, files in os.walk(os.path.join(REPO, "include", "coda")):
+        for f in sorted(files):
+            if f.endswith(".h"):
+                with open(os.path.join(root, f)) as h:
+                    yield h.read()
+
+
 def test_every_header_struct_is_bound():
     """Each `typedef struct` of the headers coda.h pulls in has a Structure (the generator's
     parser aside: read here from the headers' text)."""
     found = set()
-    for root, _, files in os.walk(os.path.join(REPO, "include", "coda")):
-        for f in files:
-            if f.endswith(".h"):
-                text = open(os.path.join(root, f)).read()
-                found |= set(re.findall(r"typedef\s+struct\s+(\w+)\s*\{", text))
+    for text in _c_headers():
+        found |= set(re.findall(r"typedef\s+struct\s+(\w+)\s*\{", text))
     if not found:
         pytest.skip("the C headers are not beside this test")
     assert found == set(L.STRUCTS)
@@ -83,11 +90,8 @@ def test_every_header_struct_is_bound():
 def test_every_function_is_declared():
     """Each CODA_API function of the headers has a signature, and the kernels a wrapper."""
     names = set()
-    for root, _, files in os.walk(os.path.join(REPO, "include", "coda")):
-        for f in files:
-            if f.endswith(".h"):
-                text = open(os.path.join(root, f)).read()
-                names |= set(re.findall(r"CODA_API\s+[^;(]*?\b(coda_\w+)\s*\(", text))
+    for text in _c_headers():
+        names |= set(re.findall(r"CODA_API\s+[^;(]*?\b(coda_\w+)\s*\(", text))
     if not names:
         pytest.skip("the C headers are not beside this test")
     assert names == set(L._SIGNATURES)
