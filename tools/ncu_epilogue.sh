@@ -5,15 +5,22 @@
 # per-instruction stall samples as CSV (tools/ncu_stalls.py summarizes it), under $OUT. Run on
 # the GPU machine from the repository root, on a build that has bench_fused:
 #   OUT=/tmp/ncu BUILD=build-slim tools/ncu_epilogue.sh K0
+# LAUNCH_SKIP=N profiles the fused kernel's (N+1)-th launch instead of its first: bench_fused's
+# warm-up launches the default schedule, then (except K6) cooperative, ping-pong and staged
+# forced, so LAUNCH_SKIP=3 is the staged kernel (its plain GEMM is still the first launch).
 set -uo pipefail
 OUT=${OUT:-/tmp/coda_ncu}
 BUILD=${BUILD:-build-gpu-check}
 FILTER=${1:-K0}
+LAUNCH_SKIP=${LAUNCH_SKIP:-0}
 mkdir -p "$OUT"
 export LD_LIBRARY_PATH="$BUILD/src${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 for epilogue in FusedEpilogue LinearEpilogue; do
   name="$FILTER-$epilogue"
-  timeout 300 ncu --kernel-name-base demangled --kernel-name "regex:$epilogue" --launch-count 1 --set full -f -o "$OUT/$name" \
+  skip=0
+  [[ $epilogue == FusedEpilogue ]] && skip=$LAUNCH_SKIP
+  timeout 300 ncu --kernel-name-base demangled --kernel-name "regex:$epilogue" --launch-skip "$skip" \
+    --launch-count 1 --set full -f -o "$OUT/$name" \
     "$BUILD/bench/bench_fused" --filter "$FILTER" --runs 1 --out "$OUT/$name-bench.json" \
     >"$OUT/$name.log" 2>&1 || echo "ncu $name failed: $(tail -3 "$OUT/$name.log")"
   ncu --import "$OUT/$name.ncu-rep" --page details >"$OUT/$name-details.txt" 2>&1
