@@ -109,6 +109,10 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
 // prefetched into L2 when the epilogue warpgroup starts the tile (before it waits for the staged
 // values), and each subtile's containers are loaded into registers during the subtile before it.
 // Past the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives.
+//
+// The epilogue warpgroup is one warp per scheduler, so its instruction count is its time (K7's
+// profile, docs/epilogue.md): a subtile's 8 accesses per thread are addressed from one row pointer
+// plus constant offsets, and guarded by 2 row and 4 column tests instead of a test pair each.
 template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   static_assert(sizeof(T) == 2, "16-bit pre-activations and gradients");
   static constexpr bool kRollSubtiles = true; // an exp per element
@@ -117,7 +121,7 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
     const uint32_t* preact = nullptr; // [M, F] (g, u) containers, row stride in containers
     uint32_t* dpreact = nullptr;      // [M, F] (dg, du) containers
     int64_t preact_stride = 0, dpreact_stride = 0;
-    int32_t rows = 0, cols = 0; // M, F
+    int32_t rows = 0, cols = 0; // M, F (a multiple of 8: GEMM N, api/rules.cpp)
   };
   using Ctx = OpContext<Params, SharedStorage>;
 
@@ -151,18 +155,12 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
     else if (st.block + 1 < Shape::kBlocks)
       load(c, st.row0 + Shape::kSubRows, st.col0 - st.slab * Shape::kSubCols);
     const Params& p = c.params;
+    const Lanes lanes(c.wg.thread, st.row0, st.col0, p);
+    uint32_t* out = p.dpreact + lanes.first(p.dpreact_stride);
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
-      const int64_t row = int64_t(st.row0) + SubtileMap::row(c.wg.thread, i);
-      const int32_t j = st.col0 + SubtileMap::col(c.wg.thread, i);
       const uint2 d = swiglu_backward_pair<T>(z[i / 2], v, aux, i);
-      if (row < p.rows) {
-        uint32_t* out = p.dpreact + row * p.dpreact_stride + j;
-        if (j + 1 < p.cols)
-          *reinterpret_cast<uint2*>(out) = d;
-        else if (j < p.cols)
-          *out = d.x;
-      }
+      if (lanes.in(i)) *reinterpret_cast<uint2*>(out + Lanes::offset(i, p.dpreact_stride)) = d;
     }
   }
 
@@ -184,23 +182,40 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   }
 
 private:
+  // A thread's place in a subtile at (row0, col0): register pair i (i even) is in row slot
+  // (i / 2) % 2 (rows 8 apart) and column group i / 4 (8 containers apart) of its first pair;
+  // F being a multiple of 8, a column group is wholly in the tensor or wholly past its edge.
+  struct Lanes {
+    int32_t row, col; // of register pair 0
+    bool row_in[2], col_in[4];
+
+    __device__ Lanes(int thread, int32_t row0, int32_t col0, const Params& p)
+        : row(row0 + SubtileMap::row(thread, 0)), col(col0 + SubtileMap::col(thread, 0)) {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) row_in[s] = row + 8 * s < p.rows;
+#pragma unroll
+      for (int g = 0; g < 4; ++g) col_in[g] = col + 8 * g < p.cols;
+    }
+    __device__ int64_t first(int64_t stride) const { return int64_t(row) * stride + col; }
+    __device__ bool in(int i) const { return row_in[(i / 2) % 2] && col_in[i / 4]; }
+    __device__ static int64_t offset(int i, int64_t stride) {
+      return (i / 2) % 2 * 8 * stride + i / 4 * 8;
+    }
+  };
+  static_assert(SubtileMap::row(0, 2) == SubtileMap::row(0, 0) + 8 &&
+                    SubtileMap::col(0, 4) == SubtileMap::col(0, 0) + 8,
+                "Lanes' offsets follow the accumulator map (fragment.hpp)");
+
   // This thread's 8 container pairs of the subtile at (row0, col0) into `pending`.
   __device__ void load(const Ctx& c, int32_t row0, int32_t col0) {
     const Params& p = c.params;
+    const Lanes lanes(c.wg.thread, row0, col0, p);
+    const uint32_t* in = p.preact + lanes.first(p.preact_stride);
 #pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const int64_t row = int64_t(row0) + SubtileMap::row(c.wg.thread, i);
-      const int32_t j = col0 + SubtileMap::col(c.wg.thread, i);
-      const uint32_t* in = p.preact + row * p.preact_stride + j;
-      uint2 z = make_uint2(0u, 0u);
-      if (row < p.rows) {
-        if (j + 1 < p.cols)
-          z = __ldg(reinterpret_cast<const uint2*>(in));
-        else if (j < p.cols)
-          z.x = __ldg(in);
-      }
-      pending[i / 2] = z;
-    }
+    for (int i = 0; i < 16; i += 2)
+      pending[i / 2] =
+          lanes.in(i) ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
+                      : make_uint2(0u, 0u);
   }
 };
 
