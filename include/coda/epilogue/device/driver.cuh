@@ -15,6 +15,10 @@
 //   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores;
 //   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
 //   end_tile(tile)           per-tile reductions that cross warps.
+// On the staged schedule the ops after the Stage also get
+//   prefetch_tile(rows)      from the consumer warpgroups, as they start the tile's mainloop,
+//                            each for its 64-row block: L2 prefetches of what the epilogue
+//                            warpgroup will read, a whole mainloop ahead of its begin_tile.
 // Subtiles alternate between two buffer slots, so the stores of one subtile and the loads of the
 // next are in flight while this one is computed. All stores of a subtile form one bulk group.
 //
@@ -114,6 +118,7 @@ struct OpBase {
   template <class C, int kRegs>
   __device__ void visit_block(const C&, float (&)[kRegs], sm90::EpilogueTile, int) {}
   template <class C> __device__ void prefetch(const C&, const Subtile&) {}
+  template <class C> __device__ void prefetch_tile(const C&, sm90::EpilogueTile) {}
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
   template <class C> __device__ void issue(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
@@ -376,6 +381,7 @@ public:
   __device__ void begin_stage(sm90::EpilogueTile tile) {
     for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.begin_tile(c, tile, 0); });
     __pipeline_commit();
+    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch_tile(c, tile); });
   }
 
   // The ops before the Stage on the registers, then the rounded values into the staged tile.

@@ -26,6 +26,10 @@
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/swiglu_backward.hpp"
 
+#ifndef CODA_K7_LOAD_AHEAD
+#define CODA_K7_LOAD_AHEAD 1
+#endif
+
 namespace coda::epilogue::device {
 
 // Registers (i, i + 1), i even, of the fragment: the pair of dy values of two adjacent containers
@@ -106,8 +110,8 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
 // thread reads its (g, u) containers from global memory and writes its (dg, du) pairs there, as
 // registers (i, i + 1) hold two adjacent containers: one 8-byte access per pair of values, the
 // four lanes of a quad covering 32 contiguous bytes of a row. The tile's pre-activation rows are
-// prefetched into L2 when the epilogue warpgroup starts the tile (before it waits for the staged
-// values), and each subtile's containers are loaded into registers during the subtile before it.
+// prefetched into L2 by the consumers as they start the tile's mainloop, and each subtile's
+// containers are loaded into registers during the subtile before it.
 // Past the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives.
 //
 // The epilogue warpgroup is one warp per scheduler, so its instruction count is its time (K7's
@@ -125,35 +129,48 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   };
   using Ctx = OpContext<Params, SharedStorage>;
 
-  uint2 pending[8]; // the containers of the next subtile, (i / 2)-th pair of registers
+  // Subtiles whose containers are loaded ahead, into registers: (i / 2)-th pair of registers of
+  // the k-th subtile after the one being computed is pending[k][i / 2].
+  static constexpr int kLoadAhead = CODA_K7_LOAD_AHEAD;
+  static constexpr int kSubtiles = Shape::kBlocks * Shape::kSubtilesN;
+  uint2 pending[kLoadAhead][8];
 
-  // One L2 prefetch per 128-byte line of the tile's rows of containers (thread t: row t).
-  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
+  // From a consumer warpgroup starting the tile's mainloop: one L2 prefetch per 128-byte line of
+  // its 64 rows of containers, so that the epilogue warpgroup's loads, a mainloop later, hit L2.
+  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile rows) {
     const Params& p = c.params;
-    constexpr int kRowsPerTile = Shape::kBlocks * Shape::kSubRows;
     constexpr int kLinesPerRow = Shape::kCols * 4 / 128;
-    for (int r = c.wg.thread; r < kRowsPerTile; r += arch::kWarpgroupSize) {
-      const int64_t row = int64_t(tile.row0) + r;
-      if (row >= p.rows) break;
-      const uint32_t* base = p.preact + row * p.preact_stride + tile.col0;
+    constexpr int kLines = Shape::kSubRows * kLinesPerRow;
+    static_assert(kLines % arch::kWarpgroupSize == 0, "whole lines per thread");
 #pragma unroll
-      for (int l = 0; l < kLinesPerRow; ++l)
-        if (tile.col0 + l * 32 < p.cols) arch::prefetch_l2(base + l * 32);
+    for (int k = 0; k < kLines / arch::kWarpgroupSize; ++k) {
+      const int line = k * arch::kWarpgroupSize + c.wg.thread;
+      const int32_t row = rows.row0 + line / kLinesPerRow;
+      const int32_t col = rows.col0 + line % kLinesPerRow * 32;
+      if (row < p.rows && col < p.cols)
+        arch::prefetch_l2(p.preact + int64_t(row) * p.preact_stride + col);
     }
   }
   __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
-    load(c, tile.row0, tile.col0);
+#pragma unroll
+    for (int k = 0; k < kLoadAhead; ++k) load(c, tile, k, pending[k]);
   }
 
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
     uint2 z[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) z[k] = pending[k];
-    // The next subtile's containers, while this one is computed.
-    if (st.slab + 1 < Shape::kSubtilesN)
-      load(c, st.row0, st.col0 + Shape::kSubCols);
-    else if (st.block + 1 < Shape::kBlocks)
-      load(c, st.row0 + Shape::kSubRows, st.col0 - st.slab * Shape::kSubCols);
+    for (int i = 0; i < 8; ++i) z[i] = pending[0][i];
+#pragma unroll
+    for (int k = 0; k + 1 < kLoadAhead; ++k)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) pending[k][i] = pending[k + 1][i];
+    // The containers of the subtile kLoadAhead after this one, while this one is computed.
+    const int next = st.block * Shape::kSubtilesN + st.slab + kLoadAhead;
+    if (next < kSubtiles) {
+      const sm90::EpilogueTile tile{st.row0 - st.block * Shape::kSubRows,
+                                    st.col0 - st.slab * Shape::kSubCols};
+      load(c, tile, next, pending[kLoadAhead - 1]);
+    }
     const Params& p = c.params;
     const Lanes lanes(c.wg.thread, st.row0, st.col0, p);
     uint32_t* out = p.dpreact + lanes.first(p.dpreact_stride);
@@ -206,14 +223,15 @@ private:
                     SubtileMap::col(0, 4) == SubtileMap::col(0, 0) + 8,
                 "Lanes' offsets follow the accumulator map (fragment.hpp)");
 
-  // This thread's 8 container pairs of the subtile at (row0, col0) into `pending`.
-  __device__ void load(const Ctx& c, int32_t row0, int32_t col0) {
+  // This thread's 8 container pairs of the tile's n-th subtile (row-block major) into `to`.
+  __device__ static void load(const Ctx& c, sm90::EpilogueTile tile, int n, uint2 (&to)[8]) {
     const Params& p = c.params;
-    const Lanes lanes(c.wg.thread, row0, col0, p);
+    const Lanes lanes(c.wg.thread, tile.row0 + n / Shape::kSubtilesN * Shape::kSubRows,
+                      tile.col0 + n % Shape::kSubtilesN * Shape::kSubCols, p);
     const uint32_t* in = p.preact + lanes.first(p.preact_stride);
 #pragma unroll
     for (int i = 0; i < 16; i += 2)
-      pending[i / 2] =
+      to[i / 2] =
           lanes.in(i) ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
                       : make_uint2(0u, 0u);
   }
