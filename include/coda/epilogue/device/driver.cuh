@@ -100,6 +100,9 @@ struct OpBase {
   // Ops whose per-subtile math is heavy (an exp per value) ask for a rolled subtile loop: unrolled,
   // such code outgrows the instruction cache. Light chains run unrolled (no per-subtile selects).
   static constexpr bool kRollSubtiles = false;
+  // A rolled loop visits subtiles by pairs (fewer run-time register selects) unless an op of the
+  // list says that spills.
+  static constexpr bool kRollPairs = true;
   // The Stage<T> op (the staged schedule's hand-over point) says so. Ops that may run before
   // it, in the consumer warpgroups on their own 64-row blocks (so written for the cooperative
   // shape, whatever the list's), say kBeforeStage: no stores, no cross-warpgroup state.
@@ -326,9 +329,21 @@ public:
       for_each<0, kOps>(
           [&](auto& op, const auto& c) { op.visit_block(c, acc.reg[block], tile, block); });
       if constexpr (kRollSubtiles) {
+        // Each subtile's 16 values are selected from the block's registers at run time
+        // (load_slab); rolled by pairs, a pair's known parity halves the candidates (3 selects
+        // per value instead of 7 on a 256-column block).
+        if constexpr (kRollPairs) {
+          static_assert(Shape::kSubtilesN % 2 == 0, "whole pairs of subtiles");
 #pragma unroll 1
-        for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
-          visit_subtile(acc.reg[block], tile, block, slab);
+          for (int pair = 0; pair < Shape::kSubtilesN / 2; ++pair) {
+            visit_subtile(acc.reg[block], tile, block, 2 * pair);
+            visit_subtile(acc.reg[block], tile, block, 2 * pair + 1);
+          }
+        } else {
+#pragma unroll 1
+          for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+            visit_subtile(acc.reg[block], tile, block, slab);
+        }
       } else {
 #pragma unroll
         for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
@@ -415,6 +430,7 @@ public:
 
 private:
   static constexpr bool kRollSubtiles = (Ops::kRollSubtiles || ...);
+  static constexpr bool kRollPairs = (Ops::kRollPairs && ...);
 
   // The per-tile cp.async copies of every thread are visible to all after the barrier.
   __device__ void begin_visit(sm90::EpilogueTile tile) {

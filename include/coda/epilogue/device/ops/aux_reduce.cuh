@@ -23,6 +23,7 @@ namespace coda::epilogue::device {
 
 template <class Op, class Reduce> struct AuxReduce : OpBase {
   static constexpr bool kRollSubtiles = Op::kRollSubtiles || Reduce::kRollSubtiles;
+  static constexpr bool kRollPairs = Op::kRollPairs && Reduce::kRollPairs;
 
   struct Params {
     typename Op::Params op;

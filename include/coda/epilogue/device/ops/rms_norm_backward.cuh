@@ -34,8 +34,10 @@ template <class Shape, class T, int kSlots = 4> struct RmsNormBackward : OpBase 
   using Ring = SubtileLoadRing<Shape, Layout::kBytes, kSlots>;
   using Gamma = ScalePerCol<Shape, T>;  // its cp.async staging of the tile's gamma
   using HatStore = TileStore<Shape, T>; // the h_hat side output
-  // The ring's bookkeeping, as ResidualAdd's, wants the rolled subtile loop.
+  // The ring's bookkeeping, as ResidualAdd's, wants the rolled subtile loop; by pairs, except
+  // with K6's accumulating list (this 2-slot ring beside the dx ring): there ptxas spills 48 bytes.
   static constexpr bool kRollSubtiles = true;
+  static constexpr bool kRollPairs = kSlots > 2;
 
   struct Params {
     CUtensorMap x;                   // subtile_map of x [M, N]
