@@ -213,30 +213,17 @@ GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_ma
 // layout, src/api/abi_cast.hpp).
 using api::to_c;
 
-#define CODA_VALIDATED_CALLS(X)                                                                    \
-  X(GemmArgs, gemm)                                                                                \
-  X(ResidualRmsArgs, gemm_residual_rms)                                                            \
-  X(RmsScaleArgs, gemm_rms_scale)                                                                  \
-  X(RmsSwigluArgs, gemm_rms_swiglu)                                                                \
-  X(RmsRopeArgs, gemm_rms_rope)                                                                    \
-  X(RmsLseArgs, gemm_rms_lse)                                                                      \
-  X(RmsBackwardArgs, gemm_rms_backward)                                                            \
-  X(SwigluBackwardArgs, gemm_swiglu_backward)                                                      \
-  X(RmsStatsArgs, rms_stats)                                                                       \
-  X(RstdArgs, rstd_from_partials)                                                                  \
-  X(RowReduceArgs, reduce_row_partials)                                                            \
-  X(ColReduceArgs, reduce_col_partials)                                                            \
-  X(RopeBackwardArgs, rope_backward)                                                               \
-  X(CrossEntropyArgs, cross_entropy)
-#define CODA_BOTH_INTERFACES(Args, fn)                                                             \
+// The GEMM and every kernel of the tables in coda/kernels/args.hpp.
+#define CODA_BOTH_INTERFACES(fn, Args)                                                             \
   void call_cpp(const Args& a) { fn(a); }                                                          \
   coda_status call_c(const Args& a) {                                                              \
     const auto c = to_c(a);                                                                        \
     return coda_##fn(&c, nullptr);                                                                 \
   }
-CODA_VALIDATED_CALLS(CODA_BOTH_INTERFACES)
+CODA_BOTH_INTERFACES(gemm, GemmArgs)
+CODA_FUSED_KERNELS(CODA_BOTH_INTERFACES)
+CODA_AUX_KERNELS(CODA_BOTH_INTERFACES)
 #undef CODA_BOTH_INTERFACES
-#undef CODA_VALIDATED_CALLS
 
 coda_status call_c(const GateUp& g) {
   const coda_tensor src = to_c(g.src), dst = to_c(g.dst);
