@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "coda/epilogue/ops/accumulate.hpp"
+#include "coda/epilogue/ops/gated_pair.hpp"
 #include "coda/epilogue/ops/multiply_tile.hpp"
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
@@ -309,7 +310,7 @@ TEST(EpilogueOps, RopeRotationIsHuggingFaceRotateHalfAndInverts) {
 
 double silu_double(double g) { return g / (1 + std::exp(-g)); }
 
-TEST(EpilogueOps, SwigluForwardIsSiluTimesUpAndHalvesTheWidth) {
+TEST(EpilogueOps, SwigluGatedPairIsSiluTimesUpAndHalvesTheWidth) {
   for (float g : {-100.f, -20.f, -1.f, 0.f, 0.5f, 3.f, 20.f, 100.f}) {
     const float u = uniform(-2.f, 2.f);
     const double expect = silu_double(g) * u;
@@ -318,7 +319,7 @@ TEST(EpilogueOps, SwigluForwardIsSiluTimesUpAndHalvesTheWidth) {
   }
   const TileCoord tile = edge_tile(); // 30 columns: 15 pairs
   Tensor act(DType::bf16, tile.m0 + tile.rows, (tile.n0 + tile.cols) / 2);
-  SwigluForward op({act.view2d()});
+  GatedPairStore<SwigluGate> op({act.view2d()});
   TestTile t(tile, 48);
   const std::vector<float> before = t.values;
   run_tile(t.frag, op);
