@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <vector>
 
 #include "reference/gemm.hpp"
@@ -98,6 +99,11 @@ RmsGatedOutputs rms_gated(Rounding r, const NormedGemmInputs& in, double (*activ
 // K2 gemm_rms_swiglu: activation silu(g) = g * sigmoid(g).
 inline RmsGatedOutputs rms_swiglu(Rounding r, const NormedGemmInputs& in) {
   return rms_gated(r, in, [](double g) { return g * (1 / (1 + std::exp(-g))); });
+}
+
+// K2g gemm_rms_geglu: activation gelu(g) = g / 2 * (1 + erf(g / sqrt 2)).
+inline RmsGatedOutputs rms_geglu(Rounding r, const NormedGemmInputs& in) {
+  return rms_gated(r, in, [](double g) { return g / 2 * (1 + std::erf(g / std::numbers::sqrt2)); });
 }
 
 // Per-token rotary embedding of a fused [Q | K | V] projection (ops.hpp: rope_forward).

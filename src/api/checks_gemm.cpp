@@ -1,4 +1,4 @@
-// Argument rules of the GEMM and of the named kernels K0..K7.
+// Argument rules of the GEMM and of the named kernels K0..K7 and K2g.
 #include "api/checks.hpp"
 #include "api/rules.hpp"
 
@@ -91,6 +91,7 @@ template <class GatedArgs> Device validate_rms_gated(const char* kernel, const G
 } // namespace
 
 Device validate(const RmsSwigluArgs& args) { return validate_rms_gated("gemm_rms_swiglu", args); }
+Device validate(const RmsGegluArgs& args) { return validate_rms_gated("gemm_rms_geglu", args); }
 
 Device validate(const RmsRopeArgs& args) {
   Validator v("gemm_rms_rope");

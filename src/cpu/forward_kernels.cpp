@@ -1,10 +1,11 @@
-// The forward CODA kernels K0, K1, K2, K4, K5 (coda/kernels/args.hpp has their math) as ordered
-// epilogue-op chains on acc = a · wᵀ. K1, K2 and K4 round z = rstd * acc to the call's 16-bit
-// type before the rest of the chain, as the GPU's staged schedule hands its tile over (and its
-// other schedules' Stage op rounds), so both backends run the same numbers.
+// The forward CODA kernels K0, K1, K2, K2g, K4, K5 (coda/kernels/args.hpp has their math) as
+// ordered epilogue-op chains on acc = a · wᵀ. K1, K2, K2g and K4 round z = rstd * acc to the call's
+// 16-bit type before the rest of the chain, as the GPU's staged schedule hands its tile over (and
+// its other schedules' Stage op rounds), so both backends run the same numbers.
 #include <string>
 
 #include "coda/epilogue/ops/gated_pair.hpp"
+#include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/rope.hpp"
@@ -84,6 +85,10 @@ void gemm_rms_scale(const RmsScaleArgs& args, Tile tile) {
 
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Tile tile) {
   run_rms_gated<ep::SwigluGate>("gemm_rms_swiglu", args, tile);
+}
+
+void gemm_rms_geglu(const RmsGegluArgs& args, Tile tile) {
+  run_rms_gated<ep::GegluGate>("gemm_rms_geglu", args, tile);
 }
 
 void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
