@@ -1,6 +1,6 @@
 // The fused kernels at the Llama-3.2-1B and Llama-3.1-8B shapes (8192 tokens, bf16): the forward
-// K0, K1, K2, K4, K5 and the backward K6 (at the QKV and gate/up input-gradient shapes) and K7
-// (the down projection's input gradient), each against
+// K0, K1, K2, K2g (K2 with GeGLU, at K2's shape), K4, K5 and the backward K6 (at the QKV and
+// gate/up input-gradient shapes) and K7 (the down projection's input gradient), each against
 //   coda_gemm: coda's plain GEMM of the same shape (the mainloop the fused kernel runs on),
 //   cublas:    cuBLASLt's plain GEMM of the same shape,
 //   unfused:   cuBLASLt's GEMM plus the simplest correct CUDA kernels doing the rest of the math
@@ -45,7 +45,7 @@ struct Model {
 constexpr int64_t kTokens = 8192, kVocab = 128256;
 
 struct Case {
-  std::string kernel; // "K0" | "K1" | "K2" | "K4" | "K5" | "K6" | "K7"
+  std::string kernel; // "K0" | "K1" | "K2" | "K2g" | "K4" | "K5" | "K6" | "K7"
   const Model* model;
   int64_t m, n, k;
   // fwd: acc = a · wᵀ, w [N, K]; dgrad (K6, K7): acc = a · w, w [K, N].
@@ -60,6 +60,7 @@ std::vector<Case> bench_cases(const std::vector<Model>& models) {
     cases.push_back({"K0", &md, kTokens, md.hidden, md.mlp});                   // down-proj
     cases.push_back({"K1", &md, kTokens, md.qkv(), md.hidden});
     cases.push_back({"K2", &md, kTokens, 2 * md.mlp, md.hidden});
+    cases.push_back({"K2g", &md, kTokens, 2 * md.mlp, md.hidden}); // K2 with GeGLU
     cases.push_back({"K4", &md, kTokens, md.qkv(), md.hidden});
     cases.push_back({"K5", &md, kTokens, kVocab, md.hidden});
     constexpr coda::GemmLayout kDgrad = coda::GemmLayout::dgrad;
@@ -126,9 +127,17 @@ __global__ void row_scale_kernel(const __nv_bfloat16* y, const float* rstd, __nv
     out[i] = to_bf(rstd[i / n] * bf(y[i]));
 }
 
-// K2: preact = round(rstd * y); act[m, j] = round(silu(g) * u) from the rounded pair.
-__global__ void swiglu_kernel(const __nv_bfloat162* y, const float* rstd, __nv_bfloat162* preact,
-                              __nv_bfloat16* act, int64_t f, int64_t total) {
+// K2 and K2g: preact = round(rstd * y); act[m, j] = round(activation(g) * u) from the rounded
+// pair, with silu (K2) or gelu's erf form (K2g).
+struct Silu {
+  __device__ float operator()(float g) const { return g / (1.f + expf(-g)); }
+};
+struct Gelu {
+  __device__ float operator()(float g) const { return 0.5f * g * (1.f + erff(g * 0.70710678f)); }
+};
+template <class Activation>
+__global__ void gated_kernel(const __nv_bfloat162* y, const float* rstd, __nv_bfloat162* preact,
+                             __nv_bfloat16* act, int64_t f, int64_t total) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float r = rstd[i / f];
@@ -136,7 +145,8 @@ __global__ void swiglu_kernel(const __nv_bfloat162* y, const float* rstd, __nv_b
     const __nv_bfloat162 zr = __floats2bfloat162_rn(r * z.x, r * z.y);
     preact[i] = zr;
     const float g = __low2float(zr), u = __high2float(zr);
-    act[i] = to_bf(g / (1.f + expf(-g)) * u);
+    const float activated = Activation{}(g);
+    act[i] = to_bf(activated * u);
   }
 }
 
@@ -306,15 +316,23 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
       unfused_rstd();
       row_scale_kernel<<<grid_for(M * N), 256, 0, s>>>(Y, u_rstd, u_out, N, M * N);
     };
-  } else if (c.kernel == "K2") {
-    coda::RmsSwigluArgs args{
-        A, W, Pin, eps, view(out, bf16, M, N), view(side, bf16, M, N / 2), view(rstd, f32, M)};
-    run_fused = [=] { coda::gpu::gemm_rms_swiglu(args, s); };
+  } else if (c.kernel == "K2" || c.kernel == "K2g") {
+    const bool geglu = c.kernel == "K2g";
+    const coda::TensorView preact = view(out, bf16, M, N), act = view(side, bf16, M, N / 2);
+    const coda::RmsSwigluArgs k2{A, W, Pin, eps, preact, act, view(rstd, f32, M)};
+    const coda::RmsGegluArgs k2g{A, W, Pin, eps, preact, act, view(rstd, f32, M)};
+    run_fused = [=] {
+      if (geglu)
+        coda::gpu::gemm_rms_geglu(k2g, s);
+      else
+        coda::gpu::gemm_rms_swiglu(k2, s);
+    };
+    const auto gated = geglu ? gated_kernel<Gelu> : gated_kernel<Silu>;
     run_rest = [=] {
       unfused_rstd();
-      swiglu_kernel<<<grid_for(M * N / 2), 256, 0, s>>>(
-          reinterpret_cast<const __nv_bfloat162*>(Y), u_rstd,
-          reinterpret_cast<__nv_bfloat162*>(u_out), u_side, N / 2, M * N / 2);
+      gated<<<grid_for(M * N / 2), 256, 0, s>>>(reinterpret_cast<const __nv_bfloat162*>(Y), u_rstd,
+                                                reinterpret_cast<__nv_bfloat162*>(u_out), u_side,
+                                                N / 2, M * N / 2);
     };
   } else if (c.kernel == "K4") {
     coda::RopeSpec rope{view(positions, DType::i32, M), view(inv_freq, f32, md.head_dim / 2),

@@ -167,14 +167,14 @@ RmsScaleOutputs rms_scale(Rounding r, const NormedGemmInputs& in) {
   return {std::move(z.z), std::move(z.rstd)};
 }
 
-RmsSwigluOutputs rms_swiglu(Rounding r, const NormedGemmInputs& in) {
-  if (in.N % 2 != 0) throw std::invalid_argument("rms_swiglu: N must be even (2F)");
-  NormedGemm z = normed_gemm(r, "rms_swiglu", in);
+RmsGatedOutputs rms_gated(Rounding r, const NormedGemmInputs& in, double (*activation)(double)) {
+  if (in.N % 2 != 0) throw std::invalid_argument("rms_gated: N must be even (2F)");
+  NormedGemm z = normed_gemm(r, "rms_gated", in);
   std::vector<double> gate, up;
   split_pairs(z.z, gate, up);
-  RmsSwigluOutputs out;
+  RmsGatedOutputs out;
   out.act.resize(gate.size());
-  swiglu_forward(r, in.M, in.N / 2, gate.data(), up.data(), out.act.data());
+  for (size_t i = 0; i < gate.size(); ++i) out.act[i] = r(activation(gate[i]) * up[i]);
   out.preact = std::move(z.z);
   out.rstd = std::move(z.rstd);
   return out;

@@ -21,7 +21,9 @@
 // Inputs of the wrong size are a std::invalid_argument.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <numbers>
 #include <vector>
 
 #include "reference/gemm.hpp"
@@ -84,14 +86,25 @@ struct RmsScaleOutputs {
 };
 RmsScaleOutputs rms_scale(Rounding r, const NormedGemmInputs& in);
 
-// K2 gemm_rms_swiglu: w is the fused interleaved gate/up weight [2F, K] (N = 2F);
-// preact = z, act[m, j] = silu(z[m, 2j]) * z[m, 2j + 1].
-struct RmsSwigluOutputs {
+// K2 and its variants with another gated activation: w is the fused interleaved gate/up weight
+// [2F, K] (N = 2F); preact = z, act[m, j] = activation(z[m, 2j]) * z[m, 2j + 1] (unfused: from
+// the stored z, rounded once, as one activation-times-up kernel stores it).
+struct RmsGatedOutputs {
   std::vector<double> preact; // [M, 2F]
   std::vector<double> act;    // [M, F]
   std::vector<double> rstd;   // [M]
 };
-RmsSwigluOutputs rms_swiglu(Rounding r, const NormedGemmInputs& in);
+RmsGatedOutputs rms_gated(Rounding r, const NormedGemmInputs& in, double (*activation)(double));
+
+// K2 gemm_rms_swiglu: activation silu(g) = g * sigmoid(g).
+inline RmsGatedOutputs rms_swiglu(Rounding r, const NormedGemmInputs& in) {
+  return rms_gated(r, in, [](double g) { return g * (1 / (1 + std::exp(-g))); });
+}
+
+// K2g gemm_rms_geglu: activation gelu(g) = g / 2 * (1 + erf(g / sqrt 2)).
+inline RmsGatedOutputs rms_geglu(Rounding r, const NormedGemmInputs& in) {
+  return rms_gated(r, in, [](double g) { return g / 2 * (1 + std::erf(g / std::numbers::sqrt2)); });
+}
 
 // Per-token rotary embedding of a fused [Q | K | V] projection (ops.hpp: rope_forward).
 struct RopeTable {

@@ -71,7 +71,7 @@ MlpForward mlp_forward(const LlamaConfig& c, int64_t M, const Matrix& w_out, con
   f.x1 = std::move(k0.out);
   f.h1 = std::move(k0.out_scaled);
 
-  RmsSwigluOutputs k2 =
+  RmsGatedOutputs k2 =
       rms_swiglu(kExact, {M, 2 * F, D, f.h1, w_gate_up, std::move(k0.sumsq_partials), c.eps});
   f.z1 = std::move(k2.preact);
   f.y1 = std::move(k2.act);

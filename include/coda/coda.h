@@ -77,6 +77,12 @@ typedef struct coda_rms_swiglu_args { /* K2 */
   coda_tensor preact, act, rstd_out;
 } coda_rms_swiglu_args;
 
+typedef struct coda_rms_geglu_args { /* K2g: K2 with GeGLU */
+  coda_tensor a, w, sumsq_partials;
+  float eps;
+  coda_tensor preact, act, rstd_out;
+} coda_rms_geglu_args;
+
 typedef struct coda_rms_rope_args { /* K4 */
   coda_tensor a, w, sumsq_partials;
   float eps;
@@ -150,6 +156,7 @@ CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args,
                                             coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_swiglu(const coda_rms_swiglu_args* args, coda_stream_t stream);
+CODA_API coda_status coda_gemm_rms_geglu(const coda_rms_geglu_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_rope(const coda_rms_rope_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_lse(const coda_rms_lse_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_backward(const coda_rms_backward_args* args,

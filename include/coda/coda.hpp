@@ -29,22 +29,16 @@ size_t gemm_workspace_size(const GemmArgs& args);
 // the current device; 0 where no sm_90 device is current. m, n and k must be >= 1.
 size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, DType out);
 
-// The named CODA kernels (coda/kernels/args.hpp has the math of each).
-void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream = nullptr);       // K0
-void gemm_rms_scale(const RmsScaleArgs& args, Stream stream = nullptr);             // K1
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream = nullptr);           // K2
-void gemm_rms_rope(const RmsRopeArgs& args, Stream stream = nullptr);               // K4
-void gemm_rms_lse(const RmsLseArgs& args, Stream stream = nullptr);                 // K5
-void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream = nullptr);       // K6
-void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream = nullptr); // K7
+// The named CODA kernels K0..K7 and the auxiliary kernels: one
+//   void name(const Args& args, Stream stream = nullptr);
+// per row of CODA_FUSED_KERNELS and CODA_AUX_KERNELS in coda/kernels/args.hpp, beside the math
+// of each Args (gemm_rms_scale(const RmsScaleArgs&, Stream) is K1, ...).
+#define CODA_DECLARE_ENTRY_POINT(name, Args) void name(const Args& args, Stream stream = nullptr);
+CODA_FUSED_KERNELS(CODA_DECLARE_ENTRY_POINT)
+CODA_AUX_KERNELS(CODA_DECLARE_ENTRY_POINT)
+#undef CODA_DECLARE_ENTRY_POINT
 
-// Auxiliary kernels.
-void rms_stats(const RmsStatsArgs& args, Stream stream = nullptr);
-void rstd_from_partials(const RstdArgs& args, Stream stream = nullptr);
-void reduce_row_partials(const RowReduceArgs& args, Stream stream = nullptr);
-void reduce_col_partials(const ColReduceArgs& args, Stream stream = nullptr);
-void rope_backward(const RopeBackwardArgs& args, Stream stream = nullptr);
-void cross_entropy(const CrossEntropyArgs& args, Stream stream = nullptr);
+// Bytes of CrossEntropyArgs::workspace for m rows.
 size_t cross_entropy_workspace_size(int64_t m);
 
 // Fused gate/up weight layout (rows interleaved: gate0, up0, gate1, up1, ...) to and from the

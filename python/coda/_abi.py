@@ -152,6 +152,11 @@ class RmsSwigluArgs(Structure):  # coda_rms_swiglu_args, C++ coda::RmsSwigluArgs
         ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor)]
 
 
+class RmsGegluArgs(Structure):  # coda_rms_geglu_args, C++ coda::RmsGegluArgs
+    _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
+        ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor)]
+
+
 class RmsRopeArgs(Structure):  # coda_rms_rope_args, C++ coda::RmsRopeArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
         ("rope", RopeSpec), ("out", Tensor), ("rstd_out", Tensor)]
@@ -213,12 +218,12 @@ STRUCTS = {"coda_tensor": Tensor, "coda_scalar": Scalar, "coda_llama_config": Ll
     "coda_llama_last_saved": LlamaLastSaved, "coda_llama_last_grads": LlamaLastGrads,
     "coda_rope_spec": RopeSpec, "coda_gemm_args": GemmArgs,
     "coda_residual_rms_args": ResidualRmsArgs, "coda_rms_scale_args": RmsScaleArgs,
-    "coda_rms_swiglu_args": RmsSwigluArgs, "coda_rms_rope_args": RmsRopeArgs,
-    "coda_rms_lse_args": RmsLseArgs, "coda_rms_backward_args": RmsBackwardArgs,
-    "coda_swiglu_backward_args": SwigluBackwardArgs, "coda_rms_stats_args": RmsStatsArgs,
-    "coda_rstd_args": RstdArgs, "coda_row_reduce_args": RowReduceArgs,
-    "coda_col_reduce_args": ColReduceArgs, "coda_rope_backward_args": RopeBackwardArgs,
-    "coda_cross_entropy_args": CrossEntropyArgs}
+    "coda_rms_swiglu_args": RmsSwigluArgs, "coda_rms_geglu_args": RmsGegluArgs,
+    "coda_rms_rope_args": RmsRopeArgs, "coda_rms_lse_args": RmsLseArgs,
+    "coda_rms_backward_args": RmsBackwardArgs, "coda_swiglu_backward_args": SwigluBackwardArgs,
+    "coda_rms_stats_args": RmsStatsArgs, "coda_rstd_args": RstdArgs,
+    "coda_row_reduce_args": RowReduceArgs, "coda_col_reduce_args": ColReduceArgs,
+    "coda_rope_backward_args": RopeBackwardArgs, "coda_cross_entropy_args": CrossEntropyArgs}
 
 SIGNATURES = {
     "coda_last_error": (c_char_p, []),
@@ -247,6 +252,7 @@ SIGNATURES = {
     "coda_gemm_residual_rms": (c_int32, [POINTER(ResidualRmsArgs), c_void_p]),
     "coda_gemm_rms_scale": (c_int32, [POINTER(RmsScaleArgs), c_void_p]),
     "coda_gemm_rms_swiglu": (c_int32, [POINTER(RmsSwigluArgs), c_void_p]),
+    "coda_gemm_rms_geglu": (c_int32, [POINTER(RmsGegluArgs), c_void_p]),
     "coda_gemm_rms_rope": (c_int32, [POINTER(RmsRopeArgs), c_void_p]),
     "coda_gemm_rms_lse": (c_int32, [POINTER(RmsLseArgs), c_void_p]),
     "coda_gemm_rms_backward": (c_int32, [POINTER(RmsBackwardArgs), c_void_p]),
@@ -265,8 +271,9 @@ SIGNATURES = {
 
 KERNELS = {"coda_gemm": GemmArgs, "coda_gemm_residual_rms": ResidualRmsArgs,
     "coda_gemm_rms_scale": RmsScaleArgs, "coda_gemm_rms_swiglu": RmsSwigluArgs,
-    "coda_gemm_rms_rope": RmsRopeArgs, "coda_gemm_rms_lse": RmsLseArgs,
-    "coda_gemm_rms_backward": RmsBackwardArgs, "coda_gemm_swiglu_backward": SwigluBackwardArgs,
-    "coda_rms_stats": RmsStatsArgs, "coda_rstd_from_partials": RstdArgs,
-    "coda_reduce_row_partials": RowReduceArgs, "coda_reduce_col_partials": ColReduceArgs,
-    "coda_rope_backward": RopeBackwardArgs, "coda_cross_entropy": CrossEntropyArgs}
+    "coda_gemm_rms_geglu": RmsGegluArgs, "coda_gemm_rms_rope": RmsRopeArgs,
+    "coda_gemm_rms_lse": RmsLseArgs, "coda_gemm_rms_backward": RmsBackwardArgs,
+    "coda_gemm_swiglu_backward": SwigluBackwardArgs, "coda_rms_stats": RmsStatsArgs,
+    "coda_rstd_from_partials": RstdArgs, "coda_reduce_row_partials": RowReduceArgs,
+    "coda_reduce_col_partials": ColReduceArgs, "coda_rope_backward": RopeBackwardArgs,
+    "coda_cross_entropy": CrossEntropyArgs}

@@ -6,6 +6,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "api/abi_cast.hpp"
 #include "api/c_guard.hpp"
@@ -96,3 +97,15 @@ const char* coda_last_error(void) { return coda::api::last_error(); }
 const char* coda_version(void) { return CODA_VERSION_STRING; }
 
 } // extern "C"
+
+// The kernels above are coda.h's (each calls its C++ function, so none can lack one). The other
+// way round, every kernel of the C++ tables (coda/kernels/args.hpp) must have its C entry point:
+// coda_<name>, declared in coda.h on the C twin of its Args.
+#define CODA_REQUIRE_C_ENTRY_POINT(fn, Args)                                                       \
+  static_assert(                                                                                   \
+      std::is_same_v<decltype(&coda_##fn),                                                         \
+                     coda_status (*)(const coda::api::COf<coda::Args>::type*, coda_stream_t)>,     \
+      "coda.h must declare coda_" #fn " on the C twin of coda::" #Args);
+CODA_FUSED_KERNELS(CODA_REQUIRE_C_ENTRY_POINT)
+CODA_AUX_KERNELS(CODA_REQUIRE_C_ENTRY_POINT)
+#undef CODA_REQUIRE_C_ENTRY_POINT

@@ -9,20 +9,12 @@
 namespace coda::api {
 
 Device validate(const GemmArgs& args);
-Device validate(const ResidualRmsArgs& args);
-Device validate(const RmsScaleArgs& args);
-Device validate(const RmsSwigluArgs& args);
-Device validate(const RmsRopeArgs& args);
-Device validate(const RmsLseArgs& args);
-Device validate(const RmsBackwardArgs& args);
-Device validate(const SwigluBackwardArgs& args);
-
-Device validate(const RmsStatsArgs& args);
-Device validate(const RstdArgs& args);
-Device validate(const RowReduceArgs& args);
-Device validate(const ColReduceArgs& args);
-Device validate(const RopeBackwardArgs& args);
-Device validate(const CrossEntropyArgs& args);
+// One per kernel of the tables in coda/kernels/args.hpp: K0..K7 in checks_gemm.cpp, the
+// auxiliary kernels in checks_aux.cpp.
+#define CODA_DECLARE_VALIDATE(fn, Args) Device validate(const Args& args);
+CODA_FUSED_KERNELS(CODA_DECLARE_VALIDATE)
+CODA_AUX_KERNELS(CODA_DECLARE_VALIDATE)
+#undef CODA_DECLARE_VALIDATE
 
 // interleave_gate_up (src = stacked, dst = fused) and deinterleave_gate_up (the reverse):
 // both [2F, K], one dtype, row-contiguous, not overlapping.

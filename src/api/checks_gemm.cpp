@@ -1,4 +1,4 @@
-// Argument rules of the GEMM and of the named kernels K0..K7.
+// Argument rules of the GEMM and of the named kernels K0..K7 and K2g.
 #include "api/checks.hpp"
 #include "api/rules.hpp"
 
@@ -69,8 +69,11 @@ Device validate(const RmsScaleArgs& args) {
   return v.finish();
 }
 
-Device validate(const RmsSwigluArgs& args) {
-  Validator v("gemm_rms_swiglu");
+namespace {
+
+// K2 and its variants with another gated activation: the fused interleaved gate/up GEMM.
+template <class GatedArgs> Device validate_rms_gated(const char* kernel, const GatedArgs& args) {
+  Validator v(kernel);
   const Mnk p = forward_operands(v, args.a, args.w, any("2F"));
   if (p.n % 2 != 0)
     v.fail(Status::invalid_argument,
@@ -84,6 +87,11 @@ Device validate(const RmsSwigluArgs& args) {
   v.optional_output("rstd_out", args.rstd_out, Elem::f32, {exactly("M", p.m)});
   return v.finish();
 }
+
+} // namespace
+
+Device validate(const RmsSwigluArgs& args) { return validate_rms_gated("gemm_rms_swiglu", args); }
+Device validate(const RmsGegluArgs& args) { return validate_rms_gated("gemm_rms_geglu", args); }
 
 Device validate(const RmsRopeArgs& args) {
   Validator v("gemm_rms_rope");

@@ -81,25 +81,15 @@ void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel
 
 } // namespace
 
-// Validate, then run on the CPU or the GPU backend's function of the same name.
+// Every named and auxiliary kernel (the tables of coda/kernels/args.hpp): validate, then run on
+// the CPU or the GPU backend's function of the same name.
 #define CODA_ENTRY_POINT(fn, Args)                                                                 \
   void fn(const Args& args, Stream stream) {                                                       \
     run(                                                                                           \
         #fn, args, stream, [](const Args& x) { cpu::fn(x); }, CODA_GPU_KERNEL(fn));                \
   }
-CODA_ENTRY_POINT(gemm_residual_rms, ResidualRmsArgs)
-CODA_ENTRY_POINT(gemm_rms_scale, RmsScaleArgs)
-CODA_ENTRY_POINT(gemm_rms_swiglu, RmsSwigluArgs)
-CODA_ENTRY_POINT(gemm_rms_rope, RmsRopeArgs)
-CODA_ENTRY_POINT(gemm_rms_lse, RmsLseArgs)
-CODA_ENTRY_POINT(gemm_rms_backward, RmsBackwardArgs)
-CODA_ENTRY_POINT(gemm_swiglu_backward, SwigluBackwardArgs)
-CODA_ENTRY_POINT(rms_stats, RmsStatsArgs)
-CODA_ENTRY_POINT(rstd_from_partials, RstdArgs)
-CODA_ENTRY_POINT(reduce_row_partials, RowReduceArgs)
-CODA_ENTRY_POINT(reduce_col_partials, ColReduceArgs)
-CODA_ENTRY_POINT(rope_backward, RopeBackwardArgs)
-CODA_ENTRY_POINT(cross_entropy, CrossEntropyArgs)
+CODA_FUSED_KERNELS(CODA_ENTRY_POINT)
+CODA_AUX_KERNELS(CODA_ENTRY_POINT)
 #undef CODA_ENTRY_POINT
 
 // One f32 loss and one i32 "counted" flag per row, each region 256-byte aligned, so the GPU

@@ -16,20 +16,21 @@ struct Tile {
 };
 inline constexpr Tile kStagedTile{kReduceBlock, kStagedReduceBlock};
 
-void gemm(const GemmArgs& args);
-void gemm_residual_rms(const ResidualRmsArgs& args, Tile tile = {});
-void gemm_rms_scale(const RmsScaleArgs& args, Tile tile = {});
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Tile tile = {});
-void gemm_rms_rope(const RmsRopeArgs& args, Tile tile = {});
-void gemm_rms_lse(const RmsLseArgs& args, Tile tile = kStagedTile);
-void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile = {});
-void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile = kStagedTile);
+// The tile a kernel runs on unless a test asks for another: the one whose width is the block of
+// its row partials.
+template <class Args> inline constexpr Tile kTileOf = {};
+template <> inline constexpr Tile kTileOf<RmsLseArgs> = kStagedTile;
+template <> inline constexpr Tile kTileOf<SwigluBackwardArgs> = kStagedTile;
 
-void rms_stats(const RmsStatsArgs& args);
-void rstd_from_partials(const RstdArgs& args);
-void reduce_row_partials(const RowReduceArgs& args);
-void reduce_col_partials(const ColReduceArgs& args);
-void rope_backward(const RopeBackwardArgs& args);
-void cross_entropy(const CrossEntropyArgs& args);
+void gemm(const GemmArgs& args);
+// One function per row of the kernel tables (coda/kernels/args.hpp): the GEMMs with a fused
+// epilogue in forward_kernels.cpp and backward_kernels.cpp, the auxiliary kernels in
+// statistics.cpp, rope_backward.cpp and cross_entropy.cpp.
+#define CODA_DECLARE_FUSED(fn, Args) void fn(const Args& args, Tile tile = kTileOf<Args>);
+#define CODA_DECLARE_AUX(fn, Args) void fn(const Args& args);
+CODA_FUSED_KERNELS(CODA_DECLARE_FUSED)
+CODA_AUX_KERNELS(CODA_DECLARE_AUX)
+#undef CODA_DECLARE_AUX
+#undef CODA_DECLARE_FUSED
 
 } // namespace coda::cpu

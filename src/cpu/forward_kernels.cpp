@@ -1,7 +1,11 @@
-// The forward CODA kernels K0, K1, K2, K4, K5 (coda/kernels/args.hpp has their math) as ordered
-// epilogue-op chains on acc = a · wᵀ. K1, K2 and K4 round z = rstd * acc to the call's 16-bit
-// type before the rest of the chain, as the GPU's staged schedule hands its tile over (and its
-// other schedules' Stage op rounds), so both backends run the same numbers.
+// The forward CODA kernels K0, K1, K2, K2g, K4, K5 (coda/kernels/args.hpp has their math) as
+// ordered epilogue-op chains on acc = a · wᵀ. K1, K2, K2g and K4 round z = rstd * acc to the call's
+// 16-bit type before the rest of the chain, as the GPU's staged schedule hands its tile over (and
+// its other schedules' Stage op rounds), so both backends run the same numbers.
+#include <string>
+
+#include "coda/epilogue/ops/gated_pair.hpp"
+#include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/rope.hpp"
@@ -37,6 +41,22 @@ ep::ScalePerRow rstd_scale(const TensorView& sumsq_partials, int64_t k, float ep
   return ep::ScalePerRow(args);
 }
 
+// K2 and its variants with another gated activation (Gate: ep::SwigluGate, ...):
+// preact = z = round(rstd * acc), act[m, j] = Gate(z[m, 2j], z[m, 2j + 1]) from z as stored, as
+// the GPU's Stage<T> hands the gate the rounded tile.
+template <class Gate, class GatedArgs>
+void run_rms_gated(const char* kernel, const GatedArgs& args, Tile tile) {
+  require_tile(tile, kernel);
+  const auto [m, n, k] = forward_problem(args.a, args.w);
+  require(n % 2 == 0, std::string("cpu::") + kernel + ": the fused gate/up width must be even");
+  const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
+  auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
+  ep::RoundTo staged({args.preact.dtype});
+  ep::StoreTile preact({args.preact});
+  ep::GatedPairStore<Gate> act({args.act});
+  run_epilogue(mainloop, m, n, tile, rstd, staged, preact, act);
+}
+
 } // namespace
 
 void gemm_residual_rms(const ResidualRmsArgs& args, Tile tile) {
@@ -64,15 +84,11 @@ void gemm_rms_scale(const RmsScaleArgs& args, Tile tile) {
 }
 
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Tile tile) {
-  require_tile(tile, "gemm_rms_swiglu");
-  const auto [m, n, k] = forward_problem(args.a, args.w);
-  require(n % 2 == 0, "cpu::gemm_rms_swiglu: the fused gate/up width must be even");
-  const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
-  auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
-  ep::RoundTo staged({args.preact.dtype}); // the GPU's Stage<T>: act from the stored preact
-  ep::StoreTile preact({args.preact});
-  ep::SwigluForward act({args.act});
-  run_epilogue(mainloop, m, n, tile, rstd, staged, preact, act);
+  run_rms_gated<ep::SwigluGate>("gemm_rms_swiglu", args, tile);
+}
+
+void gemm_rms_geglu(const RmsGegluArgs& args, Tile tile) {
+  run_rms_gated<ep::GegluGate>("gemm_rms_geglu", args, tile);
 }
 
 void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {

@@ -1,8 +1,8 @@
-// The fused kernels of the GPU backend (K0, K1, K2, K4, K5, the first layer's statistics, and
-// the backward K6, K7; coda/kernels/args.hpp has their math). Each GEMM kernel is one launch of the
-// persistent GEMM with a FusedEpilogue (coda/epilogue/device). Entry points take validated
-// arguments on the current device, launch on `stream` and return without synchronizing; shapes
-// the GPU path does not cover throw Status::not_supported.
+// The fused kernels of the GPU backend (K0, K1, K2, K4, K5 and the backward K6, K7;
+// coda/kernels/args.hpp has their math). Each is one launch of the persistent GEMM with a
+// FusedEpilogue (coda/epilogue/device). Entry points take validated arguments on the current
+// device, launch on `stream` and return without synchronizing; shapes the GPU path does not
+// cover throw Status::not_supported.
 #pragma once
 
 #include "coda/kernels/args.hpp"
@@ -28,14 +28,10 @@ namespace coda::gpu {
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 
-void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream); // K0
-void gemm_rms_scale(const RmsScaleArgs& args, Stream stream);       // K1
-void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream);     // K2
-// K4: head_dim 64 or 128 (a tile holds whole heads).
-void gemm_rms_rope(const RmsRopeArgs& args, Stream stream);
-void gemm_rms_lse(const RmsLseArgs& args, Stream stream); // K5
-void rms_stats(const RmsStatsArgs& args, Stream stream);
-void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream);       // K6 (dgrad layout)
-void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream); // K7 (dgrad layout)
+// One function per row of CODA_FUSED_KERNELS (coda/kernels/args.hpp), in kernels_<K>.cu. K4 runs
+// head_dim 64 or 128 (a tile holds whole heads); K6 and K7 are input-gradient (dgrad) GEMMs.
+#define CODA_DECLARE_FUSED(fn, Args) void fn(const Args& args, Stream stream);
+CODA_FUSED_KERNELS(CODA_DECLARE_FUSED)
+#undef CODA_DECLARE_FUSED
 
 } // namespace coda::gpu

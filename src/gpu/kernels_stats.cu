@@ -9,6 +9,7 @@
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/scale_per_col.hpp"
 #include "coda/epilogue/reduction.hpp"
+#include "gpu/kernels_aux.hpp"
 #include "gpu/kernels_fused.cuh"
 
 namespace coda::gpu {

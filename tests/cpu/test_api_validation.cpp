@@ -119,6 +119,17 @@ RmsSwigluArgs valid_k2(Arena& ar) {
           ar.out_matrix(f16, M, 2 * F), ar.out_matrix(f16, M, F), ar.out_vector(f32, M)};
 }
 
+RmsGegluArgs valid_k2g(Arena& ar) {
+  constexpr int64_t F = 8;
+  return {ar.matrix(bf16, M, K),
+          ar.matrix(bf16, 2 * F, K),
+          ar.matrix(f32, M, 1),
+          1e-5f,
+          ar.out_matrix(bf16, M, 2 * F),
+          ar.out_matrix(bf16, M, F),
+          {}};
+}
+
 // The shape of the message in the brief: (4 + 2*1) * 64 = 384 rows.
 RmsRopeArgs valid_k4(Arena& ar) {
   constexpr int64_t m = 3, k = 256, hq = 4, hkv = 1, hd = 64, n = (hq + 2 * hkv) * hd;
@@ -213,30 +224,17 @@ GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_ma
 // layout, src/api/abi_cast.hpp).
 using api::to_c;
 
-#define CODA_VALIDATED_CALLS(X)                                                                    \
-  X(GemmArgs, gemm)                                                                                \
-  X(ResidualRmsArgs, gemm_residual_rms)                                                            \
-  X(RmsScaleArgs, gemm_rms_scale)                                                                  \
-  X(RmsSwigluArgs, gemm_rms_swiglu)                                                                \
-  X(RmsRopeArgs, gemm_rms_rope)                                                                    \
-  X(RmsLseArgs, gemm_rms_lse)                                                                      \
-  X(RmsBackwardArgs, gemm_rms_backward)                                                            \
-  X(SwigluBackwardArgs, gemm_swiglu_backward)                                                      \
-  X(RmsStatsArgs, rms_stats)                                                                       \
-  X(RstdArgs, rstd_from_partials)                                                                  \
-  X(RowReduceArgs, reduce_row_partials)                                                            \
-  X(ColReduceArgs, reduce_col_partials)                                                            \
-  X(RopeBackwardArgs, rope_backward)                                                               \
-  X(CrossEntropyArgs, cross_entropy)
-#define CODA_BOTH_INTERFACES(Args, fn)                                                             \
+// The GEMM and every kernel of the tables in coda/kernels/args.hpp.
+#define CODA_BOTH_INTERFACES(fn, Args)                                                             \
   void call_cpp(const Args& a) { fn(a); }                                                          \
   coda_status call_c(const Args& a) {                                                              \
     const auto c = to_c(a);                                                                        \
     return coda_##fn(&c, nullptr);                                                                 \
   }
-CODA_VALIDATED_CALLS(CODA_BOTH_INTERFACES)
+CODA_BOTH_INTERFACES(gemm, GemmArgs)
+CODA_FUSED_KERNELS(CODA_BOTH_INTERFACES)
+CODA_AUX_KERNELS(CODA_BOTH_INTERFACES)
 #undef CODA_BOTH_INTERFACES
-#undef CODA_VALIDATED_CALLS
 
 coda_status call_c(const GateUp& g) {
   const coda_tensor src = to_c(g.src), dst = to_c(g.dst);
@@ -287,6 +285,7 @@ TEST(ApiValidation, ValidFixturesPass) {
   EXPECT_EQ(validate_only(valid_k0(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k1(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k2(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k2g(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k4(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k5(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k6(ar)), Device::cpu);
@@ -369,6 +368,9 @@ const Rejection kRejections[] = {
              k2.act.stride[0] = 16;
            },
            Status::invalid_argument, {"act must have shape [M, F] = [5, 8]; got [5, 16]"}),
+    reject("RmsGegluShapeMismatchNamesTheKernel", valid_k2g,
+           [](Arena&, RmsGegluArgs& k2g) { k2g.preact.shape[1] = 8; }, Status::invalid_argument,
+           {"gemm_rms_geglu: preact must have shape [M, 2F] = [5, 16]; got [5, 8]"}),
     reject("RmsRopeWeightShapeNamesTheFormula", valid_k4,
            [](Arena&, RmsRopeArgs& k4) { k4.w.shape[0] = 380; }, Status::invalid_argument,
            {"gemm_rms_rope: w must have shape [(n_q_heads + 2*n_kv_heads)*head_dim, K] = "
@@ -433,6 +435,9 @@ const Rejection kRejections[] = {
     reject("SwigluWeightRowsMustBeEven", valid_k2,
            [](Arena&, RmsSwigluArgs& k2) { k2.w.shape[0] = 15; }, Status::invalid_argument,
            {"w must have an even number of rows", "got 15"}),
+    reject("GegluWeightRowsMustBeEven", valid_k2g,
+           [](Arena&, RmsGegluArgs& k2g) { k2g.w.shape[0] = 17; }, Status::invalid_argument,
+           {"gemm_rms_geglu: w must have an even number of rows", "got 17"}),
     reject("SwigluHalfWidthMultipleOf8", valid_k2,
            [](Arena&, RmsSwigluArgs& k2) {
              k2.w.shape[0] = 12; // F = 6

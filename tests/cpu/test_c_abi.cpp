@@ -243,6 +243,55 @@ TEST(CAbi, ResidualRmsMatchesCppApi) {
   EXPECT_TRUE(same_bits(cpp.partials, c.partials));
 }
 
+// K2g through the C ABI (coda_gemm_rms_geglu on coda_rms_geglu_args) gives the C++ entry point's
+// bits, and act differs from K2's: the C function runs GeGLU, not SwiGLU.
+TEST(CAbi, RmsGegluMatchesCppApiAndIsNotSwiglu) {
+  constexpr int64_t M = 19, F = 72, K = 40;
+  uint64_t seed = test::test_seed() + 30;
+  const auto a = test::random_vector<bf16>(M * K, seed++);
+  const auto w = test::random_vector<bf16>(2 * F * K, seed++);
+  const auto partials = test::random_vector<float>(M, seed++, 5.f, 15.f);
+  struct Outputs {
+    std::vector<bf16> preact, act;
+    std::vector<float> rstd;
+  };
+  Outputs cpp{std::vector<bf16>(M * 2 * F, bf16::from(NAN)),
+              std::vector<bf16>(M * F, bf16::from(NAN)), std::vector<float>(M, NAN)};
+  Outputs c = cpp, swiglu = cpp;
+  const auto in = [](const auto& v) {
+    return const_cast<void*>(static_cast<const void*>(v.data()));
+  };
+  const auto cpp_args = [&](Outputs& o) {
+    return RmsGegluArgs{make_view(in(a), DType::bf16, M, K),
+                        make_view(in(w), DType::bf16, 2 * F, K),
+                        make_view(in(partials), DType::f32, M, 1),
+                        1e-5f,
+                        make_view(o.preact.data(), DType::bf16, M, 2 * F),
+                        make_view(o.act.data(), DType::bf16, M, F),
+                        make_view(o.rstd.data(), DType::f32, M)};
+  };
+  gemm_rms_geglu(cpp_args(cpp));
+  const RmsGegluArgs k2 = cpp_args(swiglu); // the same call as K2, into the swiglu outputs
+  gemm_rms_swiglu({k2.a, k2.w, k2.sumsq_partials, k2.eps, k2.preact, k2.act, k2.rstd_out});
+
+  const coda_device host = CODA_DEVICE_CPU;
+  coda_rms_geglu_args ca{coda_matrix(in(a), CODA_BF16, M, K, host),
+                         coda_matrix(in(w), CODA_BF16, 2 * F, K, host),
+                         coda_matrix(in(partials), CODA_F32, M, 1, host),
+                         1e-5f,
+                         coda_matrix(c.preact.data(), CODA_BF16, M, 2 * F, host),
+                         coda_matrix(c.act.data(), CODA_BF16, M, F, host),
+                         coda_vector(c.rstd.data(), CODA_F32, M, host)};
+  ASSERT_EQ(coda_gemm_rms_geglu(&ca, nullptr), CODA_OK) << coda_last_error();
+
+  EXPECT_FALSE(any_nan(cpp.preact) || any_nan(cpp.act)) << "an output element was not written";
+  EXPECT_TRUE(same_bits(cpp.preact, c.preact));
+  EXPECT_TRUE(same_bits(cpp.act, c.act));
+  EXPECT_TRUE(same_bits(cpp.rstd, c.rstd));
+  EXPECT_TRUE(same_bits(cpp.preact, swiglu.preact)) << "the same GEMM and row scale as K2";
+  EXPECT_FALSE(same_bits(cpp.act, swiglu.act)) << "the activation is GeGLU's";
+}
+
 // Interleave and deinterleave on padded rows, through both interfaces: fused row 2j is gate row
 // j, fused row 2j + 1 is up row j, padding is never written, and the round trip is exact.
 template <class T> void check_gate_up(DType dtype, coda_dtype c_dtype) {

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "coda/epilogue/ops/accumulate.hpp"
+#include "coda/epilogue/ops/gated_pair.hpp"
+#include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/multiply_tile.hpp"
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
@@ -309,26 +311,54 @@ TEST(EpilogueOps, RopeRotationIsHuggingFaceRotateHalfAndInverts) {
 
 double silu_double(double g) { return g / (1 + std::exp(-g)); }
 
-TEST(EpilogueOps, SwigluForwardIsSiluTimesUpAndHalvesTheWidth) {
-  for (float g : {-100.f, -20.f, -1.f, 0.f, 0.5f, 3.f, 20.f, 100.f}) {
-    const float u = uniform(-2.f, 2.f);
-    const double expect = silu_double(g) * u;
-    EXPECT_NEAR(swiglu(g, u), expect, 1e-6 * std::fabs(expect) + 1e-30) << g;
-    EXPECT_TRUE(std::isfinite(swiglu(g, u)));
-  }
+// GatedPairStore<Gate> on an edge tile: the fragment is left as it is, act[m, j] =
+// activation(gate) * up within bf16 rounding, and nothing is written left of the tile's columns.
+template <class Gate> void check_gated_pair_store(double (*activation)(double)) {
   const TileCoord tile = edge_tile(); // 30 columns: 15 pairs
   Tensor act(DType::bf16, tile.m0 + tile.rows, (tile.n0 + tile.cols) / 2);
-  SwigluForward op({act.view2d()});
+  GatedPairStore<Gate> op({act.view2d()});
   TestTile t(tile, 48);
   const std::vector<float> before = t.values;
   run_tile(t.frag, op);
   EXPECT_EQ(t.values, before) << "the fragment is left as it is";
   for (int64_t r = 0; r < tile.rows; ++r)
     for (int64_t j = 0; j < tile.cols / 2; ++j) {
-      const double expect = silu_double(t.value(r, 2 * j)) * t.value(r, 2 * j + 1);
+      const double expect = activation(t.value(r, 2 * j)) * t.value(r, 2 * j + 1);
       EXPECT_NEAR(act.at(tile.m0 + r, tile.n0 / 2 + j), expect, bf16_tolerance(expect) + 1e-6);
     }
   EXPECT_TRUE(std::isnan(act.at(tile.m0, tile.n0 / 2 - 1)));
+}
+
+TEST(EpilogueOps, SwigluGatedPairIsSiluTimesUpAndHalvesTheWidth) {
+  for (float g : {-100.f, -20.f, -1.f, 0.f, 0.5f, 3.f, 20.f, 100.f}) {
+    const float u = uniform(-2.f, 2.f);
+    const double expect = silu_double(g) * u;
+    EXPECT_NEAR(swiglu(g, u), expect, 1e-6 * std::fabs(expect) + 1e-30) << g;
+    EXPECT_TRUE(std::isfinite(swiglu(g, u)));
+  }
+  check_gated_pair_store<SwigluGate>(silu_double);
+}
+
+// gelu(x) = x Φ(x), with Φ the standard normal CDF from erfc (not the erf the op calls).
+double gelu_double(double g) { return g * 0.5 * std::erfc(-g / std::sqrt(2.0)); }
+
+TEST(EpilogueOps, GegluGatedPairIsGeluTimesUpAndHalvesTheWidth) {
+  // Known values of GELU: 0 at 0, x for large x, 0 (from below) for very negative x, and
+  // gelu(1) = Φ(1) = 0.8413447460685429.
+  EXPECT_EQ(gelu(0.f), 0.f);
+  EXPECT_NEAR(gelu(1.0), 0.8413447460685429, 1e-15);
+  EXPECT_EQ(gelu(30.f), 30.f);
+  EXPECT_LE(gelu(-30.f), 0.f);
+  EXPECT_GT(gelu(-30.f), -1e-30f);
+  // The erf form cancels for negative gates (1 + erf(g / sqrt 2) -> 0), as PyTorch's does, so
+  // its error is a few ulp of erf times |g u| rather than relative to the result.
+  for (float g : {-100.f, -20.f, -3.f, -1.f, -0.25f, 0.5f, 3.f, 20.f, 100.f}) {
+    const float u = uniform(-2.f, 2.f);
+    const double expect = gelu_double(g) * u, gu = std::fabs(double(g) * u);
+    EXPECT_NEAR(geglu(g, u), expect, 2e-7 * gu + 1e-6 * std::fabs(expect)) << g;
+    EXPECT_NEAR(GegluGate{}(double(g), double(u)), expect, 1e-15 * gu) << g;
+  }
+  check_gated_pair_store<GegluGate>(gelu_double);
 }
 
 TEST(EpilogueOps, SwigluBackwardMatchesDerivativesAndZetaTerm) {

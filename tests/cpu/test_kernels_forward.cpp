@@ -1,4 +1,4 @@
-// The forward kernels (plain GEMM, K0, K1, K2, K4, K5) through the public API on host memory,
+// The forward kernels (plain GEMM, K0, K1, K2, K2g, K4, K5) through the public API on host memory,
 // each output and partial held to the fp64 reference by the tolerance rule (check.hpp): no worse
 // than twice the error of the ordinary unfused bf16 / f16 path. Inputs are fresh per run,
 // outputs poisoned with NaN and fenced by guard bytes; M, N are ragged against the 128 tile.
@@ -201,33 +201,46 @@ TEST_P(RmsScale, AcceptsSingleColumnPartialsWithoutRstdOut) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, RmsScale, kDtypeShapes, dtype_shape_name);
 
-// K2: the fused interleaved gate/up GEMM, N = 2F with F = 8, 136, 264, 128.
-const Shape kSwigluShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 32}, {129, 256, 8}};
-class RmsSwiglu : public testing::TestWithParam<DtypeShape> {};
+// K2 and K2g: the fused interleaved gate/up GEMM, N = 2F with F = 8, 136, 264, 128; each against
+// its reference (they differ in the gate's activation only).
+const Shape kGatedShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 32}, {129, 256, 8}};
+const auto kGatedCases =
+    testing::Combine(testing::ValuesIn(kHalfTypes), testing::ValuesIn(kGatedShapes));
 
-TEST_P(RmsSwiglu, PreactivationAndActivationMatchReference) {
-  const auto [dtype, s] = GetParam();
+template <class GatedArgs>
+void check_rms_gated(void (*kernel)(const GatedArgs&, Stream),
+                     ref::RmsGatedOutputs (*reference)(ref::Rounding, const ref::NormedGemmInputs&),
+                     DType dtype, const Shape& s) {
   Seeds seeds;
   NormedGemmCase c(dtype, s.M, s.N, s.K, seeds);
   HostTensor preact(dtype, {s.M, s.N}), act(dtype, {s.M, s.N / 2});
-  gemm_rms_swiglu({.a = c.a.view(),
-                   .w = c.w.view(),
-                   .sumsq_partials = c.partials.view(),
-                   .eps = c.eps,
-                   .preact = preact.view(),
-                   .act = act.view(),
-                   .rstd_out = c.rstd.view()});
+  kernel({.a = c.a.view(),
+          .w = c.w.view(),
+          .sumsq_partials = c.partials.view(),
+          .eps = c.eps,
+          .preact = preact.view(),
+          .act = act.view(),
+          .rstd_out = c.rstd.view()},
+         nullptr);
   const auto in = c.inputs();
-  const auto exact = ref::rms_swiglu({}, in), unfused = ref::rms_swiglu(lowp(dtype), in);
+  const auto exact = reference({}, in), unfused = reference(lowp(dtype), in);
   CODA_EXPECT_PASSES(check_output("preact", preact, exact.preact, unfused.preact));
   CODA_EXPECT_PASSES(check_output("act", act, exact.act, unfused.act));
   CODA_EXPECT_PASSES(check_output("rstd_out", c.rstd, exact.rstd, unfused.rstd));
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, RmsSwiglu,
-                         testing::Combine(testing::ValuesIn(kHalfTypes),
-                                          testing::ValuesIn(kSwigluShapes)),
-                         dtype_shape_name);
+class RmsSwiglu : public testing::TestWithParam<DtypeShape> {};
+TEST_P(RmsSwiglu, PreactivationAndActivationMatchReference) {
+  check_rms_gated(gemm_rms_swiglu, ref::rms_swiglu, std::get<0>(GetParam()),
+                  std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsSwiglu, kGatedCases, dtype_shape_name);
+
+class RmsGeglu : public testing::TestWithParam<DtypeShape> {};
+TEST_P(RmsGeglu, PreactivationAndActivationMatchReference) {
+  check_rms_gated(gemm_rms_geglu, ref::rms_geglu, std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Kernels, RmsGeglu, kGatedCases, dtype_shape_name);
 
 // ---- K4: RoPE on the Q and K heads of the fused QKV projection (GQA), per-token positions.
 

@@ -579,16 +579,21 @@ void fuzz_rms_scale(Call& c) {
   c.run("coda_gemm_rms_scale", [&] { return coda_gemm_rms_scale(&a, nullptr); });
 }
 
-void fuzz_rms_swiglu(Call& c) {
+// K2 and K2g (K2 with GeGLU) take the same arguments.
+template <class GatedArgs>
+void fuzz_rms_gated(Call& c, const char* entry,
+                    coda_status (*kernel)(const GatedArgs*, coda_stream_t)) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), f = in.dim8(4), k = in.dim8(8);
   const Normed x = normed(c, m, 2 * f, k);
-  coda_rms_swiglu_args a{x.a, x.w, x.partials, x.eps, {}, {}, {}};
+  GatedArgs a{x.a, x.w, x.partials, x.eps, {}, {}, {}};
   a.preact = c.output("preact", c.half(), {m, 2 * f});
   a.act = c.output("act", c.half(), {m, f});
   a.rstd_out = c.optional("rstd_out", Role::output, CODA_F32, {m});
-  c.run("coda_gemm_rms_swiglu", [&] { return coda_gemm_rms_swiglu(&a, nullptr); });
+  c.run(entry, [&] { return kernel(&a, nullptr); });
 }
+void fuzz_rms_swiglu(Call& c) { fuzz_rms_gated(c, "coda_gemm_rms_swiglu", coda_gemm_rms_swiglu); }
+void fuzz_rms_geglu(Call& c) { fuzz_rms_gated(c, "coda_gemm_rms_geglu", coda_gemm_rms_geglu); }
 
 void fuzz_rms_rope(Call& c) {
   Reader& in = c.in();
@@ -924,6 +929,7 @@ constexpr Entry kEntries[] = {
     fuzz_rms_rope,     fuzz_rms_lse,         fuzz_rms_backward,  fuzz_swiglu_backward,
     fuzz_reductions,   fuzz_rope_backward,   fuzz_cross_entropy, fuzz_gate_up,
     fuzz_size_queries, fuzz_llama,
+    fuzz_rms_geglu, // last: the inputs written before it still pick the entry they did
 };
 
 } // namespace

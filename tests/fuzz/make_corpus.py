@@ -14,7 +14,7 @@ import sys
 
 ENTRIES = ["gemm", "residual_rms", "rms_scale", "rms_swiglu", "rms_rope", "rms_lse",
            "rms_backward", "swiglu_backward", "reductions", "rope_backward", "cross_entropy",
-           "gate_up", "size_queries", "llama"]
+           "gate_up", "size_queries", "llama", "rms_geglu"]
 SEED = bytes([0x12, 0x34, 0x56, 0x78])
 
 # Dimension and sub-case bytes after the seed, per entry (several cases each).
@@ -23,6 +23,7 @@ CASES = {
     "residual_rms": [[0, 0, 0], [36, 17, 3]],
     "rms_scale": [[0, 0, 0], [36, 5, 7]],
     "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
+    "rms_geglu": [[0, 0, 0], [36, 3, 5]],
     "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0]],
     "rms_lse": [[0, 0, 0], [29, 39, 5]],
     "rms_backward": [[0, 0, 0], [36, 7, 5]],

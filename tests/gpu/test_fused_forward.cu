@@ -1,4 +1,4 @@
-// The fused forward kernels on the GPU (K0, K1, K2, K4, K5 and rms_stats) through the public API
+// The fused forward kernels on the GPU (K0, K1, K2, K2g, K4, K5, rms_stats) through the public API
 // on device memory, each output held
 //  * to the fp64 reference by the tolerance rule (tests/common/check.hpp): no worse than twice
 //    the error of the ordinary unfused bf16 / f16 path, and
@@ -222,27 +222,33 @@ TEST(FusedRmsScaleWidths, WidePartialsSingleColumnAndNoRstdOut) {
   check_rms_scale(DType::f16, single, false);
 }
 
-// ---- K2 gemm_rms_swiglu: N = 2F with F = 8, 136, 264, 520; K from 16 to 4200, so 1 to 33 rstd
-// partials per row: the variant staging 16 of them, the one staging 32 (K = 2600: 21) and rows
-// too wide for either, read from global memory (K = 4200: 33).
+// ---- K2 gemm_rms_swiglu and K2g gemm_rms_geglu (K2 with GeGLU): N = 2F with F = 8, 136, 264,
+// 520; K from 16 to 4200, so 1 to 33 rstd partials per row: the variant staging 16 of them, the
+// one staging 32 (K = 2600: 21) and rows too wide for either, read from global memory
+// (K = 4200: 33). The two differ in the gate's activation only; each against its reference.
 
-const Shape kSwigluShapes[] = {{1, 16, 16},     {37, 272, 64},   {200, 528, 512},
-                               {129, 1040, 96}, {70, 272, 2600}, {33, 272, 4200}};
+const Shape kGatedShapes[] = {{1, 16, 16},     {37, 272, 64},   {200, 528, 512},
+                              {129, 1040, 96}, {70, 272, 2600}, {33, 272, 4200}};
+const auto kGatedCases =
+    testing::Combine(testing::ValuesIn(kHalfTypes), testing::ValuesIn(kGatedShapes));
 
-void check_rms_swiglu(DType dtype, const Shape& s) {
+template <class GatedArgs>
+void check_rms_gated(void (*kernel)(const GatedArgs&, Stream),
+                     ref::RmsGatedOutputs (*reference)(ref::Rounding, const ref::NormedGemmInputs&),
+                     DType dtype, const Shape& s) {
   Seeds seeds;
   NormedInputs in(dtype, s.M, s.N, s.K, seeds);
   HostTensor cpu_pre(dtype, {s.M, s.N}), cpu_act(dtype, {s.M, s.N / 2}),
       cpu_rstd(DType::f32, {s.M});
-  gemm_rms_swiglu({.a = in.a.view(),
-                   .w = in.w.view(),
-                   .sumsq_partials = in.partials.view(),
-                   .eps = in.eps,
-                   .preact = cpu_pre.view(),
-                   .act = cpu_act.view(),
-                   .rstd_out = cpu_rstd.view()});
-  const auto exact = ref::rms_swiglu({}, in.inputs()),
-             unfused = ref::rms_swiglu(lowp(dtype), in.inputs());
+  kernel({.a = in.a.view(),
+          .w = in.w.view(),
+          .sumsq_partials = in.partials.view(),
+          .eps = in.eps,
+          .preact = cpu_pre.view(),
+          .act = cpu_act.view(),
+          .rstd_out = cpu_rstd.view()},
+         nullptr);
+  const auto exact = reference({}, in.inputs()), unfused = reference(lowp(dtype), in.inputs());
   DeviceNormed d(in);
   for (const gpu::FusedSchedule schedule : kSchedules) {
     SCOPED_TRACE(schedule_name(schedule));
@@ -250,13 +256,14 @@ void check_rms_swiglu(DType dtype, const Shape& s) {
     HostTensor gpu_pre(dtype, {s.M, s.N}), gpu_act(dtype, {s.M, s.N / 2}),
         gpu_rstd(DType::f32, {s.M});
     DeviceTensor pre(gpu_pre), act(gpu_act), rstd(gpu_rstd);
-    gemm_rms_swiglu({.a = d.a.view(),
-                     .w = d.w.view(),
-                     .sumsq_partials = d.partials.view(),
-                     .eps = in.eps,
-                     .preact = pre.view(),
-                     .act = act.view(),
-                     .rstd_out = rstd.view()});
+    kernel({.a = d.a.view(),
+            .w = d.w.view(),
+            .sumsq_partials = d.partials.view(),
+            .eps = in.eps,
+            .preact = pre.view(),
+            .act = act.view(),
+            .rstd_out = rstd.view()},
+           nullptr);
     synchronize_ok();
     EXPECT_TRUE(pre.copy_back() && act.copy_back() && rstd.copy_back())
         << "a write past the end of an output";
@@ -265,16 +272,26 @@ void check_rms_swiglu(DType dtype, const Shape& s) {
     expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
   }
 }
+void check_rms_swiglu(DType dtype, const Shape& s) {
+  check_rms_gated(gemm_rms_swiglu, ref::rms_swiglu, dtype, s);
+}
+void check_rms_geglu(DType dtype, const Shape& s) {
+  check_rms_gated(gemm_rms_geglu, ref::rms_geglu, dtype, s);
+}
 
 class FusedRmsSwiglu : public testing::TestWithParam<DtypeShape> {};
 TEST_P(FusedRmsSwiglu, MatchesReferenceAndCpu) {
   CODA_REQUIRE_SM90();
   check_rms_swiglu(std::get<0>(GetParam()), std::get<1>(GetParam()));
 }
-INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsSwiglu,
-                         testing::Combine(testing::ValuesIn(kHalfTypes),
-                                          testing::ValuesIn(kSwigluShapes)),
-                         dtype_shape_name);
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsSwiglu, kGatedCases, dtype_shape_name);
+
+class FusedRmsGeglu : public testing::TestWithParam<DtypeShape> {};
+TEST_P(FusedRmsGeglu, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  check_rms_geglu(std::get<0>(GetParam()), std::get<1>(GetParam()));
+}
+INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsGeglu, kGatedCases, dtype_shape_name);
 
 // ---- K4 gemm_rms_rope: GQA, head_dim 64 and 128, QKV widths that are not a multiple of 256.
 
@@ -497,6 +514,7 @@ TEST(FusedSmallForSanitizer, EveryKernel) {
   NormedInputs in(DType::bf16, 130, 264, 72, seeds);
   check_rms_scale(DType::bf16, in, true);
   check_rms_swiglu(DType::f16, {130, 272, 72});
+  check_rms_geglu(DType::bf16, {130, 272, 72});
   check_rms_rope(DType::bf16, {3, 1, 64, 130, 72});
   check_rms_lse(DType::bf16, {130, 296, 72});
   check_rms_stats(DType::f16, {37, 264});

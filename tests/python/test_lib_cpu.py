@@ -226,6 +226,30 @@ def test_gemm_alpha_tensor():
     assert d.rows() == [[0.5 * v for v in row] for row in expect]
 
 
+def test_gemm_rms_geglu_matches_gelu_times_up():
+    """K2g through ctypes: preact = rstd * (a · wᵀ), exact on small integers with rstd = 1/2;
+    act = gelu(gate) * up (erf form) within bf16 rounding of an fp64 computation here."""
+    library_or_skip()
+    M, F, K = 3, 8, 16
+    rng = [11]
+    a = Host(L.BF16, (M, K), small_ints(rng, M * K, -2, 2))
+    w = Host(L.BF16, (2 * F, K), small_ints(rng, 2 * F * K, -2, 2))
+    partials = Host(L.F32, (M, 1), [4.0 * K] * M)  # sum(x^2) / K = 4, eps 0: rstd = 1/2
+    preact, act, rstd = Host(L.BF16, (M, 2 * F)), Host(L.BF16, (M, F)), Host(L.F32, (M,))
+    args = L.RmsGegluArgs()
+    args.a, args.w, args.sumsq_partials, args.eps = a.view, w.view, partials.view, 0.0
+    args.preact, args.act, args.rstd_out = preact.view, act.view, rstd.view
+    L.gemm_rms_geglu(args)
+    z = [[0.5 * v for v in row] for row in matmul(a.rows(), w.rows())]
+    assert preact.rows() == z
+    assert rstd.values() == [0.5] * M
+    for row_z, row_act in zip(z, act.rows()):
+        for j in range(F):
+            gate, up = row_z[2 * j], row_z[2 * j + 1]
+            want = 0.5 * gate * (1 + math.erf(gate / math.sqrt(2))) * up
+            assert abs(row_act[j] - want) <= 2.0 ** -8 * abs(want) + 1e-6 * abs(gate * up)
+
+
 def test_errors_map_to_python_exceptions():
     library_or_skip()
     a = Host(L.BF16, (4, 16), [1.0] * 64)

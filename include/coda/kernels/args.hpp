@@ -79,6 +79,14 @@ struct RmsSwigluArgs {
   TensorView preact, act, rstd_out;
 };
 
+// K2g: K2 with GeGLU, gelu(x) = x / 2 * (1 + erf(x / sqrt 2)) (the erf form, PyTorch's default)
+// in place of silu: preact = z [M, 2F] as K2's, act[m, j] = round(gelu(z[m, 2j]) * z[m, 2j+1]).
+struct RmsGegluArgs {
+  TensorView a, w, sumsq_partials;
+  float eps = 1e-6f;
+  TensorView preact, act, rstd_out;
+};
+
 // K4: out = round(RoPE(round(rstd[m] * (a · wᵀ)))), w the fused [Q; K; V] weight
 // [(Hq + 2 Hkv) hd, K] (RoPE on z rounded to the 16-bit type, as an unfused projection stores it).
 struct RmsRopeArgs {
@@ -198,3 +206,30 @@ struct CrossEntropyArgs {
 };
 
 } // namespace coda
+
+// The entry points that take the structs above, one per struct: X(name, Args), K0..K7 and K2g
+// (GEMMs with a fused epilogue) and the auxiliary kernels. These two lists are the one place a
+// kernel is named; each row becomes
+//   void coda::name(const Args&, Stream = nullptr)   the C++ API (coda/coda.hpp), defined in
+//                                                    src/api/coda.cpp: validate, then run
+//   Device api::validate(const Args&)                its argument rules (src/api/checks.hpp)
+//   cpu::name, gpu::name                             the backends' functions of the same name
+//                                                    (src/cpu/backend.hpp, src/gpu/kernels_*.hpp)
+// and src/api/c_abi.cpp checks that coda/coda.h declares its C entry point coda_name on the C twin
+// of Args (tools/gen_abi.py generates the C ABI's own list, and the Python one, from coda.h).
+#define CODA_FUSED_KERNELS(X)                                                                      \
+  X(gemm_residual_rms, ResidualRmsArgs)       /* K0 */                                             \
+  X(gemm_rms_scale, RmsScaleArgs)             /* K1 */                                             \
+  X(gemm_rms_swiglu, RmsSwigluArgs)           /* K2 */                                             \
+  X(gemm_rms_geglu, RmsGegluArgs)             /* K2g */                                            \
+  X(gemm_rms_rope, RmsRopeArgs)               /* K4 */                                             \
+  X(gemm_rms_lse, RmsLseArgs)                 /* K5 */                                             \
+  X(gemm_rms_backward, RmsBackwardArgs)       /* K6 */                                             \
+  X(gemm_swiglu_backward, SwigluBackwardArgs) /* K7 */
+#define CODA_AUX_KERNELS(X)                                                                        \
+  X(rms_stats, RmsStatsArgs)                                                                       \
+  X(rstd_from_partials, RstdArgs)                                                                  \
+  X(reduce_row_partials, RowReduceArgs)                                                            \
+  X(reduce_col_partials, ColReduceArgs)                                                            \
+  X(rope_backward, RopeBackwardArgs)                                                               \
+  X(cross_entropy, CrossEntropyArgs)

@@ -1,0 +1,51 @@
+// K2's launch with the gated activation as a parameter, for K2 itself (gemm_rms_swiglu,
+// kernels_k2.cu) and its variants with another gate (kernels_k2_*.cu):
+//   z = round(rstd[m] * (a · wᵀ)) on the fused interleaved gate/up weight;
+//   preact = z, act[m, j] = round(Gate(z[m, 2j], z[m, 2j + 1])) from z as stored.
+#pragma once
+
+#include "gpu/kernels_fused.cuh"
+
+namespace coda::gpu::fused {
+
+// kStaged rstd partials staged per row on the cooperative schedule: 32 fit every hidden size up
+// to 4096 (one partial per 128 columns), but their 16 KB leave the cooperative kernel 3 pipeline
+// stages; with 16 (hidden up to 2048, e.g. Llama-1B) the 8 KB saved buy a fourth
+// (docs/epilogue.md). Rows with more partials than staged would read them from global memory
+// after the mainloop, so the launch takes the variant that stages them all. On the staged
+// schedule the consumers hold them in registers instead (dev::kPartialsInRegisters): 4 stages.
+template <class Shape, class T, int kStaged, class Gate, class GatedArgs>
+void run_rms_gated(const GatedArgs& args, Stream stream) {
+  using Scale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kStaged>;
+  using Epi = dev::FusedEpilogue<Shape, Scale, dev::Stage<T>, MainStore<Shape, T>,
+                                 dev::GatedPairStore<Shape, T, Gate>>;
+  typename Epi::Params p{};
+  dev::get<0>(p) =
+      rstd_params<Scale>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
+  dev::get<2>(p) = MainStore<Shape, T>::params("preact", args.preact);
+  dev::get<3>(p) = dev::GatedPairStore<Shape, T, Gate>::params("act", args.act);
+  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+}
+
+// The entry point of a K2 variant named `kernel`, on the schedule and staging it runs best on.
+template <class Gate, class GatedArgs>
+void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
+  require_device(kernel);
+  const bool few_partials = args.sumsq_partials.shape[1] <= 16;
+  with_half_type(args.a.dtype, [&](auto t) {
+    // Staged (4 stages with the partials in registers; with them in shared memory at the
+    // Llama-8B width, 3 stages measured 1.31x the plain GEMM against the cooperative 1.15x).
+    with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
+      using Shape = decltype(shape);
+      using T = decltype(t);
+      if constexpr (Shape::kStaged)
+        run_rms_gated<Shape, T, dev::kPartialsInRegisters, Gate>(args, stream);
+      else if (few_partials)
+        run_rms_gated<Shape, T, 16, Gate>(args, stream);
+      else
+        run_rms_gated<Shape, T, 32, Gate>(args, stream);
+    });
+  });
+}
+
+} // namespace coda::gpu::fused
