@@ -126,13 +126,12 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   };
   using Ctx = OpContext<Params, SharedStorage>;
 
-  // Subtiles whose containers are loaded ahead, into registers: (i / 2)-th pair of registers of
-  // the k-th subtile after the one being computed is pending[k][i / 2]. One: two measured
-  // (H200, c43e7e4, bench_fused) 1.408x the plain GEMM at Llama-1B against one's 1.382, and
-  // 1.065 against 1.092 at Llama-8B, a split within the spread, for 16 more registers.
-  static constexpr int kLoadAhead = 1;
+  // The containers of the next subtile, loaded into registers while this one is computed: pair
+  // i / 2 of this thread. One subtile ahead: two measured (H200, c43e7e4, bench_fused) 1.408x the
+  // plain GEMM at Llama-1B against one's 1.382, and 1.065 against 1.092 at Llama-8B, a split
+  // within the spread, for 16 more registers.
   static constexpr int kSubtiles = Shape::kBlocks * Shape::kSubtilesN;
-  uint2 pending[kLoadAhead][8];
+  uint2 pending[8];
 
   // From a consumer warpgroup starting the tile's mainloop: one L2 prefetch per 128-byte line of
   // its 64 rows of containers, so that the epilogue warpgroup's loads, a mainloop later, hit L2.
@@ -151,32 +150,39 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
     }
   }
   __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
-#pragma unroll
-    for (int k = 0; k < kLoadAhead; ++k) load(c, tile, k, pending[k]);
+    load(c, tile.row0, tile.col0, pending);
   }
 
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
     uint2 z[8];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) z[i] = pending[0][i];
-#pragma unroll
-    for (int k = 0; k + 1 < kLoadAhead; ++k)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) pending[k][i] = pending[k + 1][i];
-    // The containers of the subtile kLoadAhead after this one, while this one is computed.
-    const int next = st.block * Shape::kSubtilesN + st.slab + kLoadAhead;
-    if (next < kSubtiles) {
-      const sm90::EpilogueTile tile{st.row0 - st.block * Shape::kSubRows,
-                                    st.col0 - st.slab * Shape::kSubCols};
-      load(c, tile, next, pending[kLoadAhead - 1]);
+    for (int i = 0; i < 8; ++i) z[i] = pending[i];
+    // The driver visits subtiles row-block major: the next one is one slab to the right, or the
+    // first slab of the next 64-row block (its origin follows from this one's, no division).
+    if (st.block * Shape::kSubtilesN + st.slab + 1 < kSubtiles) {
+      const bool wrap = st.slab + 1 == Shape::kSubtilesN;
+      load(c, wrap ? st.row0 + Shape::kSubRows : st.row0,
+           wrap ? st.col0 - (Shape::kSubtilesN - 1) * Shape::kSubCols : st.col0 + Shape::kSubCols,
+           pending);
     }
     const Params& p = c.params;
-    const Lanes lanes(c.wg.thread, st.row0, st.col0, p);
+    const Lanes lanes(c.wg.thread, st.row0, st.col0);
     uint32_t* out = p.dpreact + lanes.first(p.dpreact_stride);
+    // The math is written out twice, once per store path, so that each result is stored as it
+    // is made (held for one store pass, the 16 results spilled the 128-register warpgroup).
+    const auto compute = [&](auto&& store) {
 #pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const uint2 d = swiglu_backward_pair<T>(z[i / 2], v, aux, i);
-      if (lanes.in(i)) *reinterpret_cast<uint2*>(out + Lanes::offset(i, p.dpreact_stride)) = d;
+      for (int i = 0; i < 16; i += 2)
+        store(i, out + Lanes::offset(i, p.dpreact_stride),
+              swiglu_backward_pair<T>(z[i / 2], v, aux, i));
+    };
+    if (interior(st.row0, st.col0, p)) {
+      compute([](int, uint32_t* to, uint2 d) { *reinterpret_cast<uint2*>(to) = d; });
+    } else {
+      const Edges edges(lanes, p);
+      compute([&](int i, uint32_t* to, uint2 d) {
+        if (edges.in(i)) *reinterpret_cast<uint2*>(to) = d;
+      });
     }
   }
 
@@ -199,21 +205,12 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
 
 private:
   // A thread's place in a subtile at (row0, col0): register pair i (i even) is in row slot
-  // (i / 2) % 2 (rows 8 apart) and column group i / 4 (8 containers apart) of its first pair;
-  // F being a multiple of 8, a column group is wholly in the tensor or wholly past its edge.
+  // (i / 2) % 2 (rows 8 apart) and column group i / 4 (8 containers apart) of its first pair.
   struct Lanes {
     int32_t row, col; // of register pair 0
-    bool row_in[2], col_in[4];
-
-    __device__ Lanes(int thread, int32_t row0, int32_t col0, const Params& p)
-        : row(row0 + SubtileMap::row(thread, 0)), col(col0 + SubtileMap::col(thread, 0)) {
-#pragma unroll
-      for (int s = 0; s < 2; ++s) row_in[s] = row + 8 * s < p.rows;
-#pragma unroll
-      for (int g = 0; g < 4; ++g) col_in[g] = col + 8 * g < p.cols;
-    }
+    __device__ Lanes(int thread, int32_t row0, int32_t col0)
+        : row(row0 + SubtileMap::row(thread, 0)), col(col0 + SubtileMap::col(thread, 0)) {}
     __device__ int64_t first(int64_t stride) const { return int64_t(row) * stride + col; }
-    __device__ bool in(int i) const { return row_in[(i / 2) % 2] && col_in[i / 4]; }
     __device__ static int64_t offset(int i, int64_t stride) {
       return (i / 2) % 2 * 8 * stride + i / 4 * 8;
     }
@@ -221,17 +218,42 @@ private:
   static_assert(SubtileMap::row(0, 2) == SubtileMap::row(0, 0) + 8 &&
                     SubtileMap::col(0, 4) == SubtileMap::col(0, 0) + 8,
                 "Lanes' offsets follow the accumulator map (fragment.hpp)");
+  // Where a subtile crosses the tensor's edge: 2 row and 4 column tests per thread; F being a
+  // multiple of 8, a column group is wholly in the tensor or wholly past its edge.
+  struct Edges {
+    bool row_in[2], col_in[4];
+    __device__ Edges(const Lanes& l, const Params& p) {
+#pragma unroll
+      for (int s = 0; s < 2; ++s) row_in[s] = l.row + 8 * s < p.rows;
+#pragma unroll
+      for (int g = 0; g < 4; ++g) col_in[g] = l.col + 8 * g < p.cols;
+    }
+    __device__ bool in(int i) const { return row_in[(i / 2) % 2] && col_in[i / 4]; }
+  };
+  // Nearly every subtile lies inside the tensor: there (a test the whole warpgroup agrees on)
+  // its accesses go unpredicated, so the compiler keeps one address per row slot and constant
+  // offsets; predicated, it rebuilt each access's address and memory descriptor (the profile's
+  // 38 instructions per element at Llama-1B, a fifth of them for addressing: docs/epilogue.md).
+  __device__ static bool interior(int32_t row0, int32_t col0, const Params& p) {
+    return row0 + Shape::kSubRows <= p.rows && col0 + Shape::kSubCols <= p.cols;
+  }
 
-  // This thread's 8 container pairs of the tile's n-th subtile (row-block major) into `to`.
-  __device__ static void load(const Ctx& c, sm90::EpilogueTile tile, int n, uint2 (&to)[8]) {
+  // This thread's 8 container pairs of the subtile at (row0, col0) into `to` (zero past the edges).
+  __device__ static void load(const Ctx& c, int32_t row0, int32_t col0, uint2 (&to)[8]) {
     const Params& p = c.params;
-    const Lanes lanes(c.wg.thread, tile.row0 + n / Shape::kSubtilesN * Shape::kSubRows,
-                      tile.col0 + n % Shape::kSubtilesN * Shape::kSubCols, p);
+    const Lanes lanes(c.wg.thread, row0, col0);
     const uint32_t* in = p.preact + lanes.first(p.preact_stride);
+    if (interior(row0, col0, p)) {
+#pragma unroll
+      for (int i = 0; i < 16; i += 2)
+        to[i / 2] = __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)));
+      return;
+    }
+    const Edges edges(lanes, p);
 #pragma unroll
     for (int i = 0; i < 16; i += 2)
-      to[i / 2] =
-          lanes.in(i) ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
+      to[i / 2] = edges.in(i)
+                      ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
                       : make_uint2(0u, 0u);
   }
 };
