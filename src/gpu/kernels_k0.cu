@@ -15,9 +15,6 @@ using ResidualRmsEpilogue =
     dev::FusedEpilogue<Shape, dev::ResidualAdd<Shape, T, 3>, dev::DirectStore<Shape, T>,
                        dev::ReduceOverN<Shape, epilogue::SumOfSquares>, dev::ScalePerCol<Shape, T>,
                        dev::DirectStore<Shape, T>>;
-static_assert(!ResidualRmsEpilogue<dev::CooperativeShape, bf16>::kBulkStores &&
-                  dev::FusedEpilogue<dev::CooperativeShape, dev::TileStore<dev::CooperativeShape, bf16>>::kBulkStores,
-              "no bulk stores: no proxy fence and one barrier per subtile (driver.cuh)");
 static_assert(dev::FusedGemm<ResidualRmsEpilogue<dev::CooperativeShape, bf16>, bf16>::Config::kStages == 4,
               "K0's epilogue buffers leave room for 4 pipeline stages (see the file comment)");
 

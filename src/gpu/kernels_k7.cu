@@ -9,7 +9,7 @@
 //                                                      global memory)
 //   zeta_partials = row partials of g dg + u du        ReduceOverN<Sum> on its aux (AuxReduce), one
 //                                                      per kStagedReduceBlock columns
-//   act                                                TileStore (ping-pong), DirectStore (staged)
+//   act                                                TileStore
 //
 // Ping-pong 128 x 128: its preact ring of 3 slots and 4 pipeline stages fill the 227 KB exactly
 // (the container subtiles are 8 KB; one more slot would cost a stage). Staged 128 x 192: no
@@ -27,24 +27,16 @@ using Swiglu = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shap
                                   dev::SwigluBackward<Shape, T, 3>>;
 template <class Shape>
 using ZetaPartials = dev::ReduceOverN<Shape, epilogue::Sum, kStagedReduceBlock>;
-// act: on the staged tile from registers straight to global memory, as dpreact is, so that the
-// epilogue warpgroup's list has no bulk store and its subtiles no proxy fence (which waited for
-// the subtile's global loads and stores: ncu, 06a27c3) and one barrier instead of two.
-template <class Shape, class T>
-using ActStore =
-    std::conditional_t<Shape::kStaged, dev::DirectStore<Shape, T>, MainStore<Shape, T>>;
 template <class Shape, class T>
 using SwigluBackwardEpilogue =
     dev::FusedEpilogue<Shape, dev::Stage<T>, dev::AuxReduce<Swiglu<Shape, T>, ZetaPartials<Shape>>,
-                       ActStore<Shape, T>>;
+                       MainStore<Shape, T>>;
 template <class Shape, class T>
 using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<Shape, T>, T, GemmLayout::dgrad>;
 
 static_assert(Gemm<dev::PingpongShape, bf16>::Config::kStages == 4 &&
                   Gemm<dev::PingpongShape, f16>::Config::kStages == 4,
               "K7's epilogue buffers leave room for 4 pipeline stages (see the file comment)");
-static_assert(!SwigluBackwardEpilogue<dev::StagedShape, bf16>::kBulkStores,
-              "the staged K7 stores from registers only: no proxy fence per subtile");
 static_assert(Gemm<dev::StagedShape, bf16>::Config::kStages == 4 &&
                   Gemm<dev::StagedShape, f16>::Config::kStages == 4,
               "the staged K7 keeps no epilogue buffers: 4 pipeline stages");
@@ -56,10 +48,7 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   dev::get<1>(p).op = Swiglu<Shape, T>::params(args.preact, args.dpreact);
   dev::get<1>(p).reduce =
       row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f);
-  if constexpr (Shape::kStaged)
-    dev::get<2>(p) = dev::DirectStore<Shape, T>::params(args.act);
-  else
-    dev::get<2>(p) = MainStore<Shape, T>::params("act", args.act);
+  dev::get<2>(p) = MainStore<Shape, T>::params("act", args.act);
   Gemm<Shape, T>::run(args.dx, args.w, p, stream);
 }
 

@@ -123,7 +123,6 @@ struct OpBase {
   template <class C> __device__ void prefetch(const C&, const Subtile&) {}
   template <class C> __device__ void prefetch_tile(const C&, sm90::EpilogueTile) {}
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
-  // (A template, so that the driver tells the ops that issue bulk stores by their own issue.)
   template <class C> __device__ void issue(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
@@ -227,15 +226,6 @@ private:
   }
 };
 
-// An op that stores from shared memory by TMA declares issue() for its own context (OpBase's is
-// a template); a wrapper of ops (AuxReduce) says kBulkStores instead.
-template <class Op> constexpr bool issues_bulk_stores() {
-  if constexpr (requires { Op::kBulkStores; })
-    return Op::kBulkStores;
-  else
-    return requires { &Op::issue; };
-}
-
 template <class Shape, class... Ops> class FusedEpilogue {
   using Seq = std::make_integer_sequence<int, int(sizeof...(Ops))>;
   static constexpr int kOps = int(sizeof...(Ops));
@@ -290,8 +280,6 @@ template <class Shape, class... Ops> class FusedEpilogue {
   };
 
 public:
-  // Whether a subtile ends with a proxy fence, a barrier and the bulk stores (issues_bulk_stores).
-  static constexpr bool kBulkStores = (issues_bulk_stores<Ops>() || ...);
   using TileShape = Shape;
   using Params = IndexedTuple<typename Ops::Params...>;
   // Staged: the 1024-byte aligned tile first, the ops' storage, then the tile's barriers
@@ -510,8 +498,7 @@ private:
                      staged};
     // The stores that last used slot `st.slot` have read their buffers; everyone is done with
     // the loads of the subtile before.
-    if constexpr (kBulkStores)
-      if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
+    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
     sync();
     const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if (wg_.thread == 0 && !last) {
@@ -525,17 +512,11 @@ private:
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
     }
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
-    // The subtile's shared-memory outputs, complete, to the async proxy, and its bulk stores.
-    // Without any (every output stored from registers: K0) neither the fence nor the barrier:
-    // the fence would wait for the subtile's global stores (measured: K0 1.25 -> 1.45 of the
-    // plain GEMM at Llama-1B).
-    if constexpr (kBulkStores) {
-      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-      sync();
-      if (wg_.thread == 0) {
-        for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
-        cuda::ptx::cp_async_bulk_commit_group();
-      }
+    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+    sync();
+    if (wg_.thread == 0) {
+      for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
+      cuda::ptx::cp_async_bulk_commit_group();
     }
     ++subtile_;
   }

@@ -22,7 +22,6 @@
 namespace coda::epilogue::device {
 
 template <class Op, class Reduce> struct AuxReduce : OpBase {
-  static constexpr bool kBulkStores = issues_bulk_stores<Op>() || issues_bulk_stores<Reduce>();
   static constexpr bool kRollSubtiles = Op::kRollSubtiles || Reduce::kRollSubtiles;
   static constexpr bool kRollPairs = Op::kRollPairs && Reduce::kRollPairs;
 
