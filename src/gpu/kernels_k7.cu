@@ -40,6 +40,8 @@ static_assert(Gemm<dev::PingpongShape, bf16>::Config::kStages == 4 &&
 static_assert(Gemm<dev::StagedShape, bf16>::Config::kStages == 4 &&
                   Gemm<dev::StagedShape, f16>::Config::kStages == 4,
               "the staged K7 keeps no epilogue buffers: 4 pipeline stages");
+static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal,
+              "the staged K7's epilogue runs warp-local (no warpgroup barrier per subtile)");
 
 template <class Shape, class T>
 void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {

@@ -55,8 +55,10 @@ struct Subtile16 {
   }
 };
 
-// The tile of kBlocks 64-row blocks (one per consumer warpgroup) by kCols columns.
-template <int kBlocks, int kCols> struct StagedTile {
+// The tile of kBlocks 64-row blocks (one per consumer warpgroup) by kCols columns, released by
+// kReleasers arrivals (one thread of the epilogue warpgroup, or one per warp where each warp
+// finishes on its own).
+template <int kBlocks, int kCols, int kReleasers = 1> struct StagedTile {
   static constexpr int kSlabs = kCols / Subtile16::kCols;
   static_assert(kCols % Subtile16::kCols == 0, "whole 32-column subtiles");
   static constexpr int kWriters = kBlocks * arch::kWarpgroupSize; // the consumer threads
@@ -69,13 +71,13 @@ template <int kBlocks, int kCols> struct StagedTile {
   };
   struct Barriers {
     uint64_t full;  // the consumers wrote the tile: kWriters arrivals
-    uint64_t empty; // the epilogue has read it (and its in-place stores have): one arrival
+    uint64_t empty; // the epilogue has read it (and its in-place stores have): kReleasers
   };
   using SharedStorage = Barriers; // what the waits and arrivals below take
 
   __device__ static void init(SharedStorage& s) {
     cuda::ptx::mbarrier_init(&s.full, kWriters);
-    cuda::ptx::mbarrier_init(&s.empty, 1);
+    cuda::ptx::mbarrier_init(&s.empty, kReleasers);
   }
 
   // Consumers, every thread. `phase` counts the tiles this thread has staged (its parity).
@@ -91,8 +93,7 @@ template <int kBlocks, int kCols> struct StagedTile {
   __device__ static void wait_full(SharedStorage& s, uint32_t phase) {
     mbarrier_wait(&s.full, phase);
   }
-  // One thread of the epilogue warpgroup, once every read of the tile (and every bulk store from
-  // it) is complete.
+  // Each releaser, once its reads of the tile (and its bulk stores from it) are complete.
   __device__ static void release(SharedStorage& s) { (void)cuda::ptx::mbarrier_arrive(&s.empty); }
 };
 

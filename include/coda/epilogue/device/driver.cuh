@@ -84,6 +84,9 @@ struct Subtile {
   int slab;  // 32-column slab of the tile
   uint32_t slot;
   uint8_t* staged = nullptr; // the staged subtile (16-bit, Subtile16 layout), or null
+  // Rows from row0 (and from `staged`) that issue() stores: the subtile's 64, or on a warp-local
+  // list (FusedEpilogue::kWarpLocal) the 16 of the calling warp.
+  int rows = 64;
 };
 
 // What an op's hooks receive: its parameters (in the kernel's parameter space), its shared
@@ -126,6 +129,16 @@ struct OpBase {
   template <class C> __device__ void issue(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
+
+// Whether an op lets each warp of the staged epilogue run on its own (no warpgroup barrier per
+// subtile): by default, when it keeps no shared memory (so its only shared accesses are the
+// staged subtile's own fragments, and its stores are in place); an op may say otherwise.
+template <class Op> constexpr bool warp_local_op() {
+  if constexpr (requires { Op::kWarpLocal; })
+    return Op::kWarpLocal;
+  else
+    return std::is_empty_v<typename Op::SharedStorage>;
+}
 
 // A tuple addressed by position (the same op type may appear twice in a list).
 template <int I, class T> struct Indexed { T value; };
@@ -246,6 +259,22 @@ template <class Shape, class... Ops> class FusedEpilogue {
     return false;
   }
   static constexpr bool kHasPrepass = staged_prepass();
+  // A staged list whose ops after the Stage all keep no shared memory and have no prepass runs
+  // warp-local: each warp visits its 16 rows of every subtile and TMA-stores them itself, with
+  // no warpgroup barrier per subtile (the ncu profile of the staged K7 had the epilogue
+  // warpgroup wait at those barriers for a tenth of its samples: one warp per scheduler, so a
+  // slow warp held the other three twice a subtile).
+  static constexpr bool warp_local() {
+    constexpr bool local[] = {warp_local_op<Ops>()..., true};
+    for (int i = kFirstEpilogueOp; i < kOps; ++i)
+      if (!local[i]) return false;
+    return !kHasPrepass;
+  }
+
+public:
+  static constexpr bool kWarpLocal = kStaged && warp_local();
+
+private:
   // The staged prepass group: the widest any op asks for.
   static constexpr int kGroupCols = std::max({Ops::kGroupCols..., 32});
   static constexpr int kSlabsPerGroup = kGroupCols / Shape::kSubCols;
@@ -261,7 +290,9 @@ template <class Shape, class... Ops> class FusedEpilogue {
                 "ops before the Stage run in the consumer warpgroups: kBeforeStage ones only");
 
   using StageT = typename StageTypeOf<kStage, Ops...>::type;
-  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols>;
+  // Warp-local: each warp releases the staged tile once its reads and bulk stores are done.
+  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols,
+                                  kWarpLocal ? arch::kWarpgroupSize / arch::kWarpSize : 1>;
   // The staged tile (staged schedule only; an empty base elsewhere: a member would take a byte
   // and pad the 1024-byte aligned storage by a kilobyte).
   struct StagedTiles {
@@ -375,8 +406,9 @@ public:
       }
     }
     // Every read of the staged tile is done (each thread's, before the last subtile's barrier;
-    // the bulk stores', once thread 0's wait returns): the consumers may write the next one.
-    if (wg_.thread == 0) {
+    // the bulk stores', once thread 0's wait returns; warp-local: each warp's, its lane 0's):
+    // the consumers may write the next one.
+    if (kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0) {
       cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
       Staged::release(smem_.staged);
     }
@@ -388,7 +420,8 @@ public:
   }
 
   __device__ void finish() {
-    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    if (kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0)
+      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
   }
 
   // ---- The staged schedule's consumer warpgroups: their rows of the tile (one 64-row block).
@@ -496,6 +529,23 @@ private:
                      slab,
                      subtile_ & 1,
                      staged};
+    if constexpr (kWarpLocal) {
+      // No slots and no loads to wait for: the warp's fragments, then its rows' stores.
+      for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
+      cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
+      __syncwarp();
+      if (wg_.lane() == 0) {
+        constexpr int kStripRows = sm90::Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
+        Subtile strip = st;
+        strip.row0 += kStripRows * wg_.warp();
+        strip.staged += kStripRows * sm90::Subtile16::kRowBytes * wg_.warp();
+        strip.rows = kStripRows;
+        for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, strip); });
+        cuda::ptx::cp_async_bulk_commit_group();
+      }
+      ++subtile_;
+      return;
+    }
     // The stores that last used slot `st.slot` have read their buffers; everyone is done with
     // the loads of the subtile before.
     if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});

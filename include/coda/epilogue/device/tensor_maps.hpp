@@ -10,12 +10,14 @@
 namespace coda::epilogue::device {
 
 // A [rows, cols] row-major tensor moved in 64 x 32 subtiles, swizzled by the subtile's row bytes
-// (64 for 16-bit elements, 128 for fp32), as coda/epilogue/device/tile_io.cuh lays them out.
-inline CUtensorMap subtile_map(const char* what, const TensorView& t) {
+// (64 for 16-bit elements, 128 for fp32), as coda/epilogue/device/tile_io.cuh lays them out; or
+// in boxes of `box_rows` rows of such a subtile (a multiple of 8: the swizzle pattern repeats
+// every 8 rows, so a box of whole 8-row groups keeps the subtile's layout).
+inline CUtensorMap subtile_map(const char* what, const TensorView& t, uint32_t box_rows = 64) {
   const bool wide = dtype_size(t.dtype) == 4;
   return sm90::make_tensor_map(
       what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(t.shape[1]), uint64_t(t.shape[0]),
-                                 uint64_t(t.stride[0]), 32, 64,
+                                 uint64_t(t.stride[0]), 32, box_rows,
                                  wide ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B});
 }
 

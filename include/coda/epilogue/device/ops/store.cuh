@@ -26,6 +26,8 @@ struct TileStore : OpBase {
   // or without kInPlace, two buffers per warpgroup (the driver alternates the slot per subtile).
   static constexpr bool kUsesStage = kInPlace && Shape::kStaged;
   static_assert(!kUsesStage || sizeof(T) == 2, "the staged tile holds 16-bit values");
+  static_assert(!(kUsesStage && kReduceAdd), "in-place stores overwrite: no reduce-add");
+  static constexpr int kStripRows = 16; // one warp's rows of a subtile (AccumulatorMap)
 
   struct Params {
     CUtensorMap map; // subtile_map of the output
@@ -43,6 +45,13 @@ struct TileStore : OpBase {
 
   __device__ void issue(const Ctx& c, const Subtile& st) {
     namespace ptx = cuda::ptx;
+    if constexpr (kUsesStage) {
+      // In place, the map's boxes are kStripRows rows, so that a warp-local epilogue stores its
+      // warp's rows alone (st.rows of them; a whole subtile in kStripRows-row boxes elsewhere).
+      for (int r = 0; r < st.rows; r += kStripRows)
+        store_subtile(&c.params.map, st.staged + r * Layout::kRowBytes, st.col0, st.row0 + r);
+      return;
+    }
     const int32_t coords[2] = {st.col0, st.row0};
     if constexpr (kReduceAdd)
       ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
@@ -52,7 +61,7 @@ struct TileStore : OpBase {
   }
 
   static Params params(const char* what, const TensorView& out) {
-    return Params{subtile_map(what, out)};
+    return Params{kUsesStage ? subtile_map(what, out, kStripRows) : subtile_map(what, out)};
   }
 
 private:
