@@ -13,8 +13,6 @@
 //   visit(subtile, v)        per 64 x 32 subtile, on the 16 values this thread holds: the math,
 //                            and stores into the op's shared-memory buffer;
 //   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores;
-//   flush(subtile)           every thread, after the subtile's proxy fence: stores from
-//                            registers to global memory (the fence waits for earlier ones);
 //   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
 //   end_tile(tile)           per-tile reductions that cross warps.
 // On the staged schedule the ops after the Stage also get
@@ -129,7 +127,6 @@ struct OpBase {
   template <class C> __device__ void prefetch_tile(const C&, sm90::EpilogueTile) {}
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
   template <class C> __device__ void issue(const C&, const Subtile&) {}
-  template <class C> __device__ void flush(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
 
@@ -546,7 +543,6 @@ private:
         for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, strip); });
         cuda::ptx::cp_async_bulk_commit_group();
       }
-      for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.flush(c, st); });
       ++subtile_;
       return;
     }
@@ -572,7 +568,6 @@ private:
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
       cuda::ptx::cp_async_bulk_commit_group();
     }
-    for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.flush(c, st); });
     ++subtile_;
   }
 

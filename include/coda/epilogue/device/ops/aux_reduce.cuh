@@ -82,10 +82,6 @@ template <class Op, class Reduce> struct AuxReduce : OpBase {
     op.issue(op_ctx(c), st);
     reduce.issue(reduce_ctx(c), st);
   }
-  __device__ void flush(const Ctx& c, const Subtile& st) {
-    op.flush(op_ctx(c), st);
-    reduce.flush(reduce_ctx(c), st);
-  }
   __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
     op.end_tile(op_ctx(c), tile);
     reduce.end_tile(reduce_ctx(c), tile);

@@ -132,7 +132,6 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   // within the spread, for 16 more registers.
   static constexpr int kSubtiles = Shape::kBlocks * Shape::kSubtilesN;
   uint2 pending[8];
-  uint2 results[8]; // this subtile's (dg, du) pairs, from visit to flush
 
   // From a consumer warpgroup starting the tile's mainloop: one L2 prefetch per 128-byte line of
   // its 64 rows of containers, so that the epilogue warpgroup's loads, a mainloop later, hit L2.
@@ -167,28 +166,24 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
            wrap ? st.col0 - (Shape::kSubtilesN - 1) * Shape::kSubCols : st.col0 + Shape::kSubCols,
            pending);
     }
-#pragma unroll
-    for (int i = 0; i < 16; i += 2) results[i / 2] = swiglu_backward_pair<T>(z[i / 2], v, aux, i);
-  }
-
-  // The (dg, du) results, stored once the subtile's proxy fence is behind: that fence (a
-  // MEMBAR.ALL.CTA in SASS) waits for the warp's outstanding global stores, so stores issued
-  // before it in the same subtile were waited for there (ncu, 46b1bf5: 6% of the epilogue
-  // warpgroup's samples at the fence and the barrier after it).
-  __device__ void flush(const Ctx& c, const Subtile& st) {
     const Params& p = c.params;
     const Lanes lanes(c.wg.thread, st.row0, st.col0);
     uint32_t* out = p.dpreact + lanes.first(p.dpreact_stride);
-    if (interior(st.row0, st.col0, p)) {
+    // The math is written out twice, once per store path, so that each result is stored as it
+    // is made (held for one store pass, the 16 results spilled the 128-register warpgroup).
+    const auto compute = [&](auto&& store) {
 #pragma unroll
       for (int i = 0; i < 16; i += 2)
-        *reinterpret_cast<uint2*>(out + Lanes::offset(i, p.dpreact_stride)) = results[i / 2];
+        store(i, out + Lanes::offset(i, p.dpreact_stride),
+              swiglu_backward_pair<T>(z[i / 2], v, aux, i));
+    };
+    if (interior(st.row0, st.col0, p)) {
+      compute([](int, uint32_t* to, uint2 d) { *reinterpret_cast<uint2*>(to) = d; });
     } else {
       const Edges edges(lanes, p);
-#pragma unroll
-      for (int i = 0; i < 16; i += 2)
-        if (edges.in(i))
-          *reinterpret_cast<uint2*>(out + Lanes::offset(i, p.dpreact_stride)) = results[i / 2];
+      compute([&](int i, uint32_t* to, uint2 d) {
+        if (edges.in(i)) *reinterpret_cast<uint2*>(to) = d;
+      });
     }
   }
 
