@@ -154,7 +154,6 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   }
 
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
-    prefetch_ahead(c, st);
     uint2 z[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) z[i] = pending[i];
@@ -237,24 +236,6 @@ private:
   // 38 instructions per element at Llama-1B, a fifth of them for addressing: docs/epilogue.md).
   __device__ static bool interior(int32_t row0, int32_t col0, const Params& p) {
     return row0 + Shape::kSubRows <= p.rows && col0 + Shape::kSubCols <= p.cols;
-  }
-
-  // The containers of the subtile kPrefetchAhead after this one into L2, this warp's 16 rows (one
-  // 128-byte line each, lanes 0-15). The consumers' prefetch of the tile, a mainloop ahead, does
-  // not keep them there: ncu on the staged K7 at Llama-1B (46b1bf5) still had the epilogue
-  // warpgroup wait for loads issued a whole subtile earlier on a tenth of its samples, with the
-  // outputs streaming through L2 in between.
-  static constexpr int kPrefetchAhead = 2;
-  __device__ static void prefetch_ahead(const Ctx& c, const Subtile& st) {
-    const int index = st.block * Shape::kSubtilesN + st.slab + kPrefetchAhead;
-    const int lane = c.wg.lane();
-    if (index >= kSubtiles || lane >= 16) return;
-    const Params& p = c.params;
-    const int block = index / Shape::kSubtilesN, slab = index % Shape::kSubtilesN;
-    const int32_t row = st.row0 + (block - st.block) * Shape::kSubRows + 16 * c.wg.warp() + lane;
-    const int32_t col = st.col0 + (slab - st.slab) * Shape::kSubCols;
-    if (row < p.rows && col < p.cols)
-      arch::prefetch_l2(p.preact + int64_t(row) * p.preact_stride + col);
   }
 
   // This thread's 8 container pairs of the subtile at (row0, col0) into `to` (zero past the edges).
