@@ -21,9 +21,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
   static constexpr bool kStaged = Config::kStaged;
   static_assert(!kStaged || sizeof(OutT) == 2, "the staged schedule stores 16-bit outputs");
   using Shape = dev::TileShape<1, Config::kTileM, Config::kTileN, /*staged=*/true>;
-  using StagedEpi =
-      dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<OutT>,
-                         dev::TileStore<Shape, OutT, /*reduce_add=*/false, /*in_place=*/true>>;
+  using StagedStore = dev::TileStore<Shape, OutT, /*reduce_add=*/false, /*in_place=*/true>;
+  using StagedEpi = dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<OutT>, StagedStore>;
   // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
   // next mainloop; ping-pong: the other warpgroup's MMAs already overlap them.
   using RegisterEpi = sm90::LinearEpilogue<OutT, Config::kConsumerWarpgroups,
@@ -43,7 +42,7 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
       if (args.has_c() && args.beta != 0.f)
         throw Error(Status::internal, "the staged GEMM kernel takes no C (plan it elsewhere)");
       dev::get<0>(p) = {args.alpha.value, alpha_tensor};
-      dev::get<2>(p) = {dev::subtile_map("D", args.d)};
+      dev::get<2>(p) = StagedStore::params("D", args.d); // its own box shape (in place: 16 rows)
     } else {
       const int64_t M = args.m(), N = args.n();
       const CUtensorMapSwizzle sw_out =
