@@ -12,11 +12,8 @@
 //                            pairs straddle subtiles (RoPE's rotate-half partners);
 //   visit(subtile, v)        per 64 x 32 subtile, on the 16 values this thread holds: the math,
 //                            and stores into the op's shared-memory buffer;
-//   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores (of
-//                            the strips the Subtile names: all four, or on a warp-local list
-//                            the calling warp's, from its lane 0);
-//   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one
-//                            (strips as for issue);
+//   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores;
+//   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
 //   end_tile(tile)           per-tile reductions that cross warps.
 // On the staged schedule the ops after the Stage also get
 //   prefetch_tile(rows)      from the consumer warpgroups, as they start the tile's mainloop,
@@ -87,17 +84,10 @@ struct Subtile {
   int slab;  // 32-column slab of the tile
   uint32_t slot;
   uint8_t* staged = nullptr; // the staged subtile (16-bit, Subtile16 layout), or null
-  // The 16-row strips (one warp's rows each: AccumulatorMap) a prefetch or issue call covers:
-  // all four of the subtile, or on a warp-local list (FusedEpilogue::kWarpLocal) the calling
-  // warp's. row0 and staged stay the subtile's.
-  int strip = 0;
-  int strips = 4;
+  // Rows from row0 (and from `staged`) that issue() stores: the subtile's 64, or on a warp-local
+  // list (FusedEpilogue::kWarpLocal) the 16 of the calling warp.
+  int rows = 64;
 };
-
-// Rows of a strip: a warp's rows of a 64-row subtile. TMA moves epilogue tiles in boxes of a
-// strip (tensor_maps.hpp), so that one warp can load or store its rows alone.
-inline constexpr int kStripRows = 16;
-inline constexpr int kStrips = 64 / kStripRows;
 
 // What an op's hooks receive: its parameters (in the kernel's parameter space), its shared
 // memory and the calling thread. Ops keep only per-thread state (factors, reduction states) as
@@ -143,24 +133,11 @@ struct OpBase {
 // Whether an op lets each warp of the staged epilogue run on its own (no warpgroup barrier per
 // subtile): by default, when it keeps no shared memory (so its only shared accesses are the
 // staged subtile's own fragments, and its stores are in place); an op may say otherwise.
-// An op that keeps shared memory says kWarpLocal when each warp touches only its own rows of it
-// between the tile's first barrier (begin_visit) and its end, and its TMA loads and stores move
-// the strips of Subtile::strip.
 template <class Op> constexpr bool warp_local_op() {
   if constexpr (requires { Op::kWarpLocal; })
     return Op::kWarpLocal;
   else
     return std::is_empty_v<typename Op::SharedStorage>;
-}
-
-// Whether an op stores from buffers of its own that alternate between the two slots (so a slot's
-// next writer waits for the bulk store that last read it): by default, when it keeps shared
-// memory; an op may say otherwise.
-template <class Op> constexpr bool slot_buffers_op() {
-  if constexpr (requires { Op::kSlotBuffers; })
-    return Op::kSlotBuffers;
-  else
-    return !std::is_empty_v<typename Op::SharedStorage>;
 }
 
 // A tuple addressed by position (the same op type may appear twice in a list).
@@ -282,13 +259,11 @@ template <class Shape, class... Ops> class FusedEpilogue {
     return false;
   }
   static constexpr bool kHasPrepass = staged_prepass();
-  // A list whose epilogue ops are all warp-local (warp_local_op) and have no prepass runs
-  // warp-local: each warp visits its 16 rows of every subtile, loads and stores them itself
-  // (its lane 0 issues the TMA of its strip) and waits only for its own loads and stores: no
-  // warpgroup barrier per subtile, one at the start and one at the end of each tile (the ncu
-  // profile of the staged K7 had the epilogue warpgroup wait at the per-subtile barriers for a
-  // tenth of its samples: one warp per scheduler, so a slow warp held the other three twice a
-  // subtile).
+  // A staged list whose ops after the Stage all keep no shared memory and have no prepass runs
+  // warp-local: each warp visits its 16 rows of every subtile and TMA-stores them itself, with
+  // no warpgroup barrier per subtile (the ncu profile of the staged K7 had the epilogue
+  // warpgroup wait at those barriers for a tenth of its samples: one warp per scheduler, so a
+  // slow warp held the other three twice a subtile).
   static constexpr bool warp_local() {
     constexpr bool local[] = {warp_local_op<Ops>()..., true};
     for (int i = kFirstEpilogueOp; i < kOps; ++i)
@@ -296,16 +271,8 @@ template <class Shape, class... Ops> class FusedEpilogue {
     return !kHasPrepass;
   }
 
-  static constexpr bool slot_buffers() {
-    constexpr bool uses[] = {slot_buffers_op<Ops>()..., false};
-    for (int i = kFirstEpilogueOp; i < kOps; ++i)
-      if (uses[i]) return true;
-    return false;
-  }
-  static constexpr bool kSlotBuffers = slot_buffers();
-
 public:
-  static constexpr bool kWarpLocal = warp_local();
+  static constexpr bool kWarpLocal = kStaged && warp_local();
 
 private:
   // The staged prepass group: the widest any op asks for.
@@ -376,9 +343,6 @@ public:
   // warpgroup, for which visit() is visit_staged()).
 
   __device__ void begin_tile(sm90::EpilogueTile tile) {
-    // Warp-local: no warp overwrites what a tile's ops read from shared memory (per-tile inputs
-    // copied here) while another warp still reads the previous tile's.
-    if constexpr (kWarpLocal) sync();
     const uint32_t slot = subtile_ & 1;
     for_each<kFirstEpilogueOp, kOps>(
         [&](auto& op, const auto& c) { op.begin_tile(c, tile, slot); });
@@ -565,25 +529,17 @@ private:
                      slab,
                      subtile_ & 1,
                      staged};
-    const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if constexpr (kWarpLocal) {
-      // The warp's own strips: its stores that last used slot `st.slot` have read it, its lanes
-      // are done with the subtile before (whose ring slot the prefetch refills).
-      const bool leader = wg_.lane() == 0;
-      if constexpr (kSlotBuffers)
-        if (leader) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-      __syncwarp();
-      if (leader && !last) {
-        Subtile next = next_subtile(tile, st);
-        next.strip = wg_.warp(), next.strips = 1;
-        for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
-      }
+      // No slots and no loads to wait for: the warp's fragments, then its rows' stores.
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
-      if (leader) {
+      if (wg_.lane() == 0) {
+        constexpr int kStripRows = sm90::Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
         Subtile strip = st;
-        strip.strip = wg_.warp(), strip.strips = 1;
+        strip.row0 += kStripRows * wg_.warp();
+        strip.staged += kStripRows * sm90::Subtile16::kRowBytes * wg_.warp();
+        strip.rows = kStripRows;
         for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, strip); });
         cuda::ptx::cp_async_bulk_commit_group();
       }
@@ -594,8 +550,15 @@ private:
     // the loads of the subtile before.
     if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
     sync();
+    const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if (wg_.thread == 0 && !last) {
-      const Subtile next = next_subtile(tile, st);
+      const bool next_block = slab == Shape::kSubtilesN - 1;
+      const Subtile next{next_block ? st.row0 + Shape::kSubRows : st.row0,
+                         next_block ? tile.col0 : st.col0 + Shape::kSubCols,
+                         next_block ? block + 1 : block,
+                         next_block ? 0 : slab + 1,
+                         st.slot ^ 1,
+                         nullptr};
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
     }
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
@@ -606,17 +569,6 @@ private:
       cuda::ptx::cp_async_bulk_commit_group();
     }
     ++subtile_;
-  }
-
-  // The subtile the driver visits after `st` (row-block major), all of its strips.
-  __device__ static Subtile next_subtile(sm90::EpilogueTile tile, const Subtile& st) {
-    const bool next_block = st.slab == Shape::kSubtilesN - 1;
-    return Subtile{next_block ? st.row0 + Shape::kSubRows : st.row0,
-                   next_block ? tile.col0 : st.col0 + Shape::kSubCols,
-                   next_block ? st.block + 1 : st.block,
-                   next_block ? 0 : st.slab + 1,
-                   st.slot ^ 1,
-                   nullptr};
   }
 
   // v = registers [16 slab, 16 slab + 16) of the block, selected with constant indices only.

@@ -4,17 +4,14 @@
 //
 // The tile's first kSlots subtiles are loaded before the mainloop (begin_tile), the rest
 // kSlots - 1 subtiles ahead of their use (prefetch, at the start of each subtile): one subtile's
-// math is far shorter than a load's latency. Each slot is loaded in four 16-row strips, one per
-// warp's rows, each with its full mbarrier (one arrival plus the strip's bytes), so that a warp
-// waits only for its own rows and, on a warp-local list, loads them itself. Subtile n of the
-// warpgroup's stream waits on slot n % kSlots with the parity of its (n / kSlots)-th use. A
-// strip is refilled only after its warp has read it (the driver's barrier, or warp-local its
-// __syncwarp, at the start of the next subtile), so a barrier is never more than one phase
-// ahead of its waiters. TMA zero-fills past the tensor's edges.
+// math is far shorter than a load's latency. A full mbarrier per slot (one arrival plus the
+// transaction bytes) says when a slot has landed; subtile n of the warpgroup's stream waits on
+// slot n % kSlots with the parity of its (n / kSlots)-th use. A slot is refilled only after every
+// thread has read it (the driver's barrier at the start of the next subtile), so a barrier is
+// never more than one phase ahead of its waiters. TMA zero-fills past the tensor's edges.
 //
 // The buffers are laid out as the TMA map of the tensor writes them (tensor_maps.hpp's
-// subtile_map with kStripRows-row boxes: 64 x 32 elements a slot, swizzled by the row bytes),
-// kBytes each.
+// subtile_map: 64 x 32 elements, swizzled by the row bytes), kBytes each.
 #pragma once
 
 #include <cstdint>
@@ -32,12 +29,10 @@ template <class Shape, uint32_t kBytes, int kSlots> struct SubtileLoadRing {
   static_assert(kSlots >= 2, "a ring of at least two slots (one read, one landing)");
   static_assert(kSubtiles >= kSlots, "a tile fills the ring");
   static_assert(kBytes % 1024 == 0, "whole swizzle atoms per slot, so every slot stays aligned");
-  static constexpr uint32_t kStripBytes = kBytes / kStrips;
-  static_assert(kStripBytes % 512 == 0, "a strip holds whole 8-row swizzle periods");
 
   struct SharedStorage {
     alignas(1024) uint8_t tile[Shape::kWarpgroups][kSlots][kBytes];
-    uint64_t full[Shape::kWarpgroups][kSlots][kStrips];
+    uint64_t full[Shape::kWarpgroups][kSlots];
   };
 
   // Only the ring position lives across the mainloop; where a load goes is recomputed from it
@@ -48,59 +43,52 @@ template <class Shape, uint32_t kBytes, int kSlots> struct SubtileLoadRing {
 
   __device__ static void init(SharedStorage& s) {
     for (int w = 0; w < Shape::kWarpgroups; ++w)
-      for (int slot = 0; slot < kSlots; ++slot)
-        for (int strip = 0; strip < kStrips; ++strip)
-          cuda::ptx::mbarrier_init(&s.full[w][slot][strip], 1);
+      for (int slot = 0; slot < kSlots; ++slot) cuda::ptx::mbarrier_init(&s.full[w][slot], 1);
   }
   __device__ void begin_kernel() { consumed = phase = 0; }
 
-  // Lane 0 of each warp: its strips of the tile's first kSlots subtiles, before the mainloop,
-  // into the slots that follow the ring position (the warp has read the previous tile's).
+  // One thread: the tile's first kSlots subtiles, before the mainloop, into the slots that
+  // follow the ring position (the previous tile has read them all).
   __device__ void begin_tile(SharedStorage& s, const CUtensorMap& map, Warpgroup wg,
                              sm90::EpilogueTile tile) {
-    if (wg.lane() == 0)
+    if (wg.thread == 0)
       for (int k = 0; k < kSlots; ++k)
-        load(s, map, wg.index, (consumed + uint32_t(k)) % kSlots, tile.row0, tile.col0, k,
-             wg.warp());
+        load(s, map, wg.index, (consumed + uint32_t(k)) % kSlots, tile.row0, tile.col0, k);
   }
 
-  // One thread, at the start of subtile n (next = n + 1), before subtile n is acquired: the
-  // strips' warps have read subtile n - 1, so its slot (the one before the ring position) takes
-  // next's strips of subtile n + kSlots - 1. The tile's origin is the next subtile's, less its
-  // offset in the tile.
+  // One thread, at the start of subtile n (next = n + 1), before subtile n is acquired: everyone
+  // has read subtile n - 1, so its slot (the one before the ring position) takes subtile
+  // n + kSlots - 1. The tile's origin is the next subtile's, less its offset in the tile.
   __device__ void prefetch(SharedStorage& s, const CUtensorMap& map, Warpgroup wg,
                            const Subtile& next) {
     const int n = next.block * Shape::kSubtilesN + next.slab - 1;
     if (n >= 1 && n + kSlots - 1 < kSubtiles)
-      for (int strip = next.strip; strip < next.strip + next.strips; ++strip)
-        load(s, map, wg.index, (consumed + kSlots - 1) % kSlots,
-             next.row0 - next.block * Shape::kSubRows, next.col0 - next.slab * Shape::kSubCols,
-             n + kSlots - 1, strip);
+      load(s, map, wg.index, (consumed + kSlots - 1) % kSlots,
+           next.row0 - next.block * Shape::kSubRows, next.col0 - next.slab * Shape::kSubCols,
+           n + kSlots - 1);
   }
 
-  // Every thread, once per subtile in order: waits until its warp's strip of the subtile has
-  // landed; the subtile's buffer.
+  // Every thread, once per subtile in order: waits until the subtile has landed; its buffer.
   __device__ const uint8_t* acquire(SharedStorage& s, Warpgroup wg) {
     const uint32_t slot = consumed % kSlots;
-    sm90::mbarrier_wait(&s.full[wg.index][slot][wg.warp()], (phase >> slot) & 1);
+    sm90::mbarrier_wait(&s.full[wg.index][slot], (phase >> slot) & 1);
     phase ^= 1u << slot;
     ++consumed;
     return s.tile[wg.index][slot];
   }
 
 private:
-  // One thread: TMA-load strip `strip` of subtile k of the tile at (row0, col0) into `slot`.
+  // One thread: TMA-load subtile k of the tile at (row0, col0) into `slot`.
   __device__ static void load(SharedStorage& s, const CUtensorMap& map, int warpgroup,
-                              uint32_t slot, int32_t row0, int32_t col0, int k, int strip) {
+                              uint32_t slot, int32_t row0, int32_t col0, int k) {
     namespace ptx = cuda::ptx;
-    uint64_t* bar = &s.full[warpgroup][slot][strip];
+    uint64_t* bar = &s.full[warpgroup][slot];
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar,
-                                   uint32_t{kStripBytes}); // a value: the call binds a reference
+                                   kBytes);
     const int32_t coords[2] = {col0 + (k % Shape::kSubtilesN) * Shape::kSubCols,
-                               row0 + (k / Shape::kSubtilesN) * Shape::kSubRows +
-                                   strip * kStripRows};
-    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global,
-                              s.tile[warpgroup][slot] + strip * kStripBytes, &map, coords, bar);
+                               row0 + (k / Shape::kSubtilesN) * Shape::kSubRows};
+    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, s.tile[warpgroup][slot], &map,
+                              coords, bar);
   }
 };
 

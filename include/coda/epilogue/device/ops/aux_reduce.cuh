@@ -37,7 +37,6 @@ template <class Op, class Reduce> struct AuxReduce : OpBase {
   using Ctx = OpContext<Params, SharedStorage>;
   // Its storage holds both ops' (never empty as a type), so it asks them.
   static constexpr bool kWarpLocal = warp_local_op<Op>() && warp_local_op<Reduce>();
-  static constexpr bool kSlotBuffers = slot_buffers_op<Op>() || slot_buffers_op<Reduce>();
   using OpCtx = OpContext<typename Op::Params, typename Op::SharedStorage>;
   using ReduceCtx = OpContext<typename Reduce::Params, typename Reduce::SharedStorage>;
 

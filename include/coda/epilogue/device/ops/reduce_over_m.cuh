@@ -42,9 +42,6 @@ template <class Shape, template <class> class Reduction> struct ReduceOverM : Op
     uint64_t meet; // both warpgroups of the tile, kThreads arrivals per phase
   };
   using Ctx = OpContext<Params, SharedStorage>;
-  // Each warp writes its own states; end_tile merges them across warps (its own barrier).
-  static constexpr bool kWarpLocal = true;
-  static constexpr bool kSlotBuffers = false;
 
   uint32_t phase;
 

@@ -31,7 +31,6 @@ template <class Shape, class T, int kSlots_ = 4> struct ResidualAdd : OpBase {
     float scale = 1.f;
   };
   using SharedStorage = typename Ring::SharedStorage;
-  static constexpr bool kWarpLocal = true; // its ring's strips are each read by their warp
   using Ctx = OpContext<Params, SharedStorage>;
 
   Ring ring;
@@ -58,7 +57,7 @@ template <class Shape, class T, int kSlots_ = 4> struct ResidualAdd : OpBase {
 
   static Params params(const TensorView& residual, float scale) {
     Params out;
-    out.map = subtile_map("residual", residual, kStripRows); // the ring loads strips
+    out.map = subtile_map("residual", residual);
     out.scale = scale;
     return out;
   }

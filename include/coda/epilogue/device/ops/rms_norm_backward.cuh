@@ -55,9 +55,6 @@ template <class Shape, class T, int kSlots = 4> struct RmsNormBackward : OpBase 
     float zeta[Shape::kWarpgroups][Shape::kRows];
   };
   using Ctx = OpContext<Params, SharedStorage>;
-  // Its x ring's strips and h_hat buffers' rows are each its warp's; gamma, rstd and zeta are
-  // read only, from the tile's first barrier to its last.
-  static constexpr bool kWarpLocal = true;
 
   Ring ring;
 
@@ -120,7 +117,7 @@ template <class Shape, class T, int kSlots = 4> struct RmsNormBackward : OpBase 
   static Params params(const TensorView& x, const TensorView& gamma, const TensorView& rstd,
                        const TensorView& zeta, const TensorView& h_hat) {
     Params p;
-    p.x = subtile_map("x", x, kStripRows); // the ring loads strips
+    p.x = subtile_map("x", x);
     p.h_hat = HatStore::params("h_hat", h_hat);
     p.gamma = {gamma.ptr<const T>(), int32_t(gamma.shape[0])};
     p.rstd = rstd.ptr<const float>();

@@ -26,7 +26,6 @@ template <class Shape, class T> struct ScalePerCol : OpBase {
   };
 
   using Ctx = OpContext<Params, SharedStorage>;
-  static constexpr bool kWarpLocal = true; // read only, from the tile's first barrier to its last
 
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
     const Params& p = c.params;

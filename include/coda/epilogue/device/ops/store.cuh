@@ -27,9 +27,7 @@ struct TileStore : OpBase {
   static constexpr bool kUsesStage = kInPlace && Shape::kStaged;
   static_assert(!kUsesStage || sizeof(T) == 2, "the staged tile holds 16-bit values");
   static_assert(!(kUsesStage && kReduceAdd), "in-place stores overwrite: no reduce-add");
-  // Each warp writes its own rows of the buffer; stores move strips (Subtile::strip).
-  static constexpr bool kWarpLocal = true;
-  static constexpr bool kSlotBuffers = !kUsesStage;
+  static constexpr int kStripRows = 16; // one warp's rows of a subtile (AccumulatorMap)
 
   struct Params {
     CUtensorMap map; // subtile_map of the output
@@ -45,23 +43,25 @@ struct TileStore : OpBase {
     write_subtile<T>(buffer(c, st), c.wg.thread, v);
   }
 
-  // The map's boxes are strips, so that a warp-local epilogue stores its warp's rows alone.
   __device__ void issue(const Ctx& c, const Subtile& st) {
     namespace ptx = cuda::ptx;
-    const uint8_t* base = buffer(c, st);
-    for (int strip = st.strip; strip < st.strip + st.strips; ++strip) {
-      const uint8_t* from = base + strip * kStripRows * Layout::kRowBytes;
-      const int32_t coords[2] = {st.col0, st.row0 + strip * kStripRows};
-      if constexpr (kReduceAdd)
-        ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
-                                         &c.params.map, coords, from);
-      else
-        store_subtile(&c.params.map, from, coords[0], coords[1]);
+    if constexpr (kUsesStage) {
+      // In place, the map's boxes are kStripRows rows, so that a warp-local epilogue stores its
+      // warp's rows alone (st.rows of them; a whole subtile in kStripRows-row boxes elsewhere).
+      for (int r = 0; r < st.rows; r += kStripRows)
+        store_subtile(&c.params.map, st.staged + r * Layout::kRowBytes, st.col0, st.row0 + r);
+      return;
     }
+    const int32_t coords[2] = {st.col0, st.row0};
+    if constexpr (kReduceAdd)
+      ptx::cp_reduce_async_bulk_tensor(ptx::space_global, ptx::space_shared, ptx::op_add,
+                                       &c.params.map, coords, buffer(c, st));
+    else
+      store_subtile(&c.params.map, buffer(c, st), st.col0, st.row0);
   }
 
   static Params params(const char* what, const TensorView& out) {
-    return Params{subtile_map(what, out, kStripRows)};
+    return Params{kUsesStage ? subtile_map(what, out, kStripRows) : subtile_map(what, out)};
   }
 
 private:

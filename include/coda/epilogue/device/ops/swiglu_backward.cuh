@@ -98,9 +98,7 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
   }
 
   static Params params(const TensorView& preact, const TensorView& dpreact) {
-    // preact by the ring, in strips; dpreact stored a subtile at a time (not warp-local).
-    return Params{pair_subtile_map("preact", preact, kStripRows),
-                  pair_subtile_map("dpreact", dpreact)};
+    return Params{pair_subtile_map("preact", preact), pair_subtile_map("dpreact", dpreact)};
   }
 };
 
