@@ -6,7 +6,7 @@
 namespace coda::gpu {
 
 void gemm_rms_swiglu(const RmsSwigluArgs& args, Stream stream) {
-  fused::gemm_rms_gated<fused::dev::SwigluGate>("gemm_rms_swiglu", args, stream);
+  fused::gemm_rms_gated<epilogue::SwigluGate>("gemm_rms_swiglu", args, stream);
 }
 
 } // namespace coda::gpu

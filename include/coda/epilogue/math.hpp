@@ -40,6 +40,9 @@ CODA_HD float fma(float a, float b, float c) { return ::fmaf(a, b, c); }
 // |x| > 2^126, where the true value is subnormal): no IEEE division with its slow path.
 CODA_HD float reciprocal(float x) { return arch::rcp_approx_ftz(x); }
 CODA_HD double reciprocal(double x) { return 1.0 / x; }
+// erf by CUDA's math library (erff: at most 2 ulp, CUDA Math API); GeGLU's exact GELU.
+CODA_HD float erf(float x) { return ::erff(x); }
+CODA_HD double erf(double x) { return ::erf(x); }
 #else
 CODA_HD float exp(float x) { return std::exp(x); }
 CODA_HD double exp(double x) { return std::exp(x); }
@@ -55,6 +58,8 @@ CODA_HD float rint(float x) { return std::rint(x); }
 CODA_HD float fma(float a, float b, float c) { return std::fma(a, b, c); }
 CODA_HD float reciprocal(float x) { return 1.f / x; }
 CODA_HD double reciprocal(double x) { return 1.0 / x; }
+CODA_HD float erf(float x) { return std::erf(x); }
+CODA_HD double erf(double x) { return std::erf(x); }
 #endif
 
 template <class T> CODA_HD T max(T a, T b) { return a > b ? a : b; }

@@ -4,28 +4,14 @@
 // GatedPairStore<GegluGate> applies it to a tile on the host and the device.
 #pragma once
 
-#include <cmath>
-#include <type_traits>
-
 #include "coda/core/types.hpp"
+#include "coda/epilogue/math.hpp"
 
 namespace coda::epilogue {
 
-// erf from CUDA's math library in the device pass (erff: at most 2 ulp, CUDA Math API) and from
-// the C++ one on the host, as math.hpp spells exp and log.
-template <class T> CODA_HD T erf(T x) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (std::is_same_v<T, float>)
-    return ::erff(x);
-  else
-    return ::erf(x);
-#else
-  return std::erf(x);
-#endif
-}
-
+// erf is math.hpp's (CUDA's erff on the device, std::erf on the host).
 template <class T> CODA_HD T gelu(T x) {
-  return T(0.5) * x * (T(1) + erf(x * T(0.70710678118654752440)));
+  return T(0.5) * x * (T(1) + math::erf(x * T(0.70710678118654752440)));
 }
 
 template <class T> CODA_HD T geglu(T gate, T up) { return gelu(gate) * up; }

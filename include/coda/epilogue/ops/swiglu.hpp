@@ -16,8 +16,8 @@ template <class T> CODA_HD T silu(T gate) { return gate * sigmoid(gate); }
 
 template <class T> CODA_HD T swiglu(T gate, T up) { return silu(gate) * up; }
 
-// SwiGLU as the gate of GatedPairStore (ops/gated_pair.hpp), on the host and the device. The
-// device kernels still name device::SwigluGate (device/ops/gated_pair.cuh), the same function.
+// SwiGLU as the gate of GatedPairStore (ops/gated_pair.hpp, device/ops/gated_pair.cuh), on the
+// host and the device.
 struct SwigluGate {
   template <class F> CODA_HD F operator()(F gate, F up) const { return swiglu(gate, up); }
 };

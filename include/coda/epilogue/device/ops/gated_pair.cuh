@@ -11,8 +11,9 @@
 // per row; with the swizzle (rows 4-7 of each 8 have their 16-byte halves swapped) a warp's
 // store hits 32 distinct banks.
 //
-// Gate is a functor `float operator()(float gate, float up) const`: SwigluGate for SwiGLU, or
-// any other gated activation (examples/ has GeGLU).
+// Gate is a functor `float operator()(float gate, float up) const`, the host op's own (one
+// definition for both backends): SwigluGate (ops/swiglu.hpp), GegluGate (ops/geglu.hpp), or any
+// other gated activation.
 #pragma once
 
 #include <cstdint>
@@ -27,10 +28,6 @@
 #include "coda/epilogue/ops/swiglu.hpp"
 
 namespace coda::epilogue::device {
-
-struct SwigluGate {
-  __device__ float operator()(float gate, float up) const { return swiglu(gate, up); }
-};
 
 template <class Shape, class T, class Gate> struct GatedPairStore : OpBase {
   static_assert(sizeof(T) == 2, "16-bit outputs");
