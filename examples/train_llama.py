@@ -198,7 +198,12 @@ def _sync(device):
 
 def train(name, model, batches, args, device):
     opt = MasterAdamW(model.parameters(), args.lr, args.warmup, args.steps)
-    losses, norms, allocated = [], [], []
+    # Each step's loss and gradient norm stay on the device (no sync per step) in buffers
+    # allocated once: appended as tensors they were two new 512-byte blocks a step, which the
+    # soak's flat-memory check counted as growth (1024 bytes a step on the H200, 4bde581).
+    losses = torch.empty(args.steps, device=device, dtype=torch.float32)
+    norms = torch.empty(args.steps, device=device, dtype=torch.float32)
+    allocated = []
     cuda = device.type == "cuda"
     bar = progress(range(args.steps), args.steps, "%-5s" % name)
     _sync(device)
@@ -207,19 +212,19 @@ def train(name, model, batches, args, device):
         ids = batches.train_batch(step, device)
         loss = model(ids, labels=ids)
         loss.backward()
-        norms.append(opt.step().detach())
-        losses.append(loss.detach())
+        norms[step] = opt.step().detach()
+        losses[step] = loss.detach()
         if cuda:  # the caching allocator's count of live tensor bytes, after the step
             allocated.append(torch.cuda.memory_allocated(device))
         if step % 10 == 0 or step == args.steps - 1:
-            bar.set_postfix_str("loss %.4f" % losses[-1].item())
+            bar.set_postfix_str("loss %.4f" % losses[step].item())
     _sync(device)
     seconds = time.perf_counter() - t0
     if hasattr(bar, "close"):
         bar.close()
     with torch.no_grad():
         val = [model(ids, labels=ids).float().item() for ids in batches.val_batches(device)]
-    loss32 = torch.stack(losses).float().cpu()
+    loss32 = losses.cpu()
     losses = [float(x) for x in loss32]
     tokens = args.steps * args.batch * args.seq
     print("%-5s %d steps in %.1f s (%.0f tokens/s), final loss %.4f, held-out loss %.4f"
@@ -228,7 +233,7 @@ def train(name, model, batches, args, device):
     if args.soak:
         out.update(
             loss_bits=["%08x" % (int(b) & 0xFFFFFFFF) for b in loss32.view(torch.int32).tolist()],
-            grad_norm=[float(x) for x in torch.stack(norms).float().cpu()],
+            grad_norm=[float(x) for x in norms.cpu()],
             allocated=allocated,
             max_allocated=torch.cuda.max_memory_allocated(device) if cuda else None,
             reserved=torch.cuda.memory_reserved(device) if cuda else None)
@@ -240,8 +245,10 @@ def soak_report(curve, args, device, cfg):
     nonfinite = [i + 1 for i, (x, g) in enumerate(zip(curve["loss"], curve["grad_norm"]))
                  if not (math.isfinite(x) and math.isfinite(g))]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, text=True,
-                                capture_output=True, timeout=30).stdout.strip()
+        # CODA_COMMIT names the commit where the tree has no git (the GPU machine's copy).
+        commit = os.environ.get("CODA_COMMIT") or subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, text=True, capture_output=True,
+            timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     import coda
@@ -325,6 +332,12 @@ def main(argv=None):
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True, warn_only=True)
         torch.backends.cudnn.benchmark = False
+        # Attention is PyTorch's, and its cuDNN backward is not deterministic (only a warning
+        # under warn_only: the first soak on the H200, 4bde581, diverged at step 42 by 3 ulp):
+        # the soak runs SDPA's math backend, plain matmuls and softmax.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        sdpa = sdpa_kernel(SDPBackend.MATH)
+        sdpa.__enter__()
     data = load_corpus()
     corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
     print("corpus: %d files, %d bytes (%.1f epochs of the training split over %d steps)"
