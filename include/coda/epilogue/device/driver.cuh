@@ -12,7 +12,9 @@
 //                            pairs straddle subtiles (RoPE's rotate-half partners);
 //   visit(subtile, v)        per 64 x 32 subtile, on the 16 values this thread holds: the math,
 //                            and stores into the op's shared-memory buffer;
-//   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores;
+//   issue(subtile)           one thread, after the subtile's barrier: the op's TMA stores (on a
+//                            warp-local staged list, kWarpLocal: lane 0 of each warp after its
+//                            __syncwarp, for the warp's 16 rows, Subtile::rows);
 //   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
 //   end_tile(tile)           per-tile reductions that cross warps.
 // On the staged schedule the ops after the Stage also get
