@@ -91,6 +91,10 @@ struct Subtile {
   int rows = 64;
 };
 
+// A warp's rows of a 64-row subtile (AccumulatorMap: warp w holds rows 16 w .. 16 w + 15): what
+// a warp-local epilogue stores alone, and the box height of in-place stores (TileStore).
+inline constexpr int kStripRows = sm90::Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
+
 // What an op's hooks receive: its parameters (in the kernel's parameter space), its shared
 // memory and the calling thread. Ops keep only per-thread state (factors, reduction states) as
 // members, so that nothing the driver can recompute occupies registers across the mainloop.
@@ -537,7 +541,6 @@ private:
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (wg_.lane() == 0) {
-        constexpr int kStripRows = sm90::Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
         Subtile strip = st;
         strip.row0 += kStripRows * wg_.warp();
         strip.staged += kStripRows * sm90::Subtile16::kRowBytes * wg_.warp();

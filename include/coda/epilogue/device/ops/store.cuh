@@ -27,7 +27,6 @@ struct TileStore : OpBase {
   static constexpr bool kUsesStage = kInPlace && Shape::kStaged;
   static_assert(!kUsesStage || sizeof(T) == 2, "the staged tile holds 16-bit values");
   static_assert(!(kUsesStage && kReduceAdd), "in-place stores overwrite: no reduce-add");
-  static constexpr int kStripRows = 16; // one warp's rows of a subtile (AccumulatorMap)
 
   struct Params {
     CUtensorMap map; // subtile_map of the output
