@@ -143,6 +143,7 @@ const Variant kVariants[] = {
     {"staged", study_plan<KernelId::staged>},
     {"staged192", study_plan<KernelId::staged192>},
     {"staged192_no_sk", study_plan_no_sk<KernelId::staged192>},
+    {"pingpong_wide", study_plan_no_sk<KernelId::pingpong_wide>}, // ping-pong: no stream-K
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 

@@ -22,8 +22,10 @@ namespace coda::sm90 {
 // The study kernels (bf16 in and out only) measure the floor of each epilogue schedule
 // (docs/gemm-worklog.md, step 9): the wide tile with 3 stages (what a staged tile leaves), a
 // 128 x 192 tile cooperative, and the staged schedule with 128 x 256 (3 stages) and 128 x 192
-// (4 stages) tiles. (The 128 x 192 ping-pong study kernel, 0.895 of cuBLASLt in that study,
-// spilled 308-320 bytes and is no longer built.)
+// (4 stages) tiles, and ping-pong with one 64 x 256 tile per warpgroup (4 stages: the
+// cooperative tile's shared-memory reads per MMA and accumulators per thread, each warpgroup's
+// epilogue under the other's MMAs). (The 128 x 192 ping-pong study kernel, 0.895 of cuBLASLt in
+// that study, spilled 308-320 bytes and is no longer built.)
 enum class KernelId : int32_t {
   wide = 0,
   pingpong = 1,
@@ -31,6 +33,7 @@ enum class KernelId : int32_t {
   wide192 = 3,
   staged = 5,
   staged192 = 6,
+  pingpong_wide = 7,
 };
 constexpr const char* kernel_name(KernelId id) {
   switch (id) {
@@ -46,6 +49,8 @@ constexpr const char* kernel_name(KernelId id) {
     return "staged";
   case KernelId::staged192:
     return "staged192";
+  case KernelId::pingpong_wide:
+    return "pingpong_wide";
   }
   return "unknown";
 }
@@ -94,12 +99,14 @@ constexpr int64_t tile_n_of(KernelId id) {
                                                                 : 256;
 }
 
-// The raster group of `kernel`'s tiles (128 rows, tile_n_of columns) on `num_sms` SMs.
+constexpr int64_t tile_m_of(KernelId id) { return id == KernelId::pingpong_wide ? 64 : 128; }
+
+// The raster group of `kernel`'s tiles (tile_m_of rows, tile_n_of columns) on `num_sms` SMs.
 inline int32_t group_m_for(KernelId kernel, int64_t m, int32_t num_sms) {
-  const int64_t tiles_m = ceil_div<int64_t>(m, 128);
+  const int64_t tiles_m = ceil_div<int64_t>(m, tile_m_of(kernel));
   const int64_t clusters = num_sms / kClusterM;
-  return choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters, kClusterM * 128,
-                        tile_n_of(kernel));
+  return choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters,
+                        kClusterM * tile_m_of(kernel), tile_n_of(kernel));
 }
 
 inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
