@@ -23,9 +23,9 @@ namespace coda::sm90 {
 // (docs/gemm-worklog.md, step 9): the wide tile with 3 stages (what a staged tile leaves), a
 // 128 x 192 tile cooperative, and the staged schedule with 128 x 256 (3 stages) and 128 x 192
 // (4 stages) tiles, and ping-pong with one 64 x 256 tile per warpgroup (4 stages: the
-// cooperative tile's shared-memory reads per MMA and accumulators per thread, each warpgroup's
-// epilogue under the other's MMAs). (The 128 x 192 ping-pong study kernel, 0.895 of cuBLASLt in
-// that study, spilled 308-320 bytes and is no longer built.)
+// cooperative tile's shared-memory reads per MMA and accumulators per thread; measured 0.897 of
+// cuBLASLt, as slow as 128 x 128 ping-pong: worklog step 10). (The 128 x 192 ping-pong study
+// kernel, 0.895 of cuBLASLt in that study, spilled 308-320 bytes and is no longer built.)
 enum class KernelId : int32_t {
   wide = 0,
   pingpong = 1,
