@@ -144,8 +144,6 @@ const Variant kVariants[] = {
     {"staged192", study_plan<KernelId::staged192>},
     {"staged192_no_sk", study_plan_no_sk<KernelId::staged192>},
     {"pingpong_wide", study_plan_no_sk<KernelId::pingpong_wide>}, // ping-pong: no stream-K
-    {"pingpong_wide_c4", study_plan_no_sk<KernelId::pingpong_wide_c4>},
-    {"wide_c4_no_sk", study_plan_no_sk<KernelId::wide_c4>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 

@@ -105,10 +105,6 @@ GemmLauncher launcher_for(sm90::KernelId kernel) {
     return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::staged>, kLayout, InT, OutT>();
   case KernelId::pingpong_wide:
     return study_launcher<GemmConfig<64, 256, 4, 2, Schedule::pingpong>, kLayout, InT, OutT>();
-  case KernelId::pingpong_wide_c4:
-    return study_launcher<GemmConfig<64, 256, 4, 4, Schedule::pingpong>, kLayout, InT, OutT>();
-  case KernelId::wide_c4:
-    return study_launcher<GemmConfig<128, 256, 4, 4, Schedule::cooperative>, kLayout, InT, OutT>();
   }
   return {};
 }

@@ -18,7 +18,7 @@ namespace dev = coda::epilogue::device;
 // The schedule a kernel whose default is `kernel_default` runs now (set_fused_schedule).
 FusedSchedule schedule_for(FusedSchedule kernel_default);
 
-// f(dev::CooperativeShape{}), f(dev::PingpongShape{}), f(dev::PingpongWideShape{}) or (kStaged: the kernel has a staged
+// f(dev::CooperativeShape{}), f(dev::PingpongShape{}) or (kStaged: the kernel has a staged
 // variant) f(dev::StagedShape{}), by schedule_for(kernel_default); a kernel without a staged
 // variant asked for one runs its default.
 template <bool kStaged, class F> void with_schedule(FusedSchedule kernel_default, F&& f) {
@@ -27,7 +27,6 @@ template <bool kStaged, class F> void with_schedule(FusedSchedule kernel_default
   if constexpr (kStaged)
     if (s == FusedSchedule::staged) return f(dev::StagedShape{});
   if (s == FusedSchedule::pingpong) return f(dev::PingpongShape{});
-  if (s == FusedSchedule::pingpong_wide) return f(dev::PingpongWideShape{});
   return f(dev::CooperativeShape{});
 }
 

@@ -32,14 +32,12 @@ namespace {
 
 // Every kernel runs on every GEMM schedule (gpu/kernels_fused.hpp); the default one is one of
 // them (a kernel without a staged variant runs its default for `staged`).
-const gpu::FusedSchedule kSchedules[] = {
-    gpu::FusedSchedule::cooperative, gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged,
-    gpu::FusedSchedule::pingpong_wide};
+const gpu::FusedSchedule kSchedules[] = {gpu::FusedSchedule::cooperative,
+                                         gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged};
 std::string schedule_name(gpu::FusedSchedule s) {
   return s == gpu::FusedSchedule::cooperative ? "cooperative 128x256"
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
-         : s == gpu::FusedSchedule::staged    ? "staged 128x192"
-                                              : "ping-pong 64x256";
+                                              : "staged 128x192";
 }
 // Sets the schedule for the scope of one GPU run, then back to automatic.
 struct ScheduleScope {

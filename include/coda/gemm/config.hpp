@@ -82,8 +82,7 @@ struct GemmConfig {
   static_assert(kAccumulatorsPerThread <= (kSchedule == Schedule::pingpong ? 192 : 128),
                 "a consumer thread holds at most 128 fp32 accumulators beside an epilogue (192 "
                 "on ping-pong with the 240-register split)");
-  static_assert(kClusterM == 1 || kClusterM == 2 || kClusterM == 4,
-                "clusters of 1, 2 or 4 CTAs along M");
+  static_assert(kClusterM == 1 || kClusterM == 2, "clusters of 1 or 2 CTAs along M");
   static_assert(kStages >= 2 && kStages <= 8, "2 to 8 pipeline stages");
   static_assert(kEpilogueRegisters <= 256 && kEpilogueRegisters % 8 == 0,
                 "setmaxnreg takes at most 256, in steps of 8");

@@ -34,8 +34,6 @@ enum class KernelId : int32_t {
   staged = 5,
   staged192 = 6,
   pingpong_wide = 7,
-  pingpong_wide_c4 = 8, // ping-pong 64 x 256, clusters of 4 along M (B read once per 4 tiles)
-  wide_c4 = 9,          // the wide tile with clusters of 4 along M
 };
 constexpr const char* kernel_name(KernelId id) {
   switch (id) {
@@ -53,10 +51,6 @@ constexpr const char* kernel_name(KernelId id) {
     return "staged192";
   case KernelId::pingpong_wide:
     return "pingpong_wide";
-  case KernelId::pingpong_wide_c4:
-    return "pingpong_wide_c4";
-  case KernelId::wide_c4:
-    return "wide_c4";
   }
   return "unknown";
 }
@@ -105,20 +99,14 @@ constexpr int64_t tile_n_of(KernelId id) {
                                                                 : 256;
 }
 
-constexpr int64_t tile_m_of(KernelId id) {
-  return id == KernelId::pingpong_wide || id == KernelId::pingpong_wide_c4 ? 64 : 128;
-}
-constexpr int32_t cluster_m_of(KernelId id) {
-  return id == KernelId::pingpong_wide_c4 || id == KernelId::wide_c4 ? 4 : kClusterM;
-}
+constexpr int64_t tile_m_of(KernelId id) { return id == KernelId::pingpong_wide ? 64 : 128; }
 
 // The raster group of `kernel`'s tiles (tile_m_of rows, tile_n_of columns) on `num_sms` SMs.
 inline int32_t group_m_for(KernelId kernel, int64_t m, int32_t num_sms) {
   const int64_t tiles_m = ceil_div<int64_t>(m, tile_m_of(kernel));
-  const int32_t cluster = cluster_m_of(kernel);
-  const int64_t clusters = num_sms / cluster;
-  return choose_group_m(ceil_div<int64_t>(tiles_m, cluster), clusters, cluster * tile_m_of(kernel),
-                        tile_n_of(kernel));
+  const int64_t clusters = num_sms / kClusterM;
+  return choose_group_m(ceil_div<int64_t>(tiles_m, kClusterM), clusters,
+                        kClusterM * tile_m_of(kernel), tile_n_of(kernel));
 }
 
 inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {

@@ -111,16 +111,10 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
     // ahead of the waiter: a warpgroup that skipped the other's k-blocks would otherwise wait on
     // a barrier several phases behind, and parity waits cannot tell those phases apart.
     if (!kCooperative && iteration > 0) mma_turn(consumer, /*arrive=*/false);
-    // Ping-pong: the other warpgroup's turn starts once this one has issued its last k-block
-    // (as CUTLASS's order barrier does), not once those MMAs have drained: its first wgmmas then
-    // queue behind ours and the tensor cores do not idle through the drain and the wake-up.
-    const bool hand_over = !kCooperative && item.unit + clusters < sched.num_units();
-    const int32_t last = item.k_end - item.k_begin - 1;
     Mainloop::mma_tile(smem.mainloop, pipe, st, acc, first_block, item.k_begin, item.k_end, lane,
-                       [&](int32_t k_block) {
-                         overlap_with_mainloop(epilogue, k_block);
-                         if (hand_over && k_block == last) mma_turn(1 - consumer, /*arrive=*/true);
-                       });
+                       [&](int32_t k_block) { overlap_with_mainloop(epilogue, k_block); });
+    if (!kCooperative && item.unit + clusters < sched.num_units())
+      mma_turn(1 - consumer, /*arrive=*/true);
     if constexpr (kCooperative) {
       if (contributes) {
         using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;

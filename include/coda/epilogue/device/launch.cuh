@@ -8,10 +8,6 @@
 //     tile. The plain GEMM's workhorse; the epilogue runs while the tensor cores wait.
 //   PingpongShape (128 x 128 per warpgroup): 128 x 128 tiles, the warpgroups on alternate tiles,
 //     so one's epilogue runs while the other's MMAs do (for heavy epilogues).
-//   PingpongWideShape (64 x 256 per warpgroup): 64 x 256 tiles on alternate warpgroups, in
-//     clusters of 4 along M (B read from L2 once per 4 tiles): per MMA the cooperative tile's
-//     shared-memory reads and accumulators per thread, with each warpgroup's epilogue under the
-//     other's MMAs (docs/epilogue.md, "Shapes and schedules").
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
@@ -38,33 +34,24 @@ namespace coda::epilogue::device {
 using CooperativeShape = TileShape<2, 64, 256>;
 using PingpongShape = TileShape<2, 128, 128>;
 using StagedShape = TileShape<1, 128, 192, /*staged=*/true>;
-// To the ops the same warpgroup view as the cooperative tile's half (a distinct type only so that
-// ScheduleOf can tell them apart).
-struct PingpongWideShape : CooperativeShape {};
 using FusedShape = CooperativeShape; // the default
 
 template <class Shape> struct ScheduleOf;
 template <> struct ScheduleOf<CooperativeShape> {
   static constexpr sm90::Schedule kSchedule = sm90::Schedule::cooperative;
-  static constexpr int kTileM = 128, kClusterM = 2, kMaxStages = 4;
+  static constexpr int kMaxStages = 4;
 };
 template <> struct ScheduleOf<PingpongShape> {
   static constexpr sm90::Schedule kSchedule = sm90::Schedule::pingpong;
-  static constexpr int kTileM = 128, kClusterM = 2, kMaxStages = 6;
-};
-template <> struct ScheduleOf<PingpongWideShape> {
-  static constexpr sm90::Schedule kSchedule = sm90::Schedule::pingpong;
-  static constexpr int kTileM = 64, kClusterM = 4, kMaxStages = 5;
+  static constexpr int kMaxStages = 6;
 };
 template <> struct ScheduleOf<StagedShape> {
   static constexpr sm90::Schedule kSchedule = sm90::Schedule::staged;
-  static constexpr int kTileM = 128, kClusterM = 2, kMaxStages = 4;
+  static constexpr int kMaxStages = 4;
 };
 
 template <class Shape, int kStages>
-using FusedConfig =
-    sm90::GemmConfig<ScheduleOf<Shape>::kTileM, Shape::kCols, kStages, ScheduleOf<Shape>::kClusterM,
-                     ScheduleOf<Shape>::kSchedule>;
+using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule>;
 
 // Dynamic shared memory of the kernel with kStages pipeline stages (+ 1024 bytes of alignment
 // slack: the kernel rounds the base up to 1024 bytes).
