@@ -144,6 +144,8 @@ const Variant kVariants[] = {
     {"staged192", study_plan<KernelId::staged192>},
     {"staged192_no_sk", study_plan_no_sk<KernelId::staged192>},
     {"pingpong_wide", study_plan_no_sk<KernelId::pingpong_wide>}, // ping-pong: no stream-K
+    {"staged_wide", study_plan<KernelId::staged_wide>},
+    {"staged_wide_no_sk", study_plan_no_sk<KernelId::staged_wide>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 

@@ -20,7 +20,8 @@ namespace dev = coda::epilogue::device;
 template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainGemm {
   static constexpr bool kStaged = Config::kStaged;
   static_assert(!kStaged || sizeof(OutT) == 2, "the staged schedule stores 16-bit outputs");
-  using Shape = dev::TileShape<1, Config::kTileM, Config::kTileN, /*staged=*/true>;
+  using Shape = dev::TileShape<1, Config::kTileM, Config::kTileN, /*staged=*/true,
+                               Config::kEpilogueInProducer ? Config::kEpilogueWarps : 4>;
   using StagedStore = dev::TileStore<Shape, OutT, /*reduce_add=*/false, /*in_place=*/true>;
   using StagedEpi = dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<OutT>, StagedStore>;
   // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
@@ -103,6 +104,8 @@ GemmLauncher launcher_for(sm90::KernelId kernel) {
     return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::staged>, kLayout, InT, OutT>();
   case KernelId::staged192:
     return study_launcher<GemmConfig<128, 192, 4, 2, Schedule::staged>, kLayout, InT, OutT>();
+  case KernelId::staged_wide:
+    return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::staged_wide>, kLayout, InT, OutT>();
   case KernelId::pingpong_wide:
     return study_launcher<GemmConfig<64, 256, 4, 2, Schedule::pingpong>, kLayout, InT, OutT>();
   }

@@ -33,11 +33,13 @@ namespace {
 // Every kernel runs on every GEMM schedule (gpu/kernels_fused.hpp); the default one is one of
 // them (a kernel without a staged variant runs its default for `staged`).
 const gpu::FusedSchedule kSchedules[] = {gpu::FusedSchedule::cooperative,
-                                         gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged};
+                                         gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged,
+                                         gpu::FusedSchedule::staged_wide};
 std::string schedule_name(gpu::FusedSchedule s) {
   return s == gpu::FusedSchedule::cooperative ? "cooperative 128x256"
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
-                                              : "staged 128x192";
+         : s == gpu::FusedSchedule::staged    ? "staged 128x192"
+                                              : "staged 128x256 (staged_wide)";
 }
 // Sets the schedule for the scope of one GPU run, then back to automatic.
 struct ScheduleScope {

@@ -101,7 +101,8 @@ const sm90::GemmPlan kStaged = forced(sm90::KernelId::staged, sm90::StreamKMode:
 // The kernels of the schedule study (bf16 in and out only): heuristic.hpp's KernelId.
 constexpr sm90::KernelId kStudyKernels[] = {sm90::KernelId::wide_3stages, sm90::KernelId::wide192,
                                             sm90::KernelId::staged, sm90::KernelId::staged192,
-                                            sm90::KernelId::pingpong_wide};
+                                            sm90::KernelId::pingpong_wide,
+                                            sm90::KernelId::staged_wide};
 
 ref::Layout ref_layout(GemmLayout l) {
   return l == GemmLayout::fwd     ? ref::Layout::fwd

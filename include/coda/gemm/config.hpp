@@ -16,8 +16,11 @@ namespace coda::sm90 {
 //   staged:      cooperative MMAs, but the consumers only round their accumulators to 16 bits
 //                into a shared-memory tile (the stage) and start the next tile at once; a fourth
 //                warpgroup runs the epilogue from the stage while the next tile's MMAs run
-//                (docs/epilogue.md, "The staged schedule").
-enum class Schedule : int { cooperative = 0, pingpong = 1, staged = 2 };
+//                (docs/epilogue.md, "The staged schedule");
+//   staged_wide: the staged hand-over on the cooperative 128 x 256 tile (m64n256 wgmmas, which
+//                a fourth warpgroup's 128 registers per thread cannot compile): three warps of
+//                the producer warpgroup run the epilogue, beside the one that issues the loads.
+enum class Schedule : int { cooperative = 0, pingpong = 1, staged = 2, staged_wide = 3 };
 
 // Which dimension is contiguous in global (and shared) memory for an operand.
 enum class Major : int { k = 0, mn = 1 };
@@ -40,9 +43,13 @@ struct GemmConfig {
   static constexpr int kClusterM = kClusterM_; // CTAs of a cluster, stacked along M, sharing B
   static constexpr Schedule kSchedule = kSchedule_;
 
-  static constexpr bool kStaged = kSchedule == Schedule::staged;
+  static constexpr bool kStaged = kSchedule == Schedule::staged || kSchedule == Schedule::staged_wide;
+  // staged_wide: the epilogue runs in warps 1..3 of the producer warpgroup (no fourth one).
+  static constexpr bool kEpilogueInProducer = kSchedule == Schedule::staged_wide;
   static constexpr int kConsumerWarpgroups = 2;
-  static constexpr int kEpilogueWarpgroups = kStaged ? 1 : 0; // the staged schedule's fourth
+  static constexpr int kEpilogueWarpgroups = kSchedule == Schedule::staged ? 1 : 0;
+  // Warps that read the staged tile: the staged schedule's fourth warpgroup, or three.
+  static constexpr int kEpilogueWarps = kEpilogueInProducer ? 3 : 4 * kEpilogueWarpgroups;
   // Producer warpgroup [0, 128) (one thread issues the loads), consumers [128, 384), and the
   // staged schedule's epilogue warpgroup [384, 512).
   static constexpr int kThreads = (1 + kConsumerWarpgroups + kEpilogueWarpgroups) * 128;
@@ -55,7 +62,7 @@ struct GemmConfig {
   // and ptxas needs every instruction to fit them ("Insufficient registers (128) to compile
   // instruction" for a wgmma of 128 accumulators), so the staged schedule issues a 256-wide
   // tile as two 128-wide wgmmas (A read twice from shared memory).
-  static constexpr int kWgmmaN = kStaged && kTileN == 256 ? 128 : kTileN;
+  static constexpr int kWgmmaN = kSchedule == Schedule::staged && kTileN == 256 ? 128 : kTileN;
   // Register split (setmaxnreg; ptxas allocates each role's code within its count). NOTE:
   //  - 128 x 40 + 256 x 232 = 64512: consumers with up to 128 accumulators and the epilogue
   //    beside them (cutlass and fast.cu use the same split);
@@ -65,11 +72,21 @@ struct GemmConfig {
   //    160 (96 accumulators) ptxas spilled 4-20 bytes in K1, K2, K4, with 144 up to 92; the
   //    plain GEMM's 128 accumulators spilled with 160 or 168. The epilogue warpgroup holds 16
   //    values a subtile (a RoPE head's 32 in its prepass): the entry's 128.
+  //  - staged_wide: 128 x 96 + 256 x 208 = 65536. The consumers hold 128 accumulators and the
+  //    hand-over (no epilogue of their own); the producer warpgroup's warps share one count
+  //    (setmaxnreg is per warpgroup), which the three epilogue warps need and the load issuer
+  //    does not.
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
-  static constexpr int kProducerRegisters = kStaged ? 32 : kHeavyAccumulators ? 24 : 40;
-  static constexpr int kConsumerRegisters = kStaged ? 176 : kHeavyAccumulators ? 240 : 232;
+  static constexpr int kProducerRegisters = kEpilogueInProducer ? 96
+                                            : kStaged           ? 32
+                                            : kHeavyAccumulators ? 24
+                                                                 : 40;
+  static constexpr int kConsumerRegisters = kEpilogueInProducer ? 208
+                                            : kStaged           ? 176
+                                            : kHeavyAccumulators ? 240
+                                                                 : 232;
   static constexpr int kEpilogueRegisters =
-      kStaged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
+      kSchedule == Schedule::staged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
 
   static_assert(kTileK == 64,
                 "operand tiles are one 128-byte swizzle span (64 elements) deep in K");

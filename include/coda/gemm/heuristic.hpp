@@ -34,6 +34,7 @@ enum class KernelId : int32_t {
   staged = 5,
   staged192 = 6,
   pingpong_wide = 7,
+  staged_wide = 8, // 128 x 256 staged, the epilogue in the producer warpgroup, 3 stages
 };
 constexpr const char* kernel_name(KernelId id) {
   switch (id) {
@@ -51,6 +52,8 @@ constexpr const char* kernel_name(KernelId id) {
     return "staged192";
   case KernelId::pingpong_wide:
     return "pingpong_wide";
+  case KernelId::staged_wide:
+    return "staged_wide";
   }
   return "unknown";
 }

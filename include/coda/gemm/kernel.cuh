@@ -186,16 +186,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
   const int warpgroup = int(threadIdx.x) / arch::kWarpgroupSize;
   if (warpgroup == 0) {
     arch::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / arch::kWarpSize == 0 && arch::elect_one_sync()) {
-      typename Mainloop::State st;
-      WorkIterator work(params.scheduler, blockIdx.x / Config::kClusterM,
-                        gridDim.x / Config::kClusterM);
-      for (WorkItem item; work.next(item);)
-        Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
-                            tile_of<Config>(params.scheduler, item.unit, cta_rank), item.k_begin,
-                            item.k_end, item.k_rotation, cta_rank);
+    if (threadIdx.x / arch::kWarpSize == 0) {
+      if (arch::elect_one_sync()) {
+        typename Mainloop::State st;
+        WorkIterator work(params.scheduler, blockIdx.x / Config::kClusterM,
+                          gridDim.x / Config::kClusterM);
+        for (WorkItem item; work.next(item);)
+          Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
+                              tile_of<Config>(params.scheduler, item.unit, cta_rank),
+                              item.k_begin, item.k_end, item.k_rotation, cta_rank);
+      }
+      __syncwarp();
+    } else if constexpr (Config::kEpilogueInProducer) {
+      run_epilogue<Config>(params, smem, cta_rank); // warps 1..3 (staged_wide)
     }
-    __syncwarp();
   } else if (warpgroup <= Config::kConsumerWarpgroups) {
     arch::setmaxnreg_inc<Config::kConsumerRegisters>();
     consume<Config>(params, smem, pipe, cta_rank);

@@ -56,11 +56,17 @@ namespace coda::epilogue::device {
 // What one warpgroup running the epilogue owns of a tile: kRows (64-row blocks) x kCols, how many
 // warpgroups share a tile's shared memory (each owns its own buffers), and whether it reads the
 // staged tile (the staged schedule's epilogue warpgroup) instead of accumulator registers.
-template <int kWarpgroups_, int kRows_, int kCols_, bool kStaged_ = false> struct TileShape {
+// kEpilogueWarps: the warps that read the staged tile, the last ones of their warpgroup (4; 3 on
+// the staged_wide schedule, whose load issuer is warp 0 of the same warpgroup).
+template <int kWarpgroups_, int kRows_, int kCols_, bool kStaged_ = false, int kEpilogueWarps_ = 4>
+struct TileShape {
   static constexpr int kWarpgroups = kWarpgroups_;
   static constexpr int kRows = kRows_;
   static constexpr int kCols = kCols_;
   static constexpr bool kStaged = kStaged_;
+  static constexpr int kEpilogueWarps = kEpilogueWarps_;
+  static_assert(kEpilogueWarps == 4 || (kStaged && kEpilogueWarps >= 1 && kEpilogueWarps < 4),
+                "fewer than 4 epilogue warps only read a staged tile");
   static constexpr int kBlocks = kRows / 64;
   static constexpr int kSubRows = 64, kSubCols = 32;
   static constexpr int kSubtilesN = kCols / kSubCols;
@@ -281,6 +287,17 @@ public:
   static constexpr bool kWarpLocal = kStaged && warp_local();
 
 private:
+  // Fewer than 4 epilogue warps (staged_wide): the warps take the tile's 16-row strips in turn
+  // (strip s of the tile: 64-row block s / 4, rows 16 (s % 4) ..), each visiting its strips
+  // subtile by subtile as the consumer thread that held those rows (wg_.thread = 32 (s % 4) +
+  // lane), so the ops' fragment maps hold. Only warp-local lists can run so.
+  static constexpr int kEpilogueWarps = Shape::kEpilogueWarps;
+  static constexpr int kFirstEpilogueWarp = 4 - kEpilogueWarps; // of their warpgroup
+  static constexpr bool kStrips = kStaged && kEpilogueWarps < 4;
+  static constexpr int kStripsPerBlock = sm90::Subtile16::kRows / kStripRows;
+  static_assert(!kStrips || kWarpLocal,
+                "with fewer than 4 epilogue warps, the ops after the Stage must be warp-local");
+
   // The staged prepass group: the widest any op asks for.
   static constexpr int kGroupCols = std::max({Ops::kGroupCols..., 32});
   static constexpr int kSlabsPerGroup = kGroupCols / Shape::kSubCols;
@@ -297,8 +314,7 @@ private:
 
   using StageT = typename StageTypeOf<kStage, Ops...>::type;
   // Warp-local: each warp releases the staged tile once its reads and bulk stores are done.
-  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols,
-                                  kWarpLocal ? arch::kWarpgroupSize / arch::kWarpSize : 1>;
+  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols, kWarpLocal ? kEpilogueWarps : 1>;
   // The staged tile (staged schedule only; an empty base elsewhere: a member would take a byte
   // and pad the 1024-byte aligned storage by a kilobyte).
   struct StagedTiles {
@@ -396,7 +412,25 @@ public:
     begin_visit(tile);
 #pragma unroll // blocks unrolled: ops index per-block register state by the block
     for (int block = 0; block < Shape::kBlocks; ++block) {
-      if constexpr (kHasPrepass) {
+      if constexpr (kStrips) {
+        const int thread = wg_.thread, lane = wg_.lane();
+        const int me = wg_.warp() - kFirstEpilogueWarp;
+#pragma unroll 1
+        for (int strip = 0; strip < kStripsPerBlock; ++strip) {
+          if ((block * kStripsPerBlock + strip) % kEpilogueWarps != me) continue;
+          wg_.thread = strip * arch::kWarpSize + lane;
+          if constexpr (kRollSubtiles) {
+#pragma unroll 1
+            for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+              visit_staged_subtile(tile, block, slab);
+          } else {
+#pragma unroll
+            for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+              visit_staged_subtile(tile, block, slab);
+          }
+        }
+        wg_.thread = thread;
+      } else if constexpr (kHasPrepass) {
         // A group of subtiles in registers, its prepass, then its subtiles' chain.
 #pragma unroll
         for (int group = 0; group < Shape::kCols / kGroupCols; ++group)
@@ -609,7 +643,7 @@ private:
 
   __device__ void sync() {
     arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index,
-                             arch::kWarpgroupSize);
+                             kEpilogueWarps * arch::kWarpSize);
   }
 
   template <int kBegin, int kEnd, class F> __device__ __forceinline__ void for_each(F&& f) {
