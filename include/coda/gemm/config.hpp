@@ -72,12 +72,16 @@ struct GemmConfig {
   //    160 (96 accumulators) ptxas spilled 4-20 bytes in K1, K2, K4, with 144 up to 92; the
   //    plain GEMM's 128 accumulators spilled with 160 or 168. The epilogue warpgroup holds 16
   //    values a subtile (a RoPE head's 32 in its prepass): the entry's 128.
-  //  - staged_wide: 128 x 96 + 256 x 208 = 65536. The consumers hold 128 accumulators and the
+  //  - staged_wide: 128 x 88 + 256 x 208 = 64512. The consumers hold 128 accumulators and the
   //    hand-over (no epilogue of their own); the producer warpgroup's warps share one count
   //    (setmaxnreg is per warpgroup), which the three epilogue warps need and the load issuer
   //    does not.
+  // NOTE: the counts share the CTA's launch allocation (kThreads x the entry count, which
+  // ptxas caps at 65536 / kThreads in steps of 8: 168 for 384 threads), not the SM's 64K
+  // registers: a split above it leaves setmaxnreg.inc waiting forever (staged_wide with
+  // 96 / 208 = 65536 hung).
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
-  static constexpr int kProducerRegisters = kEpilogueInProducer ? 96
+  static constexpr int kProducerRegisters = kEpilogueInProducer ? 88
                                             : kStaged           ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
@@ -103,10 +107,11 @@ struct GemmConfig {
   static_assert(kStages >= 2 && kStages <= 8, "2 to 8 pipeline stages");
   static_assert(kEpilogueRegisters <= 256 && kEpilogueRegisters % 8 == 0,
                 "setmaxnreg takes at most 256, in steps of 8");
+  static constexpr int kEntryRegisters = 65536 / kThreads / 8 * 8; // per thread, at launch
   static_assert((kProducerRegisters + kEpilogueRegisters) * 128 +
                         kConsumerRegisters * 128 * kConsumerWarpgroups <=
-                    65536,
-                "register split exceeds the 64K registers of an SM");
+                    kEntryRegisters * kThreads,
+                "register split exceeds the CTA's registers at launch");
 };
 
 // Bytes of one pipeline stage (A tile + B tile, 16-bit elements).
