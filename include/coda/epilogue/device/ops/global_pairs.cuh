@@ -64,6 +64,7 @@ __device__ __forceinline__ void load_global_pairs(const uint32_t* base, int64_t 
 
 template <class Shape, class T> struct ResidualAddGlobal : OpBase {
   static_assert(sizeof(T) == 2, "16-bit residual tensors");
+  static constexpr bool kBulkStores = false;
   struct Params {
     const uint32_t* residual = nullptr; // [M, N] 16-bit, as pairs
     int64_t stride = 0;                 // row stride in elements (even: 16-byte aligned rows)
@@ -121,6 +122,7 @@ template <class Shape, class T> struct ResidualAddGlobal : OpBase {
 
 template <class Shape, class T> struct ScalePerColGlobal : OpBase {
   static_assert(sizeof(T) == 2, "16-bit factors (the dtype of the call's tensors)");
+  static constexpr bool kBulkStores = false;
   struct Params {
     const uint32_t* factors = nullptr; // [N] 16-bit, as pairs
     int32_t cols = 0;                  // N, a multiple of 8
@@ -150,6 +152,7 @@ template <class Shape, class T> struct ScalePerColGlobal : OpBase {
 
 template <class Shape, class T> struct DirectStore : OpBase {
   static_assert(sizeof(T) == 2, "16-bit outputs");
+  static constexpr bool kBulkStores = false;
   struct Params {
     uint32_t* out = nullptr; // [M, N] 16-bit, as pairs
     int64_t stride = 0;      // row stride in elements
