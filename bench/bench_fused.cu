@@ -8,9 +8,8 @@
 // All run in this process on the same random inputs, interleaved run by run; each timed run
 // follows a 256 MB write that flushes L2; CUDA events; the median of the timed runs is reported.
 // The fused kernel runs on its default GEMM schedule (coda_ms in the JSON) and, for the table,
-// on each schedule forced (cooperative 128 x 256, ping-pong 128 x 128, staged 128 x 192 and, for
-// K0, staged 128 x 256 tiles (staged_wide); K6 has one schedule, so no forced columns; a kernel
-// without a schedule runs its default).
+// on each schedule forced (cooperative 128 x 256, ping-pong 128 x 128 and staged 128 x 192 tiles;
+// K6 has one schedule, so no forced columns).
 //
 //   bench_fused [--commit HASH] [--out bench/results/fused.json] [--runs 50] [--filter K2]
 // (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
@@ -244,7 +243,7 @@ unsigned grid_for(int64_t total) {
 struct Result {
   Case c;
   double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
-  double cooperative_ms, pingpong_ms, staged_ms, staged_wide_ms; // each schedule (forward)
+  double cooperative_ms, pingpong_ms, staged_ms; // the fused kernel on each schedule (forward)
 };
 
 Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
@@ -418,20 +417,18 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const std::function<void()> run_cooperative = forced(coda::gpu::FusedSchedule::cooperative);
   const std::function<void()> run_pingpong = forced(coda::gpu::FusedSchedule::pingpong);
   const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
-  const std::function<void()> run_staged_wide = forced(coda::gpu::FusedSchedule::staged_wide);
   // K6 has one schedule: no forced runs (K7 has ping-pong and staged; forcing cooperative runs
   // its default).
   const bool forced_runs = c.kernel != "K6";
   for (int i = 0; i < 3; ++i) {
     run_fused(), run_gemm(), run_cublas(), run_unfused();
-    if (forced_runs) run_cooperative(), run_pingpong(), run_staged(), run_staged_wide();
+    if (forced_runs) run_cooperative(), run_pingpong(), run_staged();
   }
   check(cudaStreamSynchronize(s), "warm-up");
   check(cudaGetLastError(), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong, t_staged,
-      t_staged_wide;
+  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong, t_staged;
   auto timed = [&](const std::function<void()>& fn, std::vector<float>& times) {
     timer.timed(fn, times);
   };
@@ -440,7 +437,7 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
     timed(run_unfused, t_unfused);
     if (forced_runs)
       timed(run_cooperative, t_cooperative), timed(run_pingpong, t_pingpong),
-          timed(run_staged, t_staged), timed(run_staged_wide, t_staged_wide);
+          timed(run_staged, t_staged);
   }
   check(cudaGetLastError(), "timed runs");
   using bench::median;
@@ -456,8 +453,7 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
           diff,
           median_or_none(t_cooperative),
           median_or_none(t_pingpong),
-          median_or_none(t_staged),
-          median_or_none(t_staged_wide)};
+          median_or_none(t_staged)};
 }
 
 } // namespace
@@ -482,9 +478,9 @@ int main(int argc, char** argv) {
                                     {"llama-8b", 4096, 14336, 32, 8, 128}};
 
     std::vector<Result> results;
-    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s %8s %8s  %9s\n", "",
-                "model", "M", "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm",
-                "unf/fused", "coop/gemm", "pp/gemm", "st/gemm", "sw/gemm", "rel diff");
+    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s %8s  %9s\n", "", "model",
+                "M", "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm",
+                "unf/fused", "coop/gemm", "pp/gemm", "st/gemm", "rel diff");
     for (const Case& c : bench_cases(models)) {
       const std::string name = c.kernel + " " + c.model->name;
       if (name.find(filter) == std::string::npos) continue;
@@ -492,12 +488,12 @@ int main(int argc, char** argv) {
       results.push_back(r);
       auto over_gemm = [&](double ms) { return ms > 0 ? ms / r.coda_gemm_ms : NAN; };
       std::printf(
-          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f %8.3f "
-          "%8.3f  %9.2e\n",
+          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f %8.3f  "
+          "%9.2e\n",
           c.kernel.c_str(), c.model->name, (long long)c.m, (long long)c.n, (long long)c.k,
           r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms, r.coda_ms / r.coda_gemm_ms,
           r.unfused_ms / r.coda_ms, over_gemm(r.cooperative_ms), over_gemm(r.pingpong_ms),
-          over_gemm(r.staged_ms), over_gemm(r.staged_wide_ms), r.max_rel_diff);
+          over_gemm(r.staged_ms), r.max_rel_diff);
       std::fflush(stdout);
     }
 
@@ -514,8 +510,8 @@ int main(int argc, char** argv) {
       if (r.staged_ms > 0) // the forced schedules (K6 has one schedule)
         std::fprintf(f,
                      ", \"coda_cooperative_ms\": %.5f, \"coda_pingpong_ms\": %.5f, "
-                     "\"coda_staged_ms\": %.5f, \"coda_staged_wide_ms\": %.5f",
-                     r.cooperative_ms, r.pingpong_ms, r.staged_ms, r.staged_wide_ms);
+                     "\"coda_staged_ms\": %.5f",
+                     r.cooperative_ms, r.pingpong_ms, r.staged_ms);
       std::fprintf(f, "}%s\n", i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);

@@ -23,7 +23,6 @@ FusedSchedule schedule_for(FusedSchedule kernel_default);
 // variant asked for one runs its default.
 template <bool kStaged, class F> void with_schedule(FusedSchedule kernel_default, F&& f) {
   FusedSchedule s = schedule_for(kernel_default);
-  if (s == FusedSchedule::staged_wide) s = kernel_default; // the kernels that have it ask first
   if (s == FusedSchedule::staged && !kStaged) s = kernel_default;
   if constexpr (kStaged)
     if (s == FusedSchedule::staged) return f(dev::StagedShape{});

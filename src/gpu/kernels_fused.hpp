@@ -25,13 +25,7 @@ namespace coda::gpu {
 // The backward kernels: K6 is cooperative and ignores it (a tile's 128 rows are one dgamma
 // reduction block); K7 runs ping-pong or staged (staged by default from K = 4096; forcing
 // cooperative runs its default; kernels_k7.cu says why).
-enum class FusedSchedule : int {
-  automatic = 0,
-  cooperative = 1,
-  pingpong = 2,
-  staged = 3,
-  staged_wide = 4, // the staged 128 x 256 tile (K0; the other kernels run their default)
-};
+enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 
 // One function per row of CODA_FUSED_KERNELS (coda/kernels/args.hpp), in kernels_<K>.cu. K4 runs

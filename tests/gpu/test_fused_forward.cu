@@ -33,13 +33,11 @@ namespace {
 // Every kernel runs on every GEMM schedule (gpu/kernels_fused.hpp); the default one is one of
 // them (a kernel without a staged variant runs its default for `staged`).
 const gpu::FusedSchedule kSchedules[] = {gpu::FusedSchedule::cooperative,
-                                         gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged,
-                                         gpu::FusedSchedule::staged_wide};
+                                         gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged};
 std::string schedule_name(gpu::FusedSchedule s) {
   return s == gpu::FusedSchedule::cooperative ? "cooperative 128x256"
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
-         : s == gpu::FusedSchedule::staged    ? "staged 128x192"
-                                              : "staged 128x256 (staged_wide)";
+                                              : "staged 128x192";
 }
 // Sets the schedule for the scope of one GPU run, then back to automatic.
 struct ScheduleScope {

@@ -123,11 +123,6 @@ struct OpBase {
   // shape, whatever the list's), say kBeforeStage: no stores, no cross-warpgroup state.
   static constexpr bool kIsStage = false;
   static constexpr bool kBeforeStage = false;
-  // Whether the op may TMA-store (issue()) from shared memory its visit() wrote: the driver then
-  // fences the generic proxy's writes before the stores. Ops that never do say false, and a
-  // warp-local list of such ops skips the fence, whose MEMBAR waits for every global access the
-  // warp has in flight (the loads issued a subtile ahead, the stores just issued).
-  static constexpr bool kBulkStores = true;
   // Ops with a prepass (visit_block) see a register group of kGroupCols columns of a 64-row
   // block at once: the whole block on the register schedules, kGroupCols columns (e.g. one RoPE
   // head) of the staged tile on the staged one.
@@ -194,7 +189,6 @@ template <class T, bool kPrepass_ = false> struct Stage : OpBase {
   using Type = T;
   static constexpr bool kIsStage = true;
   static constexpr bool kPrepass = kPrepass_;
-  static constexpr bool kBulkStores = false;
   struct Params {};
   template <class C> __device__ void visit(const C&, const Subtile&, float (&v)[16]) {
     if constexpr (!kPrepass)
@@ -288,14 +282,6 @@ template <class Shape, class... Ops> class FusedEpilogue {
       if (!local[i]) return false;
     return !kHasPrepass;
   }
-
-  static constexpr bool bulk_stores() {
-    constexpr bool bulk[] = {Ops::kBulkStores..., false};
-    for (int i = kFirstEpilogueOp; i < kOps; ++i)
-      if (bulk[i]) return true;
-    return false;
-  }
-  static constexpr bool kBulkStores = bulk_stores();
 
 public:
   static constexpr bool kWarpLocal = kStaged && warp_local();
@@ -462,7 +448,6 @@ public:
     // Every read of the staged tile is done (each thread's, before the last subtile's barrier;
     // the bulk stores', once thread 0's wait returns; warp-local: each warp's, its lane 0's):
     // the consumers may write the next one.
-    if constexpr (kWarpLocal) __syncwarp(); // every lane's reads (a list without bulk stores)
     if (kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0) {
       cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
       Staged::release(smem_.staged);
@@ -587,10 +572,6 @@ private:
     if constexpr (kWarpLocal) {
       // No slots and no loads to wait for: the warp's fragments, then its rows' stores.
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
-      if constexpr (!kBulkStores) {
-        ++subtile_;
-        return;
-      }
       cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
       __syncwarp();
       if (wg_.lane() == 0) {

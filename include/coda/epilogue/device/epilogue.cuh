@@ -20,5 +20,4 @@
 #include "coda/epilogue/device/ops/scale_per_row.cuh"
 #include "coda/epilogue/device/ops/select_per_row.cuh"
 #include "coda/epilogue/device/ops/store.cuh"
-#include "coda/epilogue/device/ops/strip_io.cuh"
 #include "coda/epilogue/device/ops/swiglu_backward.cuh"

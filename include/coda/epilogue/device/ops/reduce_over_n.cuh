@@ -70,7 +70,6 @@ struct ReduceOverN : OpBase {
   using R = Reduction<float>;
   using State = typename R::State;
   static constexpr bool kRollSubtiles = std::is_same_v<R, LogSumExp<float>>; // an exp per value
-  static constexpr bool kBulkStores = false;
   static constexpr int kSlabsPerBlock = int(kBlock) / Shape::kSubCols;
   static_assert(kBlock % Shape::kSubCols == 0 && Shape::kCols % kBlock == 0,
                 "tiles hold whole reduction blocks of whole subtiles");

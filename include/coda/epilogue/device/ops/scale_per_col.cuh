@@ -1,16 +1,12 @@
 // Device side of ScalePerCol (coda/epilogue/ops/scale_per_col.hpp): x * s[n], e.g. the RMSNorm
 // weight gamma. begin_tile copies the tile's kCols factors (16-bit, as stored) into shared
 // memory by cp.async; each thread reads the pair of its column pair as one 32-bit word.
-// ScalePerColGlobal reads them from global memory instead (the staged_wide epilogue's warps have
-// no shared memory to spare and no barrier for a cooperative copy): 4 words per subtile, which
-// stay in L1 (512 bytes a tile).
 #pragma once
 
 #include <cstdint>
 
 #include <cuda_pipeline_primitives.h>
 
-#include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/scale_per_col.hpp"
@@ -52,39 +48,5 @@ template <class Shape, class T> struct ScalePerCol : OpBase {
     }
   }
 };
-
-template <class Shape, class T> struct ScalePerColGlobal : OpBase {
-  static_assert(sizeof(T) == 2, "16-bit factors (the dtype of the call's tensors)");
-  static constexpr bool kBulkStores = false;
-  struct Params {
-    const uint32_t* factors = nullptr; // [N] 16-bit, as pairs
-    int32_t cols = 0;                  // N, a multiple of 8
-  };
-  using Ctx = OpContext<Params, SharedStorage>;
-
-  // Registers 4j, 4j + 1 (row slot 0) and 4j + 2, 4j + 3 (row slot 1) share a column pair
-  // (fragment.hpp); columns past N get 0 (their values are never stored).
-  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
-    const Params& p = c.params;
-    const int32_t col = st.col0 + SubtileMap::col(c.wg.thread, 0);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int32_t at = col + 8 * j;
-      const float2 f = unpack2<T>(at < p.cols ? __ldg(p.factors + at / 2) : 0u);
-#pragma unroll
-      for (int s = 0; s < 2; ++s) {
-        v[4 * j + 2 * s] = scale_per_col(v[4 * j + 2 * s], f.x);
-        v[4 * j + 2 * s + 1] = scale_per_col(v[4 * j + 2 * s + 1], f.y);
-      }
-    }
-  }
-
-  static Params params(const TensorView& factors) {
-    return Params{factors.ptr<const uint32_t>(), int32_t(factors.shape[0])};
-  }
-};
-static_assert(SubtileMap::col(0, 4) == SubtileMap::col(0, 0) + 8 &&
-                  SubtileMap::col(0, 2) == SubtileMap::col(0, 0),
-              "ScalePerColGlobal's column pairs follow the accumulator map (fragment.hpp)");
 
 } // namespace coda::epilogue::device
