@@ -26,9 +26,10 @@ void check_config(const LlamaConfig& c, bool needs_mlp, bool needs_vocab) {
 }
 
 // M from x0 [M, D]: at least one full row, no partial row.
-int64_t rows_of(const LlamaConfig& c, std::span<const double> x0) {
+int64_t rows_of(const LlamaConfig& c, std::span<const double> x0, const char* name = "x0") {
   if (x0.empty() || int64_t(x0.size()) % c.hidden != 0)
-    bad("x0 must be [M, hidden] with M >= 1; got " + std::to_string(x0.size()) + " elements");
+    bad(std::string(name) + " must be [M, hidden] with M >= 1; got " + std::to_string(x0.size()) +
+        " elements");
   return int64_t(x0.size()) / c.hidden;
 }
 
@@ -190,6 +191,41 @@ void check_qkv(const LlamaConfig& c, const Matrix& norm, const Matrix& w_qkv, co
   expect_size<double>(w_qkv, c.qkv_width() * c.hidden, w_name);
 }
 
+// ---- What a backward reads, from the activations a forward saved (the *_from_saved entry
+// points): h = x * rstd * gamma and y1 = silu(gate) * up, each rounded once under r, as an
+// unfused forward stores them.
+
+NormProject norm_from_saved(Rounding r, int64_t M, int64_t D, std::span<const double> x,
+                            std::span<const double> rstd, const Matrix& gamma) {
+  NormProject p{Matrix(rstd.begin(), rstd.end()), Matrix(size_t(M * D)), {}};
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < D; ++n)
+      p.h[size_t(m * D + n)] = r(x[size_t(m * D + n)] * rstd[size_t(m)] * gamma[size_t(n)]);
+  return p;
+}
+
+void check_mlp_saved(const LlamaConfig& c, int64_t M, const MlpSaved& s) {
+  expect_size<double>(s.x1, M * c.hidden, "saved.x1");
+  expect_size<double>(s.rstd1, M, "saved.rstd1");
+  expect_size<double>(s.gate, M * c.intermediate, "saved.gate");
+  expect_size<double>(s.up, M * c.intermediate, "saved.up");
+  expect_size<double>(s.x2, M * c.hidden, "saved.x2");
+}
+
+MlpForward mlp_from_saved(Rounding r, const LlamaConfig& c, const Matrix& ffn_norm, int64_t M,
+                          const MlpSaved& s) {
+  MlpForward f;
+  f.x1 = s.x1;
+  f.rstd1 = s.rstd1;
+  f.h1 = norm_from_saved(r, M, c.hidden, s.x1, s.rstd1, ffn_norm).h;
+  f.gate = s.gate;
+  f.up = s.up;
+  f.y1.resize(size_t(M * c.intermediate));
+  swiglu_forward(r, M, c.intermediate, f.gate.data(), f.up.data(), f.y1.data());
+  f.x2 = s.x2;
+  return f;
+}
+
 } // namespace
 
 // ---- first
@@ -208,17 +244,19 @@ FirstForward first_forward(const LlamaConfig& cfg, const FirstWeights& w, RopeIn
   return f;
 }
 
-FirstBackward first_backward(const LlamaConfig& cfg, const FirstWeights& w, RopeInputs rope,
-                             std::span<const double> x0, std::span<const double> dqkv,
-                             std::span<const double> dx_res, Rounding r) {
-  check_config(cfg, false, false);
-  const int64_t M = rows_of(cfg, x0);
+namespace {
+void check_first_backward(const LlamaConfig& cfg, const FirstWeights& w, RopeInputs rope, int64_t M,
+                          std::span<const double> dqkv, std::span<const double> dx_res) {
   check_rope(cfg, rope, M);
   check_qkv(cfg, w.attn_norm, w.w_qkv, "attn_norm", "w_qkv");
   expect_size(dqkv, M * cfg.qkv_width(), "dqkv");
   expect_size(dx_res, M * cfg.hidden, "dx_res");
-  Matrix qkv;
-  const NormProject p = qkv_forward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, qkv);
+}
+
+FirstBackward first_backward_core(Rounding r, const LlamaConfig& cfg, const FirstWeights& w,
+                                  RopeInputs rope, int64_t M, std::span<const double> x0,
+                                  const NormProject& p, std::span<const double> dqkv,
+                                  std::span<const double> dx_res) {
   FirstBackward b;
   NormProjectGrads g =
       qkv_backward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, p, dqkv, b.dz);
@@ -227,6 +265,30 @@ FirstBackward first_backward(const LlamaConfig& cfg, const FirstWeights& w, Rope
   b.grads.attn_norm = std::move(g.dgamma);
   b.grads.w_qkv = std::move(g.dw);
   return b;
+}
+} // namespace
+
+FirstBackward first_backward(const LlamaConfig& cfg, const FirstWeights& w, RopeInputs rope,
+                             std::span<const double> x0, std::span<const double> dqkv,
+                             std::span<const double> dx_res, Rounding r) {
+  check_config(cfg, false, false);
+  const int64_t M = rows_of(cfg, x0);
+  check_first_backward(cfg, w, rope, M, dqkv, dx_res);
+  Matrix qkv;
+  const NormProject p = qkv_forward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, qkv);
+  return first_backward_core(r, cfg, w, rope, M, x0, p, dqkv, dx_res);
+}
+
+FirstBackward first_backward_from_saved(const LlamaConfig& cfg, const FirstWeights& w,
+                                        RopeInputs rope, std::span<const double> x0,
+                                        std::span<const double> rstd, std::span<const double> dqkv,
+                                        std::span<const double> dx_res, Rounding r) {
+  check_config(cfg, false, false);
+  const int64_t M = rows_of(cfg, x0);
+  check_first_backward(cfg, w, rope, M, dqkv, dx_res);
+  expect_size(rstd, M, "rstd");
+  const NormProject p = norm_from_saved(r, M, cfg.hidden, x0, rstd, w.attn_norm);
+  return first_backward_core(r, cfg, w, rope, M, x0, p, dqkv, dx_res);
 }
 
 // ---- middle
@@ -255,20 +317,12 @@ MiddleForward middle_forward(const LlamaConfig& cfg, const MiddleWeights& w, Rop
   return f;
 }
 
-MiddleBackward middle_backward(const LlamaConfig& cfg, const MiddleWeights& w, RopeInputs rope,
-                               std::span<const double> x0, std::span<const double> y0,
-                               std::span<const double> dx2, std::span<const double> dqkv,
-                               Rounding r) {
-  check_config(cfg, true, false);
-  const int64_t M = rows_of(cfg, x0), D = cfg.hidden;
-  check_middle(cfg, w, rope, M, y0);
-  expect_size(dx2, M * D, "dx2");
-  expect_size(dqkv, M * cfg.qkv_width(), "dqkv");
-  const MlpForward f = mlp_forward(r, cfg, mlp_view(w), M, x0, y0);
-  Matrix qkv;
-  const NormProject p =
-      qkv_forward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, qkv);
-
+namespace {
+MiddleBackward middle_backward_core(Rounding r, const LlamaConfig& cfg, const MiddleWeights& w,
+                                    RopeInputs rope, int64_t M, std::span<const double> y0,
+                                    const MlpForward& f, const NormProject& p,
+                                    std::span<const double> dx2, std::span<const double> dqkv) {
+  const int64_t D = cfg.hidden;
   MiddleBackward b;
   NormProjectGrads q =
       qkv_backward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, p, dqkv, b.dz2);
@@ -283,6 +337,40 @@ MiddleBackward middle_backward(const LlamaConfig& cfg, const MiddleWeights& w, R
   b.grads.next_attn_norm = std::move(q.dgamma);
   b.grads.w_qkv_next = std::move(q.dw);
   return b;
+}
+} // namespace
+
+MiddleBackward middle_backward(const LlamaConfig& cfg, const MiddleWeights& w, RopeInputs rope,
+                               std::span<const double> x0, std::span<const double> y0,
+                               std::span<const double> dx2, std::span<const double> dqkv,
+                               Rounding r) {
+  check_config(cfg, true, false);
+  const int64_t M = rows_of(cfg, x0), D = cfg.hidden;
+  check_middle(cfg, w, rope, M, y0);
+  expect_size(dx2, M * D, "dx2");
+  expect_size(dqkv, M * cfg.qkv_width(), "dqkv");
+  const MlpForward f = mlp_forward(r, cfg, mlp_view(w), M, x0, y0);
+  Matrix qkv;
+  const NormProject p =
+      qkv_forward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, qkv);
+  return middle_backward_core(r, cfg, w, rope, M, y0, f, p, dx2, dqkv);
+}
+
+MiddleBackward middle_backward_from_saved(const LlamaConfig& cfg, const MiddleWeights& w,
+                                          RopeInputs rope, std::span<const double> y0,
+                                          const MlpSaved& saved, std::span<const double> rstd2,
+                                          std::span<const double> dx2, std::span<const double> dqkv,
+                                          Rounding r) {
+  check_config(cfg, true, false);
+  const int64_t M = rows_of(cfg, saved.x1, "saved.x1"), D = cfg.hidden;
+  check_middle(cfg, w, rope, M, y0);
+  check_mlp_saved(cfg, M, saved);
+  expect_size(rstd2, M, "rstd2");
+  expect_size(dx2, M * D, "dx2");
+  expect_size(dqkv, M * cfg.qkv_width(), "dqkv");
+  const MlpForward f = mlp_from_saved(r, cfg, w.ffn_norm, M, saved);
+  const NormProject p = norm_from_saved(r, M, D, f.x2, rstd2, w.next_attn_norm);
+  return middle_backward_core(r, cfg, w, rope, M, y0, f, p, dx2, dqkv);
 }
 
 // ---- last
@@ -328,23 +416,16 @@ LastForward last_forward(const LlamaConfig& cfg, const LastWeights& w, std::span
   return f;
 }
 
-LastBackward last_backward(const LlamaConfig& cfg, const LastWeights& w, std::span<const double> x0,
-                           std::span<const double> y0, const LossSpec& loss, double dloss,
-                           Rounding r) {
-  check_config(cfg, true, true);
-  const int64_t M = rows_of(cfg, x0), D = cfg.hidden;
-  check_last(cfg, w, M, y0, loss);
-  LastForward f;
-  f.mlp = mlp_forward(r, cfg, mlp_view(w), M, x0, y0);
-  LastBackward b;
-  head_forward(r, cfg, w, M, loss, f.mlp.x2, f, &b.dlogits);
-  scale(r, M * cfg.vocab, dloss, b.dlogits.data(), b.dlogits.data());
-
-  const NormProject p{f.rstd2, f.h2, f.logits};
-  NormProjectGrads h = norm_project_backward(r, M, D, cfg.vocab, f.mlp.x2.data(), w.final_norm,
-                                             w.w_lm, p, b.dlogits);
+namespace {
+// b.dlogits holds the scaled loss gradient.
+LastBackward last_backward_core(Rounding r, const LlamaConfig& cfg, const LastWeights& w, int64_t M,
+                                std::span<const double> y0, const MlpForward& f,
+                                const NormProject& p, LastBackward b) {
+  const int64_t D = cfg.hidden;
+  NormProjectGrads h =
+      norm_project_backward(r, M, D, cfg.vocab, f.x2.data(), w.final_norm, w.w_lm, p, b.dlogits);
   b.dx2 = std::move(h.dx);
-  MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f.mlp, b.dx2);
+  MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f, b.dx2);
   b.dgate = std::move(g.dgate);
   b.dup = std::move(g.dup);
   b.dx0 = std::move(g.dx0);
@@ -353,6 +434,41 @@ LastBackward last_backward(const LlamaConfig& cfg, const LastWeights& w, std::sp
   b.grads.final_norm = std::move(h.dgamma);
   b.grads.w_lm = std::move(h.dw);
   return b;
+}
+} // namespace
+
+LastBackward last_backward(const LlamaConfig& cfg, const LastWeights& w, std::span<const double> x0,
+                           std::span<const double> y0, const LossSpec& loss, double dloss,
+                           Rounding r) {
+  check_config(cfg, true, true);
+  const int64_t M = rows_of(cfg, x0);
+  check_last(cfg, w, M, y0, loss);
+  LastForward f;
+  f.mlp = mlp_forward(r, cfg, mlp_view(w), M, x0, y0);
+  LastBackward b;
+  head_forward(r, cfg, w, M, loss, f.mlp.x2, f, &b.dlogits);
+  scale(r, M * cfg.vocab, dloss, b.dlogits.data(), b.dlogits.data());
+  const NormProject p{f.rstd2, f.h2, f.logits};
+  return last_backward_core(r, cfg, w, M, y0, f.mlp, p, std::move(b));
+}
+
+LastBackward last_backward_from_saved(const LlamaConfig& cfg, const LastWeights& w,
+                                      std::span<const double> y0, const MlpSaved& saved,
+                                      std::span<const double> rstd2,
+                                      std::span<const double> dlogits, Rounding r) {
+  check_config(cfg, true, true);
+  const int64_t M = rows_of(cfg, saved.x1, "saved.x1"), D = cfg.hidden;
+  check_mlp(cfg, mlp_view(w), M, y0);
+  expect_size<double>(w.final_norm, D, "final_norm");
+  expect_size<double>(w.w_lm, cfg.vocab * D, "w_lm");
+  check_mlp_saved(cfg, M, saved);
+  expect_size(rstd2, M, "rstd2");
+  expect_size(dlogits, M * cfg.vocab, "dlogits");
+  const MlpForward f = mlp_from_saved(r, cfg, w.ffn_norm, M, saved);
+  const NormProject p = norm_from_saved(r, M, D, f.x2, rstd2, w.final_norm);
+  LastBackward b;
+  b.dlogits.assign(dlogits.begin(), dlogits.end());
+  return last_backward_core(r, cfg, w, M, y0, f, p, std::move(b));
 }
 
 } // namespace coda::ref

@@ -199,4 +199,36 @@ LastBackward last_backward(const LlamaConfig& cfg, const LastWeights& w, std::sp
                            std::span<const double> y0, const LossSpec& loss, double dloss = 1.0,
                            Rounding r = {});
 
+// ---- The same backward from the activations a forward saved, instead of the forward recomputed
+// from x0 (and y0) under r. A test that holds a backward to the rule feeds these the very tensors
+// that backward reads (reference/README.md): then its error and the baseline's are those of the
+// backward's own arithmetic, not two independent draws of the forward's roundings (the rounding
+// of a saved x2, say, weighted by the gradient; tests/cpu/test_block_cpu.cpp, BlockModel). What
+// the backward needs besides, h = x * rstd * gamma for each norm and y1 = silu(gate) * up, is
+// formed from them and rounded once under r, as an unfused forward stores it. With
+// Rounding::none and the forward's own tensors, each equals its recomputing twin bit for bit.
+struct MlpSaved {
+  Matrix x1;       // [M, D]
+  Matrix rstd1;    // [M]
+  Matrix gate, up; // [M, F]
+  Matrix x2;       // [M, D]
+};
+// x0 [M, D] (the first layer's input is also what its norm saved), rstd [M].
+FirstBackward first_backward_from_saved(const LlamaConfig& cfg, const FirstWeights& w,
+                                        RopeInputs rope, std::span<const double> x0,
+                                        std::span<const double> rstd, std::span<const double> dqkv,
+                                        std::span<const double> dx_res, Rounding r = {});
+// rstd2 [M], the next attention norm's.
+MiddleBackward middle_backward_from_saved(const LlamaConfig& cfg, const MiddleWeights& w,
+                                          RopeInputs rope, std::span<const double> y0,
+                                          const MlpSaved& saved, std::span<const double> rstd2,
+                                          std::span<const double> dx2, std::span<const double> dqkv,
+                                          Rounding r = {});
+// rstd2 [M], the final norm's; dlogits [M, V] the loss gradient as the backward reads it, already
+// scaled (dloss * d loss / d logits): it is used as given.
+LastBackward last_backward_from_saved(const LlamaConfig& cfg, const LastWeights& w,
+                                      std::span<const double> y0, const MlpSaved& saved,
+                                      std::span<const double> rstd2,
+                                      std::span<const double> dlogits, Rounding r = {});
+
 } // namespace coda::ref

@@ -256,6 +256,89 @@ TEST(ReferenceLlama, LossReductionsAndIgnoredRows) {
   for (int64_t n = 0; n < cfg.vocab; ++n) EXPECT_EQ(mean.dlogits[size_t(1 * cfg.vocab + n)], 0.0);
 }
 
+// The backward from saved activations is the backward: fed the activations the fp64 forward
+// saved, each *_from_saved gives its recomputing twin's gradients bit for bit (the same ops in the
+// same order); with a low-precision Rounding it rounds h and y1 once, as an unfused forward does.
+TEST(ReferenceLlama, BackwardFromSavedActivationsIsTheBackward) {
+  uint64_t seed = coda::test::test_seed() + 600;
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    Rng rng(seed++);
+    const LlamaConfig& cfg = c.cfg;
+    const int64_t M = c.M, D = cfg.hidden, Nq = cfg.qkv_width();
+    const Inputs rope = make_rope(c, rng);
+    const Matrix x0 = rng.uniform(M * D), y0 = rng.uniform(M * cfg.attn_width());
+    const Matrix dx = rng.uniform(M * D), dqkv = rng.uniform(M * Nq);
+
+    const coda::ref::FirstWeights fw{rng.norm(D), rng.weight(Nq, D)};
+    const auto first = coda::ref::first_backward(cfg, fw, rope.rope(), x0, dqkv, dx);
+    const auto first_saved = coda::ref::first_backward_from_saved(
+        cfg, fw, rope.rope(), x0, coda::ref::first_forward(cfg, fw, rope.rope(), x0).rstd, dqkv,
+        dx);
+    EXPECT_EQ(first_saved.dx0, first.dx0);
+    EXPECT_EQ(first_saved.grads.attn_norm, first.grads.attn_norm);
+    EXPECT_EQ(first_saved.grads.w_qkv, first.grads.w_qkv);
+
+    const coda::ref::MiddleWeights mw = random_middle(cfg, rng);
+    const auto mf = coda::ref::middle_forward(cfg, mw, rope.rope(), x0, y0);
+    const coda::ref::MlpSaved saved{mf.mlp.x1, mf.mlp.rstd1, mf.mlp.gate, mf.mlp.up, mf.mlp.x2};
+    const auto middle = coda::ref::middle_backward(cfg, mw, rope.rope(), x0, y0, dx, dqkv);
+    const auto middle_saved =
+        coda::ref::middle_backward_from_saved(cfg, mw, rope.rope(), y0, saved, mf.rstd2, dx, dqkv);
+    EXPECT_EQ(middle_saved.dx0, middle.dx0);
+    EXPECT_EQ(middle_saved.dy0, middle.dy0);
+    EXPECT_EQ(middle_saved.grads.w_o, middle.grads.w_o);
+    EXPECT_EQ(middle_saved.grads.ffn_norm, middle.grads.ffn_norm);
+    EXPECT_EQ(middle_saved.grads.w_gate, middle.grads.w_gate);
+    EXPECT_EQ(middle_saved.grads.w_up, middle.grads.w_up);
+    EXPECT_EQ(middle_saved.grads.w_down, middle.grads.w_down);
+    EXPECT_EQ(middle_saved.grads.next_attn_norm, middle.grads.next_attn_norm);
+    EXPECT_EQ(middle_saved.grads.w_qkv_next, middle.grads.w_qkv_next);
+
+    const coda::ref::LastWeights lw = random_last(cfg, rng);
+    std::vector<int32_t> targets = rng.integers(M, 0, int32_t(cfg.vocab - 1));
+    if (M > 1) targets[0] = -100;
+    const coda::ref::LossSpec spec{targets};
+    const auto lf = coda::ref::last_forward(cfg, lw, x0, y0, spec);
+    const auto last = coda::ref::last_backward(cfg, lw, x0, y0, spec, 0.75);
+    const auto last_saved = coda::ref::last_backward_from_saved(
+        cfg, lw, y0, {lf.mlp.x1, lf.mlp.rstd1, lf.mlp.gate, lf.mlp.up, lf.mlp.x2}, lf.rstd2,
+        last.dlogits);
+    EXPECT_EQ(last_saved.dx0, last.dx0);
+    EXPECT_EQ(last_saved.dy0, last.dy0);
+    EXPECT_EQ(last_saved.grads.w_o, last.grads.w_o);
+    EXPECT_EQ(last_saved.grads.ffn_norm, last.grads.ffn_norm);
+    EXPECT_EQ(last_saved.grads.w_gate, last.grads.w_gate);
+    EXPECT_EQ(last_saved.grads.w_up, last.grads.w_up);
+    EXPECT_EQ(last_saved.grads.w_down, last.grads.w_down);
+    EXPECT_EQ(last_saved.grads.final_norm, last.grads.final_norm);
+    EXPECT_EQ(last_saved.grads.w_lm, last.grads.w_lm);
+
+    // Low precision: the same function, within bf16 noise of the fp64 one.
+    const Rounding bf16{Rounding::Kind::bf16};
+    const auto low = coda::ref::middle_backward_from_saved(cfg, mw, rope.rope(), y0, saved,
+                                                           mf.rstd2, dx, dqkv, bf16);
+    EXPECT_GT(coda::test::max_rel_error(low.dx0, middle.dx0), 0.0);
+    EXPECT_LT(coda::test::max_rel_error(low.dx0, middle.dx0), 0.05);
+    EXPECT_LT(coda::test::max_rel_error(low.grads.w_qkv_next, middle.grads.w_qkv_next), 0.05);
+    for (double v : low.dx0) ASSERT_EQ(v, bf16(v));
+
+    // Sizes are checked before anything is computed.
+    const Matrix short_rstd(mf.rstd2.begin(), mf.rstd2.end() - 1);
+    EXPECT_THROW(coda::ref::middle_backward_from_saved(cfg, mw, rope.rope(), y0, saved, short_rstd,
+                                                       dx, dqkv),
+                 std::invalid_argument);
+    coda::ref::MlpSaved short_gate = saved;
+    short_gate.gate.pop_back();
+    EXPECT_THROW(coda::ref::middle_backward_from_saved(cfg, mw, rope.rope(), y0, short_gate,
+                                                       mf.rstd2, dx, dqkv),
+                 std::invalid_argument);
+    EXPECT_THROW(coda::ref::last_backward_from_saved(cfg, lw, y0, saved, lf.rstd2,
+                                                     Matrix(last.dlogits.size() - 1)),
+                 std::invalid_argument);
+  }
+}
+
 TEST(ReferenceLlama, BadSizesThrowBeforeComputing) {
   Rng rng(coda::test::test_seed() + 500);
   const Case& c = kCases[0];
