@@ -14,9 +14,11 @@
 # and the commit is recorded as <hash>-dirty). --build-only writes that commit to $BUILD/COMMIT,
 # so a machine that only runs the binaries (--prebuilt; e.g. the GPU machine, whose cold start
 # leaves little time for a build) still records it.
-# Where git is missing (the device machine gets the tree without .git), CODA_COMMIT=<hash> names
-# the commit of a clean tree. Needs a GoogleTest source tree at .deps/googletest (copy /usr/src/googletest there) where
-# no packaged GoogleTest exists.
+# On the device machine, CODA_COMMIT=<hash> names the commit of the clean tree sent there and the
+# working tree is built as it is (git there may be missing or stale). Use a fresh BUILD per
+# commit there (BUILD=/root/b-<hash>): a configure that fails stops the run. Needs a GoogleTest
+# source tree at .deps/googletest (copy /usr/src/googletest there, `carry` it) where no packaged
+# GoogleTest exists.
 set -uo pipefail
 
 OUT=${OUT:-/tmp/coda_gpu_check}
@@ -62,10 +64,14 @@ step() { # step NAME TIMEOUT_S LOG COMMAND...
   return $rc
 }
 
-# Source tree and commit: HEAD itself when the tree is clean, else HEAD's archive.
+# Source tree and commit: HEAD itself when the tree is clean, else HEAD's archive; the working
+# tree as CODA_COMMIT when the caller names it (the device machine's tree can come with a .git
+# of an older commit: archiving its HEAD built old code there, 2026-12-04).
 SRC=$PWD
 if ((PREBUILT)); then
   COMMIT=$(cat "$BUILD/COMMIT" 2>/dev/null || echo unknown)
+elif [[ -n ${CODA_COMMIT:-} ]]; then
+  COMMIT=$CODA_COMMIT
 elif git rev-parse --verify -q HEAD >/dev/null 2>&1; then
   COMMIT=$(git rev-parse --short=12 HEAD)
   if [[ -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
@@ -78,10 +84,6 @@ elif git rev-parse --verify -q HEAD >/dev/null 2>&1; then
       COMMIT="$COMMIT-dirty"
     fi
   fi
-elif [[ -n ${CODA_COMMIT:-} ]]; then
-  # The device machine receives the working tree without .git: the caller, who sent a clean
-  # tree, names its commit.
-  COMMIT=$CODA_COMMIT
 else
   echo "git does not work here; building the working tree" >&2
   COMMIT="unknown-dirty"
@@ -92,6 +94,12 @@ if ((!PREBUILT)); then
     -DCODA_GTEST_SOURCE="$PWD/.deps/googletest" -DCMAKE_CUDA_FLAGS="-Xptxas=-v" \
     -DCMAKE_CUDA20_STANDARD_COMPILE_OPTION=-std=c++20 -DCMAKE_CUDA20_EXTENSION_COMPILE_OPTION=-std=c++20
   # (the last two: CMake 3.25 does not know that nvcc 12+ accepts -std=c++20)
+  # A failed configure (e.g. a BUILD made from another source folder) must not go on to run the
+  # binaries an earlier build left there.
+  if [[ ${STATUS[configure]} != rc=0* ]]; then
+    echo "configure failed (${STATUS[configure]}): $(tail -3 "$OUT/configure.log")" >&2
+    exit 1
+  fi
   # The build log is where the ptxas resource lines live; keep it with the binaries.
   step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_cpu_tests coda_gpu_tests \
     bench_gemm bench_fused bench_block fused_geglu
