@@ -25,8 +25,8 @@
 
 #include "coda/core/error.hpp"
 #include "gpu/backend.hpp"
-#include "gpu/gemm_workspace.hpp"
-#include "gpu/kernels_fused.hpp"
+#include "gpu/gemm/workspace.hpp"
+#include "gpu/fused/kernels.hpp"
 #include "harness.cuh"
 
 namespace {

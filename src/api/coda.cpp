@@ -10,9 +10,9 @@
 
 #if CODA_WITH_CUDA
 #include "gpu/backend.hpp"
-#include "gpu/gemm_workspace.hpp"
-#include "gpu/kernels_aux.hpp"
-#include "gpu/kernels_fused.hpp"
+#include "gpu/gemm/workspace.hpp"
+#include "gpu/auxiliary/kernels.hpp"
+#include "gpu/fused/kernels.hpp"
 #endif
 
 namespace coda {

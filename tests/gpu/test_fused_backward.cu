@@ -21,7 +21,7 @@
 
 #include "coda/coda.hpp"
 #include "gpu/backend.hpp"
-#include "gpu/kernels_fused.hpp"
+#include "gpu/fused/kernels.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"

@@ -19,7 +19,7 @@
 
 #include "coda/coda.hpp"
 #include "gpu/backend.hpp"
-#include "gpu/kernels_fused.hpp"
+#include "gpu/fused/kernels.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
 #include "tests/common/kernel_fixtures.hpp"
@@ -30,7 +30,7 @@
 namespace coda::test {
 namespace {
 
-// Every kernel runs on every GEMM schedule (gpu/kernels_fused.hpp); the default one is one of
+// Every kernel runs on every GEMM schedule (gpu/fused/kernels.hpp); the default one is one of
 // them (a kernel without a staged variant runs its default for `staged`).
 const gpu::FusedSchedule kSchedules[] = {gpu::FusedSchedule::cooperative,
                                          gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged};

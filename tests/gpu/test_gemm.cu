@@ -26,7 +26,7 @@
 #include "coda/gemm/linear_epilogue.cuh"
 #include "coda/gemm/scheduler.hpp"
 #include "gpu/backend.hpp"
-#include "gpu/gemm_instances.hpp"
+#include "gpu/gemm/instances.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
 

@@ -22,7 +22,7 @@
 
 #include "coda/coda.hpp"
 #include "coda/gemm/heuristic.hpp"
-#include "gpu/gemm_instances.hpp"
+#include "gpu/gemm/instances.hpp"
 #include "tests/common/check.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 

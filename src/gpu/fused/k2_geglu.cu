@@ -1,9 +1,9 @@
 // K2g gemm_rms_geglu: K2 with GeGLU, act[m, j] = round(gelu(z[m, 2j]) * z[m, 2j + 1]) from
 // z = round(rstd[m] * (a · wᵀ)) as stored (coda/epilogue/ops/geglu.hpp). K2's launch
-// (kernels_k2.cuh) with the GeGLU gate: K2's schedules and defaults, which were measured with
+// (fused/k2.cuh) with the GeGLU gate: K2's schedules and defaults, which were measured with
 // SwiGLU (GeGLU's erf is a few more epilogue instructions per value than silu's exp).
 #include "coda/epilogue/ops/geglu.hpp"
-#include "gpu/kernels_k2.cuh"
+#include "gpu/fused/k2.cuh"
 
 namespace coda::gpu {
 

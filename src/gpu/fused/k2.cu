@@ -1,7 +1,7 @@
 // K2 gemm_rms_swiglu: z = round(rstd[m] * (a · wᵀ)) on the fused interleaved gate/up weight;
 // preact = z, act[m, j] = round(silu(z[m, 2j]) * z[m, 2j + 1]) from z as stored. The launch is
-// kernels_k2.cuh's, with the SwiGLU gate.
-#include "gpu/kernels_k2.cuh"
+// fused/k2.cuh's, with the SwiGLU gate.
+#include "gpu/fused/k2.cuh"
 
 namespace coda::gpu {
 

@@ -9,7 +9,7 @@
 #include "coda/core/error.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
 #include "gpu/backend.hpp"
-#include "gpu/kernels_fused.hpp"
+#include "gpu/fused/kernels.hpp"
 
 namespace coda::gpu::fused {
 

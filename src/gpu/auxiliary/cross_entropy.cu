@@ -23,8 +23,8 @@
 #include "coda/epilogue/device/ops/reduce_over_n.cuh"
 #include "coda/epilogue/math.hpp"
 #include "coda/epilogue/reduction.hpp"
-#include "gpu/aux_common.cuh"
-#include "gpu/kernels_aux.hpp"
+#include "gpu/auxiliary/common.cuh"
+#include "gpu/auxiliary/kernels.hpp"
 
 namespace coda::gpu {
 namespace aux {

@@ -7,7 +7,7 @@
 #include "coda/core/error.hpp"
 #include "coda/gemm/heuristic.hpp"
 #include "gpu/backend.hpp"
-#include "gpu/gemm_instances.hpp"
+#include "gpu/gemm/instances.hpp"
 
 namespace coda::gpu {
 namespace {

@@ -15,8 +15,8 @@
 
 #include "coda/epilogue/ops/scale_per_row.hpp"
 #include "coda/epilogue/reduction.hpp"
-#include "gpu/aux_common.cuh"
-#include "gpu/kernels_aux.hpp"
+#include "gpu/auxiliary/common.cuh"
+#include "gpu/auxiliary/kernels.hpp"
 
 namespace coda::gpu {
 namespace aux {

@@ -1,7 +1,7 @@
 // K0 gemm_residual_rms: x = a · wᵀ + residual (fp32); out = round(x), sumsq_partials = row
 // partials of x² from the unrounded x, out_scaled = round(x * gamma[n]). The op chain of the CPU
 // backend (src/cpu/forward_kernels.cpp), on the device.
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

@@ -16,7 +16,7 @@
 // epilogue buffers beside the staged tile, so 4 stages. The cooperative 128 x 256 variant
 // spills a register (ptxas, 4 bytes) with its stream-K state beside the 128 accumulators, so
 // it is not built: forcing cooperative runs the default.
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

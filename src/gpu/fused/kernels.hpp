@@ -24,7 +24,7 @@ namespace coda::gpu {
 // others force one, so that benchmarks and tests can compare them. Process-wide, not thread-safe.
 // The backward kernels: K6 is cooperative and ignores it (a tile's 128 rows are one dgamma
 // reduction block); K7 runs ping-pong or staged (staged by default from K = 4096; forcing
-// cooperative runs its default; kernels_k7.cu says why).
+// cooperative runs its default; fused/k7.cu says why).
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 

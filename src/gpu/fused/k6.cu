@@ -13,7 +13,7 @@
 // block, reduced across both warpgroups (ReduceOverM); set_fused_schedule does not apply.
 // Shared memory (bf16 and f16 alike): with accumulate, x and dx rings of 2 slots, 3 pipeline
 // stages; without, an x ring of 4 slots, 3 stages (static_asserts below).
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

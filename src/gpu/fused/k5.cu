@@ -6,7 +6,7 @@
 // One op list on every schedule: the Stage rounds the logits (on the staged schedule the
 // consumers hand them over there), the logits are stored, and the log-sum-exp and the target
 // logit are taken from them.
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

@@ -1,7 +1,7 @@
 // K4 gemm_rms_rope: out = round(RoPE(round(rstd[m] * (a · wᵀ)))) on the fused [Q; K; V] projection;
 // RoPE turns the Q and K heads (GQA: any n_q_heads, n_kv_heads), V passes through. Both tile
 // widths (256 and 128 columns) hold whole heads for head_dim 64 and 128, the instantiated ones.
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

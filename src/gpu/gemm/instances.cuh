@@ -11,7 +11,7 @@
 #include "coda/epilogue/device/epilogue.cuh"
 #include "coda/gemm/launch.cuh"
 #include "coda/gemm/linear_epilogue.cuh"
-#include "gpu/gemm_instances.hpp"
+#include "gpu/gemm/instances.hpp"
 
 namespace coda::gpu::detail {
 

@@ -1,6 +1,6 @@
 // K1 gemm_rms_scale: out = round(rstd[m] * (a · wᵀ)), rstd finished from the row partials.
 // The schedule switch (set_fused_schedule) lives here too.
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

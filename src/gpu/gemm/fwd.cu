@@ -1,5 +1,5 @@
-// The fwd-layout GEMM kernels (see gemm_instances.hpp).
-#include "gpu/gemm_instances.cuh"
+// The fwd-layout GEMM kernels (see gemm/instances.hpp).
+#include "gpu/gemm/instances.cuh"
 
 namespace coda::gpu {
 

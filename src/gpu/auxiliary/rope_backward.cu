@@ -16,8 +16,8 @@
 // dz may alias dqkv: a lane reads each pair before writing it, and lanes share no element.
 #include "coda/epilogue/ops/rope.hpp"
 #include "coda/epilogue/reduction.hpp"
-#include "gpu/aux_common.cuh"
-#include "gpu/kernels_aux.hpp"
+#include "gpu/auxiliary/common.cuh"
+#include "gpu/auxiliary/kernels.hpp"
 
 namespace coda::gpu {
 namespace aux {

@@ -1,10 +1,10 @@
 // K2's launch with the gated activation as a parameter, for K2 itself (gemm_rms_swiglu,
-// kernels_k2.cu) and its variants with another gate (kernels_k2_*.cu):
+// fused/k2.cu) and its variants with another gate (fused/k2_*.cu):
 //   z = round(rstd[m] * (a · wᵀ)) on the fused interleaved gate/up weight;
 //   preact = z, act[m, j] = round(Gate(z[m, 2j], z[m, 2j + 1])) from z as stored.
 #pragma once
 
-#include "gpu/kernels_fused.cuh"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu::fused {
 

@@ -9,8 +9,8 @@
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/scale_per_col.hpp"
 #include "coda/epilogue/reduction.hpp"
-#include "gpu/kernels_aux.hpp"
-#include "gpu/kernels_fused.cuh"
+#include "gpu/auxiliary/kernels.hpp"
+#include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {

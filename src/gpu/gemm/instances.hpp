@@ -10,7 +10,7 @@
 #include "coda/gemm/problem.hpp"
 #include "coda/gemm/scheduler.hpp"
 #include "coda/kernels/args.hpp"
-#include "gpu/gemm_workspace.hpp"
+#include "gpu/gemm/workspace.hpp"
 
 namespace coda::gpu {
 
