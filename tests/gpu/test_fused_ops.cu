@@ -29,6 +29,32 @@ namespace coda::test {
 namespace {
 
 namespace ep = coda::epilogue::device;
+
+// The op contract (ep::EpilogueOp, driver.cuh) at compile time: what it accepts and what it
+// rejects (FusedEpilogue asserts it for every op of every list the library builds).
+struct NotAnOp { // not derived from OpBase
+  struct Params {};
+  struct SharedStorage {};
+};
+struct ParamsNotCopyable : ep::OpBase { // Params could not live in the kernel's parameter block
+  struct Params {
+    std::string name;
+  };
+};
+struct VisitWithoutTheFragment : ep::OpBase { // hides OpBase's visit with another signature
+  struct Params {};
+  template <class C> __device__ void visit(const C&, int) {}
+};
+struct MinimalOp : ep::OpBase {
+  struct Params {
+    float scale = 1.f;
+  };
+};
+static_assert(!ep::EpilogueOp<NotAnOp> && !ep::EpilogueOp<ParamsNotCopyable> &&
+              !ep::EpilogueOp<VisitWithoutTheFragment>);
+static_assert(ep::EpilogueOp<MinimalOp> &&
+              ep::EpilogueOp<ep::AuxReduce<ep::RmsNormBackward<ep::FusedShape, bf16>,
+                                           ep::ReduceOverM<ep::FusedShape, epilogue::Sum>>>);
 using ep::FusedShape;
 
 // A device buffer holding a copy of a host tensor's elements.

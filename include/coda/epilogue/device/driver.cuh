@@ -35,6 +35,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstdint>
 #include <tuple>
 #include <type_traits>
@@ -141,6 +142,37 @@ struct OpBase {
   template <class C> __device__ void issue(const C&, const Subtile&) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
+
+// The op contract (docs/epilogue.md, "The lifecycle"), which FusedEpilogue checks for every op of
+// its list: an op derives from OpBase (whose hooks and traits are the defaults), its Params live
+// in the kernel's __grid_constant__ parameter block (trivially copyable) and its SharedStorage in
+// the kernel's shared memory (nothing to destroy), it states the driver's traits, and every hook
+// takes the op's own context: OpContext<Params, SharedStorage>.
+template <class Op>
+concept EpilogueOp =
+    std::derived_from<Op, OpBase> && std::is_trivially_copyable_v<typename Op::Params> &&
+    std::is_trivially_destructible_v<typename Op::SharedStorage> &&
+    requires {
+      { Op::kRollSubtiles } -> std::convertible_to<bool>;
+      { Op::kRollPairs } -> std::convertible_to<bool>;
+      { Op::kIsStage } -> std::convertible_to<bool>;
+      { Op::kBeforeStage } -> std::convertible_to<bool>;
+      { Op::kPrepass } -> std::convertible_to<bool>;
+      { Op::kGroupCols } -> std::convertible_to<int>;
+    } &&
+    requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
+             typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
+             sm90::EpilogueTile tile, uint32_t slot) {
+      Op::init(smem);
+      op.begin_kernel(c);
+      op.begin_tile(c, tile, slot);
+      op.begin_visit(c, tile);
+      op.prefetch(c, st);
+      op.prefetch_tile(c, tile);
+      op.visit(c, st, v);
+      op.issue(c, st);
+      op.end_tile(c, tile);
+    };
 
 // Whether an op lets each warp of the staged epilogue run on its own (no warpgroup barrier per
 // subtile): by default, when it keeps no shared memory (so its only shared accesses are the
@@ -252,6 +284,9 @@ private:
 };
 
 template <class Shape, class... Ops> class FusedEpilogue {
+  static_assert((EpilogueOp<Ops> && ...),
+                "every op of an epilogue list satisfies EpilogueOp (driver.cuh): derived from "
+                "OpBase, trivially copyable Params, hooks taking OpContext<Params, SharedStorage>");
   using Seq = std::make_integer_sequence<int, int(sizeof...(Ops))>;
   static constexpr int kOps = int(sizeof...(Ops));
   static constexpr int kStage = stage_index<Ops...>();
