@@ -6,6 +6,17 @@
 #include "coda/coda.hpp"
 
 namespace coda::api {
+namespace {
+
+// The partials a reduce finishes: [rows, P] f32, both at least 1, where `rows` names the first
+// dim ("M" or "N"). Returns the row count.
+int64_t partials_input(Validator& v, const char* rows, const TensorView& partials) {
+  v.input("partials", partials, Elem::f32, {any(rows), at_least_one("P")});
+  v.at_least_one(rows, partials.shape[0], "partials");
+  return partials.shape[0];
+}
+
+} // namespace
 
 Device validate(const RmsStatsArgs& args) {
   Validator v("rms_stats");
@@ -22,9 +33,7 @@ Device validate(const RmsStatsArgs& args) {
 
 Device validate(const RstdArgs& args) {
   Validator v("rstd_from_partials");
-  v.input("partials", args.partials, Elem::f32, {any("M"), at_least_one("P")});
-  const int64_t m = args.partials.shape[0];
-  v.at_least_one("M", m, "partials");
+  const int64_t m = partials_input(v, "M", args.partials);
   if (args.n < 1)
     v.fail(Status::invalid_argument,
            "n (the RMSNorm width) must be >= 1; got " + std::to_string(args.n));
@@ -35,9 +44,7 @@ Device validate(const RstdArgs& args) {
 
 Device validate(const RowReduceArgs& args) {
   Validator v("reduce_row_partials");
-  v.input("partials", args.partials, Elem::f32, {any("M"), at_least_one("P")});
-  const int64_t m = args.partials.shape[0];
-  v.at_least_one("M", m, "partials");
+  const int64_t m = partials_input(v, "M", args.partials);
   scalar_input(v, "scale", "scale.tensor", args.scale);
   v.output("out", args.out, Elem::f32, {exactly("M", m)});
   return v.finish();
@@ -45,9 +52,7 @@ Device validate(const RowReduceArgs& args) {
 
 Device validate(const ColReduceArgs& args) {
   Validator v("reduce_col_partials");
-  v.input("partials", args.partials, Elem::f32, {any("N"), at_least_one("P")});
-  const int64_t n = args.partials.shape[0];
-  v.at_least_one("N", n, "partials");
+  const int64_t n = partials_input(v, "N", args.partials);
   v.output("out", args.out, Elem::half_or_f32, {exactly("N", n)});
   return v.finish();
 }
