@@ -20,10 +20,8 @@ int64_t partials_input(Validator& v, const char* rows, const TensorView& partial
 
 Device validate(const RmsStatsArgs& args) {
   Validator v("rms_stats");
-  v.input("x", args.x, Elem::half, {any("M"), any("N")});
-  const int64_t m = args.x.shape[0], n = args.x.shape[1];
-  v.at_least_one("M", m, "x");
-  v.gemm_dim("N", n, "x"); // out_scaled is the next GEMM's A [M, K = N]
+  // N a GEMM dimension: out_scaled is the next GEMM's A [M, K = N].
+  const auto [m, n] = gemm_rows_input(v, "x", args.x, "N");
   v.input("gamma", args.gamma, Elem::half, {exactly("N", n)});
   v.output("out_scaled", args.out_scaled, Elem::half, {exactly("M", m), exactly("N", n)});
   v.output("sumsq_partials", args.sumsq_partials, Elem::f32,
@@ -110,10 +108,7 @@ void check_workspace(const Validator& v, const TensorView& workspace, Device dev
 
 Device validate(const CrossEntropyArgs& args) {
   Validator v("cross_entropy");
-  v.input("logits", args.logits, Elem::half, {any("M"), any("V")});
-  const int64_t m = args.logits.shape[0], vocab = args.logits.shape[1];
-  v.at_least_one("M", m, "logits");
-  v.gemm_dim("V", vocab, "logits");
+  const auto [m, vocab] = gemm_rows_input(v, "logits", args.logits, "V");
   const Dim M = exactly("M", m), one = exactly("1", 1);
   v.input("lse_partials", args.lse_partials, Elem::f32, {M, at_least_one("P")});
   v.input("target_logit", args.target_logit, Elem::f32, {M});
