@@ -150,19 +150,22 @@ MlpGrads mlp_backward(Rounding r, const LlamaConfig& c, const MlpWeightsView& w,
   return g;
 }
 
-MlpWeightsView mlp_view(const MiddleWeights& w) {
-  return {w.w_o, w.ffn_norm, w.w_gate, w.w_up, w.w_down};
-}
-MlpWeightsView mlp_view(const LastWeights& w) {
+// The MLP weights of a MiddleWeights or LastWeights.
+template <class Weights> MlpWeightsView mlp_view(const Weights& w) {
   return {w.w_o, w.ffn_norm, w.w_gate, w.w_up, w.w_down};
 }
 
-template <class Weights> void take_mlp_grads(MlpGrads& g, Weights& grads) {
-  grads.w_o = std::move(g.w_o);
-  grads.ffn_norm = std::move(g.ffn_norm);
-  grads.w_gate = std::move(g.w_gate);
-  grads.w_up = std::move(g.w_up);
-  grads.w_down = std::move(g.w_down);
+// Moves the MLP backward's results into a MiddleBackward or LastBackward.
+template <class Backward> void take_mlp_grads(MlpGrads& g, Backward& b) {
+  b.dgate = std::move(g.dgate);
+  b.dup = std::move(g.dup);
+  b.dx0 = std::move(g.dx0);
+  b.dy0 = std::move(g.dy0);
+  b.grads.w_o = std::move(g.w_o);
+  b.grads.ffn_norm = std::move(g.ffn_norm);
+  b.grads.w_gate = std::move(g.w_gate);
+  b.grads.w_up = std::move(g.w_up);
+  b.grads.w_down = std::move(g.w_down);
 }
 
 // ---- The projection to QKV of the next layer: norm, project, RoPE.
@@ -176,13 +179,19 @@ NormProject qkv_forward(Rounding r, const LlamaConfig& c, RopeInputs rope, int64
   return p;
 }
 
+// The backward of qkv_forward, given the gradient dx_res [M, D] that reaches x by the residual
+// stream: dx is the total gradient of x, dx_res + the gradient through the norm path.
 NormProjectGrads qkv_backward(Rounding r, const LlamaConfig& c, RopeInputs rope, int64_t M,
                               const double* x, const Matrix& norm, const Matrix& w_qkv,
-                              const NormProject& fwd, std::span<const double> dqkv, Matrix& dz) {
+                              const NormProject& fwd, std::span<const double> dqkv,
+                              std::span<const double> dx_res, Matrix& dz) {
   dz.resize(dqkv.size());
   rope_backward(r, M, c.rope_shape(), rope.positions.data(), rope.inv_freq.data(), dqkv.data(),
                 dz.data());
-  return norm_project_backward(r, M, c.hidden, c.qkv_width(), x, norm, w_qkv, fwd, dz);
+  NormProjectGrads g =
+      norm_project_backward(r, M, c.hidden, c.qkv_width(), x, norm, w_qkv, fwd, dz);
+  add(r, M * c.hidden, dx_res.data(), g.dx.data(), g.dx.data());
+  return g;
 }
 
 void check_qkv(const LlamaConfig& c, const Matrix& norm, const Matrix& w_qkv, const char* norm_name,
@@ -259,9 +268,8 @@ FirstBackward first_backward_core(Rounding r, const LlamaConfig& cfg, const Firs
                                   std::span<const double> dx_res) {
   FirstBackward b;
   NormProjectGrads g =
-      qkv_backward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, p, dqkv, b.dz);
-  b.dx0.resize(size_t(M * cfg.hidden));
-  add(r, M * cfg.hidden, dx_res.data(), g.dx.data(), b.dx0.data());
+      qkv_backward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, p, dqkv, dx_res, b.dz);
+  b.dx0 = std::move(g.dx);
   b.grads.attn_norm = std::move(g.dgamma);
   b.grads.w_qkv = std::move(g.dw);
   return b;
@@ -322,18 +330,12 @@ MiddleBackward middle_backward_core(Rounding r, const LlamaConfig& cfg, const Mi
                                     RopeInputs rope, int64_t M, std::span<const double> y0,
                                     const MlpForward& f, const NormProject& p,
                                     std::span<const double> dx2, std::span<const double> dqkv) {
-  const int64_t D = cfg.hidden;
   MiddleBackward b;
-  NormProjectGrads q =
-      qkv_backward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, p, dqkv, b.dz2);
-  b.dx2.resize(size_t(M * D));
-  add(r, M * D, dx2.data(), q.dx.data(), b.dx2.data());
+  NormProjectGrads q = qkv_backward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, p,
+                                    dqkv, dx2, b.dz2);
+  b.dx2 = std::move(q.dx);
   MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f, b.dx2);
-  b.dgate = std::move(g.dgate);
-  b.dup = std::move(g.dup);
-  b.dx0 = std::move(g.dx0);
-  b.dy0 = std::move(g.dy0);
-  take_mlp_grads(g, b.grads);
+  take_mlp_grads(g, b);
   b.grads.next_attn_norm = std::move(q.dgamma);
   b.grads.w_qkv_next = std::move(q.dw);
   return b;
@@ -426,11 +428,7 @@ LastBackward last_backward_core(Rounding r, const LlamaConfig& cfg, const LastWe
       norm_project_backward(r, M, D, cfg.vocab, f.x2.data(), w.final_norm, w.w_lm, p, b.dlogits);
   b.dx2 = std::move(h.dx);
   MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f, b.dx2);
-  b.dgate = std::move(g.dgate);
-  b.dup = std::move(g.dup);
-  b.dx0 = std::move(g.dx0);
-  b.dy0 = std::move(g.dy0);
-  take_mlp_grads(g, b.grads);
+  take_mlp_grads(g, b);
   b.grads.final_norm = std::move(h.dgamma);
   b.grads.w_lm = std::move(h.dw);
   return b;

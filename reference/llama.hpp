@@ -101,12 +101,9 @@ struct MiddleWeights {
   Matrix w_qkv_next;     // [Nq, D]
 };
 struct LastWeights {
-  Matrix w_o;          // [D, Hq hd]
-  Matrix ffn_norm;     // [D]
-  Matrix w_gate, w_up; // [F, D]
-  Matrix w_down;       // [D, F]
-  Matrix final_norm;   // [D]
-  Matrix w_lm;         // [V, D]
+  Matrix w_o, ffn_norm, w_gate, w_up, w_down; // as in MiddleWeights
+  Matrix final_norm;                          // [D]
+  Matrix w_lm;                                // [V, D]
 };
 
 // ---- Forward results: the outputs and every intermediate named in the formulas above.

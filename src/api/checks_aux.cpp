@@ -6,13 +6,22 @@
 #include "coda/coda.hpp"
 
 namespace coda::api {
+namespace {
+
+// The partials a reduce finishes: [rows, P] f32, both at least 1, where `rows` names the first
+// dim ("M" or "N"). Returns the row count.
+int64_t partials_input(Validator& v, const char* rows, const TensorView& partials) {
+  v.input("partials", partials, Elem::f32, {any(rows), at_least_one("P")});
+  v.at_least_one(rows, partials.shape[0], "partials");
+  return partials.shape[0];
+}
+
+} // namespace
 
 Device validate(const RmsStatsArgs& args) {
   Validator v("rms_stats");
-  v.input("x", args.x, Elem::half, {any("M"), any("N")});
-  const int64_t m = args.x.shape[0], n = args.x.shape[1];
-  v.at_least_one("M", m, "x");
-  v.gemm_dim("N", n, "x"); // out_scaled is the next GEMM's A [M, K = N]
+  // N a GEMM dimension: out_scaled is the next GEMM's A [M, K = N].
+  const auto [m, n] = gemm_rows_input(v, "x", args.x, "N");
   v.input("gamma", args.gamma, Elem::half, {exactly("N", n)});
   v.output("out_scaled", args.out_scaled, Elem::half, {exactly("M", m), exactly("N", n)});
   v.output("sumsq_partials", args.sumsq_partials, Elem::f32,
@@ -22,9 +31,7 @@ Device validate(const RmsStatsArgs& args) {
 
 Device validate(const RstdArgs& args) {
   Validator v("rstd_from_partials");
-  v.input("partials", args.partials, Elem::f32, {any("M"), at_least_one("P")});
-  const int64_t m = args.partials.shape[0];
-  v.at_least_one("M", m, "partials");
+  const int64_t m = partials_input(v, "M", args.partials);
   if (args.n < 1)
     v.fail(Status::invalid_argument,
            "n (the RMSNorm width) must be >= 1; got " + std::to_string(args.n));
@@ -35,9 +42,7 @@ Device validate(const RstdArgs& args) {
 
 Device validate(const RowReduceArgs& args) {
   Validator v("reduce_row_partials");
-  v.input("partials", args.partials, Elem::f32, {any("M"), at_least_one("P")});
-  const int64_t m = args.partials.shape[0];
-  v.at_least_one("M", m, "partials");
+  const int64_t m = partials_input(v, "M", args.partials);
   scalar_input(v, "scale", "scale.tensor", args.scale);
   v.output("out", args.out, Elem::f32, {exactly("M", m)});
   return v.finish();
@@ -45,9 +50,7 @@ Device validate(const RowReduceArgs& args) {
 
 Device validate(const ColReduceArgs& args) {
   Validator v("reduce_col_partials");
-  v.input("partials", args.partials, Elem::f32, {any("N"), at_least_one("P")});
-  const int64_t n = args.partials.shape[0];
-  v.at_least_one("N", n, "partials");
+  const int64_t n = partials_input(v, "N", args.partials);
   v.output("out", args.out, Elem::half_or_f32, {exactly("N", n)});
   return v.finish();
 }
@@ -105,10 +108,7 @@ void check_workspace(const Validator& v, const TensorView& workspace, Device dev
 
 Device validate(const CrossEntropyArgs& args) {
   Validator v("cross_entropy");
-  v.input("logits", args.logits, Elem::half, {any("M"), any("V")});
-  const int64_t m = args.logits.shape[0], vocab = args.logits.shape[1];
-  v.at_least_one("M", m, "logits");
-  v.gemm_dim("V", vocab, "logits");
+  const auto [m, vocab] = gemm_rows_input(v, "logits", args.logits, "V");
   const Dim M = exactly("M", m), one = exactly("1", 1);
   v.input("lse_partials", args.lse_partials, Elem::f32, {M, at_least_one("P")});
   v.input("target_logit", args.target_logit, Elem::f32, {M});

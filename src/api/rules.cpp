@@ -4,21 +4,23 @@
 
 namespace coda::api {
 
+GemmRows gemm_rows_input(Validator& v, const char* name, const TensorView& t, const char* width) {
+  v.input(name, t, Elem::half, {any("M"), any(width)});
+  const GemmRows r{t.shape[0], t.shape[1]};
+  v.at_least_one("M", r.m, name);
+  v.gemm_dim(width, r.width, name);
+  return r;
+}
+
 Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim) {
-  v.input("a", a, Elem::half, {any("M"), any("K")});
-  const int64_t m = a.shape[0], k = a.shape[1];
-  v.at_least_one("M", m, "a");
-  v.gemm_dim("K", k, "a");
+  const auto [m, k] = gemm_rows_input(v, "a", a, "K");
   v.input("w", w, Elem::half, {n_dim, exactly("K", k)});
   return {m, w.shape[0], k};
 }
 
 Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,
                       const TensorView& w, const char* n_name) {
-  v.input(grad_name, grad, Elem::half, {any("M"), any("K")});
-  const int64_t m = grad.shape[0], k = grad.shape[1];
-  v.at_least_one("M", m, grad_name);
-  v.gemm_dim("K", k, grad_name);
+  const auto [m, k] = gemm_rows_input(v, grad_name, grad, "K");
   v.input("w", w, Elem::half, {exactly("K", k), any(n_name)});
   const int64_t n = w.shape[1];
   v.gemm_dim(n_name, n, "w");

@@ -25,6 +25,13 @@ struct Mnk {
   int64_t m, n, k;
 };
 
+// A 16-bit [M, W] input `name`: M >= 1 rows of W, named `width`, a GEMM dimension (16-byte rows,
+// so that it, or a tensor of its width, is a GEMM operand). Names must be string literals.
+struct GemmRows {
+  int64_t m, width;
+};
+GemmRows gemm_rows_input(Validator& v, const char* name, const TensorView& t, const char* width);
+
 // The operands of a forward GEMM, a [M, K] and w [N, K] (n_dim names N). Checks M >= 1 and K;
 // N is left to the caller, whose rules for it differ.
 Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim);

@@ -19,36 +19,28 @@ std::string device_string(const TensorView& t) {
   return "cuda:" + std::to_string(t.device_index);
 }
 
-const char* accepted_dtypes(Elem elem) {
-  switch (elem) {
-  case Elem::half:
-    return "bf16 or f16";
-  case Elem::f32:
-    return "f32";
-  case Elem::i32:
-    return "i32";
-  case Elem::half_or_f32:
-    return "bf16, f16 or f32";
-  case Elem::any:
-    return "any dtype";
-  }
-  return "?";
-}
+constexpr uint32_t bit(DType t) { return 1u << int32_t(t); }
 
-bool accepts(Elem elem, DType t) {
+// What an Elem accepts, as a set of dtype bits, and how a message names that set.
+struct Accepted {
+  uint32_t dtypes;
+  const char* names;
+};
+Accepted accepted(Elem elem) {
+  const uint32_t half = bit(DType::bf16) | bit(DType::f16);
   switch (elem) {
   case Elem::half:
-    return is_half(t);
+    return {half, "bf16 or f16"};
   case Elem::f32:
-    return t == DType::f32;
+    return {bit(DType::f32), "f32"};
   case Elem::i32:
-    return t == DType::i32;
+    return {bit(DType::i32), "i32"};
   case Elem::half_or_f32:
-    return is_half(t) || t == DType::f32;
+    return {half | bit(DType::f32), "bf16, f16 or f32"};
   case Elem::any:
-    return true;
+    return {~0u, "any dtype"};
   }
-  return false;
+  return {0, "?"};
 }
 
 // Rank-2 GEMM/TMA operands need 16-byte row pitches; vectors and f32 partials do not.
@@ -210,9 +202,9 @@ void Validator::check_dtype(const char* name, const TensorView& t, Elem elem) co
   if (!valid_dtype(t.dtype))
     fail(Status::type_error, n + " has an unknown dtype " + std::to_string(int(t.dtype)) +
                                  " (bf16 = 0, f16 = 1, f32 = 2, i32 = 3)");
-  if (!accepts(elem, t.dtype))
-    fail(Status::type_error,
-         n + " must be " + accepted_dtypes(elem) + "; got " + dtype_name(t.dtype));
+  const Accepted ok = accepted(elem);
+  if (!(ok.dtypes & bit(t.dtype)))
+    fail(Status::type_error, n + " must be " + ok.names + "; got " + dtype_name(t.dtype));
   if (!is_half(t.dtype) || elem == Elem::any) return;
   for (const Entry& e : entries_) {
     if (e.elem == Elem::any || !is_half(e.view.dtype) || e.view.dtype == t.dtype) continue;

@@ -113,10 +113,7 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
                    const LastSaved& saved, const LastGrads& grads, bool accumulate,
                    const TensorView& workspace, Stream stream) {
   const LastWeights& dw = grads.dweights;
-  const MlpBackward mlp{inputs.y0,      weights.w_out, weights.ffn_norm, weights.w_gate_up,
-                        weights.w_down, saved.x1,      saved.z1,         saved.r1,
-                        grads.dx,       grads.dy0,     dw.w_out,         dw.ffn_norm,
-                        dw.w_gate_up,   dw.w_down};
+  const MlpBackward mlp = mlp_backward_of(weights, inputs, saved, grads);
 
   api::Validator v("coda::llama::last_backward");
   const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, saved);

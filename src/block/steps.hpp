@@ -82,4 +82,15 @@ struct MlpBackward {
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                   const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream);
 
+// The MLP backward's tensors in a middle or last layer's call, whose Weights, Inputs, Saved and
+// Grads name them alike.
+template <class Weights, class Inputs, class Saved, class Grads>
+MlpBackward mlp_backward_of(const Weights& w, const Inputs& in, const Saved& saved,
+                            const Grads& grads) {
+  const Weights& dw = grads.dweights;
+  return MlpBackward{in.y0,    w.w_out,     w.ffn_norm,   w.w_gate_up, w.w_down,
+                     saved.x1, saved.z1,    saved.r1,     grads.dx,    grads.dy0,
+                     dw.w_out, dw.ffn_norm, dw.w_gate_up, dw.w_down};
+}
+
 } // namespace coda::llama::detail

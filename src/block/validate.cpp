@@ -8,15 +8,8 @@ namespace coda::llama::detail {
 namespace {
 
 const char* layer_name(Layer layer) {
-  switch (layer) {
-  case Layer::first:
-    return "first";
-  case Layer::middle:
-    return "middle";
-  case Layer::last:
-    return "last";
-  }
-  return "unknown";
+  return name_of(layer,
+                 {{Layer::first, "first"}, {Layer::middle, "middle"}, {Layer::last, "last"}});
 }
 
 void positive(const api::Validator& v, const char* field, int64_t value, const char* why) {

@@ -12,8 +12,6 @@
 
 namespace coda::cpu {
 
-namespace ep = coda::epilogue;
-
 void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
   require_tile(tile, "gemm_rms_backward");
   const int64_t m = args.dz.shape[0], k = args.dz.shape[1], n = args.w.shape[1];

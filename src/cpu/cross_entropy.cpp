@@ -10,7 +10,6 @@
 
 namespace coda::cpu {
 
-namespace ep = coda::epilogue;
 using ep::load_float;
 using ep::store_float;
 

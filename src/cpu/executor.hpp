@@ -17,6 +17,9 @@
 
 namespace coda::cpu {
 
+// The epilogue ops (coda/epilogue/ops) that every kernel of the backend composes.
+namespace ep = coda::epilogue;
+
 // acc = op(A) · op(B) in the layouts of GemmLayout, fp32 products summed in fp32 in k order over
 // the bf16 / f16 inputs.
 class GemmMainloop {

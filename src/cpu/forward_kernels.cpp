@@ -21,8 +21,6 @@ namespace coda::cpu {
 
 namespace {
 
-namespace ep = coda::epilogue;
-
 struct ForwardProblem {
   int64_t m, n, k;
 };

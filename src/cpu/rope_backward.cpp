@@ -11,8 +11,6 @@
 
 namespace coda::cpu {
 
-namespace ep = coda::epilogue;
-
 void rope_backward(const RopeBackwardArgs& args) {
   const int64_t m = args.dqkv.shape[0], n = args.dqkv.shape[1];
   const RopeSpec& rope = args.rope;

@@ -9,21 +9,9 @@
 
 namespace coda::cpu {
 
-namespace ep = coda::epilogue;
 using ep::load_float;
 using ep::store_float;
-
-namespace {
-
-// sum_b partials[i, b] in b order, fp32.
-float sum_partials(const TensorView& partials, int64_t i) {
-  float sum = ep::Sum<float>::identity();
-  for (int64_t b = 0; b < partials.shape[1]; ++b)
-    ep::Sum<float>::add(sum, load_float(partials, i, b));
-  return sum;
-}
-
-} // namespace
+using ep::sum_partials;
 
 // h = round(x * gamma) and row partials of x^2, on x itself (no GEMM before it). The partials
 // buffer [M, P] may have any width P >= 1: blocks are kReduceBlock wide, or wider when P is

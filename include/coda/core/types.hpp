@@ -4,6 +4,7 @@
 // nvcc (device code): CODA_HD marks functions that run on both sides.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -20,18 +21,23 @@ enum class DType : int32_t { bf16 = 0, f16 = 1, f32 = 2, i32 = 3 };
 
 constexpr int64_t dtype_size(DType t) { return t == DType::bf16 || t == DType::f16 ? 2 : 4; }
 
-constexpr const char* dtype_name(DType t) {
-  switch (t) {
-  case DType::bf16:
-    return "bf16";
-  case DType::f16:
-    return "f16";
-  case DType::f32:
-    return "f32";
-  case DType::i32:
-    return "i32";
-  }
+// One row of a table that names an enum's values (dtype_name, sm90::kernel_name, ...).
+template <class E> struct EnumName {
+  E value;
+  const char* name;
+};
+
+// The name of `value` in `names`, or "unknown" for a value the table lacks (an out-of-range
+// value cast from the C ABI, say).
+template <class E, size_t N> constexpr const char* name_of(E value, const EnumName<E> (&names)[N]) {
+  for (const EnumName<E>& row : names)
+    if (row.value == value) return row.name;
   return "unknown";
+}
+
+constexpr const char* dtype_name(DType t) {
+  return name_of(
+      t, {{DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::f32, "f32"}, {DType::i32, "i32"}});
 }
 
 template <class T> CODA_HD constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }

@@ -54,4 +54,12 @@ inline void store_float(const TensorView& t, int64_t i, float x) { store_float(t
 
 inline bool is_given(const TensorView& t) { return t.data != nullptr; }
 
+// Row i of [rows, P] partial sums finished: sum_b partials[i, b] in b order, in fp32, as the
+// consumer kernels finish them.
+inline float sum_partials(const TensorView& partials, int64_t i) {
+  float sum = 0.f;
+  for (int64_t b = 0; b < partials.shape[1]; ++b) sum += load_float(partials, i, b);
+  return sum;
+}
+
 } // namespace coda::epilogue

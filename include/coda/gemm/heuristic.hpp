@@ -37,25 +37,14 @@ enum class KernelId : int32_t {
   staged_wide = 8, // 128 x 256 staged, the epilogue in the producer warpgroup, 3 stages
 };
 constexpr const char* kernel_name(KernelId id) {
-  switch (id) {
-  case KernelId::wide:
-    return "wide";
-  case KernelId::pingpong:
-    return "pingpong";
-  case KernelId::wide_3stages:
-    return "wide_3stages";
-  case KernelId::wide192:
-    return "wide192";
-  case KernelId::staged:
-    return "staged";
-  case KernelId::staged192:
-    return "staged192";
-  case KernelId::pingpong_wide:
-    return "pingpong_wide";
-  case KernelId::staged_wide:
-    return "staged_wide";
-  }
-  return "unknown";
+  return name_of(id, {{KernelId::wide, "wide"},
+                      {KernelId::pingpong, "pingpong"},
+                      {KernelId::wide_3stages, "wide_3stages"},
+                      {KernelId::wide192, "wide192"},
+                      {KernelId::staged, "staged"},
+                      {KernelId::staged192, "staged192"},
+                      {KernelId::pingpong_wide, "pingpong_wide"},
+                      {KernelId::staged_wide, "staged_wide"}});
 }
 
 // Stages fill what the epilogue leaves of 227 KB; fp32 outputs double the epilogue buffers.

@@ -54,10 +54,8 @@ struct ScalePerRow {
 private:
   float row_factor(int64_t m) const {
     if (is_given(args_.factors)) return load_float(args_.factors, m);
-    float sum = 0.f;
-    for (int64_t b = 0; b < args_.sumsq_partials.shape[1]; ++b)
-      sum += load_float(args_.sumsq_partials, m, b);
-    return rstd_from_sum_of_squares(sum, float(args_.width), args_.eps);
+    return rstd_from_sum_of_squares(sum_partials(args_.sumsq_partials, m), float(args_.width),
+                                    args_.eps);
   }
 
   Args args_;
