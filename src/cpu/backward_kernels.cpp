@@ -21,7 +21,7 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
   ep::ScaleByScalar alpha({args.alpha.value, args.alpha.tensor});
   ep::RmsNormBackward norm({args.x, args.rstd, args.zeta, args.gamma, args.h_hat});
   ep::ReduceOverM<ep::Sum> dgamma({args.dgamma_partials, ep::Plane::aux});
-  ep::StoreTile dx({args.dx});
+  ep::TileStore dx({args.dx});
   if (args.accumulate) {
     ep::Accumulate existing({args.dx});
     run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, existing, dx);
@@ -38,7 +38,7 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
   const GemmMainloop mainloop(GemmLayout::dgrad, args.dx, args.w, m, f, k);
   ep::RoundTo staged({args.act.dtype}); // the GPU's Stage<T>: dy as an unfused dgrad stores it
   ep::SwigluBackward swiglu({args.preact, args.dpreact});
-  ep::StoreTile act({args.act});
+  ep::TileStore act({args.act});
   ep::ReduceOverN<ep::Sum> zeta({args.zeta_partials, ep::Plane::aux});
   run_epilogue(mainloop, m, f, tile, staged, swiglu, act, zeta);
 }

@@ -50,7 +50,7 @@ void run_rms_gated(const char* kernel, const GatedArgs& args, Tile tile) {
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
   ep::RoundTo staged({args.preact.dtype});
-  ep::StoreTile preact({args.preact});
+  ep::TileStore preact({args.preact});
   ep::GatedPairStore<Gate> act({args.act});
   run_epilogue(mainloop, m, n, tile, rstd, staged, preact, act);
 }
@@ -64,10 +64,10 @@ void gemm_residual_rms(const ResidualRmsArgs& args, Tile tile) {
                    "sumsq_partials");
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   ep::ResidualAdd residual({args.residual, 1.f});
-  ep::StoreTile out({args.out});
+  ep::TileStore out({args.out});
   ep::ReduceOverN<ep::SumOfSquares> sumsq({args.sumsq_partials});
   ep::ScalePerCol gamma({args.gamma});
-  ep::StoreTile out_scaled({args.out_scaled});
+  ep::TileStore out_scaled({args.out_scaled});
   run_epilogue(mainloop, m, n, tile, residual, out, sumsq, gamma, out_scaled);
 }
 
@@ -77,7 +77,7 @@ void gemm_rms_scale(const RmsScaleArgs& args, Tile tile) {
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
   ep::RoundTo staged({args.out.dtype}); // the GPU's Stage<T> (stored as is: the same rounding)
-  ep::StoreTile out({args.out});
+  ep::TileStore out({args.out});
   run_epilogue(mainloop, m, n, tile, rstd, staged, out);
 }
 
@@ -107,7 +107,7 @@ void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
   rope_args.head_dim = head_dim;
   rope_args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * head_dim; // Q and K
   ep::Rope rotate(rope_args);
-  ep::StoreTile out({args.out});
+  ep::TileStore out({args.out});
   ep::RoundTo staged({args.out.dtype}); // the GPU's Stage<T>: RoPE on z as stored
   run_epilogue(mainloop, m, n, tile, rstd, staged, rotate, out);
 }
@@ -118,7 +118,7 @@ void gemm_rms_lse(const RmsLseArgs& args, Tile tile) {
   require_partials(args.lse_partials, m, ceil_div(n, tile.n), "gemm_rms_lse", "lse_partials");
   const GemmMainloop mainloop(GemmLayout::fwd, args.a, args.w, m, n, k);
   auto rstd = rstd_scale(args.sumsq_partials, k, args.eps, args.rstd_out);
-  ep::StoreTile logits({args.logits});
+  ep::TileStore logits({args.logits});
   ep::RoundTo as_stored({args.logits.dtype}); // the lse of the logits cross_entropy will read
   ep::ReduceOverN<ep::LogSumExp> lse({args.lse_partials});
   ep::SelectPerRow target_logit({args.targets, n, args.target_logit});

@@ -33,7 +33,7 @@ void rope_backward(const RopeBackwardArgs& args) {
   rope_args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * rope.head_dim;
   rope_args.inverse = true;
   ep::Rope rotate(rope_args);
-  ep::StoreTile dz({args.dz});
+  ep::TileStore dz({args.dz});
   run_epilogue(mainloop, m, n, tile, products, zeta, rotate, dz);
 }
 

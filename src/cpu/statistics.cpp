@@ -24,7 +24,7 @@ void rms_stats(const RmsStatsArgs& args) {
   const TensorMainloop mainloop(args.x);
   ep::ReduceOverN<ep::SumOfSquares> sumsq({args.sumsq_partials});
   ep::ScalePerCol gamma({args.gamma});
-  ep::StoreTile out_scaled({args.out_scaled});
+  ep::TileStore out_scaled({args.out_scaled});
   run_epilogue(mainloop, m, n, tile, sumsq, gamma, out_scaled);
   for (int64_t i = 0; i < m; ++i)
     for (int64_t b = ceil_div(n, tile.n); b < p; ++b) store_float(args.sumsq_partials, i, b, 0.f);

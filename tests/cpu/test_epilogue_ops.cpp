@@ -408,7 +408,7 @@ TEST(EpilogueOps, ResidualAddAccumulateStoreAndMultiplyTile) {
   ResidualAdd add({residual.view2d(), 0.5f});
   Accumulate acc({existing.view2d()});
   MultiplyTile product({other.view2d()});
-  StoreTile store({existing.view2d()});
+  TileStore store({existing.view2d()});
   TestTile t(tile, 48);
   const std::vector<float> before = t.values;
   run_tile(t.frag, add, acc, product, store);

@@ -7,7 +7,7 @@
 //   dx (+)= ...                                       ResidualAdd(dx, 1) when accumulating
 //   dx                                                TileStore
 // The dx tile is read once (its subtile loaded before the subtile's store is issued) and rounded
-// once, as the CPU backend's Accumulate + StoreTile.
+// once, as the CPU backend's Accumulate + TileStore.
 //
 // Always the cooperative 128 x 256 schedule: a tile's 128 rows are exactly one dgamma reduction
 // block, reduced across both warpgroups (ReduceOverM); set_fused_schedule does not apply.

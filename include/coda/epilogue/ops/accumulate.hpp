@@ -14,7 +14,7 @@ template <class T> CODA_HD T accumulate(T existing, T x) { return existing + x; 
 
 struct Accumulate : NoTileState {
   struct Args {
-    TensorView out; // [M, N], read here and written by a StoreTile after this op
+    TensorView out; // [M, N], read here and written by a TileStore after this op
   };
 
   explicit Accumulate(const Args& args) : args_(args) {}

@@ -1,4 +1,4 @@
-// StoreTile: writes the fragment's current values to an output, rounded once to its dtype (the
+// TileStore: writes the fragment's current values to an output, rounded once to its dtype (the
 // main output, or a side output taken at this point of the op chain).
 #pragma once
 
@@ -7,12 +7,12 @@
 
 namespace coda::epilogue {
 
-struct StoreTile : NoTileState {
+struct TileStore : NoTileState {
   struct Args {
     TensorView out; // [M, N], bf16, f16 or f32
   };
 
-  explicit StoreTile(const Args& args) : args_(args) {}
+  explicit TileStore(const Args& args) : args_(args) {}
 
   void visit(const HostFragment& frag) const {
     const TileCoord& tile = frag.tile;

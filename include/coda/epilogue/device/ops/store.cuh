@@ -1,4 +1,4 @@
-// Device side of StoreTile (coda/epilogue/ops/store.hpp): the fragment's current values, rounded
+// Device side of TileStore (coda/epilogue/ops/store.hpp): the fragment's current values, rounded
 // once to T, written to an [M, N] tensor: the main output or a side output taken at this point
 // of the op chain. Registers -> swizzled shared memory (stmatrix for 16-bit) -> TMA store, which
 // clips rows and columns past the edges. kReduceAdd stores by TMA reduce-add instead
