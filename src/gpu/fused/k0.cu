@@ -20,7 +20,7 @@ template <class Shape, class T> void run_residual_rms(const ResidualRmsArgs& arg
   dev::get<0>(p) = dev::ResidualAdd<Shape, T>::params(args.residual, 1.f);
   dev::get<1>(p) = dev::TileStore<Shape, T>::params("out", args.out);
   dev::get<2>(p) = row_partials_params<Shape, epilogue::SumOfSquares>(args.sumsq_partials, n);
-  dev::get<3>(p) = {args.gamma.ptr<const T>(), int32_t(n)};
+  dev::get<3>(p) = dev::ScalePerCol<Shape, T>::params(args.gamma, n);
   dev::get<4>(p) = dev::TileStore<Shape, T>::params("out_scaled", args.out_scaled);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }

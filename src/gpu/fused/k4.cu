@@ -26,9 +26,8 @@ void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
   typename Epi::Params p{};
   dev::get<0>(p) = rstd_params<RopeScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
                                                             args.eps, args.rstd_out);
-  dev::get<2>(p) = {rope.positions.ptr<const int32_t>(), rope.inv_freq.ptr<const float>(),
-                    int32_t(args.a.shape[0]),
-                    int32_t((rope.n_q_heads + rope.n_kv_heads) * rope.head_dim)};
+  dev::get<2>(p) = dev::Rope<Shape, kHeadDim>::params(
+      rope.positions, rope.inv_freq, args.a.shape[0], (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim);
   dev::get<3>(p) = MainStore<Shape, T>::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }

@@ -30,8 +30,7 @@ void run_rms_lse(const RmsLseArgs& args, Stream stream) {
   dev::get<2>(p) = MainStore<Shape, T>::params("logits", args.logits);
   dev::get<3>(p) =
       row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(args.lse_partials, vocab);
-  dev::get<4>(p) = {args.targets.ptr<const int32_t>(), args.target_logit.ptr<float>(), int32_t(m),
-                    int32_t(vocab)};
+  dev::get<4>(p) = dev::SelectPerRow<Shape>::params(args.targets, args.target_logit, m, vocab);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

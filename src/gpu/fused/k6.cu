@@ -52,7 +52,7 @@ dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorV
 
 template <class T, int kXSlots, class Params>
 void set_common(Params& p, const RmsBackwardArgs& args) {
-  dev::get<0>(p) = {args.alpha.value, args.alpha.tensor.ptr<const float>()};
+  dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
   auto& norm = dev::get<1>(p);
   norm.op = dev::RmsNormBackward<Shape, T, kXSlots>::params(args.x, args.gamma, args.rstd,
                                                             args.zeta, args.h_hat);

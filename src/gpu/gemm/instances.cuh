@@ -42,7 +42,7 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
     if constexpr (kStaged) {
       if (args.has_c() && args.beta != 0.f)
         throw Error(Status::internal, "the staged GEMM kernel takes no C (plan it elsewhere)");
-      dev::get<0>(p) = {args.alpha.value, alpha_tensor};
+      dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
       dev::get<2>(p) = StagedStore::params("D", args.d); // its own box shape (in place: 16 rows)
     } else {
       const int64_t M = args.m(), N = args.n();

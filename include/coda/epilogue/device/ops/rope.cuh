@@ -15,6 +15,7 @@
 
 #include <cuda_pipeline_primitives.h>
 
+#include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/ops/rope.hpp"
 
@@ -88,6 +89,14 @@ template <class Shape, int kHeadDim> struct Rope : OpBase {
           }
         }
       }
+  }
+
+  // positions [M] (int32), inv_freq [head_dim / 2] (f32); the Q and K heads are the first
+  // rotated_cols columns of the output.
+  static Params params(const TensorView& positions, const TensorView& inv_freq, int64_t rows,
+                       int64_t rotated_cols) {
+    return Params{positions.ptr<const int32_t>(), inv_freq.ptr<const float>(), int32_t(rows),
+                  int32_t(rotated_cols)};
   }
 };
 

@@ -2,6 +2,7 @@
 // as a value or as value * (*tensor) read from device memory (e.g. alpha * dloss).
 #pragma once
 
+#include "coda/core/scalar.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/ops/scalar.hpp"
 
@@ -26,6 +27,10 @@ struct ScaleByScalar : OpBase {
   __device__ void visit(const Ctx&, const Subtile&, float (&v)[16]) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) v[i] = scale_by_scalar(v[i], factor);
+  }
+
+  static Params params(const Scalar& s) {
+    return Params{s.value, s.has_tensor() ? s.tensor.ptr<const float>() : nullptr};
   }
 };
 

@@ -7,6 +7,7 @@
 
 #include <cuda_pipeline_primitives.h>
 
+#include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/scale_per_col.hpp"
@@ -47,6 +48,11 @@ template <class Shape, class T> struct ScalePerCol : OpBase {
       v[i + 1] = scale_per_col(v[i + 1], f.y);
     }
   }
+  // The factors (N of them, as the GEMM's N) as the call stores them.
+  static Params params(const TensorView& factors, int64_t cols) {
+    return Params{factors.ptr<const T>(), int32_t(cols)};
+  }
+
 };
 
 } // namespace coda::epilogue::device

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/ops/select_per_row.hpp"
 
@@ -54,6 +55,12 @@ template <class Shape> struct SelectPerRow : OpBase {
     for (int i = 0; i < 16; ++i)
       if (st.col0 + SubtileMap::col(c.wg.thread, i) == column[st.block][SubtileMap::row_slot(i)])
         c.params.out[st.row0 + SubtileMap::row(c.wg.thread, i)] = v[i];
+  }
+
+  // index [M] (int32 column per row), out [M] (f32); the GEMM's M and N.
+  static Params params(const TensorView& index, const TensorView& out, int64_t rows,
+                       int64_t cols) {
+    return Params{index.ptr<const int32_t>(), out.ptr<float>(), int32_t(rows), int32_t(cols)};
   }
 };
 
