@@ -100,13 +100,51 @@ struct Grad {
   Values initial; // empty unless accumulating
 };
 
-// A gradient against its textbook values. When accumulating, the unfused baseline is PyTorch's
-// `grad += g` in the gradient's dtype: the sum rounds once more.
+// Half an ulp of `dtype` at |x| (bf16 8 significant bits, f16 11, f32 24).
+inline double half_ulp(DType dtype, double x) {
+  const int bits = dtype == DType::bf16 ? 8 : dtype == DType::f16 ? 11 : 24;
+  int e = 0;
+  std::frexp(x == 0 ? 1e-300 : x, &e); // |x| = m 2^e, m in [0.5, 1)
+  return std::ldexp(1.0, e - bits - 1);
+}
+
+// A weight or gamma gradient (a sum over tokens, stored in a 16-bit dtype) against the rule,
+// each element allowed half an ulp of its dtype more: the final rounding of the output. Both
+// sides round their fp32 sum once, but the baseline's largest error need not sit where the
+// rounding went against it, and at the largest elements the half ulp is as large as the sums'
+// own error. Seed 6614263307427 of Cpu/Block.MiddleLayer/bf16_gqa (at 3cb2336 and since):
+// `d attn_norm`[80], exact -16.1155, coda's fp32 sum -16.0551 (error 0.060, within twice the
+// baseline's 0.057), rounded across the midpoint to -16 (error 0.1155, 1.016 of the bound).
+inline std::string check_rounded_sum(const std::string& name, const HostTensor& out,
+                                     const Values& exact, const Values& unfused) {
+  if (!out.guard_intact()) return name + ": the call wrote past the end of the output";
+  const Values got = out.values();
+  double base = 0;
+  for (size_t i = 0; i < exact.size(); ++i) base = std::max(base, std::abs(unfused[i] - exact[i]));
+  for (size_t i = 0; i < exact.size(); ++i) {
+    const double err = std::abs(got[i] - exact[i]);
+    const double bound =
+        2 * base + 1e-6 + half_ulp(out.dtype(), std::max(std::abs(exact[i]), std::abs(got[i])));
+    if (!(err <= bound)) // NaN fails too
+      return name + ": |out-ref| = " + std::to_string(err) + " at index " + std::to_string(i) +
+             " (out " + std::to_string(got[i]) + ", ref " + std::to_string(exact[i]) +
+             ") exceeds 2*max|baseline-ref| + 1e-06 + half an ulp = " + std::to_string(bound) +
+             " (seed " + std::to_string(coda::test::test_seed()) + ")";
+  }
+  return "";
+}
+
+// A gradient against its textbook values (check_rounded_sum). When accumulating, the unfused
+// baseline is PyTorch's `grad += g` in the gradient's dtype: the sum rounds once more.
 inline void check_grad(const std::string& name, const Grad& g, const Values& exact,
                        const Values& unfused) {
-  if (g.initial.empty()) return check(name, g.tensor, exact, unfused);
-  check(name, g.tensor, plus(g.initial, exact),
-        ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused)));
+  if (g.initial.empty()) {
+    CODA_EXPECT_PASSES(check_rounded_sum(name, g.tensor, exact, unfused));
+    return;
+  }
+  CODA_EXPECT_PASSES(
+      check_rounded_sum(name, g.tensor, plus(g.initial, exact),
+                        ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused))));
 }
 
 // The outputs the middle and last layers share: the MLP's saved tensors (forward) and the
