@@ -454,15 +454,7 @@ public:
         for (int strip = 0; strip < kStripsPerBlock; ++strip) {
           if ((block * kStripsPerBlock + strip) % kEpilogueWarps != me) continue;
           wg_.thread = strip * arch::kWarpSize + lane;
-          if constexpr (kRollSubtiles) {
-#pragma unroll 1
-            for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
-              visit_staged_subtile(tile, block, slab);
-          } else {
-#pragma unroll
-            for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
-              visit_staged_subtile(tile, block, slab);
-          }
+          visit_staged_slabs(tile, block);
         }
         wg_.thread = thread;
       } else if constexpr (kHasPrepass) {
@@ -470,14 +462,8 @@ public:
 #pragma unroll
         for (int group = 0; group < Shape::kCols / kGroupCols; ++group)
           visit_staged_group(tile, block, group);
-      } else if constexpr (kRollSubtiles) {
-#pragma unroll 1
-        for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
-          visit_staged_subtile(tile, block, slab);
       } else {
-#pragma unroll
-        for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
-          visit_staged_subtile(tile, block, slab);
+        visit_staged_slabs(tile, block);
       }
     }
     // Every read of the staged tile is done (each thread's, before the last subtile's barrier;
@@ -568,6 +554,17 @@ private:
     float v[16];
     load_staged(v, block, slab);
     run_subtile(v, tile, block, slab, smem_.staged_tiles.subtile[block][slab]);
+  }
+
+  // A block's subtiles left to right (rolled where an op asks: kRollSubtiles).
+  __device__ __forceinline__ void visit_staged_slabs(sm90::EpilogueTile tile, int block) {
+    if constexpr (kRollSubtiles) {
+#pragma unroll 1
+      for (int slab = 0; slab < Shape::kSubtilesN; ++slab) visit_staged_subtile(tile, block, slab);
+    } else {
+#pragma unroll
+      for (int slab = 0; slab < Shape::kSubtilesN; ++slab) visit_staged_subtile(tile, block, slab);
+    }
   }
 
   // kGroupCols columns of a block: the prepass sees them as the register tile of a narrower
