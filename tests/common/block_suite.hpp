@@ -100,14 +100,6 @@ struct Grad {
   Values initial; // empty unless accumulating
 };
 
-// Half an ulp of `dtype` at |x| (bf16 8 significant bits, f16 11, f32 24).
-inline double half_ulp(DType dtype, double x) {
-  const int bits = dtype == DType::bf16 ? 8 : dtype == DType::f16 ? 11 : 24;
-  int e = 0;
-  std::frexp(x == 0 ? 1e-300 : x, &e); // |x| = m 2^e, m in [0.5, 1)
-  return std::ldexp(1.0, e - bits - 1);
-}
-
 // A weight or gamma gradient (a sum over tokens, stored in a 16-bit dtype) against the rule,
 // each element allowed half an ulp of its dtype more: the final rounding of the output. Both
 // sides round their fp32 sum once, but the baseline's largest error need not sit where the
@@ -122,7 +114,8 @@ inline std::string check_rounded_sum(const std::string& name, const HostTensor& 
   // log line for tools/seed_sweep.sh): |out - ref| <= 2 max|baseline - ref| + atol + half ulp.
   Values got = out.values();
   for (size_t i = 0; i < got.size() && i < exact.size(); ++i) {
-    const double h = half_ulp(out.dtype(), std::max(std::abs(exact[i]), std::abs(got[i])));
+    const double h =
+        coda::test::ulp_of(out.dtype(), std::max(std::abs(exact[i]), std::abs(got[i]))) / 2;
     const double d = got[i] - exact[i];
     got[i] = std::abs(d) <= h ? exact[i] : got[i] - std::copysign(h, d); // NaN stays NaN
   }

@@ -166,6 +166,11 @@ bool HostTensor::guard_intact() const {
 
 ref::Rounding lowp(DType dtype) { return ref::Rounding::for_dtype(dtype); }
 
+double ulp_of(DType dtype, double x) {
+  const int bits = dtype == DType::bf16 ? 8 : dtype == DType::f16 ? 11 : 24;
+  return std::ldexp(1.0, std::ilogb(std::fmax(std::fabs(x), 1e-30)) - (bits - 1));
+}
+
 Seeds::Seeds() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
@@ -327,7 +332,6 @@ CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs&
 // at most sum |d term / d dy| ulp(dy) / 2 (plus the fp32 evaluation). Over a few terms (F = 8)
 // the unfused path's own roundings can cancel, so twice its error is no bound there; this is.
 ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype) {
-  const int mantissa_bits = dtype == DType::bf16 ? 8 : 11;
   const int64_t B = ref::kStagedPartialBlock, blocks = ref::partial_blocks(in.F, B);
   ZetaDyRounding r;
   r.blocks = blocks;
@@ -342,8 +346,7 @@ ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype
       const double u = in.preact[size_t(m * 2 * in.F + 2 * j + 1)];
       const double sig = 1 / (1 + std::exp(-g)), sw = g * sig;
       const double sensitivity = std::fabs(g * u * sig * (1 + g * (1 - sig)) + u * sw);
-      const double ulp =
-          std::ldexp(1.0, std::ilogb(std::fmax(std::fabs(dy), 1e-30)) - (mantissa_bits - 1));
+      const double ulp = ulp_of(dtype, dy);
       const size_t i = size_t(m * blocks + j / B);
       r.half_ulp_moves[i] += sensitivity * ulp / 2;
       r.magnitude[i] += sensitivity * std::fabs(dy);

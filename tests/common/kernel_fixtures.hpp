@@ -75,6 +75,10 @@ private:
 // The unfused path's rounding for a 16-bit (or f32) dtype.
 ref::Rounding lowp(DType dtype);
 
+// One unit in the last place of `dtype` (bf16 8 significant bits, f16 11, f32 24) at |x|, the
+// spacing of the binade |x| lies in (|x| below 1e-30 counts as 1e-30).
+double ulp_of(DType dtype, double x);
+
 // Seeds for one test: test_seed() mixed with the running test's full name, then a counter, so
 // each tensor of each test gets its own fresh stream.
 class Seeds {

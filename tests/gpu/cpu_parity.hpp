@@ -21,11 +21,10 @@ namespace coda::test {
 // the accuracy.)
 inline bool within_one_ulp(const HostTensor& gpu, const HostTensor& cpu) {
   if (gpu.dtype() == DType::f32) return false;
-  const int mantissa_bits = gpu.dtype() == DType::bf16 ? 8 : 11;
   const std::vector<double> x = gpu.values(), y = cpu.values();
   double largest = 0;
   for (double v : y) largest = std::fmax(largest, std::fabs(v));
-  const double ulp = std::ldexp(1.0, std::ilogb(std::fmax(largest, 1e-30)) - (mantissa_bits - 1));
+  const double ulp = ulp_of(gpu.dtype(), largest);
   for (size_t i = 0; i < x.size(); ++i)
     if (!(std::fabs(x[i] - y[i]) <= ulp)) return false;
   return true;
