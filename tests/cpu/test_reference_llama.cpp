@@ -256,6 +256,18 @@ TEST(ReferenceLlama, LossReductionsAndIgnoredRows) {
   for (int64_t n = 0; n < cfg.vocab; ++n) EXPECT_EQ(mean.dlogits[size_t(1 * cfg.vocab + n)], 0.0);
 }
 
+// The gradients the middle and last layers' backwards share (the MLP's and the residual stream's),
+// bit for bit.
+template <class Backward> void expect_same_mlp_backward(const Backward& got, const Backward& want) {
+  EXPECT_EQ(got.dx0, want.dx0);
+  EXPECT_EQ(got.dy0, want.dy0);
+  EXPECT_EQ(got.grads.w_o, want.grads.w_o);
+  EXPECT_EQ(got.grads.ffn_norm, want.grads.ffn_norm);
+  EXPECT_EQ(got.grads.w_gate, want.grads.w_gate);
+  EXPECT_EQ(got.grads.w_up, want.grads.w_up);
+  EXPECT_EQ(got.grads.w_down, want.grads.w_down);
+}
+
 // The backward from saved activations is the backward: fed the activations the fp64 forward
 // saved, each *_from_saved gives its recomputing twin's gradients bit for bit (the same ops in the
 // same order); with a low-precision Rounding it rounds h and y1 once, as an unfused forward does.
@@ -285,13 +297,7 @@ TEST(ReferenceLlama, BackwardFromSavedActivationsIsTheBackward) {
     const auto middle = coda::ref::middle_backward(cfg, mw, rope.rope(), x0, y0, dx, dqkv);
     const auto middle_saved =
         coda::ref::middle_backward_from_saved(cfg, mw, rope.rope(), y0, saved, mf.rstd2, dx, dqkv);
-    EXPECT_EQ(middle_saved.dx0, middle.dx0);
-    EXPECT_EQ(middle_saved.dy0, middle.dy0);
-    EXPECT_EQ(middle_saved.grads.w_o, middle.grads.w_o);
-    EXPECT_EQ(middle_saved.grads.ffn_norm, middle.grads.ffn_norm);
-    EXPECT_EQ(middle_saved.grads.w_gate, middle.grads.w_gate);
-    EXPECT_EQ(middle_saved.grads.w_up, middle.grads.w_up);
-    EXPECT_EQ(middle_saved.grads.w_down, middle.grads.w_down);
+    expect_same_mlp_backward(middle_saved, middle);
     EXPECT_EQ(middle_saved.grads.next_attn_norm, middle.grads.next_attn_norm);
     EXPECT_EQ(middle_saved.grads.w_qkv_next, middle.grads.w_qkv_next);
 
@@ -304,13 +310,7 @@ TEST(ReferenceLlama, BackwardFromSavedActivationsIsTheBackward) {
     const auto last_saved = coda::ref::last_backward_from_saved(
         cfg, lw, y0, {lf.mlp.x1, lf.mlp.rstd1, lf.mlp.gate, lf.mlp.up, lf.mlp.x2}, lf.rstd2,
         last.dlogits);
-    EXPECT_EQ(last_saved.dx0, last.dx0);
-    EXPECT_EQ(last_saved.dy0, last.dy0);
-    EXPECT_EQ(last_saved.grads.w_o, last.grads.w_o);
-    EXPECT_EQ(last_saved.grads.ffn_norm, last.grads.ffn_norm);
-    EXPECT_EQ(last_saved.grads.w_gate, last.grads.w_gate);
-    EXPECT_EQ(last_saved.grads.w_up, last.grads.w_up);
-    EXPECT_EQ(last_saved.grads.w_down, last.grads.w_down);
+    expect_same_mlp_backward(last_saved, last);
     EXPECT_EQ(last_saved.grads.final_norm, last.grads.final_norm);
     EXPECT_EQ(last_saved.grads.w_lm, last.grads.w_lm);
 
