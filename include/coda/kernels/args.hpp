@@ -214,7 +214,9 @@ struct CrossEntropyArgs {
 //                                                    src/api/coda.cpp: validate, then run
 //   Device api::validate(const Args&)                its argument rules (src/api/checks.hpp)
 //   cpu::name, gpu::name                             the backends' functions of the same name
-//                                                    (src/cpu/backend.hpp, src/gpu/kernels_*.hpp)
+//                                                    (src/cpu/backend.hpp,
+//                                                    src/gpu/fused/kernels.hpp,
+//                                                    src/gpu/auxiliary/kernels.hpp)
 // and src/api/c_abi.cpp checks that coda/coda.h declares its C entry point coda_name on the C twin
 // of Args (tools/gen_abi.py generates the C ABI's own list, and the Python one, from coda.h).
 #define CODA_FUSED_KERNELS(X)                                                                      \

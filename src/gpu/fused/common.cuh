@@ -1,4 +1,4 @@
-// What the fused-kernel translation units (kernels_*.cu) share: the op chains' common pieces and
+// What the fused-kernel translation units (fused/*.cu) share: the op chains' common pieces and
 // their host-side parameters.
 #pragma once
 

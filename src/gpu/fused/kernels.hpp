@@ -28,7 +28,7 @@ namespace coda::gpu {
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 
-// One function per row of CODA_FUSED_KERNELS (coda/kernels/args.hpp), in kernels_<K>.cu. K4 runs
+// One function per row of CODA_FUSED_KERNELS (coda/kernels/args.hpp), in fused/<k>.cu. K4 runs
 // head_dim 64 or 128 (a tile holds whole heads); K6 and K7 are input-gradient (dgrad) GEMMs.
 #define CODA_DECLARE_FUSED(fn, Args) void fn(const Args& args, Stream stream);
 CODA_FUSED_KERNELS(CODA_DECLARE_FUSED)

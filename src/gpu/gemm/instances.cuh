@@ -1,4 +1,4 @@
-// Defines gemm_launcher<kLayout>: included once per layout by gemm_<layout>.cu.
+// Defines gemm_launcher<kLayout>: included once per layout by gemm/<layout>.cu.
 //
 // The plain GEMM D = alpha * acc (+ beta * C) on each compiled configuration: the register
 // schedules store through LinearEpilogue; the staged schedule (16-bit D, no C) runs the same
@@ -37,8 +37,6 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
 
   static typename Epi::Params epilogue_params(const GemmArgs& args, const sm90::GemmPlan& plan) {
     typename Epi::Params p{};
-    const float* alpha_tensor =
-        args.alpha.has_tensor() ? args.alpha.tensor.template ptr<const float>() : nullptr;
     if constexpr (kStaged) {
       if (args.has_c() && args.beta != 0.f)
         throw Error(Status::internal, "the staged GEMM kernel takes no C (plan it elsewhere)");
@@ -58,7 +56,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
       p.load_c = args.has_c() && args.beta != 0.f;
       p.c = p.load_c ? out_map("C", args.c) : p.d;
       p.alpha = args.alpha.value;
-      p.alpha_tensor = alpha_tensor;
+      p.alpha_tensor =
+          args.alpha.has_tensor() ? args.alpha.tensor.template ptr<const float>() : nullptr;
       p.beta = args.beta;
       p.defer_stores = plan.defer_stores;
     }

@@ -1,5 +1,5 @@
 // The table of compiled GEMM kernels: one launcher per (layout, input dtype, output dtype,
-// kernel). Each layout's instantiations live in their own translation unit (gemm_<layout>.cu)
+// kernel). Each layout's instantiations live in their own translation unit (gemm/<layout>.cu)
 // so they compile in parallel.
 #pragma once
 

@@ -52,7 +52,6 @@ template <class Shape, class T> struct ScalePerCol : OpBase {
   static Params params(const TensorView& factors, int64_t cols) {
     return Params{factors.ptr<const T>(), int32_t(cols)};
   }
-
 };
 
 } // namespace coda::epilogue::device
