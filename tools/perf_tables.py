@@ -99,8 +99,8 @@ def gemm_plot(results):
 
 
 def fused_table(results):
-    # The schedule columns: the forward kernels forced onto each schedule (the backward kernels
-    # have one schedule each and no such keys: "-").
+    # The schedule columns: each kernel forced onto each schedule it was timed on (a key missing,
+    # e.g. K6 on ping-pong: "-"). K6's staged column is the staged_wide 128 x 256 tile.
     sched = [("coda_cooperative_ms", "cooperative"), ("coda_pingpong_ms", "ping-pong"),
              ("coda_staged_ms", "staged")]
     sched = [(k, n) for k, n in sched if any(k in c for c in results["cases"])]

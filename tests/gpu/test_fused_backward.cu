@@ -134,16 +134,26 @@ void check_rms_backward(DType dtype, const Shape& s, const RmsBackwardOptions& o
   const ref::RmsBackwardInputs in = inputs.inputs(s, o.accumulate);
   const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
 
-  RmsBackwardCase gpu = inputs; // fresh poisoned outputs (dx: the same input when accumulating)
-  DeviceRmsBackward d(gpu);
-  gemm_rms_backward(d.args(o));
-  synchronize_ok();
-  EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back())
-      << "a write past the end of an output";
-  expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx);
-  expect_matches("h_hat", gpu.h_hat, cpu.h_hat, exact.h_hat, unfused.h_hat);
-  expect_matches("dgamma_partials", gpu.partials, cpu.partials, exact.dgamma_partials,
-                 unfused.dgamma_partials);
+  // K6's two schedules: cooperative 128 x 256 (the default) and, forced staged, staged_wide
+  // (g rounded to T at the hand-over, as an unfused dgrad GEMM stores it: held to the same
+  // bounds against the unfused path, which rounds there).
+  for (const gpu::FusedSchedule schedule :
+       {gpu::FusedSchedule::cooperative, gpu::FusedSchedule::staged}) {
+    SCOPED_TRACE(schedule == gpu::FusedSchedule::staged ? "staged_wide 128x256"
+                                                        : "cooperative 128x256");
+    gpu::set_fused_schedule(schedule);
+    RmsBackwardCase gpu = inputs; // fresh poisoned outputs (dx: the same input when accumulating)
+    DeviceRmsBackward d(gpu);
+    gemm_rms_backward(d.args(o));
+    gpu::set_fused_schedule(gpu::FusedSchedule::automatic);
+    synchronize_ok();
+    EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back())
+        << "a write past the end of an output";
+    expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx);
+    expect_matches("h_hat", gpu.h_hat, cpu.h_hat, exact.h_hat, unfused.h_hat);
+    expect_matches("dgamma_partials", gpu.partials, cpu.partials, exact.dgamma_partials,
+                   unfused.dgamma_partials);
+  }
 }
 
 // Ragged M (1, 129, 1000) against the 128-row tiles and reduction blocks, N (8, 136, 264, 520,
@@ -292,7 +302,9 @@ TEST(FusedBackwardDeterminism, TwoRunsAreBitwiseEqual) {
   for (const DType dtype : kHalfTypes) {
     SCOPED_TRACE(dtype_label(dtype));
     Seeds seeds;
-    {
+    for (const gpu::FusedSchedule schedule : // K6 cooperative and staged_wide
+         {gpu::FusedSchedule::cooperative, gpu::FusedSchedule::staged}) {
+      gpu::set_fused_schedule(schedule);
       const RmsBackwardOptions o{true, true};
       RmsBackwardCase c(dtype, s, o.accumulate, seeds);
       HostTensor dx_in = c.dx;
@@ -314,6 +326,7 @@ TEST(FusedBackwardDeterminism, TwoRunsAreBitwiseEqual) {
       expect_bitwise_equal("K6 dx", first.dx, c.dx);
       expect_bitwise_equal("K6 h_hat", first.h_hat, c.h_hat);
       expect_bitwise_equal("K6 dgamma_partials", first.partials, c.partials);
+      gpu::set_fused_schedule(gpu::FusedSchedule::automatic);
     }
     {
       SwigluBackwardCase c(dtype, s, seeds);

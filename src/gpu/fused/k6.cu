@@ -9,10 +9,15 @@
 // The dx tile is read once (its subtile loaded before the subtile's store is issued) and rounded
 // once, as the CPU backend's Accumulate + TileStore.
 //
-// Always the cooperative 128 x 256 schedule: a tile's 128 rows are exactly one dgamma reduction
-// block, reduced across both warpgroups (ReduceOverM); set_fused_schedule does not apply.
-// Shared memory (bf16 and f16 alike): with accumulate, x and dx rings of 2 slots, 3 pipeline
-// stages; without, an x ring of 4 slots, 3 stages (static_asserts below).
+// By default the cooperative 128 x 256 schedule: a tile's 128 rows are exactly one dgamma
+// reduction block, reduced across both warpgroups (ReduceOverM). Shared memory (bf16 and f16
+// alike): with accumulate, x and dx rings of 2 slots, 3 pipeline stages; without, an x ring of 4
+// slots, 3 stages (static_asserts below).
+// Forced to FusedSchedule::staged (set_fused_schedule), it runs on the staged_wide schedule: the
+// consumers round g = alpha acc to T and hand the 128 x 256 tile over; three warps of the
+// producer warpgroup run the norm backward on 16-row strips (RmsNormBackwardStrips) under the
+// next tile's MMAs, dx stored in place from the staged tile. Its numbers differ from the
+// cooperative ones by that rounding of g (an unfused dgrad GEMM stores g so).
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
@@ -76,13 +81,41 @@ template <class T> void run_rms_backward(const RmsBackwardArgs& args, Stream str
   }
 }
 
+// The staged_wide variant (see the file comment).
+template <class T, bool kAccumulate>
+using StagedWideEpilogue =
+    dev::FusedEpilogue<dev::StagedWideShape, dev::ScaleByScalar, dev::Stage<T>,
+                       dev::RmsNormBackwardStrips<dev::StagedWideShape, T, kAccumulate>,
+                       MainStore<dev::StagedWideShape, T>>;
+static_assert(StagedWideEpilogue<bf16, true>::kWarpLocal, "the staged_wide epilogue is warp-local");
+static_assert(Gemm<StagedWideEpilogue<bf16, true>, bf16>::Config::kStages == 3 &&
+                  Gemm<StagedWideEpilogue<bf16, false>, bf16>::Config::kStages == 3,
+              "K6's strip buffers leave room for the staged_wide schedule's 3 stages");
+
+template <class T, bool kAccumulate>
+void run_rms_backward_staged_wide(const RmsBackwardArgs& args, Stream stream) {
+  using S = dev::StagedWideShape;
+  using Epi = StagedWideEpilogue<T, kAccumulate>;
+  typename Epi::Params p{};
+  dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
+  dev::get<2>(p) = dev::RmsNormBackwardStrips<S, T, kAccumulate>::params(
+      args.x, args.dx, args.gamma, args.rstd, args.zeta, args.h_hat, args.dgamma_partials);
+  dev::get<3>(p) = MainStore<S, T>::params("dx", args.dx);
+  Gemm<Epi, T>::run(args.dz, args.w, p, stream);
+}
+
 } // namespace
 } // namespace fused
 
 void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_rms_backward");
-  fused::with_half_type(args.dz.dtype,
-                        [&](auto t) { fused::run_rms_backward<decltype(t)>(args, stream); });
+  const bool staged_wide = fused::schedule_for(FusedSchedule::cooperative) == FusedSchedule::staged;
+  fused::with_half_type(args.dz.dtype, [&](auto t) {
+    using T = decltype(t);
+    if (!staged_wide) return fused::run_rms_backward<T>(args, stream);
+    if (args.accumulate) return fused::run_rms_backward_staged_wide<T, true>(args, stream);
+    fused::run_rms_backward_staged_wide<T, false>(args, stream);
+  });
 }
 
 } // namespace coda::gpu

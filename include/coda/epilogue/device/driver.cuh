@@ -151,28 +151,26 @@ struct OpBase {
 template <class Op>
 concept EpilogueOp =
     std::derived_from<Op, OpBase> && std::is_trivially_copyable_v<typename Op::Params> &&
-    std::is_trivially_destructible_v<typename Op::SharedStorage> &&
-    requires {
-      { Op::kRollSubtiles } -> std::convertible_to<bool>;
-      { Op::kRollPairs } -> std::convertible_to<bool>;
-      { Op::kIsStage } -> std::convertible_to<bool>;
-      { Op::kBeforeStage } -> std::convertible_to<bool>;
-      { Op::kPrepass } -> std::convertible_to<bool>;
-      { Op::kGroupCols } -> std::convertible_to<int>;
-    } &&
-    requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
-             typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
-             sm90::EpilogueTile tile, uint32_t slot) {
-      Op::init(smem);
-      op.begin_kernel(c);
-      op.begin_tile(c, tile, slot);
-      op.begin_visit(c, tile);
-      op.prefetch(c, st);
-      op.prefetch_tile(c, tile);
-      op.visit(c, st, v);
-      op.issue(c, st);
-      op.end_tile(c, tile);
-    };
+    std::is_trivially_destructible_v<typename Op::SharedStorage> && requires {
+  { Op::kRollSubtiles } -> std::convertible_to<bool>;
+  { Op::kRollPairs } -> std::convertible_to<bool>;
+  { Op::kIsStage } -> std::convertible_to<bool>;
+  { Op::kBeforeStage } -> std::convertible_to<bool>;
+  { Op::kPrepass } -> std::convertible_to<bool>;
+  { Op::kGroupCols } -> std::convertible_to<int>;
+} && requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
+              typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
+              sm90::EpilogueTile tile, uint32_t slot) {
+  Op::init(smem);
+  op.begin_kernel(c);
+  op.begin_tile(c, tile, slot);
+  op.begin_visit(c, tile);
+  op.prefetch(c, st);
+  op.prefetch_tile(c, tile);
+  op.visit(c, st, v);
+  op.issue(c, st);
+  op.end_tile(c, tile);
+};
 
 // Whether an op lets each warp of the staged epilogue run on its own (no warpgroup barrier per
 // subtile): by default, when it keeps no shared memory (so its only shared accesses are the
@@ -551,6 +549,10 @@ private:
 
   __device__ __forceinline__ void visit_staged_subtile(sm90::EpilogueTile tile, int block,
                                                        int slab) {
+    // Strips: the fragment addresses the thread derives (ldmatrix, stmatrix, the ops' offsets)
+    // recomputed per subtile. Hoisted out of the rolled slab loop, they held ~20 of the epilogue
+    // warps' registers across it (K6 spilled 380 bytes in 88).
+    if constexpr (kStrips) asm volatile("" : "+r"(wg_.thread));
     float v[16];
     load_staged(v, block, slab);
     run_subtile(v, tile, block, slab, smem_.staged_tiles.subtile[block][slab]);

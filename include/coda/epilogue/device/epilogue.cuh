@@ -14,6 +14,7 @@
 #include "coda/epilogue/device/ops/reduce_over_n.cuh"
 #include "coda/epilogue/device/ops/residual_add.cuh"
 #include "coda/epilogue/device/ops/rms_norm_backward.cuh"
+#include "coda/epilogue/device/ops/rms_norm_backward_strips.cuh"
 #include "coda/epilogue/device/ops/rope.cuh"
 #include "coda/epilogue/device/ops/scalar.cuh"
 #include "coda/epilogue/device/ops/scale_per_col.cuh"

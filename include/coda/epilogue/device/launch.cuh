@@ -8,6 +8,9 @@
 //     tile. The plain GEMM's workhorse; the epilogue runs while the tensor cores wait.
 //   PingpongShape (128 x 128 per warpgroup): 128 x 128 tiles, the warpgroups on alternate tiles,
 //     so one's epilogue runs while the other's MMAs do (for heavy epilogues).
+//   StagedWideShape (128 x 256, read by three warps of the producer warpgroup): the staged_wide
+//     schedule (gemm/config.hpp): the cooperative tile's m64n256 MMAs, 3 stages beside the
+//     64 KB staged tile; warp-local op lists only (driver.cuh, kStrips). K6 (forced).
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
@@ -34,6 +37,7 @@ namespace coda::epilogue::device {
 using CooperativeShape = TileShape<2, 64, 256>;
 using PingpongShape = TileShape<2, 128, 128>;
 using StagedShape = TileShape<1, 128, 192, /*staged=*/true>;
+using StagedWideShape = TileShape<1, 128, 256, /*staged=*/true, /*epilogue warps=*/3>;
 using FusedShape = CooperativeShape; // the default
 
 template <class Shape> struct ScheduleOf;
@@ -48,6 +52,11 @@ template <> struct ScheduleOf<PingpongShape> {
 template <> struct ScheduleOf<StagedShape> {
   static constexpr sm90::Schedule kSchedule = sm90::Schedule::staged;
   static constexpr int kMaxStages = 4;
+};
+
+template <> struct ScheduleOf<StagedWideShape> {
+  static constexpr sm90::Schedule kSchedule = sm90::Schedule::staged_wide;
+  static constexpr int kMaxStages = 3;
 };
 
 template <class Shape, int kStages>
