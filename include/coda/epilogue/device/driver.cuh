@@ -151,26 +151,28 @@ struct OpBase {
 template <class Op>
 concept EpilogueOp =
     std::derived_from<Op, OpBase> && std::is_trivially_copyable_v<typename Op::Params> &&
-    std::is_trivially_destructible_v<typename Op::SharedStorage> && requires {
-  { Op::kRollSubtiles } -> std::convertible_to<bool>;
-  { Op::kRollPairs } -> std::convertible_to<bool>;
-  { Op::kIsStage } -> std::convertible_to<bool>;
-  { Op::kBeforeStage } -> std::convertible_to<bool>;
-  { Op::kPrepass } -> std::convertible_to<bool>;
-  { Op::kGroupCols } -> std::convertible_to<int>;
-} && requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
-              typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
-              sm90::EpilogueTile tile, uint32_t slot) {
-  Op::init(smem);
-  op.begin_kernel(c);
-  op.begin_tile(c, tile, slot);
-  op.begin_visit(c, tile);
-  op.prefetch(c, st);
-  op.prefetch_tile(c, tile);
-  op.visit(c, st, v);
-  op.issue(c, st);
-  op.end_tile(c, tile);
-};
+    std::is_trivially_destructible_v<typename Op::SharedStorage> &&
+    requires {
+      { Op::kRollSubtiles } -> std::convertible_to<bool>;
+      { Op::kRollPairs } -> std::convertible_to<bool>;
+      { Op::kIsStage } -> std::convertible_to<bool>;
+      { Op::kBeforeStage } -> std::convertible_to<bool>;
+      { Op::kPrepass } -> std::convertible_to<bool>;
+      { Op::kGroupCols } -> std::convertible_to<int>;
+    } &&
+    requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
+             typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
+             sm90::EpilogueTile tile, uint32_t slot) {
+      Op::init(smem);
+      op.begin_kernel(c);
+      op.begin_tile(c, tile, slot);
+      op.begin_visit(c, tile);
+      op.prefetch(c, st);
+      op.prefetch_tile(c, tile);
+      op.visit(c, st, v);
+      op.issue(c, st);
+      op.end_tile(c, tile);
+    };
 
 // Whether an op lets each warp of the staged epilogue run on its own (no warpgroup barrier per
 // subtile): by default, when it keeps no shared memory (so its only shared accesses are the
