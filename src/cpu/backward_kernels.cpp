@@ -19,14 +19,15 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
                    "dgamma_partials");
   const GemmMainloop mainloop(GemmLayout::dgrad, args.dz, args.w, m, n, k);
   ep::ScaleByScalar alpha({args.alpha.value, args.alpha.tensor});
+  ep::RoundTo staged({args.dx.dtype}); // the GPU's Stage<T>: g as an unfused dgrad stores it
   ep::RmsNormBackward norm({args.x, args.rstd, args.zeta, args.gamma, args.h_hat});
   ep::ReduceOverM<ep::Sum> dgamma({args.dgamma_partials, ep::Plane::aux});
   ep::TileStore dx({args.dx});
   if (args.accumulate) {
     ep::Accumulate existing({args.dx});
-    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, existing, dx);
+    run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, existing, dx);
   } else {
-    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, dx);
+    run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, dx);
   }
 }
 

@@ -126,58 +126,66 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SwigluBackward,
                                   std::to_string(s.K);
                          });
 
-// ---- Partials the epilogue reduces in fp32 (g of K6 from the accumulator; dg, du of K7 from dy
-// as stored), not from rounded gradients: held to the fp32 path, about 10^4 times tighter than
-// the bf16 one.
+// ---- Partials the epilogue reduces in fp32 (g xh of K6, dg, du of K7), from the gradient as
+// an unfused dgrad GEMM stores it (K6 and K7 round g = alpha dz · w and dy = dx · w to the 16-bit
+// type first: the staged schedules hand them over so), not from rounded terms: held to the fp32
+// path, about 10^4 times tighter than the bf16 one. The inputs dz (dx) and w are multiples of
+// 1/16 in [-1, 1], so every fp32 sum of the GEMM is exact and the stored gradient is the same in
+// the kernel and here; the references get that gradient: dz = g, w the identity.
 
 class Fp32Partials : public testing::TestWithParam<DType> {};
 
-TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseUnroundedGradient) {
+// [rows, cols] multiples of 1/16 in [-1, 1].
+HostTensor sixteenths(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<double> v = random_doubles(size_t(rows * cols), seed, -1, 1);
+  for (double& x : v) x = std::round(x * 16) / 16;
+  return HostTensor::of(dtype, {rows, cols}, v);
+}
+
+// The reference's view of a dgrad GEMM's stored output g = round(a · w): a = g, w = I.
+void feed_stored_gradient(DType dtype, int64_t M, int64_t N, int64_t K, std::vector<double>& a,
+                          std::vector<double>& w, int64_t& k) {
+  std::vector<double> g(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t i = 0; i < K; ++i)
+      for (int64_t n = 0; n < N; ++n)
+        g[size_t(m * N + n)] += a[size_t(m * K + i)] * w[size_t(i * N + n)];
+  a = ref::rounded(lowp(dtype), g);
+  k = N;
+  w.assign(size_t(N * N), 0.0);
+  for (int64_t n = 0; n < N; ++n) w[size_t(n * N + n)] = 1.0;
+}
+
+TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseStoredGradient) {
   const DType dtype = GetParam();
   const Shape s{200, 264, 32};
   Seeds seeds;
-  auto dz = HostTensor::random(dtype, {s.M, s.K}, seeds.next());
-  auto w = HostTensor::random(dtype, {s.K, s.N}, seeds.next());
+  auto dz = sixteenths(dtype, s.M, s.K, seeds.next());
+  auto w = sixteenths(dtype, s.K, s.N, seeds.next());
   auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
   auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
   auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
   auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
   RmsBackwardCall k6(dz, w, x, rstd, zeta, gamma);
   gemm_rms_backward(k6.args());
-  const ref::RmsBackwardInputs in = k6.inputs();
+  ref::RmsBackwardInputs in = k6.inputs();
+  feed_stored_gradient(dtype, s.M, s.N, s.K, in.dz, in.w, in.K);
   CODA_EXPECT_PASSES(check_output("dgamma_partials", k6.dgamma_partials,
                                   ref::rms_backward({}, in).dgamma_partials,
                                   ref::rms_backward(kFp32, in).dgamma_partials));
 }
 
-// K7 rounds dy = dx · w to the 16-bit type first (the staged schedule hands it over so, as an
-// unfused input-gradient GEMM stores it), then dg, du and their zeta terms stay in fp32. dx and
-// w are multiples of 1/16 in [-1, 1], so every fp32 sum of the GEMM is exact and dy as stored is
-// the same in the kernel and here; the references get that dy: dx = dy, w the identity.
-TEST_P(Fp32Partials, SwigluBackwardZetaPartialsUseUnroundedGradients) {
+TEST_P(Fp32Partials, SwigluBackwardZetaPartialsUseStoredGradient) {
   const DType dtype = GetParam();
   const int64_t M = 200, F = 264, K = 32;
   Seeds seeds;
-  auto sixteenths = [&](int64_t rows, int64_t cols) {
-    std::vector<double> v = random_doubles(size_t(rows * cols), seeds.next(), -1, 1);
-    for (double& x : v) x = std::round(x * 16) / 16;
-    return HostTensor::of(dtype, {rows, cols}, v);
-  };
-  auto dx = sixteenths(M, K);
-  auto w = sixteenths(K, F);
+  auto dx = sixteenths(dtype, M, K, seeds.next());
+  auto w = sixteenths(dtype, K, F, seeds.next());
   auto preact = HostTensor::random(dtype, {M, 2 * F}, seeds.next(), -4, 4);
   SwigluBackwardCall k7(dx, w, preact);
   gemm_swiglu_backward(k7.args());
   ref::SwigluBackwardInputs in = k7.inputs();
-  std::vector<double> dy(size_t(M * F), 0.0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t k = 0; k < K; ++k)
-      for (int64_t j = 0; j < F; ++j)
-        dy[size_t(m * F + j)] += in.dx[size_t(m * K + k)] * in.w[size_t(k * F + j)];
-  in.dx = ref::rounded(lowp(dtype), dy); // dy as stored
-  in.K = F;
-  in.w.assign(size_t(F * F), 0.0);
-  for (int64_t j = 0; j < F; ++j) in.w[size_t(j * F + j)] = 1.0;
+  feed_stored_gradient(dtype, M, F, K, in.dx, in.w, in.K);
   CODA_EXPECT_PASSES(check_output("zeta_partials", k7.zeta_partials,
                                   ref::swiglu_backward({}, in).zeta_partials,
                                   ref::swiglu_backward(kFp32, in).zeta_partials));

@@ -82,11 +82,11 @@ struct GemmConfig {
   // registers: a split above it leaves setmaxnreg.inc waiting forever (staged_wide with
   // 96 / 208 = 65536 hung).
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
-  static constexpr int kProducerRegisters = kEpilogueInProducer  ? 96
+  static constexpr int kProducerRegisters = kEpilogueInProducer  ? 104
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
-  static constexpr int kConsumerRegisters = kEpilogueInProducer  ? 200
+  static constexpr int kConsumerRegisters = kEpilogueInProducer  ? 192
                                             : kStaged            ? 176
                                             : kHeavyAccumulators ? 240
                                                                  : 232;

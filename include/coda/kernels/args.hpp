@@ -112,7 +112,10 @@ struct RmsLseArgs {
 };
 
 // K6: the RMSNorm backward in the input-gradient GEMM's epilogue.
-//   g = alpha * (dz · w)     dz [M, K] gradient of the consumer's output, w [K, N] its weight
+//   g = round(alpha * (dz · w))   dz [M, K] gradient of the consumer's output, w [K, N] its
+//                                 weight (rounded to the call's 16-bit type, as an unfused
+//                                 input-gradient GEMM stores it: the staged_wide schedule hands
+//                                 it over so; everything after it in fp32)
 //   xh = x[m, n] * rstd[m]
 //   result = rstd[m] * (g * gamma[n] - xh * zeta[m])
 //   dx = accumulate ? dx + result : result          [M, N] (dx read and rounded once)
