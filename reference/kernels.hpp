@@ -141,8 +141,9 @@ std::vector<double> lse_row_partials(Rounding r, int64_t M, int64_t N, const std
 //   g = alpha * (dz · w),  xh = x * rstd[m]
 //   dx = (accumulate ? dx_in : 0) + rstd[m] * (g * gamma[n] - xh * zeta[m])
 //   h_hat = xh * gamma[n],  dgamma_partials = column partials of g * xh.
-// Unfused: g is the rounded GEMM output scaled by alpha (rounded), the backward op rounds its
-// result, and the accumulation into dx rounds once more.
+// Unfused: g = round(alpha * (dz · w)) from the fp32 accumulator (one rounding: a dgrad GEMM
+// with alpha in its epilogue, and K6's Stage), the backward op rounds its result, and the
+// accumulation into dx rounds once more.
 struct RmsBackwardInputs {
   int64_t M = 0, N = 0, K = 0;
   std::vector<double> dz;    // [M, K]

@@ -97,6 +97,29 @@ std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1, doub
 std::string check_output(const std::string& name, const HostTensor& out,
                          const std::vector<double>& exact, const std::vector<double>& unfused,
                          double atol = 1e-6);
+// An output rounded once from an fp32 value whose error is comparable to the baseline's (a
+// gradient summed over tokens; K6's dx from the stored g), each element allowed half an ulp of
+// its dtype more: its final rounding. Both sides round once, but the baseline's largest error
+// need not sit where the rounding went against this one, and where the value's own error is of
+// the baseline's size the half ulp is as large as it. (Seed 6614263307427 of
+// Cpu/Block.MiddleLayer/bf16_gqa: `d attn_norm`[80], exact -16.1155, coda's fp32 sum -16.0551,
+// error 0.060 within twice the baseline's 0.057, rounded across the midpoint to -16: error
+// 0.1155, 1.016 of the bound. Seed 2 of K6's bf16 M1_N8_K16 accumulate: dx[7] exact 1.84537,
+// out 1.85156, bound 0.00429: 0.0023 before its half ulp of 0.0039.)
+std::string check_rounded_output(const std::string& name, const HostTensor& out,
+                                 const std::vector<double>& exact,
+                                 const std::vector<double>& unfused);
+// [rows, cols] multiples of 1/16 in [-1, 1]: a GEMM of them (K up to a few thousand, times a
+// scale with a short mantissa) is exact in fp32, so a gradient as a kernel stores it (rounded
+// once from the fp32 accumulator) is the same on every backend and here.
+HostTensor sixteenths(DType dtype, int64_t rows, int64_t cols, uint64_t seed);
+
+// K6's dx from g as it stores it, g = round(alpha dz · w) (dz and w sixteenths()): exact fp64
+// after that, and the unfused path after it (the result rounded, then the accumulation).
+struct StoredGradientDx {
+  std::vector<double> exact, unfused;
+};
+StoredGradientDx rms_backward_dx_from_stored_g(const ref::RmsBackwardInputs& in, DType dtype);
 // A scalar output (the loss, a grad scale) as a [1] tensor.
 std::string check_output(const std::string& name, const HostTensor& out, double exact,
                          double unfused);

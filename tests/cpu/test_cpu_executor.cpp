@@ -138,12 +138,7 @@ std::vector<double> abs_gemm(const HostTensor& a, const HostTensor& w, int64_t m
 
 constexpr DType kDtypes[] = {DType::bf16, DType::f16};
 
-// [rows, cols] multiples of 1/16 in [-1, 1]: GEMMs of a few dozen terms are exact in fp32.
-HostTensor sixteenths(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {
-  std::vector<double> v = test::random_doubles(size_t(rows * cols), seed, -1, 1);
-  for (double& x : v) x = std::round(x * 16) / 16;
-  return HostTensor::of(dtype, {rows, cols}, v);
-}
+using test::sixteenths;
 
 // x rounded to a 16-bit dtype, as a Stage stores it.
 double round_as(DType dtype, double x) {

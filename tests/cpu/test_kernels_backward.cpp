@@ -44,8 +44,9 @@ class RmsBackward : public testing::TestWithParam<RmsBackwardParam> {};
 TEST_P(RmsBackward, OutputsAndDgammaPartialsMatchReference) {
   const auto [dtype, s, accumulate, alpha_tensor] = GetParam();
   Seeds seeds;
-  auto dz = HostTensor::random(dtype, {s.M, s.K}, seeds.next());
-  auto w = HostTensor::random(dtype, {s.K, s.N}, seeds.next());
+  // dz and w in sixteenths: g as K6 stores it is known exactly here (for dx, below).
+  auto dz = sixteenths(dtype, s.M, s.K, seeds.next());
+  auto w = sixteenths(dtype, s.K, s.N, seeds.next());
   auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
   auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
   auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
@@ -75,7 +76,13 @@ TEST_P(RmsBackward, OutputsAndDgammaPartialsMatchReference) {
                                   rstd.values(), zeta.values(), gamma.values(),
                                   0.46875,       accumulate,    dx_in};
   const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
-  CODA_EXPECT_PASSES(check_output("dx", dx, exact.dx, unfused.dx));
+  // dx from g as stored (rounded to the 16-bit type, as an unfused dgrad stores it): after
+  // that, fp32 and one rounding. Against the unrounded g its error is the stored g's, as large
+  // as the unfused path's, so there the 2x rule fails at random on small outputs (M1_N8: 4 of
+  // 8000 runs, each output element's own rounding allowed).
+  const StoredGradientDx from_stored = rms_backward_dx_from_stored_g(in, dtype);
+  CODA_EXPECT_PASSES(
+      check_rounded_output("dx", dx, from_stored.exact, from_stored.unfused));
   CODA_EXPECT_PASSES(check_output("h_hat", h_hat, exact.h_hat, unfused.h_hat));
   CODA_EXPECT_PASSES(
       check_output("dgamma_partials", partials, exact.dgamma_partials, unfused.dgamma_partials));
@@ -135,12 +142,6 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SwigluBackward,
 
 class Fp32Partials : public testing::TestWithParam<DType> {};
 
-// [rows, cols] multiples of 1/16 in [-1, 1].
-HostTensor sixteenths(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {
-  std::vector<double> v = random_doubles(size_t(rows * cols), seed, -1, 1);
-  for (double& x : v) x = std::round(x * 16) / 16;
-  return HostTensor::of(dtype, {rows, cols}, v);
-}
 
 // The reference's view of a dgrad GEMM's stored output g = round(a · w): a = g, w = I.
 void feed_stored_gradient(DType dtype, int64_t M, int64_t N, int64_t K, std::vector<double>& a,

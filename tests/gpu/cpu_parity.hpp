@@ -36,9 +36,15 @@ inline bool within_one_ulp(const HostTensor& gpu, const HostTensor& cpu) {
 // itself an fp32 computation: for a long sum (the cross-entropy's zeta over a 128k vocabulary,
 // summed in another order on each backend) its distance from the unfused path, which sums in
 // its order, understates how far two correct summation orders land.
+// FinalRounding::allowed: the output's final rounding allowed on top (check_rounded_output,
+// kernel_fixtures.hpp).
+enum class FinalRounding { counted, allowed };
 inline void expect_matches(const std::string& name, const HostTensor& gpu, const HostTensor& cpu,
-                           const std::vector<double>& exact, const std::vector<double>& unfused) {
-  CODA_EXPECT_PASSES(check_output(name, gpu, exact, unfused));
+                           const std::vector<double>& exact, const std::vector<double>& unfused,
+                           FinalRounding rounding = FinalRounding::counted) {
+  CODA_EXPECT_PASSES(rounding == FinalRounding::allowed
+                         ? check_rounded_output(name, gpu, exact, unfused)
+                         : check_output(name, gpu, exact, unfused));
   if (within_one_ulp(gpu, cpu)) return;
   const std::vector<double> c = cpu.values();
   double from_cpu = 0, from_exact = 0;
