@@ -19,16 +19,22 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
                    "dgamma_partials");
   const GemmMainloop mainloop(GemmLayout::dgrad, args.dz, args.w, m, n, k);
   ep::ScaleByScalar alpha({args.alpha.value, args.alpha.tensor});
-  ep::RoundTo staged({args.dx.dtype}); // the GPU's Stage<T>: g as an unfused dgrad stores it
   ep::RmsNormBackward norm({args.x, args.rstd, args.zeta, args.gamma, args.h_hat});
   ep::ReduceOverM<ep::Sum> dgamma({args.dgamma_partials, ep::Plane::aux});
   ep::TileStore dx({args.dx});
-  if (args.accumulate) {
-    ep::Accumulate existing({args.dx});
+  ep::Accumulate existing({args.dx});
+  // From K = kRmsBackwardRoundedGradientMinK g is rounded to the 16-bit type (the GPU's
+  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32.
+  ep::RoundTo staged({args.dx.dtype});
+  const bool rounded = k >= kRmsBackwardRoundedGradientMinK;
+  if (args.accumulate && rounded)
     run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, existing, dx);
-  } else {
+  else if (args.accumulate)
+    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, existing, dx);
+  else if (rounded)
     run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, dx);
-  }
+  else
+    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, dx);
 }
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {

@@ -137,13 +137,6 @@ std::vector<double> abs_gemm(const HostTensor& a, const HostTensor& w, int64_t m
 }
 
 constexpr DType kDtypes[] = {DType::bf16, DType::f16};
-
-using test::sixteenths;
-
-// x rounded to a 16-bit dtype, as a Stage stores it.
-double round_as(DType dtype, double x) {
-  return dtype == DType::bf16 ? round_to<bf16>(float(x)) : round_to<f16>(float(x));
-}
 const cpu::Tile kTiles[] = {{64, 32}, {128, 128}, {32, 8}};
 
 // Row partials of K0: one entry per (row, column block of the tile), each the block's sum of
@@ -229,9 +222,8 @@ TEST(CpuExecutor, ColumnPartialsFollowTheTile) {
   for (cpu::Tile tile : kTiles) {
     SCOPED_TRACE("tile " + std::to_string(tile.m) + "x" + std::to_string(tile.n));
     const int64_t blocks = ceil_div(m, tile.m);
-    // Multiples of 1/16: the fp32 GEMM is exact, so g as K6 stores it (its Stage) is known here.
-    HostTensor dz = sixteenths(DType::bf16, m, k, seeds.next());
-    HostTensor w = sixteenths(DType::bf16, k, n, seeds.next());
+    HostTensor dz = HostTensor::random(DType::bf16, {m, k}, seeds.next());
+    HostTensor w = HostTensor::random(DType::bf16, {k, n}, seeds.next());
     HostTensor x = HostTensor::random(DType::bf16, {m, n}, seeds.next(), -2, 2);
     HostTensor rstd = HostTensor::random(DType::f32, {m}, seeds.next(), 0.5, 2);
     HostTensor zeta = HostTensor::random(DType::f32, {m}, seeds.next());
@@ -241,8 +233,7 @@ TEST(CpuExecutor, ColumnPartialsFollowTheTile) {
     RmsBackwardArgs args{dz.view(), w.view(), x.view(),  rstd.view(),  zeta.view(),    gamma.view(),
                          {1.f, {}}, false,    dx.view(), h_hat.view(), partials.view()};
     cpu::gemm_rms_backward(args, tile);
-    std::vector<double> g = gemm_exact(ref::Layout::dgrad, dz, w, m, n, k);
-    for (double& v : g) v = round_as(DType::bf16, v);
+    const std::vector<double> g = gemm_exact(ref::Layout::dgrad, dz, w, m, n, k);
     const std::vector<double> xv = x.values(), rv = rstd.values();
     std::vector<double> terms(g.size()); // g xh, transposed to [n, m] for row_blocks
     for (int64_t i = 0; i < m; ++i)
@@ -259,8 +250,13 @@ TEST(CpuExecutor, ZetaPartialsFollowTheTile) {
   for (cpu::Tile tile : kTiles) {
     SCOPED_TRACE("tile " + std::to_string(tile.m) + "x" + std::to_string(tile.n));
     // Multiples of 1/16: the fp32 GEMM is exact, so dy as K7 stores it is known here.
-    HostTensor dxin = sixteenths(DType::bf16, m, k, seeds.next());
-    HostTensor w = sixteenths(DType::bf16, k, f, seeds.next());
+    auto sixteenths = [&](int64_t rows, int64_t cols) {
+      std::vector<double> v = test::random_doubles(size_t(rows * cols), seeds.next(), -1, 1);
+      for (double& x : v) x = std::round(x * 16) / 16;
+      return HostTensor::of(DType::bf16, {rows, cols}, v);
+    };
+    HostTensor dxin = sixteenths(m, k);
+    HostTensor w = sixteenths(k, f);
     HostTensor preact = HostTensor::random(DType::bf16, {m, 2 * f}, seeds.next(), -4, 4);
     HostTensor act(DType::bf16, {m, f}), dpreact(DType::bf16, {m, 2 * f});
     HostTensor partials(DType::f32, {m, ceil_div(f, tile.n)});
@@ -478,9 +474,8 @@ TEST(CpuKernels, RmsBackwardAccumulatesWithAScalarFromMemory) {
   const int64_t m = 20, n = 36, k = 10;
   for (DType t : kDtypes)
     for (bool accumulate : {false, true}) {
-      // Multiples of 1/16: g = -0.5 dz · w is exact in fp32, so g as stored is known here.
-      HostTensor dz = sixteenths(t, m, k, seeds.next());
-      HostTensor w = sixteenths(t, k, n, seeds.next());
+      HostTensor dz = HostTensor::random(t, {m, k}, seeds.next());
+      HostTensor w = HostTensor::random(t, {k, n}, seeds.next());
       HostTensor x = HostTensor::random(t, {m, n}, seeds.next(), -2, 2);
       HostTensor rstd = HostTensor::random(DType::f32, {m}, seeds.next(), 0.5, 2);
       HostTensor zeta = HostTensor::random(DType::f32, {m}, seeds.next());
@@ -508,7 +503,7 @@ TEST(CpuKernels, RmsBackwardAccumulatesWithAScalarFromMemory) {
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < n; ++j) {
           const size_t e = size_t(i * n + j);
-          const double gg = round_as(t, -0.5 * g[e]), xh = xv[e] * rv[size_t(i)];
+          const double gg = -0.5 * g[e], xh = xv[e] * rv[size_t(i)];
           const double result = rv[size_t(i)] * (gg * gv[size_t(j)] - xh * zv[size_t(i)]);
           dx_exact[e] = accumulate ? dx_old[e] + result : result;
           h_exact[e] = xh * gv[size_t(j)];

@@ -112,16 +112,18 @@ struct RmsLseArgs {
 };
 
 // K6: the RMSNorm backward in the input-gradient GEMM's epilogue.
-//   g = round(alpha * (dz · w))   dz [M, K] gradient of the consumer's output, w [K, N] its
-//                                 weight (rounded to the call's 16-bit type, as an unfused
-//                                 input-gradient GEMM stores it: the staged_wide schedule hands
-//                                 it over so; everything after it in fp32)
+//   g = alpha * (dz · w)     dz [M, K] gradient of the consumer's output, w [K, N] its weight;
+//                            from K = kRmsBackwardRoundedGradientMinK rounded to the call's
+//                            16-bit type, as an unfused input-gradient GEMM stores it (the GPU
+//                            runs those calls on the staged_wide schedule, which hands g over
+//                            so); below, fp32. Everything after it in fp32.
 //   xh = x[m, n] * rstd[m]
 //   result = rstd[m] * (g * gamma[n] - xh * zeta[m])
 //   dx = accumulate ? dx + result : result          [M, N] (dx read and rounded once)
 //   h_hat = round(xh * gamma[n])                    [M, N] normalized input, for the weight
 //   gradient dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
 // zeta[m] = (1/N) sum_k z[m, k] dz[m, k] over the consumer's output (see rope_backward, K7, CE).
+inline constexpr int64_t kRmsBackwardRoundedGradientMinK = 4096;
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
   Scalar alpha;

@@ -1,9 +1,10 @@
 // K6 gemm_rms_backward: the RMSNorm backward in the input-gradient GEMM's epilogue (dgrad
 // layout: acc = dz · w, w [K, N]). The op chain of the CPU backend (src/cpu/backward_kernels.cpp),
 // on the device:
-//   g = round_T(alpha * acc)                          ScaleByScalar (alpha a value or value *
-//                                                     [1]), Stage<T>: g as an unfused dgrad
-//                                                     GEMM stores it (the staged_wide hand-over)
+//   g = alpha * acc                                   ScaleByScalar (alpha a value or value *
+//                                                     [1]); on staged_wide (from K =
+//                                                     kRmsBackwardRoundedGradientMinK) rounded
+//                                                     to T at the hand-over, Stage<T>
 //   dx = rstd (g gamma - xh zeta), h_hat = xh gamma   RmsNormBackward (x by TMA, h_hat stored)
 //   dgamma_partials = column partials of g xh         ReduceOverM<Sum> on its aux (AuxReduce)
 //   dx (+)= ...                                       ResidualAdd(dx, 1) when accumulating
@@ -12,21 +13,21 @@
 // once, as the CPU backend's Accumulate + TileStore.
 //
 // Two schedules, both on the 128 x 256 tile, whose 128 rows are one dgamma reduction block:
-//  - cooperative (K < kStagedWideMinK): the epilogue in the MMA warpgroups, reduced across both
-//    (ReduceOverM). Shared memory (bf16 and f16 alike): with accumulate, x and dx rings of 2
-//    slots, 3 pipeline stages; without, an x ring of 4 slots, 3 stages;
-//  - staged_wide (from kStagedWideMinK): the consumers round g to T and hand the tile over; three
-//    warps of the producer warpgroup run the norm backward on 16-row strips
-//    (RmsNormBackwardStrips) under the next tile's MMAs, dx stored in place from the staged tile.
-//    At K = 3072 its three warps outlast the mainloop (docs/epilogue.md, "K6 on the staged_wide
-//    schedule"). set_fused_schedule forces either (staged: staged_wide).
+//  - cooperative (K < kRmsBackwardRoundedGradientMinK, args.hpp): the epilogue in the MMA
+//    warpgroups on the fp32 g, reduced across both (ReduceOverM). Shared memory (bf16 and f16
+//    alike): with accumulate, x and dx rings of 2 slots, 3 pipeline stages; without, an x ring
+//    of 4 slots, 3 stages;
+//  - staged_wide (from that K): the consumers round g to T and hand the tile over; three warps
+//    of the producer warpgroup run the norm backward on 16-row strips (RmsNormBackwardStrips)
+//    under the next tile's MMAs, dx stored in place from the staged tile. At K = 3072 its three
+//    warps outlast the mainloop (docs/epilogue.md, "K6 on the staged_wide schedule").
+// set_fused_schedule forces either (staged: staged_wide); a forced schedule keeps its own
+// rounding of g (the CPU backend follows the default's), so forcing is for tests and benchmarks.
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {
 namespace {
-
-constexpr int64_t kStagedWideMinK = 4096;
 
 using Shape = dev::CooperativeShape;
 
@@ -35,12 +36,12 @@ using RmsNormGrad =
     dev::AuxReduce<dev::RmsNormBackward<Shape, T, kXSlots>, dev::ReduceOverM<Shape, epilogue::Sum>>;
 
 template <class T>
-using OverwriteEpilogue = dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<T>,
-                                             RmsNormGrad<T, 4>, dev::TileStore<Shape, T>>;
+using OverwriteEpilogue =
+    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 4>, dev::TileStore<Shape, T>>;
 template <class T>
 using AccumulateEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<T>, RmsNormGrad<T, 2>,
-                       dev::ResidualAdd<Shape, T, 2>, dev::TileStore<Shape, T>>;
+    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 2>, dev::ResidualAdd<Shape, T, 2>,
+                       dev::TileStore<Shape, T>>;
 
 template <class T, bool kAccumulate>
 using StagedWideEpilogue =
@@ -72,7 +73,7 @@ dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorV
 template <class T, int kXSlots, class Params>
 void set_common(Params& p, const RmsBackwardArgs& args) {
   dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
-  auto& norm = dev::get<2>(p);
+  auto& norm = dev::get<1>(p);
   norm.op = dev::RmsNormBackward<Shape, T, kXSlots>::params(args.x, args.gamma, args.rstd,
                                                             args.zeta, args.h_hat);
   norm.reduce = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
@@ -83,14 +84,14 @@ template <class T> void run_cooperative(const RmsBackwardArgs& args, Stream stre
     using Epi = AccumulateEpilogue<T>;
     typename Epi::Params p{};
     set_common<T, 2>(p, args);
-    dev::get<3>(p) = dev::ResidualAdd<Shape, T, 2>::params(args.dx, 1.f);
-    dev::get<4>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
+    dev::get<2>(p) = dev::ResidualAdd<Shape, T, 2>::params(args.dx, 1.f);
+    dev::get<3>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
     Gemm<Epi, T>::run(args.dz, args.w, p, stream);
   } else {
     using Epi = OverwriteEpilogue<T>;
     typename Epi::Params p{};
     set_common<T, 4>(p, args);
-    dev::get<3>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
+    dev::get<2>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
     Gemm<Epi, T>::run(args.dz, args.w, p, stream);
   }
 }
@@ -112,7 +113,7 @@ void run_staged_wide(const RmsBackwardArgs& args, Stream stream) {
 
 void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_rms_backward");
-  const FusedSchedule by_k = args.dz.shape[1] >= fused::kStagedWideMinK
+  const FusedSchedule by_k = args.dz.shape[1] >= kRmsBackwardRoundedGradientMinK
                                  ? FusedSchedule::staged
                                  : FusedSchedule::cooperative;
   const bool staged_wide = fused::schedule_for(by_k) == FusedSchedule::staged;
