@@ -107,7 +107,8 @@ def fused_table(results):
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. bf16, M = 8192 tokens; median of 50 runs, L2 flushed"
         " before each; every column measured in one process on the same inputs. The schedule"
-        " columns are the same kernel forced onto each GEMM schedule, over the plain GEMM."
+        " columns are the same kernel forced onto each GEMM schedule, over the plain GEMM (K6's"
+        " staged column: the staged_wide 128 x 256 tile; -: no such variant)."
         % (results["gpu"], results["date"], results["commit"]),
         "",
         "| kernel | model | layout | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt |"
