@@ -88,6 +88,34 @@ TEST(ReferenceGemm, MatchesNaiveSumOnIntegers) {
   }
 }
 
+// Large products run on several threads, each row on one of them: every output must have the
+// bits of the sequential sum over k in order, whatever the split (full mantissas, so any other
+// order shows).
+TEST(ReferenceGemm, ThreadedRowsSumInTheSequentialOrder) {
+  const int64_t M = 257, N = 96, K = 320; // 7.9M terms: split over threads where there are any
+  for (const Layout layout : {Layout::fwd, Layout::dgrad, Layout::wgrad}) {
+    const std::vector<double> a = random_doubles(size_t(M * K), 11),
+                              b = random_doubles(size_t(K * N), 12);
+    // A(m, k) and B(k, n) as each layout stores them (coda/reference/gemm.hpp).
+    auto a_at = [&](int64_t m, int64_t k) {
+      return layout == Layout::wgrad ? a[size_t(k * M + m)] : a[size_t(m * K + k)];
+    };
+    auto b_at = [&](int64_t k, int64_t n) {
+      return layout == Layout::fwd ? b[size_t(n * K + k)] : b[size_t(k * N + n)];
+    };
+    std::vector<double> d(size_t(M * N));
+    coda::ref::gemm(layout, M, N, K, a.data(), b.data(), d.data());
+    int64_t differing = 0;
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int64_t k = 0; k < K; ++k) acc += a_at(m, k) * b_at(k, n);
+        differing += acc != d[size_t(m * N + n)];
+      }
+    EXPECT_EQ(differing, 0) << "layout " << int(layout);
+  }
+}
+
 TEST(ReferenceGemm, IdentityAndTransposeIdentities) {
   uint64_t seed = coda::test::test_seed() + 200;
   const int64_t M = 13, K = 9, N = 6;
