@@ -420,10 +420,10 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
   // Forcing a schedule a kernel lacks runs its default (K7 forced cooperative). K6 has no
   // ping-pong variant: not timed; its staged column is the staged_wide 128 x 256 tile.
-  const bool forced_runs = true, pingpong_runs = c.kernel != "K6";
+  const bool pingpong_runs = c.kernel != "K6";
   for (int i = 0; i < 3; ++i) {
     run_fused(), run_gemm(), run_cublas(), run_unfused();
-    if (forced_runs) run_cooperative(), run_staged();
+    run_cooperative(), run_staged();
     if (pingpong_runs) run_pingpong();
   }
   check(cudaStreamSynchronize(s), "warm-up");
@@ -437,7 +437,7 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
     timed(run_unfused, t_unfused);
-    if (forced_runs) timed(run_cooperative, t_cooperative), timed(run_staged, t_staged);
+    timed(run_cooperative, t_cooperative), timed(run_staged, t_staged);
     if (pingpong_runs) timed(run_pingpong, t_pingpong);
   }
   check(cudaGetLastError(), "timed runs");

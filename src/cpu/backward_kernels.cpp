@@ -22,19 +22,16 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
   ep::RmsNormBackward norm({args.x, args.rstd, args.zeta, args.gamma, args.h_hat});
   ep::ReduceOverM<ep::Sum> dgamma({args.dgamma_partials, ep::Plane::aux});
   ep::TileStore dx({args.dx});
-  ep::Accumulate existing({args.dx});
   // From K = kRmsBackwardRoundedGradientMinK g is rounded to the 16-bit type (the GPU's
-  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32.
-  ep::RoundTo staged({args.dx.dtype});
-  const bool rounded = k >= kRmsBackwardRoundedGradientMinK;
-  if (args.accumulate && rounded)
+  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32
+  // (RoundTo to f32 leaves the values as they are).
+  ep::RoundTo staged({k >= kRmsBackwardRoundedGradientMinK ? args.dx.dtype : DType::f32});
+  if (args.accumulate) {
+    ep::Accumulate existing({args.dx});
     run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, existing, dx);
-  else if (args.accumulate)
-    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, existing, dx);
-  else if (rounded)
+  } else {
     run_epilogue(mainloop, m, n, tile, alpha, staged, norm, dgamma, dx);
-  else
-    run_epilogue(mainloop, m, n, tile, alpha, norm, dgamma, dx);
+  }
 }
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {

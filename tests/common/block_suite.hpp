@@ -100,25 +100,20 @@ struct Grad {
   Values initial; // empty unless accumulating
 };
 
-// A weight or gamma gradient (a sum over tokens, stored in a 16-bit dtype) against the rule,
-// each element allowed half an ulp of its dtype more: the final rounding of the output
-// (check_rounded_output, kernel_fixtures.hpp, says why).
-inline std::string check_rounded_sum(const std::string& name, const HostTensor& out,
-                                     const Values& exact, const Values& unfused) {
-  return coda::test::check_rounded_output(name, out, exact, unfused);
-}
-
-// A gradient against its textbook values (check_rounded_sum). When accumulating, the unfused
-// baseline is PyTorch's `grad += g` in the gradient's dtype: the sum rounds once more.
+// A weight or gamma gradient (a sum over tokens, stored in a 16-bit dtype) against its textbook
+// values by the rule, each element allowed half an ulp of its dtype more: the final rounding of
+// the output (check_rounded_output, kernel_fixtures.hpp, says why). When accumulating, the
+// unfused baseline is PyTorch's `grad += g` in the gradient's dtype: the sum rounds once more.
 inline void check_grad(const std::string& name, const Grad& g, const Values& exact,
                        const Values& unfused) {
+  using coda::test::check_rounded_output;
   if (g.initial.empty()) {
-    CODA_EXPECT_PASSES(check_rounded_sum(name, g.tensor, exact, unfused));
+    CODA_EXPECT_PASSES(check_rounded_output(name, g.tensor, exact, unfused));
     return;
   }
-  CODA_EXPECT_PASSES(
-      check_rounded_sum(name, g.tensor, plus(g.initial, exact),
-                        ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused))));
+  CODA_EXPECT_PASSES(check_rounded_output(
+      name, g.tensor, plus(g.initial, exact),
+      ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, unfused))));
 }
 
 // The outputs the middle and last layers share: the MLP's saved tensors (forward) and the

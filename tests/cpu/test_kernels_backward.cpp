@@ -151,11 +151,8 @@ class Fp32Partials : public testing::TestWithParam<DType> {};
 // The reference's view of a dgrad GEMM's stored output g = round(a · w): a = g, w = I.
 void feed_stored_gradient(DType dtype, int64_t M, int64_t N, int64_t K, std::vector<double>& a,
                           std::vector<double>& w, int64_t& k) {
-  std::vector<double> g(size_t(M * N), 0.0);
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t i = 0; i < K; ++i)
-      for (int64_t n = 0; n < N; ++n)
-        g[size_t(m * N + n)] += a[size_t(m * K + i)] * w[size_t(i * N + n)];
+  std::vector<double> g(size_t(M * N));
+  ref::gemm(ref::Layout::dgrad, M, N, K, a.data(), w.data(), g.data());
   a = ref::rounded(lowp(dtype), g);
   k = N;
   w.assign(size_t(N * N), 0.0);

@@ -138,7 +138,7 @@ struct RmsNormBackwardStrips : OpBase {
     const int shift = w * int(kStripBytes);
     const uint8_t* x = c.smem.in[warp][slot][0] - shift;
     const uint8_t* dx = c.smem.in[warp][slot][kInputs - 1] - shift;
-    // Pair by pair (88 registers: nothing held 16 wide but the fragment): h_hat packed for the
+    // Pair by pair (104 registers: nothing held 16 wide but the fragment): h_hat packed for the
     // store, the dgamma terms folded over the thread's two rows (rows at or past M left out) as
     // ReduceOverM folds them.
     const int32_t row0 = st.row0 + SubtileMap::slot_row(c.wg.thread, 0);
