@@ -73,16 +73,18 @@ struct GemmConfig {
   //    160 (96 accumulators) ptxas spilled 4-20 bytes in K1, K2, K4, with 144 up to 92; the
   //    plain GEMM's 128 accumulators spilled with 160 or 168. The epilogue warpgroup holds 16
   //    values a subtile (a RoPE head's 32 in its prepass): the entry's 128.
-  //  - staged_wide: 128 x 96 + 256 x 200 = 63488. The consumers hold 128 accumulators and the
-  //    hand-over (no epilogue of their own; 200 compile without spills); the producer
-  //    warpgroup's warps share one count (setmaxnreg is per warpgroup), which the three
-  //    epilogue warps need and the load issuer does not (K6's strips spilled 64-88 bytes in 88).
+  //  - staged_wide: 128 x 120 + 256 x 192 = 64512, the whole launch allocation. The consumers
+  //    hold 128 accumulators and the hand-over (no epilogue of their own; 192 compile without
+  //    spills); the producer warpgroup's warps share one count (setmaxnreg is per warpgroup),
+  //    which the three epilogue warps need and the load issuer does not (K6's strips spilled
+  //    64-88 bytes in 88; with 32-bit shared loads and 4 gamma loads a strip-subtile, 8 bytes
+  //    in 104).
   // NOTE: the counts share the CTA's launch allocation (kThreads x the entry count, which
   // ptxas caps at 65536 / kThreads in steps of 8: 168 for 384 threads), not the SM's 64K
   // registers: a split above it leaves setmaxnreg.inc waiting forever (staged_wide with
   // 96 / 208 = 65536 hung).
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
-  static constexpr int kProducerRegisters = kEpilogueInProducer  ? 104
+  static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;

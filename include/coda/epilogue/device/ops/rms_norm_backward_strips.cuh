@@ -12,9 +12,9 @@
 // the whole kernel: docs/epilogue.md, "The staged_wide schedule"). Shared memory is what limits
 // it: beside the 64 KB staged tile and 3 pipeline stages there are ~18 KB, so each warp has a
 // ring of kSlots strips of x (and of dx, loaded with it, on one barrier), one h_hat buffer, and
-// its dgamma column sums in registers: after a strip-subtile's shuffles every lane of a quad
-// class holds the same 8 column sums, and lane 4 s + q keeps those of slab s (8 registers hold
-// the warp's 256 columns). At the tile's end the warps merge them through their first ring slot
+// its dgamma column sums in registers: a strip-subtile's 32 column sums are reduce-scattered
+// over the warp, one per lane, and each lane keeps one sum per slab (8 registers hold the warp's
+// 256 columns). At the tile's end the warps merge them through their first ring slot
 // (the ring is drained then) in a fixed order: one writer per partial, no atomics.
 // gamma comes from global memory (pairs; N is a multiple of 8, so a pair never straddles the
 // end), rstd and zeta per strip from global memory: small, L1- and L2-resident.
@@ -25,6 +25,7 @@
 #include <cuda.h>
 #include <cuda/ptx>
 
+#include "coda/arch/shared_memory.cuh"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/tensor_maps.hpp"
 #include "coda/epilogue/device/tile_io.cuh"
@@ -73,7 +74,7 @@ struct RmsNormBackwardStrips : OpBase {
   static_assert(Shape::kCols * sizeof(float) <= kStripBytes,
                 "a warp's dgamma column sums fit its first ring slot");
   static constexpr bool kWarpLocal = true;
-  static constexpr bool kRollSubtiles = true; // the ring's bookkeeping; 88 registers
+  static constexpr bool kRollSubtiles = true; // the ring's bookkeeping; 120 registers
 
   struct Params {
     CUtensorMap x;           // subtile_map of x [M, N] in kStripRows-row boxes
@@ -96,7 +97,7 @@ struct RmsNormBackwardStrips : OpBase {
   uint32_t consumed;      // positions this warp has read, over all tiles: the ring position
   uint32_t phase;         // bit s: the parity the next wait on slot s expects
   float rstd[2], zeta[2]; // of the thread's two rows of the current strip
-  float dgamma[8];        // lane 4 s + q: the warp's column sums of slab s, quad lane q
+  float dgamma[8];        // [slab]: the warp's sum of column 8 (k / 2) + 2 q + k % 2, lane 4 k + q
 
   __device__ static void init(SharedStorage& s) {
     for (int w = 0; w < kWarps; ++w)
@@ -133,12 +134,19 @@ struct RmsNormBackwardStrips : OpBase {
     sm90::mbarrier_wait(&c.smem.full[warp][slot], (phase >> slot) & 1);
     phase ^= 1u << slot;
     ++consumed;
-    // A strip buffer holds rows 16 w .. of the subtile's layout (the swizzle repeats every 8
-    // rows): address it as the subtile it is part of.
-    const int shift = w * int(kStripBytes);
-    const uint8_t* x = c.smem.in[warp][slot][0] - shift;
-    const uint8_t* dx = c.smem.in[warp][slot][kInputs - 1] - shift;
-    // Pair by pair (104 registers: nothing held 16 wide but the fragment): h_hat packed for the
+    // The thread's pairs in a strip buffer (16 rows of the subtile's 64-byte swizzled layout,
+    // tile_io.cuh): row lane / 4 + 8 s, 16-byte chunk j ^ key, byte 4 q in it. The swizzle key
+    // (row >> 1) & 3 is the same for both rows of the thread and for every strip, so the 8
+    // addresses are 4 registers plus the immediate 512 s: 32-bit shared loads, not generic ones
+    // (whose 64-bit swizzled addresses cost more than the math on the values).
+    const uint32_t q = uint32_t(lane) % 4, key = (uint32_t(lane) >> 3) % 4;
+    const uint32_t at = (uint32_t(lane) / 4) * SubtileLayout<T>::kRowBytes + 4 * q;
+    const uint32_t x = uint32_t(__cvta_generic_to_shared(c.smem.in[warp][slot][0])) + at;
+    const uint32_t dx = uint32_t(__cvta_generic_to_shared(c.smem.in[warp][slot][kInputs - 1])) + at;
+    // gamma of the thread's columns 8 j + 2 q (+1): one pair per j, shared by both rows. N is a
+    // multiple of 8 and so is col0, so a group of 8 columns is whole or past the end.
+    const uint32_t* gamma = p.gamma + st.col0 / 2 + int(q);
+    // Pair by pair (120 registers: nothing held 16 wide but the fragment): h_hat packed for the
     // store, the dgamma terms folded over the thread's two rows (rows at or past M left out) as
     // ReduceOverM folds them.
     const int32_t row0 = st.row0 + SubtileMap::slot_row(c.wg.thread, 0);
@@ -146,21 +154,25 @@ struct RmsNormBackwardStrips : OpBase {
     uint32_t h_hat[8];
     float term[8] = {}; // [2 j + e]: column 8 j + 2 q + e, both rows
 #pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const int row = SubtileMap::row(c.wg.thread, i), col = SubtileMap::col(c.wg.thread, i);
-      const int s = SubtileMap::row_slot(i);
-      const float2 xv = read_pair<T>(x, row, col);
-      const int n = st.col0 + col;
-      const float2 gv = n < p.cols ? unpack2<T>(__ldg(p.gamma + n / 2)) : make_float2(0.f, 0.f);
-      const auto lo = rms_norm_backward(v[i], xv.x, rstd[s], zeta[s], gv.x);
-      const auto hi = rms_norm_backward(v[i + 1], xv.y, rstd[s], zeta[s], gv.y);
-      v[i] = lo.dx, v[i + 1] = hi.dx;
-      if constexpr (kAccumulate) {
-        const float2 dv = read_pair<T>(dx, row, col);
-        v[i] = residual_add(v[i], dv.x, 1.f), v[i + 1] = residual_add(v[i + 1], dv.y, 1.f);
+    for (int j = 0; j < 4; ++j) {
+      const float2 gv = st.col0 + 8 * j < p.cols ? unpack2<T>(__ldg(gamma + 4 * j))
+                                                 : make_float2(0.f, 0.f);
+      const uint32_t chunk = ((uint32_t(j) ^ key) * 16);
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+        const int i = 4 * j + 2 * s; // the fragment's registers of (row slot s, pair j)
+        const uint32_t offset = chunk + uint32_t(s) * 8 * SubtileLayout<T>::kRowBytes;
+        const float2 xv = unpack2<T>(arch::load_shared_u32(x + offset));
+        const auto lo = rms_norm_backward(v[i], xv.x, rstd[s], zeta[s], gv.x);
+        const auto hi = rms_norm_backward(v[i + 1], xv.y, rstd[s], zeta[s], gv.y);
+        v[i] = lo.dx, v[i + 1] = hi.dx;
+        if constexpr (kAccumulate) {
+          const float2 dv = unpack2<T>(arch::load_shared_u32(dx + offset));
+          v[i] = residual_add(v[i], dv.x, 1.f), v[i + 1] = residual_add(v[i + 1], dv.y, 1.f);
+        }
+        h_hat[i / 2] = pack2<T>(lo.h_hat, hi.h_hat);
+        if (valid[s]) term[2 * j] += lo.dgamma_term, term[2 * j + 1] += hi.dgamma_term;
       }
-      h_hat[i / 2] = pack2<T>(lo.h_hat, hi.h_hat);
-      if (valid[s]) term[i / 4 * 2] += lo.dgamma_term, term[i / 4 * 2 + 1] += hi.dgamma_term;
     }
     __syncwarp(); // every lane has read the slot: refill it
     const int next = Stream::position(st, w) + kSlots;
@@ -172,18 +184,22 @@ struct RmsNormBackwardStrips : OpBase {
     // last bulk group) is done: lane 0 waits, the warp follows.
     if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     __syncwarp();
-    sm90::Subtile16::store(c.smem.h_hat[warp] - shift, c.wg.thread, h_hat);
+    sm90::Subtile16::store(c.smem.h_hat[warp] - w * int(kStripBytes), c.wg.thread, h_hat);
 
-    // The strip's column sums: the 8 row groups of the warp merged by shuffles (every lane of a
-    // quad class ends with the same sums); lane 4 s + q keeps those of slab s.
-    const bool mine = lane / 4 == st.slab;
+    // The strip's column sums over the warp's 8 row groups (lane bits 2-4), reduce-scattered:
+    // at each halving a lane keeps half of its sums and adds the partner's half, so after three
+    // exchanges (7 shuffles, not 24) lane 4 k + q holds the whole sum of term k, and keeps it in
+    // dgamma[slab] (column 8 (k / 2) + 2 q + k % 2 of the slab).
+    float half4[4], half2[2];
+    const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      float s = term[k];
+    for (int k = 0; k < 4; ++k) half4[k] = reduce_half(term[k], term[k + 4], b4, 16);
 #pragma unroll
-      for (int mask = 4; mask <= 16; mask *= 2) s += __shfl_xor_sync(0xffffffffu, s, mask);
-      if (mine) dgamma[k] += s;
-    }
+    for (int k = 0; k < 2; ++k) half2[k] = reduce_half(half4[k], half4[k + 2], b3, 8);
+    const float sum = reduce_half(half2[0], half2[1], b2, 4);
+#pragma unroll
+    for (int k = 0; k < Shape::kSubtilesN; ++k)
+      if (st.slab == k) dgamma[k] += sum;
   }
 
   // Lane 0, after the driver's fence: the warp's h_hat strip (st is the strip: kStripRows rows
@@ -198,11 +214,10 @@ struct RmsNormBackwardStrips : OpBase {
     const int warp = epilogue_warp(c), lane = c.wg.lane();
     __syncwarp(); // every lane's reads of the ring are done
     float* mine = reinterpret_cast<float*>(c.smem.in[warp][0][0]);
+    const int k = lane / 4, column = 8 * (k / 2) + 2 * (lane % 4) + k % 2;
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        mine[lane / 4 * Shape::kSubCols + 8 * j + 2 * (lane % 4) + e] = dgamma[2 * j + e];
+    for (int slab = 0; slab < Shape::kSubtilesN; ++slab)
+      mine[slab * Shape::kSubCols + column] = dgamma[slab];
     sync();
     const int32_t block = tile.row0 / int32_t(kReduceBlock);
     for (int col = warp * arch::kWarpSize + lane; col < Shape::kCols;
@@ -238,6 +253,13 @@ struct RmsNormBackwardStrips : OpBase {
 
 private:
   __device__ static int epilogue_warp(const Ctx& c) { return c.wg.warp() - (4 - kWarps); }
+
+  // One halving of a reduce-scatter across the lanes `mask` apart: the lane with the mask bit
+  // keeps b and sends a, its partner keeps a and sends b; each adds what it receives.
+  __device__ static float reduce_half(float a, float b, bool upper, int mask) {
+    const float keep = upper ? b : a, send = upper ? a : b;
+    return keep + __shfl_xor_sync(0xffffffffu, send, mask);
+  }
 
   __device__ static void sync() {
     arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0),
