@@ -322,14 +322,15 @@ public:
   static constexpr bool kWarpLocal = kStaged && warp_local();
 
 private:
-  // Fewer than 4 epilogue warps (staged_wide): the warps take the tile's 16-row strips in turn
-  // (strip s of the tile: 64-row block s / 4, rows 16 (s % 4) ..), each visiting its strips
-  // subtile by subtile as the consumer thread that held those rows (wg_.thread = 32 (s % 4) +
-  // lane), so the ops' fragment maps hold. Only warp-local lists can run so.
+  // Fewer than 4 epilogue warps (staged_wide): the warps take the tile's strip-subtiles in turn
+  // (16 rows by one subtile's columns; strip s of the tile: 64-row block s / 4, rows 16 (s % 4)
+  // ..), each visiting one as the consumer thread that held those rows (wg_.thread = 32 (s % 4)
+  // + lane), so the ops' fragment maps hold. Only warp-local lists can run so.
   static constexpr int kEpilogueWarps = Shape::kEpilogueWarps;
   static constexpr int kFirstEpilogueWarp = 4 - kEpilogueWarps; // of their warpgroup
   static constexpr bool kStrips = kStaged && kEpilogueWarps < 4;
   static constexpr int kStripsPerBlock = sm90::Subtile16::kRows / kStripRows;
+  static constexpr int kStripUnits = Shape::kBlocks * kStripsPerBlock * Shape::kSubtilesN;
   static_assert(!kStrips || kWarpLocal,
                 "with fewer than 4 epilogue warps, the ops after the Stage must be warp-local");
 
@@ -445,25 +446,31 @@ public:
     static_assert(kStaged, "only the staged schedule stages its tile");
     Staged::wait_full(smem_.staged, staged_.phase);
     begin_visit(tile);
-#pragma unroll // blocks unrolled: ops index per-block register state by the block
-    for (int block = 0; block < Shape::kBlocks; ++block) {
-      if constexpr (kStrips) {
-        const int thread = wg_.thread, lane = wg_.lane();
-        const int me = wg_.warp() - kFirstEpilogueWarp;
+    if constexpr (kStrips) {
+      // The tile's strip-subtiles (unit u: strip u / kSubtilesN, slab u % kSubtilesN) dealt to
+      // the warps in turn, so that none has more than one more than another: 22, 21, 21 of a
+      // 128 x 256 tile's 64 for three warps, where whole strips (8 of them) gave 24, 24, 16 and
+      // the consumers waited for the slowest warp's release.
+      const int thread = wg_.thread, lane = wg_.lane();
+      const int me = wg_.warp() - kFirstEpilogueWarp;
 #pragma unroll 1
-        for (int strip = 0; strip < kStripsPerBlock; ++strip) {
-          if ((block * kStripsPerBlock + strip) % kEpilogueWarps != me) continue;
-          wg_.thread = strip * arch::kWarpSize + lane;
+      for (int unit = me; unit < kStripUnits; unit += kEpilogueWarps) {
+        const int strip = unit / Shape::kSubtilesN;
+        wg_.thread = strip % kStripsPerBlock * arch::kWarpSize + lane;
+        visit_staged_subtile(tile, strip / kStripsPerBlock, unit % Shape::kSubtilesN);
+      }
+      wg_.thread = thread;
+    } else {
+#pragma unroll // blocks unrolled: ops index per-block register state by the block
+      for (int block = 0; block < Shape::kBlocks; ++block) {
+        if constexpr (kHasPrepass) {
+          // A group of subtiles in registers, its prepass, then its subtiles' chain.
+#pragma unroll
+          for (int group = 0; group < Shape::kCols / kGroupCols; ++group)
+            visit_staged_group(tile, block, group);
+        } else {
           visit_staged_slabs(tile, block);
         }
-        wg_.thread = thread;
-      } else if constexpr (kHasPrepass) {
-        // A group of subtiles in registers, its prepass, then its subtiles' chain.
-#pragma unroll
-        for (int group = 0; group < Shape::kCols / kGroupCols; ++group)
-          visit_staged_group(tile, block, group);
-      } else {
-        visit_staged_slabs(tile, block);
       }
     }
     // Every read of the staged tile is done (each thread's, before the last subtile's barrier;

@@ -1,7 +1,7 @@
 // K6's RMSNorm backward on the staged_wide schedule (gemm/config.hpp): the whole op of the
 // cooperative list's AuxReduce<RmsNormBackward, ReduceOverM<Sum>> (+ ResidualAdd when dx
-// accumulates), for three epilogue warps that each take 16-row strips of the staged 128 x 256
-// tile in turn (driver.cuh, kStrips). Per element, the shared rms_norm_backward():
+// accumulates), for three epilogue warps that take the staged 128 x 256 tile's strip-subtiles
+// (16 rows by 32 columns) in turn (driver.cuh, kStrips). Per element, the shared rms_norm_backward():
 //   dx = rstd (g gamma - xh zeta) (+ dx as read)   -> the fragment (an in-place TileStore after)
 //   h_hat = xh gamma                              -> TMA-stored from a strip buffer of the warp
 //   g xh                                          -> dgamma partials, column sums over the
@@ -37,27 +37,25 @@
 
 namespace coda::epilogue::device {
 
-// Where an epilogue warp's stream of strip-subtiles goes: position n of epilogue warp e is slab
-// n % kSlabs of the tile's strip e + kEpilogueWarps (n / kSlabs); strip s is rows 16 (s % 4) of
-// 64-row block s / 4 (the order in which driver.cuh's strip mode visits them).
+// Where an epilogue warp's stream of strip-subtiles goes, in the driver's order (driver.cuh,
+// kStrips): unit u of the tile is slab u % kSlabs of strip u / kSlabs (strip s: rows 16 (s % 4)
+// of 64-row block s / 4), and epilogue warp e takes units e, e + kEpilogueWarps, ..; its
+// position n is unit e + kEpilogueWarps n.
 template <class Shape> struct StripStream {
   static constexpr int kSlabs = Shape::kSubtilesN;
   static constexpr int kStripsPerBlock = Shape::kSubRows / kStripRows;
-  static constexpr int kStrips = Shape::kBlocks * kStripsPerBlock;
-  __device__ static int position_strip(int warp, int n) {
-    return warp + Shape::kEpilogueWarps * (n / kSlabs);
-  }
+  static constexpr int kUnits = Shape::kBlocks * kStripsPerBlock * kSlabs;
+  __device__ static int unit(int warp, int n) { return warp + Shape::kEpilogueWarps * n; }
   __device__ static int positions(int warp) {
-    const int strips = (kStrips - warp + Shape::kEpilogueWarps - 1) / Shape::kEpilogueWarps;
-    return strips * kSlabs;
+    return (kUnits - warp + Shape::kEpilogueWarps - 1) / Shape::kEpilogueWarps;
   }
-  // The epilogue warp visiting strip-subtile `st` as virtual warp w (its rows 16 w ..).
+  // The tile's strip of strip-subtile `st`, visited as virtual warp w (its rows 16 w ..).
+  __device__ static int strip(const Subtile& st, int w) { return st.block * kStripsPerBlock + w; }
   __device__ static int owner(const Subtile& st, int w) {
-    return (st.block * kStripsPerBlock + w) % Shape::kEpilogueWarps;
+    return (strip(st, w) * kSlabs + st.slab) % Shape::kEpilogueWarps;
   }
   __device__ static int position(const Subtile& st, int w) {
-    const int strip = st.block * kStripsPerBlock + w;
-    return strip / Shape::kEpilogueWarps * kSlabs + st.slab;
+    return (strip(st, w) * kSlabs + st.slab) / Shape::kEpilogueWarps;
   }
 };
 
@@ -96,7 +94,8 @@ struct RmsNormBackwardStrips : OpBase {
 
   uint32_t consumed;      // positions this warp has read, over all tiles: the ring position
   uint32_t phase;         // bit s: the parity the next wait on slot s expects
-  float rstd[2], zeta[2]; // of the thread's two rows of the current strip
+  int rows_strip;         // the tile's strip whose rows rstd and zeta hold (-1: none yet)
+  float rstd[2], zeta[2]; // of the thread's two rows of that strip
   float dgamma[8];        // [slab]: the warp's sum of column 8 (k / 2) + 2 q + k % 2, lane 4 k + q
 
   __device__ static void init(SharedStorage& s) {
@@ -110,6 +109,7 @@ struct RmsNormBackwardStrips : OpBase {
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
 #pragma unroll
     for (int k = 0; k < 8; ++k) dgamma[k] = 0.f;
+    rows_strip = -1;
     const int warp = epilogue_warp(c);
     if (c.wg.lane() != 0) return;
     const int count = Stream::positions(warp) < kSlots ? Stream::positions(warp) : kSlots;
@@ -122,7 +122,8 @@ struct RmsNormBackwardStrips : OpBase {
     const int w = c.wg.warp(); // the virtual warp: this strip's rows in its subtile
     const int warp = Stream::owner(st, w);
     const int lane = c.wg.lane();
-    if (st.slab == 0) { // a new strip: its rows' rstd and zeta
+    if (const int strip = Stream::strip(st, w); strip != rows_strip) { // its rows' rstd, zeta
+      rows_strip = strip;
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const int32_t row = st.row0 + SubtileMap::slot_row(c.wg.thread, s);
@@ -270,11 +271,11 @@ private:
   __device__ static void load(const Ctx& c, int warp, uint32_t slot, int32_t row0, int32_t col0,
                               int n) {
     namespace ptx = cuda::ptx;
-    const int strip = Stream::position_strip(warp, n);
+    const int unit = Stream::unit(warp, n), strip = unit / Stream::kSlabs;
     uint64_t* bar = &c.smem.full[warp][slot];
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar,
                                    uint32_t(kInputs * kStripBytes));
-    const int32_t coords[2] = {col0 + n % Stream::kSlabs * Shape::kSubCols,
+    const int32_t coords[2] = {col0 + unit % Stream::kSlabs * Shape::kSubCols,
                                row0 + strip / Stream::kStripsPerBlock * Shape::kSubRows +
                                    strip % Stream::kStripsPerBlock * kStripRows};
     ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, c.smem.in[warp][slot][0],
