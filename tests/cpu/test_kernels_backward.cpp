@@ -94,7 +94,7 @@ TEST_P(RmsBackward, OutputsAndDgammaPartialsMatchReference) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, RmsBackward,
                          testing::Combine(testing::ValuesIn(kHalfTypes),
-                                          // K = 4096: g rounded (args.hpp)
+                                          // K = 4096: g rounded (from 3072, args.hpp)
                                           testing::Values(Shape{1, 8, 16}, Shape{37, 136, 64},
                                                           Shape{200, 264, 32},
                                                           Shape{37, 136, 4096}),
@@ -207,7 +207,7 @@ TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseUnroundedGradient) {
   expect_fp32_dgamma_partials(GetParam(), {200, 264, 32});
 }
 
-TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseStoredGradientFromK4096) {
+TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseStoredGradientFromRoundingK) {
   expect_fp32_dgamma_partials(GetParam(), {130, 136, kRmsBackwardRoundedGradientMinK});
 }
 

@@ -123,7 +123,7 @@ struct RmsLseArgs {
 //   h_hat = round(xh * gamma[n])                    [M, N] normalized input, for the weight
 //   gradient dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
 // zeta[m] = (1/N) sum_k z[m, k] dz[m, k] over the consumer's output (see rope_backward, K7, CE).
-inline constexpr int64_t kRmsBackwardRoundedGradientMinK = 4096;
+inline constexpr int64_t kRmsBackwardRoundedGradientMinK = 3072;
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
   Scalar alpha;

@@ -18,9 +18,10 @@
 //    alike): with accumulate, x and dx rings of 2 slots, 3 pipeline stages; without, an x ring
 //    of 4 slots, 3 stages;
 //  - staged_wide (from that K): the consumers round g to T and hand the tile over; three warps
-//    of the producer warpgroup run the norm backward on 16-row strips (RmsNormBackwardStrips)
-//    under the next tile's MMAs, dx stored in place from the staged tile. At K = 3072 its three
-//    warps outlast the mainloop (docs/epilogue.md, "K6 on the staged_wide schedule").
+//    of the producer warpgroup run the norm backward on 16-row strip-subtiles
+//    (RmsNormBackwardStrips) under the next tile's MMAs, dx stored in place from the staged
+//    tile. Below K = 3072 (not measured there) its three warps would outlast the mainloop
+//    (docs/epilogue.md, "K6 on the staged_wide schedule").
 // set_fused_schedule forces either (staged: staged_wide); a forced schedule keeps its own
 // rounding of g (the CPU backend follows the default's), so forcing is for tests and benchmarks.
 #include "gpu/fused/common.cuh"
