@@ -6,8 +6,9 @@
 # the GPU machine from the repository root, on a build that has bench_fused:
 #   OUT=/tmp/ncu BUILD=build-slim tools/ncu_epilogue.sh K0
 # LAUNCH_SKIP=N profiles the fused kernel's (N+1)-th launch instead of its first: bench_fused's
-# warm-up launches the default schedule, then (except K6) cooperative, ping-pong and staged
-# forced, so LAUNCH_SKIP=3 is the staged kernel (its plain GEMM is still the first launch).
+# warm-up launches the default schedule, then cooperative and staged forced, then (except K6)
+# ping-pong forced, so LAUNCH_SKIP=2 is the staged kernel and 3 the ping-pong one (its plain GEMM
+# is still the first launch).
 set -uo pipefail
 OUT=${OUT:-/tmp/coda_ncu}
 BUILD=${BUILD:-build-gpu-check}
