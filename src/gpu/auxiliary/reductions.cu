@@ -39,15 +39,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int32_t b0 = 0; b0 < count; b0 += 32) {
     const int cols = min(32, count - b0);
     if (lane < cols) {
-      // All 32 loads issued before the first is used: a loop bounded by my_rows was issued a
-      // few loads at a time, one memory round trip each (the backward's three reduces took
-      // 22 us at Llama-1B, ncu at 42c702d, for 1.5 MB of partials).
       const float* column = partials + row0 * stride + b0 + lane;
-      float v[32];
-#pragma unroll
-      for (int r = 0; r < 32; ++r) v[r] = r < my_rows ? __ldg(column + r * stride) : 0.f;
-#pragma unroll
-      for (int r = 0; r < 32; ++r) tile[r][lane] = v[r];
+      for (int r = 0; r < my_rows; ++r) tile[r][lane] = column[r * stride];
     }
     __syncwarp();
     if (lane < my_rows)
