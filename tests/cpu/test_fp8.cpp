@@ -1,0 +1,198 @@
+// FP8 E4M3 and its block scales (core/fp8.hpp), against independent statements of the format:
+// the grid decoded from the OCP definition in fp64, and the conversion from fp32 as a search for
+// the nearest grid value (ties to the even code, saturation at 448), over every grid value, every
+// midpoint and its fp32 neighbours, the special values and random floats.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "coda/core/fp8.hpp"
+
+namespace {
+
+using coda::e4m3;
+
+bool is_nan_code(int c) { return (c & 0x7f) == 0x7f; }
+
+// The OCP E4M3 value of a code, in fp64: (-1)^s 2^(e-7) (1 + m/8), or 2^-6 (m/8) when e = 0.
+double grid_value(int c) {
+  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -magnitude : magnitude;
+}
+
+// The code fp32 x converts to, by search: the nearest of the 127 non-negative finite values
+// (ties to the even code), the sign kept (so a negative value that rounds to 0 is -0, 0x80),
+// magnitudes from 448 up (infinity included) saturated, NaN to 0x7F.
+int nearest_code(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const int sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  int best = 0x7e;
+  if (a < 448.0) {
+    double best_distance = std::numeric_limits<double>::infinity();
+    for (int c = 0; c <= 0x7e; ++c) {
+      const double d = std::fabs(grid_value(c) - a);
+      if (d < best_distance || (d == best_distance && (c & 1) == 0)) best_distance = d, best = c;
+    }
+  }
+  return sign | best;
+}
+
+std::vector<float> special_floats() {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> v = {0.0f,
+                          -0.0f,
+                          inf,
+                          -inf,
+                          std::numeric_limits<float>::quiet_NaN(),
+                          -std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::min(),
+                          std::numeric_limits<float>::denorm_min(),
+                          448.0f,
+                          464.0f,
+                          480.0f,
+                          1e30f,
+                          std::ldexp(1.0f, -10),
+                          3 * std::ldexp(1.0f, -10),
+                          std::ldexp(1.0f, -6),
+                          std::ldexp(1.0f, -7),
+                          std::ldexp(1.0f, -130)};
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) v.push_back(-v[i]);
+  return v;
+}
+
+// Every finite grid value, every midpoint between neighbours (exact ties) and their fp32
+// neighbours on both sides, with both signs.
+std::vector<float> grid_floats() {
+  std::vector<float> v;
+  for (int c = 0; c <= 0x7e; ++c) {
+    const float x = float(grid_value(c));
+    v.push_back(x);
+    if (c < 0x7e) {
+      const float mid = float((grid_value(c) + grid_value(c + 1)) / 2); // exact in fp32
+      v.push_back(mid);
+      v.push_back(std::nextafter(mid, 0.0f));
+      v.push_back(std::nextafter(mid, 1e9f));
+    }
+  }
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) v.push_back(-v[i]);
+  return v;
+}
+
+TEST(E4m3, DecodesTheGrid) {
+  for (int c = 0; c < 256; ++c) {
+    const float f = coda::e4m3_bits_to_float(uint8_t(c));
+    if (is_nan_code(c)) {
+      EXPECT_TRUE(std::isnan(f)) << c;
+      continue;
+    }
+    EXPECT_EQ(double(f), grid_value(c)) << c;
+    EXPECT_EQ(std::signbit(f), c >= 0x80) << c;
+  }
+  EXPECT_EQ(coda::e4m3_bits_to_float(coda::kE4m3MaxBits), coda::kE4m3Max);
+  EXPECT_EQ(coda::e4m3_bits_to_float(1), std::ldexp(1.0f, -9)); // the smallest subnormal
+  for (int c = 1; c <= 0x7e; ++c) {                             // ordered like the integers
+    EXPECT_LT(coda::e4m3_bits_to_float(uint8_t(c - 1)), coda::e4m3_bits_to_float(uint8_t(c)));
+  }
+}
+
+TEST(E4m3, RoundTripsEveryFiniteCode) {
+  for (int c = 0; c < 256; ++c) {
+    if (is_nan_code(c)) continue;
+    EXPECT_EQ(coda::float_to_e4m3_bits(coda::e4m3_bits_to_float(uint8_t(c))), c) << c;
+  }
+}
+
+TEST(E4m3, ConvertsToTheNearestEvenCodeAndSaturates) {
+  std::vector<float> inputs = special_floats();
+  for (float x : grid_floats()) inputs.push_back(x);
+  std::mt19937 rng(20261204);
+  std::uniform_real_distribution<float> exponent(-14.0f, 11.0f), mantissa(1.0f, 2.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = std::ldexp(mantissa(rng), int(std::floor(exponent(rng))));
+    inputs.push_back(i % 2 ? -x : x);
+  }
+  int mismatches = 0;
+  for (float x : inputs) {
+    const int got = coda::float_to_e4m3_bits(x), want = nearest_code(x);
+    if (got != want && ++mismatches <= 10)
+      ADD_FAILURE() << "x = " << x << " (bits 0x" << std::hex << coda::float_bits(x) << "): got 0x"
+                    << got << ", want 0x" << want;
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << inputs.size() << " inputs";
+}
+
+TEST(E4m3, ScaleExponentIsTheSmallestThatAvoidsSaturation) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> exponent(-130.0f, 127.0f), mantissa(1.0f, 2.0f);
+  std::vector<float> amax = {0.0f,
+                             448.0f,
+                             448.5f,
+                             224.0f,
+                             1.0f,
+                             1.75f,
+                             1.7500001f,
+                             std::numeric_limits<float>::max(),
+                             std::numeric_limits<float>::min(),
+                             std::numeric_limits<float>::denorm_min()};
+  for (int i = 0; i < 100000; ++i)
+    amax.push_back(std::ldexp(mantissa(rng), int(std::floor(exponent(rng)))));
+  for (float a : amax) {
+    const int k = coda::e4m3_scale_exponent(a);
+    ASSERT_GE(k, -126) << a;
+    ASSERT_LE(k, 120) << a;
+    EXPECT_LE(double(a), std::ldexp(448.0, k)) << a; // nothing saturates
+    if (k > -126) {                                  // and no smaller one would do
+      EXPECT_GT(double(a), std::ldexp(448.0, k - 1)) << a;
+    }
+  }
+  EXPECT_EQ(coda::e4m3_scale_exponent(0.0f), -126);
+  EXPECT_EQ(coda::e4m3_scale_exponent(std::numeric_limits<float>::infinity()), coda::kNoScale);
+  EXPECT_EQ(coda::e4m3_scale_exponent(std::numeric_limits<float>::quiet_NaN()), coda::kNoScale);
+}
+
+// A block of 128 values of one magnitude range, quantized with its scale: each value is the
+// nearest e4m3 value of x 2^-k (by the search), none saturates, the largest lands in
+// [224, 448], and dequantizing multiplies by 2^k exactly.
+TEST(E4m3, QuantizesABlockWithItsPowerOfTwoScale) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int magnitude : {-40, -12, -3, 0, 5, 17, 60}) {
+    std::vector<float> x(128);
+    float amax = 0.0f;
+    for (float& v : x) {
+      v = std::ldexp(normal(rng), magnitude);
+      amax = std::max(amax, std::fabs(v));
+    }
+    const int k = coda::e4m3_scale_exponent(amax);
+    float largest = 0.0f;
+    for (float v : x) {
+      const e4m3 q = coda::quantize_e4m3(v, k);
+      EXPECT_EQ(q.bits, nearest_code(float(std::ldexp(double(v), -k)))) << v << " k " << k;
+      EXPECT_NE(q.bits & 0x7f, coda::kE4m3MaxBits + 1) << v; // never NaN
+      const float back = coda::dequantize_e4m3(q, k);
+      EXPECT_EQ(double(back), std::ldexp(double(q.to_float()), k)) << v;
+      largest = std::max(largest, std::fabs(q.to_float()));
+    }
+    EXPECT_GE(largest, 224.0f) << "magnitude 2^" << magnitude;
+    EXPECT_LE(largest, coda::kE4m3Max);
+  }
+}
+
+TEST(E4m3, ABlockWithoutAFiniteScaleQuantizesToNan) {
+  const int k = coda::e4m3_scale_exponent(std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(coda::scale_exp2(k)));
+  const e4m3 q = coda::quantize_e4m3(1.0f, k);
+  EXPECT_EQ(q.bits, coda::kE4m3NanBits);
+  EXPECT_TRUE(std::isnan(coda::dequantize_e4m3(q, k)));
+}
+
+} // namespace
