@@ -53,7 +53,7 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
 
 // One RMSNorm backward through the GEMM that consumed the norm's output (coda-paper 4.3, K6),
 // with zeta already in scratch.zeta:
-//   K6:    g = alpha · dz·w (rounded from K = 4096);
+//   K6:    g = alpha · dz·w (rounded from K = 3072, kRmsBackwardRoundedGradientMinK);
 //          dx (+)= rstd * (g * gamma - x * rstd * zeta);  h_hat;  partials
 //   dgamma (+)= sum of the partials
 //   dw     (+)= alpha · dzᵀ · h_hat

@@ -22,9 +22,9 @@ namespace coda::gpu {
 // 192-column tile cuts its heads). K0 has no staged variant (its sum-of-squares partials are 128
 // columns wide, a 192-column tile holds one and a half): forcing staged runs its default. The
 // others force one, so that benchmarks and tests can compare them. Process-wide, not thread-safe.
-// The backward kernels: K6 runs cooperative below K = 4096 and the staged_wide schedule's
+// The backward kernels: K6 runs cooperative below K = 3072 and the staged_wide schedule's
 // 128 x 256 tile from there (forced staged: staged_wide; fused/k6.cu); K7 runs ping-pong or
-// staged (staged by default from K = 4096; forcing cooperative runs its default; fused/k7.cu says
+// staged (staged by default at every K; forcing cooperative runs its default; fused/k7.cu says
 // why).
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);

@@ -10,7 +10,7 @@
 //     so one's epilogue runs while the other's MMAs do (for heavy epilogues).
 //   StagedWideShape (128 x 256, read by three warps of the producer warpgroup): the staged_wide
 //     schedule (gemm/config.hpp): the cooperative tile's m64n256 MMAs, 3 stages beside the
-//     64 KB staged tile; warp-local op lists only (driver.cuh, kStrips). K6 from K = 4096.
+//     64 KB staged tile; warp-local op lists only (driver.cuh, kStrips). K6 from K = 3072.
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
