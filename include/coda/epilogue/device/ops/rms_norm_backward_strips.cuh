@@ -1,7 +1,7 @@
 // K6's RMSNorm backward on the staged_wide schedule (gemm/config.hpp): the whole op of the
 // cooperative list's AuxReduce<RmsNormBackward, ReduceOverM<Sum>> (+ ResidualAdd when dx
 // accumulates), for three epilogue warps that take the staged 128 x 256 tile's strip-subtiles
-// (16 rows by 32 columns) in turn (driver.cuh, kStrips). Per element, the shared rms_norm_backward():
+// (16 rows by 32 columns) in turn (driver.cuh, kStrips). Per element, rms_norm_backward():
 //   dx = rstd (g gamma - xh zeta) (+ dx as read)   -> the fragment (an in-place TileStore after)
 //   h_hat = xh gamma                              -> TMA-stored from a strip buffer of the warp
 //   g xh                                          -> dgamma partials, column sums over the
@@ -156,8 +156,8 @@ struct RmsNormBackwardStrips : OpBase {
     float term[8] = {}; // [2 j + e]: column 8 j + 2 q + e, both rows
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const float2 gv = st.col0 + 8 * j < p.cols ? unpack2<T>(__ldg(gamma + 4 * j))
-                                                 : make_float2(0.f, 0.f);
+      const float2 gv =
+          st.col0 + 8 * j < p.cols ? unpack2<T>(__ldg(gamma + 4 * j)) : make_float2(0.f, 0.f);
       const uint32_t chunk = ((uint32_t(j) ^ key) * 16);
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
