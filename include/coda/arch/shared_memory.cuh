@@ -1,7 +1,6 @@
 // Plain shared-memory loads and stores the compiler would otherwise emit as generic ones (LD.E,
 // ST.E, with 64-bit address arithmetic), when it cannot prove that a pointer into a struct of
-// dynamic shared memory is shared. PTX ISA
-// sections are cited by title.
+// dynamic shared memory is shared. PTX ISA sections are cited by title.
 #pragma once
 
 #include <cstdint>

@@ -68,6 +68,7 @@ struct TileShape {
   static constexpr int kEpilogueWarps = kEpilogueWarps_;
   static_assert(kEpilogueWarps == 4 || (kStaged && kEpilogueWarps >= 1 && kEpilogueWarps < 4),
                 "fewer than 4 epilogue warps only read a staged tile");
+  static constexpr int kFirstEpilogueWarp = 4 - kEpilogueWarps; // of their warpgroup
   static constexpr int kBlocks = kRows / 64;
   static constexpr int kSubRows = 64, kSubCols = 32;
   static constexpr int kSubtilesN = kCols / kSubCols;
@@ -327,7 +328,6 @@ private:
   // ..), each visiting one as the consumer thread that held those rows (wg_.thread = 32 (s % 4)
   // + lane), so the ops' fragment maps hold. Only warp-local lists can run so.
   static constexpr int kEpilogueWarps = Shape::kEpilogueWarps;
-  static constexpr int kFirstEpilogueWarp = 4 - kEpilogueWarps; // of their warpgroup
   static constexpr bool kStrips = kStaged && kEpilogueWarps < 4;
   static constexpr int kStripsPerBlock = sm90::Subtile16::kRows / kStripRows;
   static constexpr int kStripUnits = Shape::kBlocks * kStripsPerBlock * Shape::kSubtilesN;
@@ -452,7 +452,7 @@ public:
       // 128 x 256 tile's 64 for three warps, where whole strips (8 of them) gave 24, 24, 16 and
       // the consumers waited for the slowest warp's release.
       const int thread = wg_.thread, lane = wg_.lane();
-      const int me = wg_.warp() - kFirstEpilogueWarp;
+      const int me = wg_.warp() - Shape::kFirstEpilogueWarp;
 #pragma unroll 1
       for (int unit = me; unit < kStripUnits; unit += kEpilogueWarps) {
         const int strip = unit / Shape::kSubtilesN;

@@ -49,13 +49,17 @@ template <class Shape> struct StripStream {
   __device__ static int positions(int warp) {
     return (kUnits - warp + Shape::kEpilogueWarps - 1) / Shape::kEpilogueWarps;
   }
-  // The tile's strip of strip-subtile `st`, visited as virtual warp w (its rows 16 w ..).
+  // The tile's strip and unit of strip-subtile `st`, visited as virtual warp w (its rows 16 w ..),
+  // and the epilogue warp whose stream holds it, at which position.
   __device__ static int strip(const Subtile& st, int w) { return st.block * kStripsPerBlock + w; }
+  __device__ static int unit_of(const Subtile& st, int w) {
+    return strip(st, w) * kSlabs + st.slab;
+  }
   __device__ static int owner(const Subtile& st, int w) {
-    return (strip(st, w) * kSlabs + st.slab) % Shape::kEpilogueWarps;
+    return unit_of(st, w) % Shape::kEpilogueWarps;
   }
   __device__ static int position(const Subtile& st, int w) {
-    return (strip(st, w) * kSlabs + st.slab) / Shape::kEpilogueWarps;
+    return unit_of(st, w) / Shape::kEpilogueWarps;
   }
 };
 
@@ -135,13 +139,11 @@ struct RmsNormBackwardStrips : OpBase {
     sm90::mbarrier_wait(&c.smem.full[warp][slot], (phase >> slot) & 1);
     phase ^= 1u << slot;
     ++consumed;
-    // The thread's pairs in a strip buffer (16 rows of the subtile's 64-byte swizzled layout,
-    // tile_io.cuh): row lane / 4 + 8 s, 16-byte chunk j ^ key, byte 4 q in it. The swizzle key
-    // (row >> 1) & 3 is the same for both rows of the thread and for every strip, so the 8
-    // addresses are 4 registers plus the immediate 512 s: 32-bit shared loads, not generic ones
-    // (whose 64-bit swizzled addresses cost more than the math on the values).
-    const uint32_t q = uint32_t(lane) % 4, key = (uint32_t(lane) >> 3) % 4;
-    const uint32_t at = (uint32_t(lane) / 4) * SubtileLayout<T>::kRowBytes + 4 * q;
+    // 32-bit shared loads at lane_offset + pair_offset (below), not generic ones, whose 64-bit
+    // swizzled addresses cost more than the math on the values.
+    static_assert(pair_offsets_follow_the_layout(), "pair_offset is the subtile layout's offset");
+    const uint32_t q = uint32_t(lane) % 4;
+    const uint32_t at = lane_offset(uint32_t(lane));
     const uint32_t x = uint32_t(__cvta_generic_to_shared(c.smem.in[warp][slot][0])) + at;
     const uint32_t dx = uint32_t(__cvta_generic_to_shared(c.smem.in[warp][slot][kInputs - 1])) + at;
     // gamma of the thread's columns 8 j + 2 q (+1): one pair per j, shared by both rows. N is a
@@ -158,11 +160,10 @@ struct RmsNormBackwardStrips : OpBase {
     for (int j = 0; j < 4; ++j) {
       const float2 gv =
           st.col0 + 8 * j < p.cols ? unpack2<T>(__ldg(gamma + 4 * j)) : make_float2(0.f, 0.f);
-      const uint32_t chunk = ((uint32_t(j) ^ key) * 16);
 #pragma unroll
       for (int s = 0; s < 2; ++s) {
         const int i = 4 * j + 2 * s; // the fragment's registers of (row slot s, pair j)
-        const uint32_t offset = chunk + uint32_t(s) * 8 * SubtileLayout<T>::kRowBytes;
+        const uint32_t offset = pair_offset(uint32_t(lane), uint32_t(j), uint32_t(s));
         const float2 xv = unpack2<T>(arch::load_shared_u32(x + offset));
         const auto lo = rms_norm_backward(v[i], xv.x, rstd[s], zeta[s], gv.x);
         const auto hi = rms_norm_backward(v[i + 1], xv.y, rstd[s], zeta[s], gv.y);
@@ -253,7 +254,33 @@ struct RmsNormBackwardStrips : OpBase {
   }
 
 private:
-  __device__ static int epilogue_warp(const Ctx& c) { return c.wg.warp() - (4 - kWarps); }
+  __device__ static int epilogue_warp(const Ctx& c) {
+    return c.wg.warp() - Shape::kFirstEpilogueWarp;
+  }
+
+  // A lane's pairs in a strip buffer (16 rows of the subtile's 64-byte swizzled layout,
+  // tile_io.cuh): the pair in row slot s, column group j is at row lane / 4 + 8 s, column
+  // 8 j + 2 q. The swizzle key (row >> 1) & 3 is the same for both rows of a lane and for every
+  // strip, so the offset splits into the lane's part (added to the buffer's address once) and
+  // 16 (j ^ key) + 512 s (the chunk j lands in, and an immediate).
+  CODA_HD static constexpr uint32_t lane_offset(uint32_t lane) {
+    return lane / 4 * SubtileLayout<T>::kRowBytes + 4 * (lane % 4);
+  }
+  CODA_HD static constexpr uint32_t pair_offset(uint32_t lane, uint32_t j, uint32_t s) {
+    return (j ^ ((lane >> 3) % 4)) * 16 + s * 8 * SubtileLayout<T>::kRowBytes;
+  }
+  // ... which together are the layout's own offset (SubtileLayout::offset), for every lane, j, s.
+  static constexpr bool pair_offsets_follow_the_layout() {
+    for (uint32_t lane = 0; lane < 32; ++lane)
+      for (uint32_t j = 0; j < 4; ++j)
+        for (uint32_t s = 0; s < 2; ++s) {
+          const uint32_t row = lane / 4 + 8 * s, col = 8 * j + 2 * (lane % 4);
+          const uint32_t layout = arch::swizzle_offset(
+              SubtileLayout<T>::kSwizzle, row * SubtileLayout<T>::kRowBytes + col * sizeof(T));
+          if (lane_offset(lane) + pair_offset(lane, j, s) != layout) return false;
+        }
+    return true;
+  }
 
   // One halving of a reduce-scatter across the lanes `mask` apart: the lane with the mask bit
   // keeps b and sends a, its partner keeps a and sends b; each adds what it receives.
