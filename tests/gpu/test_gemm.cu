@@ -668,6 +668,14 @@ TEST(GemmHost, SwizzlePermutesChunksWithinRows) {
   EXPECT_EQ((desc >> 16) & 0x3fff, 8192u >> 4);
   EXPECT_EQ((desc >> 32) & 0x3fff, 1024u >> 4);
   EXPECT_EQ(desc >> 62, 1u);
+  // The mainloop advances a tile's descriptor by offsets instead of making each step's: the same
+  // descriptor wherever the sum stays in the shared window (below 2^18 bytes).
+  for (uint32_t addr = 0; addr < (1u << 18); addr += 1024 * 7 + 16)
+    for (uint32_t bytes = 0; addr + bytes < (1u << 18); bytes += 32 * 37)
+      for (uint32_t leading : {16u, 8192u})
+        ASSERT_EQ(arch::advance_wgmma_desc(arch::make_wgmma_desc_sw128(addr, leading, 1024), bytes),
+                  arch::make_wgmma_desc_sw128(addr + bytes, leading, 1024))
+            << "addr " << addr << " + " << bytes;
 }
 
 } // namespace

@@ -32,6 +32,14 @@ CODA_HD constexpr uint64_t make_wgmma_desc_sw128(uint32_t smem_addr, uint32_t le
          (uint64_t((stride_byte_offset >> 4) & 0x3fffu) << 32) | (uint64_t(1) << 62);
 }
 
+// The descriptor of the same tile `bytes` further (a multiple of 16): the start-address field
+// plus bytes >> 4. Shared-memory addresses are below 2^18 (228 KB per CTA), so the 14-bit field
+// never carries into the leading offset: one 32-bit add where make_wgmma_desc_sw128 takes a
+// shift, a mask and the merges.
+CODA_HD constexpr uint64_t advance_wgmma_desc(uint64_t desc, uint32_t bytes) {
+  return (desc & ~uint64_t(0xffffffffu)) | uint32_t(uint32_t(desc) + (bytes >> 4));
+}
+
 // Operand tiles in shared memory are 64 elements (128 bytes) deep in their contiguous dimension.
 //   K-major   ([MN rows][64 k]):      8-row core groups 1024 B apart (stride offset); the leading
 //             offset is unused; the k16 step moves the start address 32 B along the row.

@@ -171,43 +171,43 @@ private:
     }
   }
 
-  // Descriptors for k16 step `kk` of 64-row block `block` of A, and of B from a column on (see
-  // smem_desc.hpp).
-  __device__ static uint64_t desc_a(const uint8_t* tile, int block, int kk) {
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
-    if constexpr (kMajorA == Major::k)
-      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes + kk * 32, 16,
-                                         arch::kSwizzleAtomBytes);
-    else
-      return arch::make_wgmma_desc_sw128(base + block * kAtomBytes +
-                                             kk * 16 * arch::kOperandRowBytes,
-                                         kAtomBytes, arch::kSwizzleAtomBytes);
+  // Byte offsets, from the stage's tile, of what the k16 step `kk` of 64-row block `block` of A,
+  // and of B from column `n0` (a multiple of 64), read (see smem_desc.hpp).
+  static constexpr uint32_t offset_a(int block, int kk) {
+    return kMajorA == Major::k ? block * kAtomBytes + kk * 32
+                               : block * kAtomBytes + kk * 16 * arch::kOperandRowBytes;
   }
-  // `n0`: the first column of B the wgmma reads (a multiple of 64).
-  __device__ static uint64_t desc_b(const uint8_t* tile, int kk, int n0) {
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(tile));
-    if constexpr (kMajorB == Major::k)
-      return arch::make_wgmma_desc_sw128(base + n0 * arch::kOperandRowBytes + kk * 32, 16,
-                                         arch::kSwizzleAtomBytes);
-    else
-      return arch::make_wgmma_desc_sw128(base + n0 / 64 * kAtomBytes +
-                                             kk * 16 * arch::kOperandRowBytes,
-                                         kAtomBytes, arch::kSwizzleAtomBytes);
+  static constexpr uint32_t offset_b(int kk, int n0) {
+    return kMajorB == Major::k ? n0 * arch::kOperandRowBytes + kk * 32
+                               : n0 / 64 * kAtomBytes + kk * 16 * arch::kOperandRowBytes;
+  }
+  // A tile's descriptor at byte offset 0 (the leading offset only matters MN-major).
+  template <Major kMajor> __device__ static uint64_t tile_desc(const uint8_t* tile) {
+    return arch::make_wgmma_desc_sw128(uint32_t(__cvta_generic_to_shared(tile)),
+                                       kMajor == Major::k ? 16 : kAtomBytes,
+                                       arch::kSwizzleAtomBytes);
   }
 
+  // A stage's wgmmas address its tiles by descriptors made once per stage plus each step's
+  // constant offset: the consumer warps share their schedulers with the staged epilogue's, so
+  // every instruction of the mainloop's issue chain counts (ncu on a staged K7: the consumers'
+  // HGMMAs waited on issue, not on the tensor cores; ~10 instructions per wgmma before this).
   __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Accum& acc, int first_block,
                                    bool first_k_block) {
     constexpr int kTransA = kMajorA == Major::mn ? 1 : 0;
     constexpr int kTransB = kMajorB == Major::mn ? 1 : 0;
     constexpr int kN = Config::kWgmmaN, kParts = Config::kTileN / kN;
+    const uint64_t a0 =
+        arch::advance_wgmma_desc(tile_desc<kMajorA>(smem.a[stage]), offset_a(first_block, 0));
+    const uint64_t b0 = tile_desc<kMajorB>(smem.b[stage]);
 #pragma unroll
     for (int kk = 0; kk < Config::kTileK / 16; ++kk) {
 #pragma unroll
       for (int part = 0; part < kParts; ++part) {
-        const uint64_t b = desc_b(smem.b[stage], kk, part * kN);
+        const uint64_t b = arch::advance_wgmma_desc(b0, offset_b(kk, part * kN));
 #pragma unroll
         for (int mb = 0; mb < Accum::kBlocks; ++mb) {
-          const uint64_t a = desc_a(smem.a[stage], first_block + mb, kk);
+          const uint64_t a = arch::advance_wgmma_desc(a0, offset_a(mb, kk));
           // Columns [part kN, (part + 1) kN) are registers [part kN/2, (part + 1) kN/2) of the
           // full width's map (coda/core/fragment.hpp): one narrower wgmma on a slice of them.
           float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc.reg[mb][part * kN / 2]);
