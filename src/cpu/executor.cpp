@@ -39,18 +39,32 @@ void TensorMainloop::operator()(const epilogue::HostFragment& frag) const {
       frag.value(r, c) = load_float(x_, tile.m0 + r, tile.n0 + c);
 }
 
+ep::Rope::Args rope_args(const RopeSpec& rope, bool inverse) {
+  ep::Rope::Args args;
+  args.positions = rope.positions;
+  args.inv_freq = rope.inv_freq;
+  args.head_dim = rope.head_dim;
+  args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * rope.head_dim; // Q and K
+  args.inverse = inverse;
+  return args;
+}
+
 void require(bool ok, const std::string& message) {
   if (!ok) throw Error(Status::invalid_argument, message);
 }
 
-void require_tile(Tile tile, const char* kernel) {
+Tile checked_tile(Tile tile, const char* kernel) {
   require(tile.m >= 1 && tile.n >= 2 && tile.n % 2 == 0,
           std::string("cpu::") + kernel +
               ": the tile must be at least 1 x 2 with an even width "
               "(column pairs never straddle tiles); got " +
               std::to_string(tile.m) + " x " + std::to_string(tile.n));
+  return tile;
 }
 
+namespace {
+
+// `partials` is [rows, blocks] with rows and blocks as the tile grid makes them.
 void require_partials(const TensorView& partials, int64_t rows, int64_t blocks, const char* kernel,
                       const char* name) {
   require(partials.rank == 2 && partials.shape[0] == rows && partials.shape[1] == blocks,
@@ -58,6 +72,21 @@ void require_partials(const TensorView& partials, int64_t rows, int64_t blocks, 
               std::to_string(blocks) + "] for this tile; got rank " +
               std::to_string(partials.rank) + " [" + std::to_string(partials.shape[0]) + ", " +
               std::to_string(partials.shape[1]) + "]");
+}
+
+} // namespace
+
+FusedGemm::FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a,
+                     const TensorView& w, Tile tile)
+    : m(a.shape[0]), n(layout == GemmLayout::dgrad ? w.shape[1] : w.shape[0]), k(a.shape[1]),
+      kernel_(kernel), tile_(checked_tile(tile, kernel)), mainloop_(layout, a, w, m, n, k) {}
+
+void FusedGemm::require_row_partials(const TensorView& partials, const char* name) const {
+  require_partials(partials, m, ceil_div(n, tile_.n), kernel_, name);
+}
+
+void FusedGemm::require_col_partials(const TensorView& partials, const char* name) const {
+  require_partials(partials, n, ceil_div(m, tile_.m), kernel_, name);
 }
 
 } // namespace coda::cpu

@@ -2,17 +2,34 @@
 // clarity, not speed), forms each tile's fp32 accumulator with a mainloop, then runs the kernel's
 // ordered epilogue ops on it with the lifecycle of ARCHITECTURE section 4: every op's begin_tile,
 // then every op's visit in order (an op sees its predecessors' results), then every end_tile.
-// The ops and their math are the ones the GPU epilogue runs (coda/epilogue/ops).
+// The ops and their math are the ones the GPU epilogue runs (coda/epilogue/ops); the fused
+// kernels' lists are the GPU's too (coda/kernels/op_lists.hpp, on the family HostOps).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "coda/core/error.hpp"
+#include "coda/epilogue/ops/aux_reduce.hpp"
+#include "coda/epilogue/ops/gated_pair.hpp"
+#include "coda/epilogue/ops/reduce_over_m.hpp"
+#include "coda/epilogue/ops/reduce_over_n.hpp"
+#include "coda/epilogue/ops/residual_add.hpp"
+#include "coda/epilogue/ops/rms_norm_backward.hpp"
+#include "coda/epilogue/ops/rope.hpp"
+#include "coda/epilogue/ops/round.hpp"
+#include "coda/epilogue/ops/scalar.hpp"
+#include "coda/epilogue/ops/scale_per_col.hpp"
+#include "coda/epilogue/ops/scale_per_row.hpp"
+#include "coda/epilogue/ops/select_per_row.hpp"
+#include "coda/epilogue/ops/store.hpp"
+#include "coda/epilogue/ops/swiglu_backward.hpp"
 #include "coda/epilogue/tile.hpp"
 #include "coda/gemm/problem.hpp"
+#include "coda/kernels/op_lists.hpp"
 #include "cpu/backend.hpp"
 
 namespace coda::cpu {
@@ -48,10 +65,11 @@ private:
 // Throws Status::invalid_argument with `message` unless `ok`: the backend's own preconditions
 // (tiles, partial-buffer shapes), so that no argument can make it index outside a buffer.
 void require(bool ok, const std::string& message);
-void require_tile(Tile tile, const char* kernel);
-// `partials` is [rows, blocks] with rows and blocks as the tile grid makes them.
-void require_partials(const TensorView& partials, int64_t rows, int64_t blocks, const char* kernel,
-                      const char* name);
+// `tile` when it is at least 1 x 2 with an even width (column pairs never straddle tiles).
+Tile checked_tile(Tile tile, const char* kernel);
+
+// The Rope op's arguments for a RopeSpec: rotate the Q and K heads (inverse: by -theta).
+ep::Rope::Args rope_args(const RopeSpec& rope, bool inverse);
 
 template <class Mainloop, class... Ops>
 void run_epilogue(const Mainloop& mainloop, int64_t m, int64_t n, Tile tile, Ops&... ops) {
@@ -76,5 +94,64 @@ void run_epilogue(const Mainloop& mainloop, int64_t m, int64_t n, Tile tile, Ops
     }
   }
 }
+
+// A kernel's ops, built from their Args in list order.
+template <class... Ops> struct OpChain {
+  explicit OpChain(const typename Ops::Args&... args) : ops(Ops(args)...) {}
+  std::tuple<Ops...> ops;
+};
+
+template <class Mainloop, class... Ops>
+void run_epilogue(const Mainloop& mainloop, int64_t m, int64_t n, Tile tile,
+                  OpChain<Ops...>& chain) {
+  std::apply([&](Ops&... ops) { run_epilogue(mainloop, m, n, tile, ops...); }, chain.ops);
+}
+
+// The GEMM of a fused kernel named `kernel`: acc = a · wᵀ (fwd, w [N, K]) or a · w (dgrad, w [K,
+// N]), [m, n] in tiles of checked_tile(tile); run() runs an op list on it.
+class FusedGemm {
+public:
+  FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a, const TensorView& w,
+            Tile tile);
+
+  // The partials the tile grid writes: row partials [m, ceil(n / tile.n)], column partials
+  // [n, ceil(m / tile.m)].
+  void require_row_partials(const TensorView& partials, const char* name) const;
+  void require_col_partials(const TensorView& partials, const char* name) const;
+
+  template <class... Ops> void run(OpChain<Ops...>& ops) const {
+    run_epilogue(mainloop_, m, n, tile_, ops);
+  }
+
+  const int64_t m, n, k;
+
+private:
+  const char* kernel_;
+  Tile tile_;
+  GemmMainloop mainloop_;
+};
+
+// The host op family of the fused kernels' lists (coda/kernels/op_lists.hpp): each name the host
+// op of coda/epilogue/ops, but for the two roles the host plays with another op.
+struct HostOps {
+  template <class... Ops> using List = OpChain<Ops...>;
+  template <class Op, class Reduce> using AuxReduce = ep::AuxReduce<Op, Reduce>;
+  template <class Gate> using GatedPairStore = ep::GatedPairStore<Gate>;
+  // One partial per tile: the tile's width is the block (kTileOf, cpu/backend.hpp).
+  template <template <class> class R, int64_t kBlock = kReduceBlock>
+  using ReduceOverN = ep::ReduceOverN<R>;
+  template <template <class> class R> using ReduceOverM = ep::ReduceOverM<R>;
+  using ResidualAdd = ep::ResidualAdd;
+  using RmsNormBackward = ep::RmsNormBackward;
+  using Rope = ep::Rope;
+  using ScaleByScalar = ep::ScaleByScalar;
+  using ScalePerCol = ep::ScalePerCol;
+  using ScalePerRow = ep::ScalePerRow;
+  using SelectPerRow = ep::SelectPerRow;
+  using SwigluBackward = ep::SwigluBackward;
+  using TileStore = ep::TileStore;
+  using Stage = ep::RoundTo;       // rounds to the dtype it is given, as the GPU's hand-over
+  using MainStore = ep::TileStore; // no staged tile to store from
+};
 
 } // namespace coda::cpu

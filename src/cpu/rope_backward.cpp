@@ -26,13 +26,7 @@ void rope_backward(const RopeBackwardArgs& args) {
   const TensorMainloop mainloop(args.dqkv); // loads each tile before dz (maybe dqkv) is written
   ep::MultiplyTile products({args.qkv});
   ep::ReduceOverN<ep::Sum> zeta({zeta_column, ep::Plane::aux, args.scale});
-  ep::Rope::Args rope_args;
-  rope_args.positions = rope.positions;
-  rope_args.inv_freq = rope.inv_freq;
-  rope_args.head_dim = rope.head_dim;
-  rope_args.rotated_cols = (int64_t(rope.n_q_heads) + rope.n_kv_heads) * rope.head_dim;
-  rope_args.inverse = true;
-  ep::Rope rotate(rope_args);
+  ep::Rope rotate(rope_args(rope, /*inverse=*/true));
   ep::TileStore dz({args.dz});
   run_epilogue(mainloop, m, n, tile, products, zeta, rotate, dz);
 }

@@ -8,6 +8,7 @@
 
 #include "coda/core/error.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
+#include "coda/kernels/op_lists.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/fused/kernels.hpp"
 
@@ -52,6 +53,30 @@ template <class Shape, class F> void with_staged_partials(F&& f) {
 // its own buffers elsewhere.
 template <class Shape, class T>
 using MainStore = dev::TileStore<Shape, T, /*reduce_add=*/false, /*in_place=*/true>;
+
+// The device op family of the kernels' op lists (coda/kernels/op_lists.hpp): the ops of
+// coda/epilogue/device on Shape and T, each as most kernels run it. kRstdPartials: the rstd
+// partials a ScalePerRow stages per row (with_staged_partials). A kernel that runs an op
+// otherwise, or one not here (K4's Rope on its head_dim), derives its own family from this one,
+// beside its launch.
+template <class Shape, class T, int kRstdPartials = 32> struct DeviceOps {
+  template <class... Ops> using List = dev::FusedEpilogue<Shape, Ops...>;
+  template <class Op, class Reduce> using AuxReduce = dev::AuxReduce<Op, Reduce>;
+  template <class Gate> using GatedPairStore = dev::GatedPairStore<Shape, T, Gate>;
+  template <template <class> class R, int64_t kBlock = kReduceBlock>
+  using ReduceOverN = dev::ReduceOverN<Shape, R, kBlock>;
+  template <template <class> class R> using ReduceOverM = dev::ReduceOverM<Shape, R>;
+  using ResidualAdd = dev::ResidualAdd<Shape, T>;
+  using RmsNormBackward = dev::RmsNormBackward<Shape, T>;
+  using ScaleByScalar = dev::ScaleByScalar;
+  using ScalePerCol = dev::ScalePerCol<Shape, T>;
+  using ScalePerRow = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kRstdPartials>;
+  using SelectPerRow = dev::SelectPerRow<Shape>;
+  using SwigluBackward = dev::SwigluBackward<Shape, T>;
+  using TileStore = dev::TileStore<Shape, T>;
+  using Stage = dev::Stage<T>;
+  using MainStore = fused::MainStore<Shape, T>;
+};
 
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {

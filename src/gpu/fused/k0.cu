@@ -1,27 +1,22 @@
 // K0 gemm_residual_rms: x = a · wᵀ + residual (fp32); out = round(x), sumsq_partials = row
-// partials of x² from the unrounded x, out_scaled = round(x * gamma[n]). The op chain of the CPU
-// backend (src/cpu/forward_kernels.cpp), on the device.
+// partials of x² from the unrounded x, out_scaled = round(x * gamma[n]). Its op list
+// (coda/kernels/op_lists.hpp, the CPU backend's too) on the device ops.
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {
 namespace {
 
-template <class Shape, class T>
-using ResidualRmsEpilogue =
-    dev::FusedEpilogue<Shape, dev::ResidualAdd<Shape, T>, dev::TileStore<Shape, T>,
-                       dev::ReduceOverN<Shape, epilogue::SumOfSquares>, dev::ScalePerCol<Shape, T>,
-                       dev::TileStore<Shape, T>>;
-
 template <class Shape, class T> void run_residual_rms(const ResidualRmsArgs& args, Stream stream) {
-  using Epi = ResidualRmsEpilogue<Shape, T>;
+  using Ops = DeviceOps<Shape, T>;
+  using Epi = kernels::ResidualRmsOps<Ops>;
   const int64_t n = args.w.shape[0];
   typename Epi::Params p{};
-  dev::get<0>(p) = dev::ResidualAdd<Shape, T>::params(args.residual, 1.f);
-  dev::get<1>(p) = dev::TileStore<Shape, T>::params("out", args.out);
+  dev::get<0>(p) = Ops::ResidualAdd::params(args.residual, 1.f);
+  dev::get<1>(p) = Ops::TileStore::params("out", args.out);
   dev::get<2>(p) = row_partials_params<Shape, epilogue::SumOfSquares>(args.sumsq_partials, n);
-  dev::get<3>(p) = dev::ScalePerCol<Shape, T>::params(args.gamma, n);
-  dev::get<4>(p) = dev::TileStore<Shape, T>::params("out_scaled", args.out_scaled);
+  dev::get<3>(p) = Ops::ScalePerCol::params(args.gamma, n);
+  dev::get<4>(p) = Ops::TileStore::params("out_scaled", args.out_scaled);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

@@ -15,19 +15,14 @@ FusedSchedule schedule_for(FusedSchedule kernel_default) {
 
 namespace {
 
-template <class Shape, int kPartials>
-using RstdScale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kPartials>;
-template <class Shape, class T, int kPartials>
-using RmsScaleEpilogue =
-    dev::FusedEpilogue<Shape, RstdScale<Shape, kPartials>, dev::Stage<T>, MainStore<Shape, T>>;
-
 template <class Shape, class T, int kPartials>
 void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
-  using Epi = RmsScaleEpilogue<Shape, T, kPartials>;
+  using Ops = DeviceOps<Shape, T, kPartials>;
+  using Epi = kernels::RmsScaleOps<Ops>;
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<RstdScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
-                                                            args.eps, args.rstd_out);
-  dev::get<2>(p) = MainStore<Shape, T>::params("out", args.out);
+  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
+                                                          args.eps, args.rstd_out);
+  dev::get<2>(p) = Ops::MainStore::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

@@ -16,14 +16,13 @@ namespace coda::gpu::fused {
 // schedule the consumers hold them in registers instead (dev::kPartialsInRegisters): 4 stages.
 template <class Shape, class T, int kStaged, class Gate, class GatedArgs>
 void run_rms_gated(const GatedArgs& args, Stream stream) {
-  using Scale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kStaged>;
-  using Epi = dev::FusedEpilogue<Shape, Scale, dev::Stage<T>, MainStore<Shape, T>,
-                                 dev::GatedPairStore<Shape, T, Gate>>;
+  using Ops = DeviceOps<Shape, T, kStaged>;
+  using Epi = kernels::RmsGatedOps<Ops, Gate>;
   typename Epi::Params p{};
-  dev::get<0>(p) =
-      rstd_params<Scale>(args.sumsq_partials, args.a.shape[1], args.eps, args.rstd_out);
-  dev::get<2>(p) = MainStore<Shape, T>::params("preact", args.preact);
-  dev::get<3>(p) = dev::GatedPairStore<Shape, T, Gate>::params("act", args.act);
+  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
+                                                          args.eps, args.rstd_out);
+  dev::get<2>(p) = Ops::MainStore::params("preact", args.preact);
+  dev::get<3>(p) = Ops::template GatedPairStore<Gate>::params("act", args.act);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

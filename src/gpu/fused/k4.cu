@@ -7,28 +7,29 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-// The scale and the rounding before RoPE: in the consumers before the hand-over (staged), in
-// the prepass with RoPE (the register schedules: rotate-half partners straddle subtiles).
-template <class Shape, int kPartials>
-using RopeScale =
-    std::conditional_t<Shape::kStaged,
-                       dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kPartials>,
-                       dev::ScalePerRow<Shape, dev::Pass::prepass>>;
+// K4's device ops: Rope on its head_dim; the scale and the rounding before RoPE in the
+// consumers before the hand-over (staged), in the prepass with RoPE (the register schedules:
+// rotate-half partners straddle subtiles).
 template <class Shape, class T, int kHeadDim, int kPartials>
-using RmsRopeEpilogue = dev::FusedEpilogue<Shape, RopeScale<Shape, kPartials>,
-                                           dev::Stage<T, /*prepass=*/!Shape::kStaged>,
-                                           dev::Rope<Shape, kHeadDim>, MainStore<Shape, T>>;
+struct RopeDeviceOps : DeviceOps<Shape, T, kPartials> {
+  using ScalePerRow =
+      std::conditional_t<Shape::kStaged, typename DeviceOps<Shape, T, kPartials>::ScalePerRow,
+                         dev::ScalePerRow<Shape, dev::Pass::prepass>>;
+  using Stage = dev::Stage<T, /*prepass=*/!Shape::kStaged>;
+  using Rope = dev::Rope<Shape, kHeadDim>;
+};
 
 template <class Shape, class T, int kHeadDim, int kPartials>
 void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
-  using Epi = RmsRopeEpilogue<Shape, T, kHeadDim, kPartials>;
+  using Ops = RopeDeviceOps<Shape, T, kHeadDim, kPartials>;
+  using Epi = kernels::RmsRopeOps<Ops>;
   const RopeSpec& rope = args.rope;
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<RopeScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
-                                                            args.eps, args.rstd_out);
-  dev::get<2>(p) = dev::Rope<Shape, kHeadDim>::params(
-      rope.positions, rope.inv_freq, args.a.shape[0], (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim);
-  dev::get<3>(p) = MainStore<Shape, T>::params("out", args.out);
+  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
+                                                          args.eps, args.rstd_out);
+  dev::get<2>(p) = Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
+                                     (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim);
+  dev::get<3>(p) = Ops::MainStore::params("out", args.out);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

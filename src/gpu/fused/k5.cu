@@ -3,34 +3,27 @@
 // vocabulary masked), target_logit = round(l)[m, targets[m]] in fp32 (0 where the target is
 // outside [0, V)): the numbers the cross-entropy reads (coda/epilogue/ops/round.hpp says why).
 //
-// One op list on every schedule: the Stage rounds the logits (on the staged schedule the
-// consumers hand them over there), the logits are stored, and the log-sum-exp and the target
-// logit are taken from them.
+// One op list on every schedule (coda/kernels/op_lists.hpp, the CPU backend's too): the Stage
+// rounds the logits (on the staged schedule the consumers hand them over there), the logits are
+// stored, and the log-sum-exp and the target logit are taken from them.
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
 namespace fused {
 namespace {
 
-template <class Shape, int kPartials>
-using RstdScale = dev::ScalePerRow<BeforeStage<Shape>, dev::Pass::subtile, kPartials>;
-template <class Shape, class T, int kPartials>
-using RmsLseEpilogue =
-    dev::FusedEpilogue<Shape, RstdScale<Shape, kPartials>, dev::Stage<T>, MainStore<Shape, T>,
-                       dev::ReduceOverN<Shape, epilogue::LogSumExp, kStagedReduceBlock>,
-                       dev::SelectPerRow<Shape>>;
-
 template <class Shape, class T, int kPartials>
 void run_rms_lse(const RmsLseArgs& args, Stream stream) {
-  using Epi = RmsLseEpilogue<Shape, T, kPartials>;
+  using Ops = DeviceOps<Shape, T, kPartials>;
+  using Epi = kernels::RmsLseOps<Ops>;
   const int64_t m = args.a.shape[0], vocab = args.w.shape[0];
   typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<RstdScale<Shape, kPartials>>(args.sumsq_partials, args.a.shape[1],
-                                                            args.eps, args.rstd_out);
-  dev::get<2>(p) = MainStore<Shape, T>::params("logits", args.logits);
+  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
+                                                          args.eps, args.rstd_out);
+  dev::get<2>(p) = Ops::MainStore::params("logits", args.logits);
   dev::get<3>(p) =
       row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(args.lse_partials, vocab);
-  dev::get<4>(p) = dev::SelectPerRow<Shape>::params(args.targets, args.target_logit, m, vocab);
+  dev::get<4>(p) = Ops::SelectPerRow::params(args.targets, args.target_logit, m, vocab);
   dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
 }
 

@@ -1,6 +1,6 @@
 // K6 gemm_rms_backward: the RMSNorm backward in the input-gradient GEMM's epilogue (dgrad
-// layout: acc = dz · w, w [K, N]). The op chain of the CPU backend (src/cpu/backward_kernels.cpp),
-// on the device:
+// layout: acc = dz · w, w [K, N]). Its op list (coda/kernels/op_lists.hpp, the CPU backend's
+// too) on the device ops:
 //   g = alpha * acc                                   ScaleByScalar (alpha a value or value *
 //                                                     [1]); on staged_wide (from K =
 //                                                     kRmsBackwardRoundedGradientMinK) rounded
@@ -10,7 +10,7 @@
 //   dx (+)= ...                                       ResidualAdd(dx, 1) when accumulating
 //   dx                                                TileStore
 // The dx tile is read once (its subtile loaded before the subtile's store is issued) and rounded
-// once, as the CPU backend's Accumulate + TileStore.
+// once, as the CPU backend's ResidualAdd + TileStore.
 //
 // Two schedules, both on the 128 x 256 tile, whose 128 rows are one dgamma reduction block:
 //  - cooperative (K < kRmsBackwardRoundedGradientMinK, args.hpp): the epilogue in the MMA
@@ -32,18 +32,23 @@ namespace {
 
 using Shape = dev::CooperativeShape;
 
-template <class T, int kXSlots>
-using RmsNormGrad =
-    dev::AuxReduce<dev::RmsNormBackward<Shape, T, kXSlots>, dev::ReduceOverM<Shape, epilogue::Sum>>;
+// K6's device ops on the cooperative schedule: an x ring of 4 slots, or with the dx ring of an
+// accumulating call, both of 2 (see the file comment).
+template <class T, bool kAccumulate> struct CooperativeOps : DeviceOps<Shape, T> {
+  static constexpr int kSlots = kAccumulate ? 2 : 4;
+  using RmsNormBackward = dev::RmsNormBackward<Shape, T, kSlots>;
+  using ResidualAdd = dev::ResidualAdd<Shape, T, kSlots>;
+};
+template <class T, bool kAccumulate>
+using CooperativeEpilogue =
+    kernels::RmsBackwardOps<CooperativeOps<T, kAccumulate>, /*rounded=*/false, kAccumulate>;
 
-template <class T>
-using OverwriteEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 4>, dev::TileStore<Shape, T>>;
-template <class T>
-using AccumulateEpilogue =
-    dev::FusedEpilogue<Shape, dev::ScaleByScalar, RmsNormGrad<T, 2>, dev::ResidualAdd<Shape, T, 2>,
-                       dev::TileStore<Shape, T>>;
-
+// The rounded list (kernels::RmsBackwardOps<F, true, kAccumulate>) on the staged_wide schedule is
+// the GPU's own: there three warps take the staged tile's 16-row strips in turn, so the ops after
+// the Stage must be warp-local (driver.cuh, kStrips), and the list's AuxReduce<RmsNormBackward,
+// ReduceOverM> is not (its x ring and its column sums are the warpgroup's, in shared memory).
+// RmsNormBackwardStrips is that pair and (kAccumulate) the ResidualAdd of dx in one warp-local
+// op, and dx is stored in place from the staged tile: the list's numbers.
 template <class T, bool kAccumulate>
 using StagedWideEpilogue =
     dev::FusedEpilogue<dev::StagedWideShape, dev::ScaleByScalar, dev::Stage<T>,
@@ -51,8 +56,8 @@ using StagedWideEpilogue =
                        MainStore<dev::StagedWideShape, T>>;
 
 template <class Epi, class T> using Gemm = dev::FusedGemm<Epi, T, GemmLayout::dgrad>;
-static_assert(Gemm<OverwriteEpilogue<bf16>, bf16>::Config::kStages == 3 &&
-                  Gemm<AccumulateEpilogue<bf16>, bf16>::Config::kStages == 3,
+static_assert(Gemm<CooperativeEpilogue<bf16, false>, bf16>::Config::kStages == 3 &&
+                  Gemm<CooperativeEpilogue<bf16, true>, bf16>::Config::kStages == 3,
               "K6's epilogue buffers leave room for 3 pipeline stages (see the file comment)");
 static_assert(StagedWideEpilogue<bf16, true>::kWarpLocal, "the staged_wide epilogue is warp-local");
 static_assert(Gemm<StagedWideEpilogue<bf16, true>, bf16>::Config::kStages == 3 &&
@@ -71,30 +76,18 @@ dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorV
   return p;
 }
 
-template <class T, int kXSlots, class Params>
-void set_common(Params& p, const RmsBackwardArgs& args) {
-  dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
+template <class T, bool kAccumulate>
+void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
+  using Ops = CooperativeOps<T, kAccumulate>;
+  using Epi = CooperativeEpilogue<T, kAccumulate>;
+  typename Epi::Params p{};
+  dev::get<0>(p) = Ops::ScaleByScalar::params(args.alpha);
   auto& norm = dev::get<1>(p);
-  norm.op = dev::RmsNormBackward<Shape, T, kXSlots>::params(args.x, args.gamma, args.rstd,
-                                                            args.zeta, args.h_hat);
+  norm.op = Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat);
   norm.reduce = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
-}
-
-template <class T> void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
-  if (args.accumulate) {
-    using Epi = AccumulateEpilogue<T>;
-    typename Epi::Params p{};
-    set_common<T, 2>(p, args);
-    dev::get<2>(p) = dev::ResidualAdd<Shape, T, 2>::params(args.dx, 1.f);
-    dev::get<3>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
-    Gemm<Epi, T>::run(args.dz, args.w, p, stream);
-  } else {
-    using Epi = OverwriteEpilogue<T>;
-    typename Epi::Params p{};
-    set_common<T, 4>(p, args);
-    dev::get<2>(p) = dev::TileStore<Shape, T>::params("dx", args.dx);
-    Gemm<Epi, T>::run(args.dz, args.w, p, stream);
-  }
+  if constexpr (kAccumulate) dev::get<2>(p) = Ops::ResidualAdd::params(args.dx, 1.f);
+  dev::get<kAccumulate ? 3 : 2>(p) = Ops::TileStore::params("dx", args.dx);
+  Gemm<Epi, T>::run(args.dz, args.w, p, stream);
 }
 
 template <class T, bool kAccumulate>
@@ -120,9 +113,10 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   const bool staged_wide = fused::schedule_for(by_k) == FusedSchedule::staged;
   fused::with_half_type(args.dz.dtype, [&](auto t) {
     using T = decltype(t);
-    if (!staged_wide) return fused::run_cooperative<T>(args, stream);
-    if (args.accumulate) return fused::run_staged_wide<T, true>(args, stream);
-    fused::run_staged_wide<T, false>(args, stream);
+    if (staged_wide && args.accumulate) return fused::run_staged_wide<T, true>(args, stream);
+    if (staged_wide) return fused::run_staged_wide<T, false>(args, stream);
+    if (args.accumulate) return fused::run_cooperative<T, true>(args, stream);
+    fused::run_cooperative<T, false>(args, stream);
   });
 }
 

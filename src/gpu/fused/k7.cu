@@ -1,6 +1,6 @@
 // K7 gemm_swiglu_backward: the SwiGLU backward in the down projection's input-gradient GEMM
-// (dgrad layout: dy = round(dx · w), w [K, F]). The op chain of the CPU backend
-// (src/cpu/backward_kernels.cpp), on the device:
+// (dgrad layout: dy = round(dx · w), w [K, F]). Its op list (coda/kernels/op_lists.hpp, the CPU
+// backend's too) on the device ops:
 //   dy rounded to T                                    Stage (the staged schedule's hand-over)
 //   act = silu(g) u, dpreact = (dg, du) interleaved    SwigluBackward (ping-pong: preact by TMA as
 //                                                      32-bit (g, u) containers, dpreact stored
@@ -25,12 +25,12 @@ namespace {
 template <class Shape, class T>
 using Swiglu = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shape, T>,
                                   dev::SwigluBackward<Shape, T, 3>>;
-template <class Shape>
-using ZetaPartials = dev::ReduceOverN<Shape, epilogue::Sum, kStagedReduceBlock>;
+// K7's device ops: its SwigluBackward per schedule (see the file comment).
+template <class Shape, class T> struct SwigluBackwardDeviceOps : DeviceOps<Shape, T> {
+  using SwigluBackward = Swiglu<Shape, T>;
+};
 template <class Shape, class T>
-using SwigluBackwardEpilogue =
-    dev::FusedEpilogue<Shape, dev::Stage<T>, dev::AuxReduce<Swiglu<Shape, T>, ZetaPartials<Shape>>,
-                       MainStore<Shape, T>>;
+using SwigluBackwardEpilogue = kernels::SwigluBackwardOps<SwigluBackwardDeviceOps<Shape, T>>;
 template <class Shape, class T>
 using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<Shape, T>, T, GemmLayout::dgrad>;
 
