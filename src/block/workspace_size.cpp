@@ -16,25 +16,22 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
   // The activation dtype does not matter here: bf16 and f16 are both 2 bytes.
   constexpr DType act = DType::bf16;
   detail::Arena counter;
-  const bool forward = pass == Pass::forward;
+  // The layer's carve for the pass, into the counting arena.
+  const auto carve = [&](auto carve_forward, auto carve_backward) {
+    if (pass == Pass::forward)
+      carve_forward(counter, config, tokens, act);
+    else
+      carve_backward(counter, config, tokens, act);
+  };
   switch (layer) {
   case Layer::first:
-    if (forward)
-      detail::carve_first_forward(counter, config, tokens, act);
-    else
-      detail::carve_first_backward(counter, config, tokens, act);
+    carve(detail::carve_first_forward, detail::carve_first_backward);
     break;
   case Layer::middle:
-    if (forward)
-      detail::carve_mlp_forward(counter, config, tokens, act);
-    else
-      detail::carve_middle_backward(counter, config, tokens, act);
+    carve(detail::carve_mlp_forward, detail::carve_middle_backward);
     break;
   case Layer::last:
-    if (forward)
-      detail::carve_last_forward(counter, config, tokens, act);
-    else
-      detail::carve_last_backward(counter, config, tokens, act);
+    carve(detail::carve_last_forward, detail::carve_last_backward);
     break;
   default:
     v.fail(Status::invalid_argument,
