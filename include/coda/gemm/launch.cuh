@@ -93,26 +93,19 @@ template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKer
     constexpr bool kMnA = a_major(kLayout) == Major::mn, kMnB = b_major(kLayout) == Major::mn;
     // Stored as rows x cols: K-major A [M, K], M-major A [K, M]; K-major B [N, K], N-major
     // B [K, N].
-    const uint64_t a_cols = kMnA ? uint64_t(p.m) : uint64_t(p.k);
-    const uint64_t a_rows = kMnA ? uint64_t(p.k) : uint64_t(p.m);
-    const uint64_t b_cols = kMnB ? uint64_t(p.n) : uint64_t(p.k);
-    const uint64_t b_rows = kMnB ? uint64_t(p.k) : uint64_t(p.n);
-    return {TensorMapShape{.base = a.data,
-                           .dtype = a.dtype,
-                           .cols = a_cols,
-                           .rows = a_rows,
-                           .row_stride = uint64_t(a.stride[0]),
-                           .box_cols = Main::kBoxColsA,
-                           .box_rows = Main::kBoxRowsA,
-                           .swizzle = CU_TENSOR_MAP_SWIZZLE_128B},
-            TensorMapShape{.base = b.data,
-                           .dtype = b.dtype,
-                           .cols = b_cols,
-                           .rows = b_rows,
-                           .row_stride = uint64_t(b.stride[0]),
-                           .box_cols = Main::kBoxColsB,
-                           .box_rows = Main::kBoxRowsB,
-                           .swizzle = CU_TENSOR_MAP_SWIZZLE_128B}};
+    const auto operand = [](const TensorView& t, bool mn_major, int64_t mn, int64_t k,
+                            uint32_t box_cols, uint32_t box_rows) {
+      return TensorMapShape{.base = t.data,
+                            .dtype = t.dtype,
+                            .cols = uint64_t(mn_major ? mn : k),
+                            .rows = uint64_t(mn_major ? k : mn),
+                            .row_stride = uint64_t(t.stride[0]),
+                            .box_cols = box_cols,
+                            .box_rows = box_rows,
+                            .swizzle = CU_TENSOR_MAP_SWIZZLE_128B};
+    };
+    return {operand(a, kMnA, p.m, p.k, Main::kBoxColsA, Main::kBoxRowsA),
+            operand(b, kMnB, p.n, p.k, Main::kBoxColsB, Main::kBoxRowsB)};
   }
 
   static typename Main::Params mainloop_params(const TensorView& a, const TensorView& b,

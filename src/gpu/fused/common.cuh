@@ -38,17 +38,6 @@ using gpu::require_device;
 template <class Shape>
 using BeforeStage = std::conditional_t<Shape::kStaged, dev::TileShape<2, 64, Shape::kCols>, Shape>;
 
-// f(std::integral_constant<int, P>{}) with P the rstd partials a ScalePerRow stages per row: on
-// the staged schedule none (dev::kPartialsInRegisters: its consumers hold up to 32 per row in
-// registers across the mainloop, so that 4 pipeline stages fit beside the staged tile; shared
-// memory for 32 left 3); 32 otherwise.
-template <class Shape, class F> void with_staged_partials(F&& f) {
-  if constexpr (Shape::kStaged)
-    return f(std::integral_constant<int, dev::kPartialsInRegisters>{});
-  else
-    return f(std::integral_constant<int, 32>{});
-}
-
 // A kernel's main output: stored from the staged tile itself on the staged schedule, through
 // its own buffers elsewhere.
 template <class Shape, class T>
@@ -56,7 +45,7 @@ using MainStore = dev::TileStore<Shape, T, /*reduce_add=*/false, /*in_place=*/tr
 
 // The device op family of the kernels' op lists (coda/kernels/op_lists.hpp): the ops of
 // coda/epilogue/device on Shape and T, each as most kernels run it. kRstdPartials: the rstd
-// partials a ScalePerRow stages per row (with_staged_partials). A kernel that runs an op
+// partials a ScalePerRow stages per row (with_rstd_variant). A kernel that runs an op
 // otherwise, or one not here (K4's Rope on its head_dim), derives its own family from this one,
 // beside its launch.
 template <class Shape, class T, int kRstdPartials = 32> struct DeviceOps {
@@ -83,18 +72,48 @@ template <class F> void with_half_type(DType dtype, F&& f) {
   gpu::with_half_type(dtype, "the fused GPU kernels", std::forward<F>(f));
 }
 
-// rstd[m] = rsqrt(sum_b partials[m, b] / width + eps), optionally written to rstd_out.
-template <class Op>
-typename Op::Params rstd_params(const TensorView& partials, int64_t width, float eps,
-                                const TensorView& rstd_out) {
-  typename Op::Params p;
-  p.partials = partials.ptr<const float>();
-  p.stride = partials.stride[0];
-  p.count = int32_t(partials.shape[1]);
-  p.rows = int32_t(partials.shape[0]);
-  p.width = float(width);
-  p.eps = eps;
-  p.factors_out = rstd_out.ptr<float>();
+// f(t, shape, std::integral_constant<int, P>{}) for a kernel with a staged variant whose
+// ScalePerRow finishes rstd from the row partials: t the call's 16-bit type (with_half_type),
+// shape its schedule's (with_schedule<true>), P the partials the ScalePerRow stages per row. On
+// the staged schedule none (dev::kPartialsInRegisters: its consumers hold up to 32 per row in
+// registers across the mainloop, so that 4 pipeline stages fit beside the staged tile; shared
+// memory for 32 left 3); 32 otherwise.
+template <class F> void with_rstd_variant(DType dtype, FusedSchedule kernel_default, F&& f) {
+  with_half_type(dtype, [&](auto t) {
+    with_schedule<true>(kernel_default, [&](auto shape) {
+      if constexpr (decltype(shape)::kStaged)
+        f(t, shape, std::integral_constant<int, dev::kPartialsInRegisters>{});
+      else
+        f(t, shape, std::integral_constant<int, 32>{});
+    });
+  });
+}
+
+// Runs the fused GEMM of an op list (Epi, a FusedEpilogue) on a and w, its ops' Params given in
+// list order, as the CPU backend builds the same list's ops from their Args.
+template <class Epi, class T, GemmLayout kLayout = GemmLayout::fwd> struct Launch;
+template <class Shape, class... Ops, class T, GemmLayout kLayout>
+struct Launch<dev::FusedEpilogue<Shape, Ops...>, T, kLayout> {
+  using Epi = dev::FusedEpilogue<Shape, Ops...>;
+  static void run(const TensorView& a, const TensorView& w, Stream stream,
+                  const typename Ops::Params&... params) {
+    dev::FusedGemm<Epi, T, kLayout>::run(a, w, typename Epi::Params{{params}...}, stream);
+  }
+};
+
+// The Params of the family Ops' ScalePerRow for a kernel normalizing a (K1, K2, K4, K5):
+// rstd[m] = rsqrt(sum_b sumsq_partials[m, b] / K + eps), K = a's columns, written to rstd_out
+// when given.
+template <class Ops, class NormedArgs>
+typename Ops::ScalePerRow::Params rstd_params(const NormedArgs& args) {
+  typename Ops::ScalePerRow::Params p;
+  p.partials = args.sumsq_partials.template ptr<const float>();
+  p.stride = args.sumsq_partials.stride[0];
+  p.count = int32_t(args.sumsq_partials.shape[1]);
+  p.rows = int32_t(args.sumsq_partials.shape[0]);
+  p.width = float(args.a.shape[1]);
+  p.eps = args.eps;
+  p.factors_out = args.rstd_out.template ptr<float>();
   return p;
 }
 

@@ -9,15 +9,13 @@ namespace {
 
 template <class Shape, class T> void run_residual_rms(const ResidualRmsArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T>;
-  using Epi = kernels::ResidualRmsOps<Ops>;
   const int64_t n = args.w.shape[0];
-  typename Epi::Params p{};
-  dev::get<0>(p) = Ops::ResidualAdd::params(args.residual, 1.f);
-  dev::get<1>(p) = Ops::TileStore::params("out", args.out);
-  dev::get<2>(p) = row_partials_params<Shape, epilogue::SumOfSquares>(args.sumsq_partials, n);
-  dev::get<3>(p) = Ops::ScalePerCol::params(args.gamma, n);
-  dev::get<4>(p) = Ops::TileStore::params("out_scaled", args.out_scaled);
-  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+  Launch<kernels::ResidualRmsOps<Ops>, T>::run(
+      args.a, args.w, stream, Ops::ResidualAdd::params(args.residual, 1.f),
+      Ops::TileStore::params("out", args.out),
+      row_partials_params<Shape, epilogue::SumOfSquares>(args.sumsq_partials, n),
+      Ops::ScalePerCol::params(args.gamma, n),
+      Ops::TileStore::params("out_scaled", args.out_scaled));
 }
 
 } // namespace

@@ -18,12 +18,8 @@ namespace {
 template <class Shape, class T, int kPartials>
 void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kPartials>;
-  using Epi = kernels::RmsScaleOps<Ops>;
-  typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
-                                                          args.eps, args.rstd_out);
-  dev::get<2>(p) = Ops::MainStore::params("out", args.out);
-  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+  Launch<kernels::RmsScaleOps<Ops>, T>::run(args.a, args.w, stream, rstd_params<Ops>(args), {},
+                                            Ops::MainStore::params("out", args.out));
 }
 
 } // namespace
@@ -33,13 +29,8 @@ void set_fused_schedule(FusedSchedule schedule) { fused::g_schedule = schedule; 
 
 void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::require_device("gemm_rms_scale");
-  fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
-      using Shape = decltype(shape);
-      fused::with_staged_partials<Shape>([&](auto partials) {
-        fused::run_rms_scale<Shape, decltype(t), decltype(partials)::value>(args, stream);
-      });
-    });
+  fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+    fused::run_rms_scale<decltype(shape), decltype(t), decltype(p)::value>(args, stream);
   });
 }
 

@@ -17,13 +17,10 @@ namespace coda::gpu::fused {
 template <class Shape, class T, int kStaged, class Gate, class GatedArgs>
 void run_rms_gated(const GatedArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kStaged>;
-  using Epi = kernels::RmsGatedOps<Ops, Gate>;
-  typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
-                                                          args.eps, args.rstd_out);
-  dev::get<2>(p) = Ops::MainStore::params("preact", args.preact);
-  dev::get<3>(p) = Ops::template GatedPairStore<Gate>::params("act", args.act);
-  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+  Launch<kernels::RmsGatedOps<Ops, Gate>, T>::run(
+      args.a, args.w, stream, rstd_params<Ops>(args), {},
+      Ops::MainStore::params("preact", args.preact),
+      Ops::template GatedPairStore<Gate>::params("act", args.act));
 }
 
 // The entry point of a K2 variant named `kernel`, on the schedule and staging it runs best on.

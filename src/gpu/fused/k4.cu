@@ -22,15 +22,12 @@ struct RopeDeviceOps : DeviceOps<Shape, T, kPartials> {
 template <class Shape, class T, int kHeadDim, int kPartials>
 void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
   using Ops = RopeDeviceOps<Shape, T, kHeadDim, kPartials>;
-  using Epi = kernels::RmsRopeOps<Ops>;
   const RopeSpec& rope = args.rope;
-  typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
-                                                          args.eps, args.rstd_out);
-  dev::get<2>(p) = Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
-                                     (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim);
-  dev::get<3>(p) = Ops::MainStore::params("out", args.out);
-  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+  Launch<kernels::RmsRopeOps<Ops>, T>::run(
+      args.a, args.w, stream, rstd_params<Ops>(args), {},
+      Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
+                        (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim),
+      Ops::MainStore::params("out", args.out));
 }
 
 } // namespace
@@ -47,19 +44,16 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
   // registers it measured 1.113-1.118x the plain GEMM against the cooperative 1.133-1.145x (H200,
   // two runs at f672385; 1.166 against 1.141 with the partials in shared memory, ce21d40). 128
   // has no staged variant (a 192-column tile cuts its heads): cooperative.
-  fused::with_half_type(args.a.dtype, [&](auto t) {
-    if (head_dim == 64)
-      fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
-        using Shape = decltype(shape);
-        fused::with_staged_partials<Shape>([&](auto partials) {
-          fused::run_rms_rope<Shape, decltype(t), 64, decltype(partials)::value>(args, stream);
-        });
-      });
-    else
+  if (head_dim == 64)
+    fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+      fused::run_rms_rope<decltype(shape), decltype(t), 64, decltype(p)::value>(args, stream);
+    });
+  else
+    fused::with_half_type(args.a.dtype, [&](auto t) {
       fused::with_schedule<false>(FusedSchedule::cooperative, [&](auto shape) {
         fused::run_rms_rope<decltype(shape), decltype(t), 128, 32>(args, stream);
       });
-  });
+    });
 }
 
 } // namespace coda::gpu

@@ -15,16 +15,12 @@ namespace {
 template <class Shape, class T, int kPartials>
 void run_rms_lse(const RmsLseArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kPartials>;
-  using Epi = kernels::RmsLseOps<Ops>;
   const int64_t m = args.a.shape[0], vocab = args.w.shape[0];
-  typename Epi::Params p{};
-  dev::get<0>(p) = rstd_params<typename Ops::ScalePerRow>(args.sumsq_partials, args.a.shape[1],
-                                                          args.eps, args.rstd_out);
-  dev::get<2>(p) = Ops::MainStore::params("logits", args.logits);
-  dev::get<3>(p) =
-      row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(args.lse_partials, vocab);
-  dev::get<4>(p) = Ops::SelectPerRow::params(args.targets, args.target_logit, m, vocab);
-  dev::FusedGemm<Epi, T>::run(args.a, args.w, p, stream);
+  Launch<kernels::RmsLseOps<Ops>, T>::run(
+      args.a, args.w, stream, rstd_params<Ops>(args), {},
+      Ops::MainStore::params("logits", args.logits),
+      row_partials_params<Shape, epilogue::LogSumExp, kStagedReduceBlock>(args.lse_partials, vocab),
+      Ops::SelectPerRow::params(args.targets, args.target_logit, m, vocab));
 }
 
 } // namespace
@@ -32,15 +28,10 @@ void run_rms_lse(const RmsLseArgs& args, Stream stream) {
 
 void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
   fused::require_device("gemm_rms_lse");
-  fused::with_half_type(args.a.dtype, [&](auto t) {
-    // Staged by default (H200, bench_fused: 1.26x the plain GEMM at Llama-1B against ping-pong's
-    // 1.52x, 1.07x against 1.25x at Llama-8B).
-    fused::with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
-      using Shape = decltype(shape);
-      fused::with_staged_partials<Shape>([&](auto partials) {
-        fused::run_rms_lse<Shape, decltype(t), decltype(partials)::value>(args, stream);
-      });
-    });
+  // Staged by default (H200, bench_fused: 1.26x the plain GEMM at Llama-1B against ping-pong's
+  // 1.52x, 1.07x against 1.25x at Llama-8B).
+  fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+    fused::run_rms_lse<decltype(shape), decltype(t), decltype(p)::value>(args, stream);
   });
 }
 

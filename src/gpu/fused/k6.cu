@@ -79,27 +79,27 @@ dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorV
 template <class T, bool kAccumulate>
 void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
   using Ops = CooperativeOps<T, kAccumulate>;
-  using Epi = CooperativeEpilogue<T, kAccumulate>;
-  typename Epi::Params p{};
-  dev::get<0>(p) = Ops::ScaleByScalar::params(args.alpha);
-  auto& norm = dev::get<1>(p);
-  norm.op = Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat);
-  norm.reduce = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
-  if constexpr (kAccumulate) dev::get<2>(p) = Ops::ResidualAdd::params(args.dx, 1.f);
-  dev::get<kAccumulate ? 3 : 2>(p) = Ops::TileStore::params("dx", args.dx);
-  Gemm<Epi, T>::run(args.dz, args.w, p, stream);
+  using L = Launch<CooperativeEpilogue<T, kAccumulate>, T, GemmLayout::dgrad>;
+  const auto alpha = Ops::ScaleByScalar::params(args.alpha);
+  const auto norm =
+      Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat);
+  const auto dgamma = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
+  const auto dx = Ops::TileStore::params("dx", args.dx);
+  if constexpr (kAccumulate)
+    L::run(args.dz, args.w, stream, alpha, {norm, dgamma}, Ops::ResidualAdd::params(args.dx, 1.f),
+           dx);
+  else
+    L::run(args.dz, args.w, stream, alpha, {norm, dgamma}, dx);
 }
 
 template <class T, bool kAccumulate>
 void run_staged_wide(const RmsBackwardArgs& args, Stream stream) {
   using S = dev::StagedWideShape;
-  using Epi = StagedWideEpilogue<T, kAccumulate>;
-  typename Epi::Params p{};
-  dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
-  dev::get<2>(p) = dev::RmsNormBackwardStrips<S, T, kAccumulate>::params(
-      args.x, args.dx, args.gamma, args.rstd, args.zeta, args.h_hat, args.dgamma_partials);
-  dev::get<3>(p) = MainStore<S, T>::params("dx", args.dx);
-  Gemm<Epi, T>::run(args.dz, args.w, p, stream);
+  Launch<StagedWideEpilogue<T, kAccumulate>, T, GemmLayout::dgrad>::run(
+      args.dz, args.w, stream, dev::ScaleByScalar::params(args.alpha), {},
+      dev::RmsNormBackwardStrips<S, T, kAccumulate>::params(
+          args.x, args.dx, args.gamma, args.rstd, args.zeta, args.h_hat, args.dgamma_partials),
+      MainStore<S, T>::params("dx", args.dx));
 }
 
 } // namespace

@@ -40,24 +40,16 @@ using StagedShape = TileShape<1, 128, 192, /*staged=*/true>;
 using StagedWideShape = TileShape<1, 128, 256, /*staged=*/true, /*epilogue warps=*/3>;
 using FusedShape = CooperativeShape; // the default
 
+// Each shape's GEMM schedule and the most pipeline stages it may take.
+template <sm90::Schedule kSchedule_, int kMaxStages_> struct ScheduleTraits {
+  static constexpr sm90::Schedule kSchedule = kSchedule_;
+  static constexpr int kMaxStages = kMaxStages_;
+};
 template <class Shape> struct ScheduleOf;
-template <> struct ScheduleOf<CooperativeShape> {
-  static constexpr sm90::Schedule kSchedule = sm90::Schedule::cooperative;
-  static constexpr int kMaxStages = 4;
-};
-template <> struct ScheduleOf<PingpongShape> {
-  static constexpr sm90::Schedule kSchedule = sm90::Schedule::pingpong;
-  static constexpr int kMaxStages = 6;
-};
-template <> struct ScheduleOf<StagedShape> {
-  static constexpr sm90::Schedule kSchedule = sm90::Schedule::staged;
-  static constexpr int kMaxStages = 4;
-};
-
-template <> struct ScheduleOf<StagedWideShape> {
-  static constexpr sm90::Schedule kSchedule = sm90::Schedule::staged_wide;
-  static constexpr int kMaxStages = 3;
-};
+template <> struct ScheduleOf<CooperativeShape> : ScheduleTraits<sm90::Schedule::cooperative, 4> {};
+template <> struct ScheduleOf<PingpongShape> : ScheduleTraits<sm90::Schedule::pingpong, 6> {};
+template <> struct ScheduleOf<StagedShape> : ScheduleTraits<sm90::Schedule::staged, 4> {};
+template <> struct ScheduleOf<StagedWideShape> : ScheduleTraits<sm90::Schedule::staged_wide, 3> {};
 
 template <class Shape, int kStages>
 using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule>;
