@@ -60,6 +60,24 @@ NormGrads norm_backward(RmsBackwardInputs k6) {
   return g;
 }
 
+// B0..B2 of a layer's attention input x (rstd from its forward, gamma attn_norm): the RoPE backward
+// of dqkv into dz [M, Nq] and zeta [M], then the norm backward through the QKV projection into dx
+// (accumulated onto dx_in), dgamma (the attention norm's) and dw (w_qkv's).
+void qkv_backward(const LlamaConfig& c, RopeInputs rope, int64_t M, std::span<const double> dqkv,
+                  const Matrix& qkv, const Matrix& w_qkv, Matrix x, const Matrix& rstd,
+                  const Matrix& attn_norm, Matrix dx_in, Matrix& dz, Matrix& zeta, Matrix& dx,
+                  Matrix& dgamma, Matrix& dw) {
+  RopeBackwardOutputs b0 = ref::rope_backward(kExact, M, rope_table(c, rope), copy(dqkv), qkv,
+                                              1.0 / double(c.hidden)); // B0
+  dz = std::move(b0.dz);
+  zeta = std::move(b0.zeta);
+  NormGrads norm = norm_backward({M, c.hidden, c.qkv_width(), dz, w_qkv, std::move(x), rstd, zeta,
+                                  attn_norm, 1.0, true, std::move(dx_in)}); // B1, A3, B2
+  dx = std::move(norm.dx);
+  dgamma = std::move(norm.dgamma);
+  dw = std::move(norm.dw);
+}
+
 // F1..F3: K0, K2 (r1 inside), K0.
 MlpForward mlp_forward(const LlamaConfig& c, int64_t M, const Matrix& w_out, const Matrix& ffn_norm,
                        const Matrix& w_gate_up, const Matrix& w_down, const Matrix& next_norm,
@@ -174,14 +192,8 @@ FirstBackward first_backward(const LlamaConfig& c, const FirstWeights& w, RopeIn
                              std::span<const double> dqkv, std::span<const double> dx_res) {
   const int64_t M = rows_of(c, x0);
   FirstBackward b;
-  RopeBackwardOutputs b0 = ref::rope_backward(kExact, M, rope_table(c, rope), copy(dqkv), fwd.qkv,
-                                              1.0 / double(c.hidden));
-  b.dz = std::move(b0.dz);
-  b.zeta = std::move(b0.zeta);
-  NormGrads norm = norm_backward({M, c.hidden, c.qkv_width(), b.dz, w.w_qkv, copy(x0), fwd.rstd,
-                                  b.zeta, w.attn_norm, 1.0, true, copy(dx_res)}); // B1, A3, B2
-  b.dx = std::move(norm.dx);
-  b.grads = {std::move(norm.dgamma), std::move(norm.dw)};
+  qkv_backward(c, rope, M, dqkv, fwd.qkv, w.w_qkv, copy(x0), fwd.rstd, w.attn_norm, copy(dx_res),
+               b.dz, b.zeta, b.dx, b.grads.attn_norm, b.grads.w_qkv);
   return b;
 }
 
@@ -203,15 +215,8 @@ MiddleBackward middle_backward(const LlamaConfig& c, const MiddleWeights& w, Rop
                                std::span<const double> dx2, std::span<const double> dqkv) {
   const int64_t M = rows_of(c, dx2);
   MiddleBackward b;
-  RopeBackwardOutputs b0 = ref::rope_backward(kExact, M, rope_table(c, rope), copy(dqkv), fwd.qkv,
-                                              1.0 / double(c.hidden)); // B0
-  b.dz2 = std::move(b0.dz);
-  b.zeta2 = std::move(b0.zeta);
-  NormGrads attn = norm_backward({M, c.hidden, c.qkv_width(), b.dz2, w.w_qkv, fwd.mlp.x2, fwd.r2,
-                                  b.zeta2, w.attn_norm, 1.0, true, copy(dx2)}); // B1, A3, B2
-  b.dx2 = std::move(attn.dx);
-  b.grads.attn_norm = std::move(attn.dgamma);
-  b.grads.w_qkv = std::move(attn.dw);
+  qkv_backward(c, rope, M, dqkv, fwd.qkv, w.w_qkv, fwd.mlp.x2, fwd.r2, w.attn_norm, copy(dx2),
+               b.dz2, b.zeta2, b.dx2, b.grads.attn_norm, b.grads.w_qkv);
   b.mlp = mlp_backward(c, M, w.w_out, w.ffn_norm, w.w_gate_up, w.w_down, y0, fwd.mlp, b.dx2,
                        b.grads.w_out, b.grads.ffn_norm, b.grads.w_gate_up, b.grads.w_down);
   return b;
