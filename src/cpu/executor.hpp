@@ -101,12 +101,6 @@ template <class... Ops> struct OpChain {
   std::tuple<Ops...> ops;
 };
 
-template <class Mainloop, class... Ops>
-void run_epilogue(const Mainloop& mainloop, int64_t m, int64_t n, Tile tile,
-                  OpChain<Ops...>& chain) {
-  std::apply([&](Ops&... ops) { run_epilogue(mainloop, m, n, tile, ops...); }, chain.ops);
-}
-
 // The GEMM of a fused kernel named `kernel`: acc = a · wᵀ (fwd, w [N, K]) or a · w (dgrad, w [K,
 // N]), [m, n] in tiles of checked_tile(tile); run() runs an op list on it.
 class FusedGemm {
@@ -119,8 +113,8 @@ public:
   void require_row_partials(const TensorView& partials, const char* name) const;
   void require_col_partials(const TensorView& partials, const char* name) const;
 
-  template <class... Ops> void run(OpChain<Ops...>& ops) const {
-    run_epilogue(mainloop_, m, n, tile_, ops);
+  template <class... Ops> void run(OpChain<Ops...>& chain) const {
+    std::apply([&](Ops&... ops) { run_epilogue(mainloop_, m, n, tile_, ops...); }, chain.ops);
   }
 
   const int64_t m, n, k;
