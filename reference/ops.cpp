@@ -33,6 +33,8 @@ Rounding Rounding::for_dtype(DType dtype) {
   case DType::f32:
     return Rounding{Kind::f32};
   case DType::i32:
+  case DType::e4m3: // FP8 values are block-scaled codes: a rounding of one value needs its block
+  case DType::e8m0:
     break;
   }
   throw std::invalid_argument(std::string("Rounding::for_dtype: ") + dtype_name(dtype) +

@@ -29,6 +29,10 @@ size_t gemm_workspace_size(const GemmArgs& args);
 // the current device; 0 where no sm_90 device is current. m, n and k must be >= 1.
 size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, DType out);
 
+// D = dequant(A) · dequant(B)ᵀ with FP8 (E4M3) operands and power-of-two block scales: the
+// shapes, scale layouts and order of accumulation are Fp8GemmArgs's (coda/gemm/problem.hpp).
+void gemm_fp8(const Fp8GemmArgs& args, Stream stream = nullptr);
+
 // The named CODA kernels K0..K7 and the auxiliary kernels: one
 //   void name(const Args& args, Stream stream = nullptr);
 // per row of CODA_FUSED_KERNELS and CODA_AUX_KERNELS in coda/kernels/args.hpp, beside the math

@@ -20,6 +20,8 @@ BF16 = 0
 F16 = 1
 F32 = 2
 I32 = 3
+E4M3 = 4
+E8M0 = 5
 DEVICE_CPU = 0
 DEVICE_CUDA = 1
 

@@ -30,7 +30,8 @@ static_assert(CODA_OK == int(Status::ok) &&
                   CODA_INTERNAL == int(Status::internal),
               "coda_status must equal coda::Status");
 static_assert(CODA_BF16 == int(DType::bf16) && CODA_F16 == int(DType::f16) &&
-                  CODA_F32 == int(DType::f32) && CODA_I32 == int(DType::i32),
+                  CODA_F32 == int(DType::f32) && CODA_I32 == int(DType::i32) &&
+                  CODA_E4M3 == int(DType::e4m3) && CODA_E8M0 == int(DType::e8m0),
               "coda_dtype must equal coda::DType");
 static_assert(CODA_DEVICE_CPU == int(Device::cpu) && CODA_DEVICE_CUDA == int(Device::cuda),
               "coda_device must equal coda::Device");

@@ -1,6 +1,7 @@
 // Argument rules of the GEMM and of the named kernels K0..K7 and K2g.
 #include "api/checks.hpp"
 #include "api/rules.hpp"
+#include "coda/core/fp8.hpp"
 
 namespace coda::api {
 
@@ -43,6 +44,25 @@ Device validate(const GemmArgs& args) {
     v.fail(Status::invalid_argument,
            "beta is " + std::to_string(args.beta) +
                " but c is absent; pass c (it may alias d) or set beta = 0");
+  return v.finish();
+}
+
+static_assert(kFp8ScaleBlock == 128, "the scale shapes in messages say ceil(K/128), ceil(N/128)");
+
+Device validate(const Fp8GemmArgs& args) {
+  Validator v("gemm_fp8");
+  v.input("a", args.a, Elem::e4m3, {any("M"), any("K")});
+  const int64_t M = args.a.shape[0], K = args.a.shape[1];
+  v.at_least_one("M", M, "a");
+  v.gemm_dim("K", K, "a", /*multiple=*/16); // 1-byte codes: 16-byte rows are 16 of them
+  v.input("b", args.b, Elem::e4m3, {any("N"), exactly("K", K)});
+  const int64_t N = args.b.shape[0];
+  v.gemm_dim("N", N, "b"); // d's 16-byte rows
+  const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
+  v.input("a_scales", args.a_scales, Elem::e8m0, {exactly("M", M), k_blocks});
+  v.input("b_scales", args.b_scales, Elem::e8m0,
+          {exactly("ceil(N/128)", num_fp8_scale_blocks(N)), k_blocks});
+  v.output("d", args.d, Elem::bf16, {exactly("M", M), exactly("N", N)});
   return v.finish();
 }
 

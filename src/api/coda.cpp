@@ -25,6 +25,14 @@ void gemm(const GemmArgs& args, Stream stream) {
 #endif
 }
 
+void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
+  if (api::validate(args) == Device::cpu) return cpu::gemm_fp8(args);
+  api::require_supported_gpu("gemm_fp8");
+#if CODA_WITH_CUDA
+  gpu::gemm_fp8(args, stream);
+#endif
+}
+
 size_t gemm_workspace_size(const GemmArgs& args) {
   if (api::validate(args) == Device::cpu) return 0;
   api::require_supported_gpu("gemm_workspace_size");

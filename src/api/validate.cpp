@@ -11,7 +11,7 @@ namespace {
 
 bool is_half(DType t) { return t == DType::bf16 || t == DType::f16; }
 bool valid_dtype(DType t) {
-  return int32_t(t) >= int32_t(DType::bf16) && int32_t(t) <= int32_t(DType::i32);
+  return int32_t(t) >= int32_t(DType::bf16) && int32_t(t) <= int32_t(DType::e8m0);
 }
 
 std::string device_string(const TensorView& t) {
@@ -37,15 +37,23 @@ Accepted accepted(Elem elem) {
     return {bit(DType::i32), "i32"};
   case Elem::half_or_f32:
     return {half | bit(DType::f32), "bf16, f16 or f32"};
+  case Elem::bf16:
+    return {bit(DType::bf16), "bf16"};
+  case Elem::e4m3:
+    return {bit(DType::e4m3), "e4m3"};
+  case Elem::e8m0:
+    return {bit(DType::e8m0), "e8m0"};
   case Elem::any:
     return {~0u, "any dtype"};
   }
   return {0, "?"};
 }
 
-// Rank-2 GEMM/TMA operands need 16-byte row pitches; vectors and f32 partials do not.
+// Rank-2 GEMM/TMA operands need 16-byte row pitches; vectors, f32 partials and FP8 block scales
+// (read a byte at a time) do not.
 bool needs_16_byte_rows(const TensorView& t, Elem elem) {
-  return t.rank == 2 && (elem == Elem::half || elem == Elem::half_or_f32);
+  return t.rank == 2 && (elem == Elem::half || elem == Elem::half_or_f32 || elem == Elem::bf16 ||
+                         elem == Elem::e4m3);
 }
 
 std::string expected_names(std::initializer_list<Dim> shape) {
@@ -201,7 +209,7 @@ void Validator::check_dtype(const char* name, const TensorView& t, Elem elem) co
   const std::string n = name;
   if (!valid_dtype(t.dtype))
     fail(Status::type_error, n + " has an unknown dtype " + std::to_string(int(t.dtype)) +
-                                 " (bf16 = 0, f16 = 1, f32 = 2, i32 = 3)");
+                                 " (bf16 = 0, f16 = 1, f32 = 2, i32 = 3, e4m3 = 4, e8m0 = 5)");
   const Accepted ok = accepted(elem);
   if (!(ok.dtypes & bit(t.dtype)))
     fail(Status::type_error, n + " must be " + ok.names + "; got " + dtype_name(t.dtype));
@@ -264,15 +272,16 @@ void Validator::at_least_one(const char* dim, int64_t value, const char* source)
            (e ? ", shape " + dims_string(e->view.shape, e->view.rank) : std::string()) + ")");
 }
 
-void Validator::gemm_dim(const char* dim, int64_t value, const char* source) const {
+void Validator::gemm_dim(const char* dim, int64_t value, const char* source,
+                         int64_t multiple) const {
   at_least_one(dim, value, source);
-  if (value % 8 == 0) return;
+  if (value % multiple == 0) return;
   const Entry* e = find(source);
   fail(Status::not_supported,
-       std::string(dim) + " must be a multiple of 8 (16-byte rows for TMA); got " +
-           std::to_string(value) + " (from " + source +
+       std::string(dim) + " must be a multiple of " + std::to_string(multiple) +
+           " (16-byte rows for TMA); got " + std::to_string(value) + " (from " + source +
            (e ? ", shape " + dims_string(e->view.shape, e->view.rank) : std::string()) +
-           "); pad it to " + std::to_string((value + 7) / 8 * 8));
+           "); pad it to " + std::to_string((value + multiple - 1) / multiple * multiple));
 }
 
 void Validator::finite(const char* name, float value) const {

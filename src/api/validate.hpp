@@ -38,9 +38,10 @@ inline Dim any(const char* name) { return {name, 0, Dim::Rule::any}; }
 inline Dim at_least_one(const char* name) { return {name, 0, Dim::Rule::at_least_one}; }
 
 // The dtypes an argument accepts. All `half` (and 16-bit `half_or_f32`) tensors of one call
-// share one dtype. Rank-2 `half` and `half_or_f32` tensors are GEMM or TMA operands, so their
-// rows must start 16 bytes apart (row stride a multiple of 16 bytes).
-enum class Elem { half, f32, i32, half_or_f32, any };
+// share one dtype. Rank-2 `half`, `half_or_f32`, `bf16` and `e4m3` tensors are GEMM or TMA
+// operands, so their rows must start 16 bytes apart (row stride a multiple of 16 bytes). `e4m3`
+// and `e8m0` are the FP8 GEMM's codes and block scales (coda/core/fp8.hpp).
+enum class Elem { half, f32, i32, half_or_f32, any, bf16, e4m3, e8m0 };
 
 class Validator {
 public:
@@ -60,8 +61,9 @@ public:
 
   // A problem dimension read from tensor `source`: it must be >= 1.
   void at_least_one(const char* dim, int64_t value, const char* source) const;
-  // A GEMM dimension (N or K, or a width stored in GEMM rows): >= 1 and a multiple of 8.
-  void gemm_dim(const char* dim, int64_t value, const char* source) const;
+  // A GEMM dimension (N or K, or a width stored in GEMM rows): >= 1 and a multiple of 8, or of
+  // `multiple` (16 for the K of 1-byte FP8 operands): 16-byte rows for TMA.
+  void gemm_dim(const char* dim, int64_t value, const char* source, int64_t multiple = 8) const;
   // Scalars: finite, and for eps also >= 0.
   void finite(const char* name, float value) const;
   void non_negative(const char* name, float value) const;

@@ -23,6 +23,8 @@ template <> inline constexpr Tile kTileOf<RmsLseArgs> = kStagedTile;
 template <> inline constexpr Tile kTileOf<SwigluBackwardArgs> = kStagedTile;
 
 void gemm(const GemmArgs& args);
+// The block-scaled FP8 GEMM (gemm_fp8.cpp).
+void gemm_fp8(const Fp8GemmArgs& args);
 // One function per row of the kernel tables (coda/kernels/args.hpp): the GEMMs with a fused
 // epilogue in forward_kernels.cpp and backward_kernels.cpp, the auxiliary kernels in
 // statistics.cpp, rope_backward.cpp and cross_entropy.cpp.

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "coda/core/fp8.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
 
@@ -116,6 +117,14 @@ void HostTensor::set(int64_t i, double value) {
     std::memcpy(p, &k, 4);
     break;
   }
+  case DType::e4m3:
+    *p = float_to_e4m3_bits(float(value));
+    break;
+  case DType::e8m0: { // 2^floor(log2 |value|); NaN (the poison), 0 and infinities: NaN's byte
+    const int k = std::isfinite(value) && value != 0 ? std::ilogb(value) : kNoScale;
+    *p = k >= -127 && k <= 127 ? e8m0_bits_of_exponent(k) : kE8m0NanBits;
+    break;
+  }
   }
 }
 
@@ -137,6 +146,10 @@ double HostTensor::get(int64_t i) const {
   case DType::i32:
     std::memcpy(&k, p, 4);
     return k;
+  case DType::e4m3:
+    return e4m3_bits_to_float(*p);
+  case DType::e8m0:
+    return e8m0_bits_to_float(*p);
   }
   return NAN;
 }

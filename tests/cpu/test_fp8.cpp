@@ -195,4 +195,37 @@ TEST(E4m3, ABlockWithoutAFiniteScaleQuantizesToNan) {
   EXPECT_TRUE(std::isnan(coda::dequantize_e4m3(q, k)));
 }
 
+// E8M0 scale bytes: byte b stands for 2^(b - 127) exactly (0 is fp32's subnormal 2^-127), 0xFF
+// for NaN; every exponent a block can get round-trips through its byte.
+TEST(E8m0, DecodesEveryByteAndRoundTripsExponents) {
+  for (int b = 0; b < 255; ++b) {
+    EXPECT_EQ(double(coda::e8m0_bits_to_float(uint8_t(b))), std::ldexp(1.0, b - 127)) << b;
+    EXPECT_EQ(coda::e8m0{uint8_t(b)}.exponent(), b - 127);
+  }
+  EXPECT_TRUE(std::isnan(coda::e8m0_bits_to_float(coda::kE8m0NanBits)));
+  EXPECT_EQ(coda::e8m0{coda::kE8m0NanBits}.exponent(), coda::kNoScale);
+  for (int k = -126; k <= 120; ++k) {
+    const coda::e8m0 s = coda::e8m0::of_exponent(k);
+    EXPECT_EQ(s.exponent(), k);
+    EXPECT_EQ(s.to_float(), coda::scale_exp2(k)) << k;
+  }
+  EXPECT_EQ(coda::e8m0::of_exponent(coda::kNoScale).bits, coda::kE8m0NanBits);
+}
+
+// The promotion's scale is the fp32 product of the two scales: 2^(ka + kb) exactly while that is
+// an fp32 number, the fp32 product's underflow and overflow outside, NaN from a NaN scale.
+TEST(E8m0, BlockScaleIsTheFp32ProductOfTheScales) {
+  using coda::e8m0_bits_of_exponent;
+  for (int ka = -126; ka <= 120; ka += 7)
+    for (int kb = -126; kb <= 120; kb += 5) {
+      const float s = coda::fp8_block_scale(e8m0_bits_of_exponent(ka), e8m0_bits_of_exponent(kb));
+      EXPECT_EQ(s, coda::scale_exp2(ka) * coda::scale_exp2(kb)) << ka << " " << kb;
+      if (ka + kb >= -149 && ka + kb <= 127) {
+        EXPECT_EQ(double(s), std::ldexp(1.0, ka + kb)) << ka << " " << kb;
+      }
+    }
+  EXPECT_TRUE(std::isnan(coda::fp8_block_scale(coda::kE8m0NanBits, e8m0_bits_of_exponent(0))));
+  EXPECT_TRUE(std::isnan(coda::fp8_block_scale(e8m0_bits_of_exponent(3), coda::kE8m0NanBits)));
+}
+
 } // namespace

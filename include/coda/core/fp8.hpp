@@ -10,6 +10,7 @@
 // where the GPU will.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "coda/core/types.hpp"
@@ -95,5 +96,55 @@ CODA_HD e4m3 quantize_e4m3(float x, int k) {
 }
 // And back: q * 2^k, exact.
 CODA_HD float dequantize_e4m3(e4m3 q, int k) { return q.to_float() * scale_exp2(k); }
+
+// ---- E8M0: a block's scale 2^k stored as one byte (OCP MX's scale format): the byte is k + 127,
+// 0xFF is NaN. Exponents -127..127 take 0..254; e4m3_scale_exponent's (-126..120) all fit, and
+// kNoScale takes 0xFF.
+
+inline constexpr uint8_t kE8m0NanBits = 0xFF;
+
+CODA_HD uint8_t e8m0_bits_of_exponent(int k) {
+  return k >= kNoScale ? kE8m0NanBits : uint8_t(k + 127);
+}
+
+// The byte's value as fp32: exact (byte 0, 2^-127, is an fp32 subnormal).
+CODA_HD float e8m0_bits_to_float(uint8_t b) {
+  if (b == kE8m0NanBits) return bits_float(0x7fc00000u);
+  return b == 0 ? bits_float(0x00400000u) : bits_float(uint32_t(b) << 23);
+}
+
+// The storage type of a scale, as e4m3 is of a value.
+struct e8m0 {
+  uint8_t bits;
+  CODA_HD static e8m0 of_exponent(int k) { return e8m0{e8m0_bits_of_exponent(k)}; }
+  CODA_HD int exponent() const { return bits == kE8m0NanBits ? kNoScale : int(bits) - 127; }
+  CODA_HD float to_float() const { return e8m0_bits_to_float(bits); }
+};
+
+// ---- The block-scaled FP8 GEMM (docs/fp8.md): blocks of kFp8ScaleBlock along K for both
+// operands; A (activations, [M, K]) has one scale per row and K block, B (weights, [N, K]) one
+// per kFp8ScaleBlock rows and K block.
+inline constexpr int kFp8ScaleBlock = 128;
+constexpr int64_t num_fp8_scale_blocks(int64_t n) {
+  return (n + kFp8ScaleBlock - 1) / kFp8ScaleBlock;
+}
+
+// Output element (m, n) is accumulated K block by K block: the block's products of codes are
+// summed (by the tensor cores, into fp32), and that partial sum is promoted into the fp32
+// accumulator, times the block's scale. The GPU kernel and the CPU backend both call these two,
+// so they scale and add with the same fp32 operations; only the partial sums differ (the tensor
+// cores' own accumulation against the CPU's exact one).
+//
+// The scale of block kb of element (m, n): 2^(ka + kb) as the fp32 product of the two scales.
+// Exact, except where ka + kb leaves fp32's range (underflow to a subnormal or 0, overflow to
+// infinity, as the true product would); NaN when either is a NaN scale.
+CODA_HD float fp8_block_scale(uint8_t a_scale, uint8_t b_scale) {
+  return e8m0_bits_to_float(a_scale) * e8m0_bits_to_float(b_scale);
+}
+// acc + partial * scale with one rounding (the kernel's FFMA). Starting from acc = 0, the first
+// block's result is partial * scale, exact for a scale in fp32's normal range.
+CODA_HD float fp8_promote(float acc, float partial, float scale) {
+  return fmaf(partial, scale, acc);
+}
 
 } // namespace coda

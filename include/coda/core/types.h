@@ -34,8 +34,16 @@ typedef enum coda_status {
   CODA_INTERNAL = 5          /* a bug in coda, or out of host memory */
 } coda_status;
 
-/* Values equal coda::DType. Struct fields hold them as int32_t for a fixed layout. */
-typedef enum coda_dtype { CODA_BF16 = 0, CODA_F16 = 1, CODA_F32 = 2, CODA_I32 = 3 } coda_dtype;
+/* Values equal coda::DType. Struct fields hold them as int32_t for a fixed layout. E4M3: FP8
+ * codes; E8M0: one byte per power-of-two block scale, the value 2^(byte - 127) (docs/fp8.md). */
+typedef enum coda_dtype {
+  CODA_BF16 = 0,
+  CODA_F16 = 1,
+  CODA_F32 = 2,
+  CODA_I32 = 3,
+  CODA_E4M3 = 4,
+  CODA_E8M0 = 5
+} coda_dtype;
 
 typedef enum coda_device { CODA_DEVICE_CPU = 0, CODA_DEVICE_CUDA = 1 } coda_device;
 

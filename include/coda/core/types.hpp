@@ -16,10 +16,14 @@
 
 namespace coda {
 
-// The values match the C ABI's coda_dtype (coda.h).
-enum class DType : int32_t { bf16 = 0, f16 = 1, f32 = 2, i32 = 3 };
+// The values match the C ABI's coda_dtype (coda.h). e4m3 and e8m0 are the FP8 recipe's
+// (docs/fp8.md, coda/core/fp8.hpp): E4M3 codes, and the power-of-two block scales stored as one
+// E8M0 byte each (the value 2^(byte - 127)).
+enum class DType : int32_t { bf16 = 0, f16 = 1, f32 = 2, i32 = 3, e4m3 = 4, e8m0 = 5 };
 
-constexpr int64_t dtype_size(DType t) { return t == DType::bf16 || t == DType::f16 ? 2 : 4; }
+constexpr int64_t dtype_size(DType t) {
+  return t == DType::e4m3 || t == DType::e8m0 ? 1 : t == DType::bf16 || t == DType::f16 ? 2 : 4;
+}
 
 // One row of a table that names an enum's values (dtype_name, sm90::kernel_name, ...).
 template <class E> struct EnumName {
@@ -36,8 +40,12 @@ template <class E, size_t N> constexpr const char* name_of(E value, const EnumNa
 }
 
 constexpr const char* dtype_name(DType t) {
-  return name_of(
-      t, {{DType::bf16, "bf16"}, {DType::f16, "f16"}, {DType::f32, "f32"}, {DType::i32, "i32"}});
+  return name_of(t, {{DType::bf16, "bf16"},
+                     {DType::f16, "f16"},
+                     {DType::f32, "f32"},
+                     {DType::i32, "i32"},
+                     {DType::e4m3, "e4m3"},
+                     {DType::e8m0, "e8m0"}});
 }
 
 template <class T> CODA_HD constexpr T ceil_div(T a, T b) { return (a + b - 1) / b; }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "coda/core/fp8.hpp"
 #include "coda/core/tensor.hpp"
 
 namespace coda::epilogue {
@@ -24,6 +25,10 @@ inline float load_float(const TensorView& t, int64_t i, int64_t j = 0) {
     return t.ptr<const float>()[at];
   case DType::i32:
     return float(t.ptr<const int32_t>()[at]);
+  case DType::e4m3:
+    return t.ptr<const e4m3>()[at].to_float();
+  case DType::e8m0:
+    return t.ptr<const e8m0>()[at].to_float();
   }
   return 0.f;
 }
@@ -48,6 +53,11 @@ inline void store_float(const TensorView& t, int64_t i, int64_t j, float x) {
   case DType::i32:
     t.ptr<int32_t>()[at] = int32_t(x);
     return;
+  case DType::e4m3:
+    t.ptr<e4m3>()[at] = e4m3::from(x);
+    return;
+  case DType::e8m0: // scales are written by their exponent (e8m0::of_exponent), not from a value
+    break;
   }
 }
 inline void store_float(const TensorView& t, int64_t i, float x) { store_float(t, i, 0, x); }

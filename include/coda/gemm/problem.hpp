@@ -54,3 +54,30 @@ struct GemmArgs {
 };
 
 } // namespace coda
+
+namespace coda {
+
+// The block-scaled FP8 GEMM (docs/fp8.md), in the forward layout: D = A · Bᵀ with
+//   a        [M, K] e4m3                              activations, row-major
+//   a_scales [M, ceil(K/128)] e8m0                    one per row and 128-wide block of K
+//   b        [N, K] e4m3                              the weight as nn.Linear stores it
+//   b_scales [ceil(N/128), ceil(K/128)] e8m0          one per 128 x 128 block of b
+//   d        [M, N] bf16
+// so A(m, k) = a(m, k) · 2^(a_scales(m, k/128) - 127) and B(n, k) = b(n, k) · 2^(b_scales(n/128,
+// k/128) - 127) (coda/core/fp8.hpp quantizes so). D is accumulated in fp32 one 128-deep block of
+// K at a time: the block's products of codes are summed, times the block's scales, and added to
+// the running sum (fp8_block_scale, fp8_promote); D is rounded once, at the end. M >= 1 is
+// arbitrary; N is a multiple of 8 and K of 16 (16-byte rows for TMA); K need not be a multiple
+// of 128 (the last block is short: the GPU's loads zero-fill it). A scale byte 0xFF (NaN) makes
+// the rows or columns it scales NaN.
+struct Fp8GemmArgs {
+  TensorView a, a_scales;
+  TensorView b, b_scales;
+  TensorView d;
+
+  int64_t m() const { return d.shape[0]; }
+  int64_t n() const { return d.shape[1]; }
+  int64_t k() const { return a.shape[1]; }
+};
+
+} // namespace coda

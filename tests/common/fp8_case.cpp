@@ -1,0 +1,80 @@
+#include "tests/common/fp8_case.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "coda/core/fp8.hpp"
+#include "reference/gemm.hpp"
+
+namespace coda::test {
+namespace {
+
+// [rows, cols] normal values, each block of block_rows x 128 scaled by its own power of two in
+// [2^-6, 2^6].
+std::vector<float> block_varied(int64_t rows, int64_t cols, int64_t block_rows, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::uniform_int_distribution<int> binade(-6, 6);
+  const int64_t blocks_c = num_fp8_scale_blocks(cols);
+  std::vector<int> exponent(size_t((rows + block_rows - 1) / block_rows * blocks_c));
+  for (int& e : exponent) e = binade(rng);
+  std::vector<float> x(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      x[size_t(r * cols + c)] = std::ldexp(
+          normal(rng), exponent[size_t(r / block_rows * blocks_c + c / kFp8ScaleBlock)]);
+  return x;
+}
+
+HostTensor bytes_tensor(DType dtype, int64_t rows, int64_t cols, const std::vector<uint8_t>& v) {
+  HostTensor t(dtype, {rows, cols});
+  std::memcpy(t.host_view().data, v.data(), v.size());
+  return t;
+}
+
+std::vector<float> to_floats(const std::vector<double>& v) {
+  return std::vector<float>(v.begin(), v.end()); // exact: each is an e4m3 value times 2^k
+}
+
+} // namespace
+
+Fp8GemmCase::Fp8GemmCase(int64_t m_, int64_t n_, int64_t k_, Seeds& seeds)
+    : m(m_), n(n_), k(k_),
+      qa(ref::quantize_fp8_blocks(block_varied(m, k, 1, seeds.next()), m, k, 1)),
+      qb(ref::quantize_fp8_blocks(block_varied(n, k, kFp8ScaleBlock, seeds.next()), n, k,
+                                  kFp8ScaleBlock)),
+      a(bytes_tensor(DType::e4m3, m, k, qa.codes)),
+      a_scales(bytes_tensor(DType::e8m0, m, num_fp8_scale_blocks(k), qa.scales)),
+      b(bytes_tensor(DType::e4m3, n, k, qb.codes)),
+      b_scales(bytes_tensor(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k),
+                            qb.scales)),
+      d(DType::bf16, {m, n}) {}
+
+Fp8GemmArgs Fp8GemmCase::args() {
+  return {.a = a.view(),
+          .a_scales = a_scales.view(),
+          .b = b.view(),
+          .b_scales = b_scales.view(),
+          .d = d.view()};
+}
+
+std::vector<double> Fp8GemmCase::exact() const {
+  const std::vector<double> da = ref::dequantize_fp8_blocks(qa, m, k, 1);
+  const std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, kFp8ScaleBlock);
+  std::vector<double> out(size_t(m * n));
+  ref::gemm(ref::Layout::fwd, m, n, k, da.data(), db.data(), out.data());
+  return out;
+}
+
+std::vector<double> Fp8GemmCase::unfused() const {
+  const std::vector<float> fa = to_floats(ref::dequantize_fp8_blocks(qa, m, k, 1));
+  const std::vector<float> fb = to_floats(ref::dequantize_fp8_blocks(qb, n, k, kFp8ScaleBlock));
+  std::vector<float> acc(size_t(m * n));
+  ref::gemm_fp32(ref::Layout::fwd, m, n, k, fa.data(), fb.data(), acc.data());
+  std::vector<double> out(acc.size());
+  for (size_t i = 0; i < acc.size(); ++i) out[i] = double(round_to<bf16>(acc[i]));
+  return out;
+}
+
+} // namespace coda::test

@@ -1,0 +1,210 @@
+// The block-scaled FP8 GEMM through the public API on host tensors (the CPU backend): against
+// the fp64 GEMM of the dequantized operands by the tolerance rule (tests/common/check.hpp, the
+// baseline being the dequantized operands multiplied in fp32 and rounded to bf16), on ragged
+// shapes; its order of accumulation (Fp8GemmArgs); NaN scales; and bad arguments, rejected
+// before any byte of memory changes.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
+#include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
+
+namespace coda::test {
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// Ragged M and N against 128-row tiles and 128 x 128 weight blocks; K from one short block (16)
+// to several with a short last one (528 = 4 x 128 + 16).
+const Shape kShapes[] = {{1, 8, 16}, {127, 264, 1024}, {300, 136, 528}, {129, 392, 128}};
+
+TEST(Fp8Gemm, MatchesTheFp64ReferenceOnRaggedShapes) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE("M " + std::to_string(s.m) + " N " + std::to_string(s.n) + " K " +
+                 std::to_string(s.k));
+    Seeds seeds;
+    Fp8GemmCase c(s.m, s.n, s.k, seeds);
+    gemm_fp8(c.args());
+    CODA_EXPECT_PASSES(check_output("d", c.d, c.exact(), c.unfused()));
+  }
+}
+
+// The documented order, restated: per element, each 128-deep block's exact sum of code products
+// rounded to fp32, promoted into an fp32 accumulator with one fused multiply-add by the product
+// of the two scales, block after block; D is that sum rounded to bf16. Bit for bit: the GPU
+// kernel scales and adds with these operations (only its block sums are the tensor cores').
+// The operands make the order visible through the bf16 rounding: block 2 cancels block 0 (the
+// same A codes against negated B codes) and both are scaled 2^30 above block 1, so an fp32 sum in
+// K order loses block 1 where an fp64 or reordered sum keeps it.
+TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
+  constexpr int64_t M = 37, N = 264, K = 400; // 3 full blocks and one of 16
+  const int64_t kbs = num_fp8_scale_blocks(K), nbs = num_fp8_scale_blocks(N);
+  Seeds seeds;
+  const std::vector<double> x = random_doubles(size_t((M + N) * K), seeds.next(), -2, 2);
+  std::vector<uint8_t> a(size_t(M * K)), b(size_t(N * K));
+  for (size_t i = 0; i < a.size(); ++i) a[i] = float_to_e4m3_bits(float(x[i]));
+  for (size_t i = 0; i < b.size(); ++i) b[i] = float_to_e4m3_bits(float(x[a.size() + i]));
+  for (int64_t k = 256; k < 384; ++k) {
+    for (int64_t m = 0; m < M; ++m) a[size_t(m * K + k)] = a[size_t(m * K + k - 256)];
+    for (int64_t n = 0; n < N; ++n) b[size_t(n * K + k)] = b[size_t(n * K + k - 256)] ^ 0x80;
+  }
+  const int a_exponent[] = {30, 0, 30, -3}, b_exponent[] = {0, 1, -1};
+  std::vector<uint8_t> sa(size_t(M * kbs)), sb(size_t(nbs * kbs));
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    for (int64_t m = 0; m < M; ++m) sa[size_t(m * kbs + kb)] = e8m0_bits_of_exponent(a_exponent[kb]);
+    for (int64_t nb = 0; nb < nbs; ++nb)
+      sb[size_t(nb * kbs + kb)] = e8m0_bits_of_exponent(b_exponent[nb]);
+  }
+  auto tensor = [](DType t, int64_t rows, int64_t cols, const std::vector<uint8_t>& bytes) {
+    HostTensor h(t, {rows, cols});
+    std::memcpy(h.host_view().data, bytes.data(), bytes.size());
+    return h;
+  };
+  HostTensor ta = tensor(DType::e4m3, M, K, a), tsa = tensor(DType::e8m0, M, kbs, sa);
+  HostTensor tb = tensor(DType::e4m3, N, K, b), tsb = tensor(DType::e8m0, nbs, kbs, sb);
+  HostTensor d(DType::bf16, {M, N});
+  gemm_fp8({.a = ta.view(), .a_scales = tsa.view(), .b = tb.view(), .b_scales = tsb.view(),
+            .d = d.view()});
+
+  const std::vector<double> got = d.values();
+  int mismatches = 0, order_visible = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc = 0.f;
+      double exact = 0;
+      for (int64_t kb = 0; kb < kbs; ++kb) {
+        double block = 0;
+        for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k)
+          block += double(e4m3_bits_to_float(a[size_t(m * K + k)])) *
+                   double(e4m3_bits_to_float(b[size_t(n * K + k)]));
+        const float scale = e8m0_bits_to_float(sa[size_t(m * kbs + kb)]) *
+                            e8m0_bits_to_float(sb[size_t(n / 128 * kbs + kb)]);
+        acc = std::fma(float(block), scale, acc);
+        exact += block * double(scale);
+      }
+      const double want = double(round_to<bf16>(acc));
+      order_visible += want != double(round_to<bf16>(float(exact)));
+      if (got[size_t(m * N + n)] != want && ++mismatches <= 5)
+        ADD_FAILURE() << "d[" << m << ", " << n << "] = " << got[size_t(m * N + n)] << ", want "
+                      << want << " (seed " << test_seed() << ")";
+    }
+  EXPECT_EQ(mismatches, 0);
+  EXPECT_GT(order_visible, M * N / 2) << "the operands no longer tell the orders apart";
+}
+
+// A NaN scale (0xFF) makes exactly what it scales NaN: an A scale its row, a B scale the 128
+// columns of its block; every other element keeps its bits.
+TEST(Fp8Gemm, ANanScaleMakesItsRowOrColumnBlockNan) {
+  Seeds seeds;
+  const Shape s{40, 264, 384};
+  Fp8GemmCase clean(s.m, s.n, s.k, seeds);
+  gemm_fp8(clean.args());
+  const std::vector<double> before = clean.d.values();
+
+  Fp8GemmCase c = clean;
+  c.d.poison();
+  const int64_t kb_count = num_fp8_scale_blocks(s.k), row = 17, col_block = 1;
+  static_cast<uint8_t*>(c.a_scales.host_view().data)[row * kb_count + 2] = kE8m0NanBits;
+  static_cast<uint8_t*>(c.b_scales.host_view().data)[col_block * kb_count + 0] = kE8m0NanBits;
+  gemm_fp8(c.args());
+  const std::vector<double> after = c.d.values();
+  for (int64_t m = 0; m < s.m; ++m)
+    for (int64_t n = 0; n < s.n; ++n) {
+      const size_t i = size_t(m * s.n + n);
+      if (m == row || n / 128 == col_block)
+        EXPECT_TRUE(std::isnan(after[i])) << m << ", " << n;
+      else
+        EXPECT_EQ(after[i], before[i]) << m << ", " << n;
+    }
+}
+
+// ---- Bad arguments: each case breaks one thing of a valid call; the call throws with `status`
+// and a message naming what is wrong, and no byte of any tensor (guard bytes included) changes.
+
+struct Rejection {
+  const char* name;
+  std::function<void(Fp8GemmArgs&, Fp8GemmCase&)> breaks;
+  Status status;
+  const char* message;
+};
+
+std::vector<uint8_t> bytes_of(HostTensor& t) {
+  const TensorView v = t.host_view();
+  const auto* p = static_cast<const uint8_t*>(v.data);
+  return std::vector<uint8_t>(p, p + t.numel() * dtype_size(t.dtype()));
+}
+
+TEST(Fp8Gemm, RejectsBadArgumentsBeforeTouchingMemory) {
+  const Rejection kRejections[] = {
+      {"K not a multiple of 16",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) {
+         g.a.shape[1] = g.b.shape[1] = 136; // strides stay 144: still 16-byte rows
+       },
+       Status::not_supported, "gemm_fp8: K must be a multiple of 16 (16-byte rows for TMA); got 136"},
+      {"N not a multiple of 8",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b.shape[0] = g.d.shape[1] = 20; },
+       Status::not_supported, "N must be a multiple of 8"},
+      {"a_scales of floor(K/128) blocks",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.a_scales.shape[1] = 1; }, Status::invalid_argument,
+       "a_scales must have shape [M, ceil(K/128)] = [5, 2]; got [5, 1]"},
+      {"b_scales with a row per 128 x 128 block missing",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b_scales.shape[0] = 1; }, Status::invalid_argument,
+       "b_scales must have shape [ceil(N/128), ceil(K/128)] = [2, 2]; got [1, 2]"},
+      {"b of another K", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b.shape[1] = 128; },
+       Status::invalid_argument, "b must have shape [N, K] = [N, 144]; got [136, 128]"},
+      {"16-bit operand", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.a.dtype = DType::bf16; },
+       Status::type_error, "gemm_fp8: a must be e4m3; got bf16"},
+      {"fp32 scales", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b_scales.dtype = DType::f32; },
+       Status::type_error, "b_scales must be e8m0; got f32"},
+      {"fp32 output", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.dtype = DType::f32; },
+       Status::type_error, "d must be bf16; got f32"},
+      {"missing scales", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.a_scales.data = nullptr; },
+       Status::invalid_argument, "a_scales is required; got a null data pointer"},
+      {"unaligned rows of a",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) {
+         g.a.shape[0] = g.a_scales.shape[0] = g.d.shape[0] = 2;
+         g.a.stride[0] = 152;
+       },
+       Status::invalid_argument, "a must have a row stride (stride[0]) that is a multiple of 16"},
+      {"d overlapping a scale tensor",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.data = g.b_scales.data; },
+       Status::invalid_argument, "d overlaps"},
+  };
+  for (const Rejection& r : kRejections) {
+    SCOPED_TRACE(r.name);
+    Seeds seeds;
+    Fp8GemmCase c(5, 136, 144, seeds);
+    Fp8GemmArgs args = c.args();
+    r.breaks(args, c);
+    HostTensor* tensors[] = {&c.a, &c.a_scales, &c.b, &c.b_scales, &c.d};
+    std::vector<std::vector<uint8_t>> before;
+    for (HostTensor* t : tensors) before.push_back(bytes_of(*t));
+    std::string message;
+    try {
+      gemm_fp8(args);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      message = e.what();
+      EXPECT_EQ(int(e.status()), int(r.status)) << message;
+    }
+    EXPECT_NE(message.find(r.message), std::string::npos)
+        << "message lacks \"" << r.message << "\": " << message;
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_EQ(bytes_of(*tensors[i]), before[i]) << "tensor " << i << " changed";
+      EXPECT_TRUE(tensors[i]->guard_intact()) << "tensor " << i;
+    }
+  }
+}
+
+} // namespace
+} // namespace coda::test
