@@ -41,9 +41,8 @@ std::vector<double> dequantize_fp8_blocks(const Fp8Blocks& q, int64_t rows, int6
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) {
       const uint8_t scale = q.scales[size_t(r / block_rows * blocks_c + c / kFp8ScaleBlock)];
-      out[size_t(r * cols + c)] =
-          double(e4m3_bits_to_float(q.codes[size_t(r * cols + c)])) *
-          double(e8m0_bits_to_float(scale));
+      out[size_t(r * cols + c)] = double(e4m3_bits_to_float(q.codes[size_t(r * cols + c)])) *
+                                  double(e8m0_bits_to_float(scale));
     }
   return out;
 }

@@ -22,8 +22,8 @@ std::vector<float> block_varied(int64_t rows, int64_t cols, int64_t block_rows, 
   std::vector<float> x(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c)
-      x[size_t(r * cols + c)] = std::ldexp(
-          normal(rng), exponent[size_t(r / block_rows * blocks_c + c / kFp8ScaleBlock)]);
+      x[size_t(r * cols + c)] =
+          std::ldexp(normal(rng), exponent[size_t(r / block_rows * blocks_c + c / kFp8ScaleBlock)]);
   return x;
 }
 
@@ -47,8 +47,8 @@ Fp8GemmCase::Fp8GemmCase(int64_t m_, int64_t n_, int64_t k_, Seeds& seeds)
       a(bytes_tensor(DType::e4m3, m, k, qa.codes)),
       a_scales(bytes_tensor(DType::e8m0, m, num_fp8_scale_blocks(k), qa.scales)),
       b(bytes_tensor(DType::e4m3, n, k, qb.codes)),
-      b_scales(bytes_tensor(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k),
-                            qb.scales)),
+      b_scales(
+          bytes_tensor(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k), qb.scales)),
       d(DType::bf16, {m, n}) {}
 
 Fp8GemmArgs Fp8GemmCase::args() {

@@ -61,7 +61,8 @@ TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
   const int a_exponent[] = {30, 0, 30, -3}, b_exponent[] = {0, 1, -1};
   std::vector<uint8_t> sa(size_t(M * kbs)), sb(size_t(nbs * kbs));
   for (int64_t kb = 0; kb < kbs; ++kb) {
-    for (int64_t m = 0; m < M; ++m) sa[size_t(m * kbs + kb)] = e8m0_bits_of_exponent(a_exponent[kb]);
+    for (int64_t m = 0; m < M; ++m)
+      sa[size_t(m * kbs + kb)] = e8m0_bits_of_exponent(a_exponent[kb]);
     for (int64_t nb = 0; nb < nbs; ++nb)
       sb[size_t(nb * kbs + kb)] = e8m0_bits_of_exponent(b_exponent[nb]);
   }
@@ -73,7 +74,10 @@ TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
   HostTensor ta = tensor(DType::e4m3, M, K, a), tsa = tensor(DType::e8m0, M, kbs, sa);
   HostTensor tb = tensor(DType::e4m3, N, K, b), tsb = tensor(DType::e8m0, nbs, kbs, sb);
   HostTensor d(DType::bf16, {M, N});
-  gemm_fp8({.a = ta.view(), .a_scales = tsa.view(), .b = tb.view(), .b_scales = tsb.view(),
+  gemm_fp8({.a = ta.view(),
+            .a_scales = tsa.view(),
+            .b = tb.view(),
+            .b_scales = tsb.view(),
             .d = d.view()});
 
   const std::vector<double> got = d.values();
@@ -150,7 +154,8 @@ TEST(Fp8Gemm, RejectsBadArgumentsBeforeTouchingMemory) {
        [](Fp8GemmArgs& g, Fp8GemmCase&) {
          g.a.shape[1] = g.b.shape[1] = 136; // strides stay 144: still 16-byte rows
        },
-       Status::not_supported, "gemm_fp8: K must be a multiple of 16 (16-byte rows for TMA); got 136"},
+       Status::not_supported,
+       "gemm_fp8: K must be a multiple of 16 (16-byte rows for TMA); got 136"},
       {"N not a multiple of 8",
        [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b.shape[0] = g.d.shape[1] = 20; },
        Status::not_supported, "N must be a multiple of 8"},
@@ -177,8 +182,8 @@ TEST(Fp8Gemm, RejectsBadArgumentsBeforeTouchingMemory) {
        },
        Status::invalid_argument, "a must have a row stride (stride[0]) that is a multiple of 16"},
       {"d overlapping a scale tensor",
-       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.data = g.b_scales.data; },
-       Status::invalid_argument, "d overlaps"},
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.data = g.b_scales.data; }, Status::invalid_argument,
+       "d overlaps"},
   };
   for (const Rejection& r : kRejections) {
     SCOPED_TRACE(r.name);
