@@ -88,7 +88,10 @@ private:
   uint64_t state_;
 };
 
-int64_t dtype_bytes(int32_t dtype) { return dtype == CODA_BF16 || dtype == CODA_F16 ? 2 : 4; }
+int64_t dtype_bytes(int32_t dtype) {
+  if (dtype == CODA_E4M3 || dtype == CODA_E8M0) return 1; // FP8 codes, E8M0 scale bytes
+  return dtype == CODA_BF16 || dtype == CODA_F16 ? 2 : 4;
+}
 
 uint16_t float_to_half_bits(float f, int32_t dtype) {
   uint32_t x;
@@ -129,7 +132,7 @@ struct Span {
 
 Span span_of(const coda_tensor& t) {
   if (t.rank < 0 || t.rank > CODA_MAX_RANK) return {false, 0};
-  if (t.dtype < CODA_BF16 || t.dtype > CODA_I32) return {false, 0};
+  if (t.dtype < CODA_BF16 || t.dtype > CODA_E8M0) return {false, 0};
   int64_t last = 0;
   for (int i = 0; i < t.rank; ++i) {
     if (t.shape[i] < 0) return {false, 0};
@@ -324,7 +327,7 @@ private:
       broken_.push_back(name);
       coda_tensor& v = t.view;
       switch ((how - 200) % 9) {
-      case 0: v.dtype = int32_t(arg % 6) - 1; break; // -1 .. 4: wrong or unknown dtypes
+      case 0: v.dtype = int32_t(arg % 8) - 1; break; // -1 .. 6: wrong or unknown dtypes
       case 1: v.rank = int32_t(arg % 7) - 1; break;  // -1 .. 5
       case 2: {
         const int i = v.rank > 0 ? arg % v.rank : 0;
@@ -398,6 +401,8 @@ private:
       }
       if (es == 4) {
         std::memcpy(base + offset, &v, 4);
+      } else if (es == 1) { // any byte is an E4M3 code or an E8M0 scale
+        base[offset] = uint8_t(values_.next());
       } else {
         const uint16_t bits = float_to_half_bits(v, t.view.dtype);
         std::memcpy(base + offset, &bits, 2);
