@@ -17,22 +17,6 @@
 
 namespace coda {
 
-void gemm(const GemmArgs& args, Stream stream) {
-  if (api::validate(args) == Device::cpu) return cpu::gemm(args);
-  api::require_supported_gpu("gemm");
-#if CODA_WITH_CUDA
-  gpu::gemm(args, stream);
-#endif
-}
-
-void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
-  if (api::validate(args) == Device::cpu) return cpu::gemm_fp8(args);
-  api::require_supported_gpu("gemm_fp8");
-#if CODA_WITH_CUDA
-  gpu::gemm_fp8(args, stream);
-#endif
-}
-
 size_t gemm_workspace_size(const GemmArgs& args) {
   if (api::validate(args) == Device::cpu) return 0;
   api::require_supported_gpu("gemm_workspace_size");
@@ -89,13 +73,15 @@ void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel
 
 } // namespace
 
-// Every named and auxiliary kernel (the tables of coda/kernels/args.hpp): validate, then run on
-// the CPU or the GPU backend's function of the same name.
+// The GEMMs and every named and auxiliary kernel (the tables of coda/kernels/args.hpp): validate,
+// then run on the CPU or the GPU backend's function of the same name.
 #define CODA_ENTRY_POINT(fn, Args)                                                                 \
   void fn(const Args& args, Stream stream) {                                                       \
     run(                                                                                           \
         #fn, args, stream, [](const Args& x) { cpu::fn(x); }, CODA_GPU_KERNEL(fn));                \
   }
+CODA_ENTRY_POINT(gemm, GemmArgs)
+CODA_ENTRY_POINT(gemm_fp8, Fp8GemmArgs)
 CODA_FUSED_KERNELS(CODA_ENTRY_POINT)
 CODA_AUX_KERNELS(CODA_ENTRY_POINT)
 #undef CODA_ENTRY_POINT
