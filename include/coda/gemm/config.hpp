@@ -34,11 +34,16 @@ constexpr Major b_major(GemmLayout layout) {
   return layout == GemmLayout::fwd ? Major::k : Major::mn;
 }
 
-template <int kTileM_, int kTileN_, int kStages_, int kClusterM_, Schedule kSchedule_>
+// kOperandBytes: the size of an A or B element, 2 (bf16, f16) or 1 (e4m3, the FP8 mainloop).
+template <int kTileM_, int kTileN_, int kStages_, int kClusterM_, Schedule kSchedule_,
+          int kOperandBytes_ = 2>
 struct GemmConfig {
-  static constexpr int kTileM = kTileM_;       // rows of D per tile
-  static constexpr int kTileN = kTileN_;       // columns of D per tile
-  static constexpr int kTileK = 64;            // one 128-byte swizzle span of 16-bit elements
+  static constexpr int kTileM = kTileM_; // rows of D per tile
+  static constexpr int kTileN = kTileN_; // columns of D per tile
+  static constexpr int kOperandBytes = kOperandBytes_;
+  // One 128-byte swizzle span deep: 64 16-bit elements, 128 FP8 ones (also the FP8 recipe's
+  // scale block, so each k-block has one scale per row of A and per 128 rows of B).
+  static constexpr int kTileK = 128 / kOperandBytes;
   static constexpr int kStages = kStages_;     // shared-memory ring depth
   static constexpr int kClusterM = kClusterM_; // CTAs of a cluster, stacked along M, sharing B
   static constexpr Schedule kSchedule = kSchedule_;
@@ -95,8 +100,9 @@ struct GemmConfig {
   static constexpr int kEpilogueRegisters =
       kSchedule == Schedule::staged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
 
-  static_assert(kTileK == 64,
-                "operand tiles are one 128-byte swizzle span (64 elements) deep in K");
+  static_assert(kOperandBytes == 1 || kOperandBytes == 2, "operands are 16-bit or FP8");
+  static_assert(kTileK * kOperandBytes == 128,
+                "operand tiles are one 128-byte swizzle span deep in K");
   static_assert(kTileN == 128 || kTileN == 192 || kTileN == 256,
                 "wgmma wrappers exist for N = 128, 192 and 256");
   static_assert(kSchedule == Schedule::pingpong || kTileM == 128,
@@ -117,9 +123,9 @@ struct GemmConfig {
                 "register split exceeds the CTA's registers at launch");
 };
 
-// Bytes of one pipeline stage (A tile + B tile, 16-bit elements).
+// Bytes of one pipeline stage (A tile + B tile).
 template <class Config> constexpr int stage_bytes() {
-  return (Config::kTileM + Config::kTileN) * Config::kTileK * 2;
+  return (Config::kTileM + Config::kTileN) * Config::kTileK * Config::kOperandBytes;
 }
 
 } // namespace coda::sm90

@@ -111,7 +111,8 @@ __device__ void consume(const KernelParams<Mainloop, Epilogue>& params,
     // ahead of the waiter: a warpgroup that skipped the other's k-blocks would otherwise wait on
     // a barrier several phases behind, and parity waits cannot tell those phases apart.
     if (!kCooperative && iteration > 0) mma_turn(consumer, /*arrive=*/false);
-    Mainloop::mma_tile(smem.mainloop, pipe, st, acc, first_block, item.k_begin, item.k_end, lane,
+    Mainloop::mma_tile(params.mainloop, smem.mainloop, pipe, st, acc, tile, first_block,
+                       item.k_begin, item.k_end, lane,
                        [&](int32_t k_block) { overlap_with_mainloop(epilogue, k_block); });
     if (!kCooperative && item.unit + clusters < sched.num_units())
       mma_turn(1 - consumer, /*arrive=*/true);

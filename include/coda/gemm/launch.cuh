@@ -70,7 +70,7 @@ struct StreamKScratch {
 // Operands as GemmArgs holds them: a [M, K] (wgrad: [K, M]), b [N, K] (fwd) or [K, N].
 template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKernel {
   static constexpr bool kCooperative = Config::kSchedule != Schedule::pingpong;
-  using Main = Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>;
+  using Main = MainloopFor<Config, kLayout, InT>;
   using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
   using Params = KernelParams<Main, Epi>;
   using SharedStorage = KernelSharedStorage<Main, Epi>;
@@ -111,7 +111,7 @@ template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKer
   static typename Main::Params mainloop_params(const TensorView& a, const TensorView& b,
                                                Problem p) {
     const OperandShapes shapes = operand_shapes(a, b, p);
-    typename Main::Params out;
+    typename Main::Params out{};
     out.a = make_tensor_map("A", shapes.a);
     out.b = make_tensor_map("B", shapes.b);
     return out;
@@ -180,8 +180,16 @@ template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKer
   static void run(const TensorView& a, const TensorView& b, Problem problem,
                   const typename Epi::Params& epilogue, const GemmPlan& plan,
                   const TensorView& workspace, cudaStream_t stream) {
+    run(mainloop_params(a, b, problem), problem, epilogue, plan, workspace, stream);
+  }
+
+  // With the mainloop's Params given: mainloop_params() and what a mainloop reads beside the
+  // operands (the FP8 one's block scales).
+  static void run(const typename Main::Params& mainloop, Problem problem,
+                  const typename Epi::Params& epilogue, const GemmPlan& plan,
+                  const TensorView& workspace, cudaStream_t stream) {
     Params params{};
-    params.mainloop = mainloop_params(a, b, problem);
+    params.mainloop = mainloop;
     params.epilogue = epilogue;
     params.scheduler = make_scheduler(problem, plan);
     if (params.scheduler.num_units() == 0) return;

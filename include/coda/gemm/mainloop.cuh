@@ -2,19 +2,22 @@
 // and the consumer side (wgmma over the ring into fp32 accumulators). It knows the operand
 // layouts and nothing of what happens to the accumulators afterwards.
 //
-// Shared-memory operand tiles, 64 elements (128 B, one swizzle span) deep in their contiguous
-// dimension, 128-byte swizzled exactly as TMA writes them:
-//   K-major  A: [kTileM rows][64 k]                 B: [kTileN rows][64 k]
-//   MN-major A: [kTileM/64 atoms][64 k][64 m]       B: [kTileN/64 atoms][64 k][64 n]
+// Shared-memory operand tiles, 128 B (one swizzle span: 64 16-bit elements, or kTileK = 128 FP8
+// ones) deep in their contiguous dimension, 128-byte swizzled exactly as TMA writes them:
+//   K-major  A: [kTileM rows][kTileK k]             B: [kTileN rows][kTileK k]
+//   MN-major A: [kTileM/64 atoms][64 k][64 m]       B: [kTileN/64 atoms][64 k][64 n]   (16-bit)
+// The FP8 mainloop (fp8_mainloop.cuh) loads through this one and reads its descriptors.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda.h>
 #include <cuda/ptx>
 
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/wgmma.cuh"
+#include "coda/core/fp8.hpp"
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/config.hpp"
 #include "coda/gemm/pipeline.cuh"
@@ -40,13 +43,16 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
   // and how many of each fill one stage (B: over the whole cluster, each CTA multicasting its
   // share). The producer arms every stage with kStageBytes, so they must add up exactly: a box
   // of another size leaves the consumers waiting forever.
-  static constexpr uint32_t kBoxColsA = 64;
+  static_assert(Config::kOperandBytes == 2 || (kMajorA == Major::k && kMajorB == Major::k),
+                "FP8 operands are K-major (wgmma reads no other FP8 layout)");
+  static constexpr uint32_t kBoxColsA = Config::kTileK; // 128 bytes
   static constexpr uint32_t kBoxRowsA = kMajorA == Major::k ? Config::kTileM : 64;
   static constexpr uint32_t kBoxesA = kMajorA == Major::k ? 1 : Config::kTileM / 64;
-  static constexpr uint32_t kBoxColsB = 64;
+  static constexpr uint32_t kBoxColsB = Config::kTileK;
   static constexpr uint32_t kBoxRowsB = kMajorB == Major::k ? kSliceRowsB : 64;
   static constexpr uint32_t kBoxesB = kMajorB == Major::k ? kClusterM : Config::kTileN / 64;
-  static_assert(kBoxColsA * kBoxRowsA * 2 * kBoxesA + kBoxColsB * kBoxRowsB * 2 * kBoxesB ==
+  static_assert((kBoxColsA * kBoxRowsA * kBoxesA + kBoxColsB * kBoxRowsB * kBoxesB) *
+                        Config::kOperandBytes ==
                     kStageBytes,
                 "the TMA boxes of a stage must deliver exactly the bytes its barrier expects");
 
@@ -94,12 +100,14 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
   // k-block are issued and the previous batch has retired (one batch in flight).
   // `while_mma(i)` runs after the i-th k-block's wgmmas are issued, while the tensor cores work
   // on them; it must not touch the accumulators.
+  // (The kernel also passes the launch's Params and the tile, which the FP8 mainloop reads its
+  // scales by; this one needs neither.)
   // NOTE: no other path may write the accumulators (e.g. zeroing them for K = 0): the copies
   // at the merge break ptxas's contiguous HGMMA register range and cost ~40 registers of spills.
   template <class WhileMma>
-  __device__ static void mma_tile(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
-                                  int first_block, int32_t k_begin, int32_t k_end, uint32_t lane,
-                                  WhileMma&& while_mma) {
+  __device__ static void mma_tile(const Params&, SharedStorage& smem, Pipeline& pipe, State& st,
+                                  Accum& acc, TileCoord, int first_block, int32_t k_begin,
+                                  int32_t k_end, uint32_t lane, WhileMma&& while_mma) {
     fence_accumulators(acc);
     State previous = st;
     for (int32_t kb = k_begin; kb < k_end; ++kb) {
@@ -120,7 +128,7 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
     pipe.consumer_release(previous, lane);
   }
 
-private:
+protected:
   __device__ static void fence_accumulators(Accum& acc) {
 #pragma unroll
     for (int mb = 0; mb < Accum::kBlocks; ++mb) arch::wgmma_fence_operand(acc.reg[mb]);
@@ -171,8 +179,9 @@ private:
     }
   }
 
-  // Byte offsets, from the stage's tile, of what the k16 step `kk` of 64-row block `block` of A,
-  // and of B from column `n0` (a multiple of 64), read (see smem_desc.hpp).
+  // Byte offsets, from the stage's tile, of what the k step `kk` (32 bytes along K: 16 16-bit
+  // elements, or the 32 FP8 ones of a k32 wgmma) of 64-row block `block` of A, and of B from
+  // column `n0` (a multiple of 64), read (see smem_desc.hpp).
   static constexpr uint32_t offset_a(int block, int kk) {
     return kMajorA == Major::k ? block * kAtomBytes + kk * 32
                                : block * kAtomBytes + kk * 16 * arch::kOperandRowBytes;
@@ -188,6 +197,15 @@ private:
                                        arch::kSwizzleAtomBytes);
   }
 
+  // The descriptors of step `kk` of block `block` of A, and of B from column `n0`.
+  __device__ static uint64_t desc_a(const uint8_t* tile, int block, int kk) {
+    return arch::advance_wgmma_desc(tile_desc<kMajorA>(tile), offset_a(block, kk));
+  }
+  __device__ static uint64_t desc_b(const uint8_t* tile, int kk, int n0) {
+    return arch::advance_wgmma_desc(tile_desc<kMajorB>(tile), offset_b(kk, n0));
+  }
+
+private:
   // A stage's wgmmas address its tiles by descriptors made once per stage plus each step's
   // constant offset: the consumer warps share their schedulers with the staged epilogue's, so
   // every instruction of the mainloop's issue chain counts (ncu on a staged K7: the consumers'
@@ -217,5 +235,13 @@ private:
     }
   }
 };
+
+// The block-scaled FP8 mainloop (fp8_mainloop.cuh; included where it is instantiated).
+template <class Config> struct Fp8Mainloop;
+
+// The mainloop of a GEMM over operands of type InT.
+template <class Config, GemmLayout kLayout, class InT>
+using MainloopFor = std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config>,
+                                       Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
 
 } // namespace coda::sm90

@@ -46,8 +46,10 @@ inline CUtensorMapDataType tensor_map_dtype(DType t) {
     return CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   case DType::f32:
     return CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+  case DType::e4m3: // TMA copies bytes; only wgmma reads them as E4M3
+    return CU_TENSOR_MAP_DATA_TYPE_UINT8;
   default:
-    throw Error(Status::type_error, "TMA operands are bf16, f16 or f32");
+    throw Error(Status::type_error, "TMA operands are bf16, f16, f32 or e4m3");
   }
 }
 
