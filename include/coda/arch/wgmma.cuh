@@ -168,6 +168,38 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
                  : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
 }
 
+// PTX ISA 9.7.15 (wgmma), "wgmma.mma_async" with .atype = .btype = .e4m3 (FP8), both operands
+// from shared memory:
+//   D[64 x 128] (+)= A[64 x 32] * B[32 x 128], fp32 accumulate.
+// The FP8 form has no transpose immediates (only .f16/.bf16 read MN-major operands): both
+// operands are K-major, and each k32 step is 32 bytes of a 128-byte swizzled row, as a k16 step
+// of 16-bit elements is. The accumulator fragment is m64nNk16's (fragment.hpp): it depends on
+// M, N and the fp32 D only. The instruction is m64n128k32 alone: the FP8 mainloop's
+// promotion holds a second accumulator of the same size, and 128 columns are what two of them
+// leave room for (docs/fp8.md).
+// m64n128k32: 64 accumulator registers %0..%63, then desc_a %64, desc_b %65, scale_d %66;
+// imm-scale-a and imm-scale-b are 1 (no negation). TYPE: the FP8 input type (e4m3; e5m2 exists).
+#define CODA_WGMMA_K32_N128_ASM(TYPE)                                                              \
+  "{\n"                                                                                            \
+  ".reg .pred p;\n"                                                                                \
+  "setp.ne.b32 p, %66, 0;\n"                                                                       \
+  "wgmma.mma_async.sync.aligned.m64n128k32.f32." TYPE "." TYPE " {"                                \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                 \
+  "}, %64, %65, p, 1, 1;\n"                                                                        \
+  "}\n"
+
+// D[64 x 128] (+)= A * B over 32 FP8 (E4M3) k values; scale_d == 0 overwrites D.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
+                                                      uint64_t desc_b, int scale_d) {
+  asm volatile(CODA_WGMMA_K32_N128_ASM("e4m3")
+               : CODA_WGMMA_N128_ACCUMULATORS
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+#undef CODA_WGMMA_K32_N128_ASM
 #undef CODA_WGMMA_N128_ASM
 #undef CODA_WGMMA_N128_ACCUMULATORS
 #undef CODA_WGMMA_N192_ASM

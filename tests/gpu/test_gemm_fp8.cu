@@ -1,0 +1,208 @@
+// The block-scaled FP8 GEMM on the GPU through coda::gemm_fp8 on device memory, each D held
+//  * to the fp64 GEMM of the dequantized operands by the tolerance rule (tests/common/check.hpp;
+//    the baseline: those operands multiplied in fp32 and rounded to bf16), and
+//  * to the CPU backend on the same inputs (the same promotion in the same order; only the
+//    128-deep block sums differ, the tensor cores' against exact ones): within one bf16 ulp, or
+//    the rule with the CPU as the reference (tests/gpu/cpu_parity.hpp).
+// Inputs are fresh per run (CODA_TEST_SEED replays one), with scales that change from block to
+// block; D is poisoned with NaN and fenced by guard bytes, and one case surrounds it with
+// poisoned padding (a wider row stride, rows past M) that must keep its bytes; M and N are
+// ragged against the 128 x 128 tiles and K against the 128-deep blocks. Skipped (not passed)
+// where there is no sm_90 device.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
+#include "gpu/gemm/fp8.cuh"
+#include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
+#include "tests/gpu/cpu_parity.hpp"
+#include "tests/gpu/device_tensor.hpp"
+#include "tests/gpu/gpu_fixtures.hpp"
+
+namespace coda::test {
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+};
+std::string label(const Shape& s) {
+  return "M" + std::to_string(s.m) + "_N" + std::to_string(s.n) + "_K" + std::to_string(s.k);
+}
+
+// The case's tensors on the device (D a fresh NaN-poisoned copy, guard bytes after each).
+struct DeviceFp8 {
+  DeviceTensor a, a_scales, b, b_scales, d;
+  explicit DeviceFp8(Fp8GemmCase& c)
+      : a(c.a), a_scales(c.a_scales), b(c.b), b_scales(c.b_scales), d(c.d) {}
+  Fp8GemmArgs args() const {
+    return {.a = a.view(),
+            .a_scales = a_scales.view(),
+            .b = b.view(),
+            .b_scales = b_scales.view(),
+            .d = d.view()};
+  }
+};
+
+// The GPU against the fp64 reference and the CPU backend; a second launch on the same inputs
+// must give the same bits (no atomics, no order that changes run to run).
+void check_shape(const Shape& s) {
+  SCOPED_TRACE(label(s));
+  Seeds seeds;
+  Fp8GemmCase cpu(s.m, s.n, s.k, seeds);
+  gemm_fp8(cpu.args()); // host tensors: the CPU backend
+  Fp8GemmCase gpu = cpu;
+  gpu.d.poison();
+  DeviceFp8 dev(gpu);
+  gemm_fp8(dev.args());
+  synchronize_ok();
+  EXPECT_TRUE(dev.d.copy_back()) << "a write past the end of d";
+  expect_matches("d", gpu.d, cpu.d, cpu.exact(), cpu.unfused());
+
+  HostTensor again(DType::bf16, {s.m, s.n});
+  ASSERT_EQ(cudaMemset(dev.d.view().data, 0xff, size_t(s.m * s.n * 2)), cudaSuccess); // NaN
+  gemm_fp8(dev.args());
+  synchronize_ok();
+  EXPECT_TRUE(dev.d.copy_back(&again));
+  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, again.host_view().data, size_t(s.m * s.n * 2)), 0)
+      << "two launches on the same inputs differ";
+}
+
+// Ragged M (1, 127, 129, 300, 1000) and N (8, 136, 264, 392, 1032) against 128 x 128 tiles; K
+// from one short block (16) through short last blocks (528, 2064) to many full ones; the last
+// shape has more tiles (17 x 16) than a wave of clusters, so CTAs run several tiles each.
+const Shape kShapes[] = {{1, 8, 16},      {127, 264, 1024},   {300, 136, 528},
+                         {129, 392, 128}, {1000, 1032, 2064}, {2176, 2048, 256}};
+
+class GpuFp8Gemm : public testing::TestWithParam<Shape> {};
+TEST_P(GpuFp8Gemm, MatchesTheReferenceAndTheCpuBackend) {
+  CODA_REQUIRE_SM90();
+  check_shape(GetParam());
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Gemm, testing::ValuesIn(kShapes),
+                         [](const testing::TestParamInfo<Shape>& info) {
+                           return label(info.param);
+                         });
+
+// D inside a larger poisoned buffer (row stride N + 72, 9 rows past M), scales with padded row
+// strides: the kernel writes exactly D's [M, N] and reads the scales by their strides.
+TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
+  CODA_REQUIRE_SM90();
+  const Shape s{300, 264, 528};
+  Seeds seeds;
+  Fp8GemmCase cpu(s.m, s.n, s.k, seeds);
+  gemm_fp8(cpu.args());
+
+  const int64_t kbs = num_fp8_scale_blocks(s.k), nbs = num_fp8_scale_blocks(s.n);
+  const int64_t d_pitch = s.n + 72, d_rows = s.m + 9, as_pitch = kbs + 13, bs_pitch = kbs + 3;
+  std::vector<uint16_t> d_host(size_t(d_rows * d_pitch), 0x7fc0); // bf16 NaN
+  std::vector<uint8_t> as_host(size_t(s.m * as_pitch), 0xff), bs_host(size_t(nbs * bs_pitch), 0xff);
+  for (int64_t r = 0; r < s.m; ++r)
+    std::memcpy(&as_host[size_t(r * as_pitch)], &cpu.qa.scales[size_t(r * kbs)], size_t(kbs));
+  for (int64_t r = 0; r < nbs; ++r)
+    std::memcpy(&bs_host[size_t(r * bs_pitch)], &cpu.qb.scales[size_t(r * kbs)], size_t(kbs));
+  void *d = nullptr, *as = nullptr, *bs = nullptr;
+  ASSERT_EQ(cudaMalloc(&d, d_host.size() * 2), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&as, as_host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&bs, bs_host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d, d_host.data(), d_host.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(as, as_host.data(), as_host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(bs, bs_host.data(), bs_host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceTensor a(cpu.a), b(cpu.b);
+  Fp8GemmArgs args{.a = a.view(),
+                   .a_scales = make_view(as, DType::e8m0, s.m, kbs, Device::cuda),
+                   .b = b.view(),
+                   .b_scales = make_view(bs, DType::e8m0, nbs, kbs, Device::cuda),
+                   .d = make_view(d, DType::bf16, s.m, s.n, Device::cuda)};
+  args.a_scales.stride[0] = as_pitch;
+  args.b_scales.stride[0] = bs_pitch;
+  args.d.stride[0] = d_pitch;
+  gemm_fp8(args);
+  synchronize_ok();
+  std::vector<uint16_t> out(d_host.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), d, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(d), cudaFree(as), cudaFree(bs);
+
+  HostTensor got(DType::bf16, {s.m, s.n});
+  int touched = 0;
+  for (int64_t r = 0; r < d_rows; ++r)
+    for (int64_t c = 0; c < d_pitch; ++c) {
+      const uint16_t bits = out[size_t(r * d_pitch + c)];
+      if (r < s.m && c < s.n)
+        std::memcpy(static_cast<uint16_t*>(got.host_view().data) + r * s.n + c, &bits, 2);
+      else
+        touched += bits != 0x7fc0;
+    }
+  EXPECT_EQ(touched, 0) << "elements outside D changed";
+  expect_matches("d", got, cpu.d, cpu.exact(), cpu.unfused());
+}
+
+// A NaN scale (0xFF) makes exactly its row (A) or 128-column block (B) NaN, as on the CPU.
+TEST(GpuFp8GemmNanScales, PoisonOnlyWhatTheyScale) {
+  CODA_REQUIRE_SM90();
+  const Shape s{200, 392, 384};
+  Seeds seeds;
+  Fp8GemmCase c(s.m, s.n, s.k, seeds);
+  const int64_t kbs = num_fp8_scale_blocks(s.k);
+  static_cast<uint8_t*>(c.a_scales.host_view().data)[131 * kbs + 1] = kE8m0NanBits;
+  static_cast<uint8_t*>(c.b_scales.host_view().data)[2 * kbs + 2] = kE8m0NanBits;
+  Fp8GemmCase gpu = c;
+  gemm_fp8(c.args());
+  DeviceFp8 dev(gpu);
+  gemm_fp8(dev.args());
+  synchronize_ok();
+  EXPECT_TRUE(dev.d.copy_back());
+  const std::vector<double> want = c.d.values(), got = gpu.d.values();
+  int nan_mismatch = 0;
+  for (size_t i = 0; i < got.size(); ++i) nan_mismatch += std::isnan(got[i]) != std::isnan(want[i]);
+  EXPECT_EQ(nan_mismatch, 0);
+  EXPECT_TRUE(std::isnan(got[size_t(131 * s.n + 5)]) && std::isnan(got[size_t(7 * s.n + 300)]));
+}
+
+// Small shapes (up to three tiles along M, N and a short K block) for compute-sanitizer.
+TEST(GpuFp8GemmSmallForSanitizer, RaggedTiles) {
+  CODA_REQUIRE_SM90();
+  check_shape({1, 8, 16});
+  check_shape({257, 264, 400});
+}
+
+// Host side of the kernel (no GPU needed): the operands' tensor maps (the stored shapes, one
+// 128-byte swizzle span of codes deep, boxes whose bytes are exactly what the producer arms each
+// stage with: a mismatch hangs the kernel), and k-blocks that are the scale blocks the consumer
+// indexes its scales by.
+TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
+  using Kernel = gpu::fp8::Kernel;
+  using Main = Kernel::Main;
+  for (const Shape& s : {Shape{1000, 776, 528}, Shape{1, 8, 16}, Shape{129, 392, 2048}}) {
+    SCOPED_TRACE(label(s));
+    const TensorView a = make_view(nullptr, DType::e4m3, s.m, s.k, Device::cuda);
+    const TensorView b = make_view(nullptr, DType::e4m3, s.n, s.k, Device::cuda);
+    const auto shapes = Kernel::operand_shapes(a, b, {s.m, s.n, s.k});
+    EXPECT_EQ(shapes.a.rows, uint64_t(s.m));
+    EXPECT_EQ(shapes.a.cols, uint64_t(s.k));
+    EXPECT_EQ(shapes.b.rows, uint64_t(s.n));
+    EXPECT_EQ(shapes.b.cols, uint64_t(s.k));
+    EXPECT_EQ(shapes.a.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+    EXPECT_EQ(shapes.b.swizzle, CU_TENSOR_MAP_SWIZZLE_128B);
+    EXPECT_EQ(sm90::tensor_map_dtype(shapes.a.dtype), CU_TENSOR_MAP_DATA_TYPE_UINT8);
+    EXPECT_EQ(shapes.a.box_cols, uint32_t(kFp8ScaleBlock)); // 128 codes = 128 bytes
+    EXPECT_EQ(shapes.b.box_cols, uint32_t(kFp8ScaleBlock));
+    EXPECT_EQ(uint64_t(shapes.a.box_cols) * shapes.a.box_rows * Main::kBoxesA +
+                  uint64_t(shapes.b.box_cols) * shapes.b.box_rows * Main::kBoxesB,
+              uint64_t(Main::kStageBytes));
+    const sm90::TileScheduler sched = Kernel::make_scheduler({s.m, s.n, s.k}, sm90::GemmPlan{});
+    EXPECT_EQ(sched.k_blocks, num_fp8_scale_blocks(s.k));
+    EXPECT_EQ(sched.tiles_n, num_fp8_scale_blocks(s.n)); // one B scale row per tile column
+  }
+}
+
+} // namespace
+} // namespace coda::test
