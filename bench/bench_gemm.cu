@@ -31,39 +31,11 @@ using bench::Buffer;
 using bench::check;
 using bench::CublasGemm;
 
-struct BenchCase {
-  std::string name;
-  coda::GemmLayout layout;
-  const char* layout_name; // "fwd" | "dgrad" | "wgrad" | "square"
-  int64_t m, n, k;
-};
-
-// The three GEMMs of an nn.Linear with weight [out, in] over `tokens` tokens.
-void add_linear(std::vector<BenchCase>& cases, const std::string& name, int64_t out, int64_t in,
-                int64_t tokens) {
-  cases.push_back({name + ".fwd", coda::GemmLayout::fwd, "fwd", tokens, out, in});
-  cases.push_back({name + ".dgrad", coda::GemmLayout::dgrad, "dgrad", tokens, in, out});
-  cases.push_back({name + ".wgrad", coda::GemmLayout::wgrad, "wgrad", out, in, tokens});
-}
+using BenchCase = bench::GemmCase;
 
 std::vector<BenchCase> bench_cases() {
-  std::vector<BenchCase> cases;
-  constexpr int64_t kTokens = 8192;
-  struct Model {
-    const char* name;
-    int64_t hidden, mlp, q_heads, kv_heads, head_dim;
-  };
-  for (const Model& mdl :
-       {Model{"llama1b", 2048, 8192, 32, 8, 64}, Model{"llama8b", 4096, 14336, 32, 8, 128}}) {
-    const std::string p = mdl.name;
-    const int64_t qkv = (mdl.q_heads + 2 * mdl.kv_heads) * mdl.head_dim;
-    add_linear(cases, p + ".qkv", qkv, mdl.hidden, kTokens);
-    add_linear(cases, p + ".o", mdl.hidden, mdl.q_heads * mdl.head_dim, kTokens);
-    add_linear(cases, p + ".gate_up", 2 * mdl.mlp, mdl.hidden, kTokens);
-    add_linear(cases, p + ".down", mdl.hidden, mdl.mlp, kTokens);
-  }
-  for (int64_t s : {2048, 4096, 8192})
-    cases.push_back({"square" + std::to_string(s), coda::GemmLayout::fwd, "square", s, s, s});
+  std::vector<BenchCase> cases = bench::llama_block_gemms();
+  for (int64_t s : {2048, 4096, 8192}) cases.push_back(bench::square_gemm(s));
   return cases;
 }
 

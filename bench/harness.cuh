@@ -1,7 +1,7 @@
 // What the GPU benchmarks share: error checks, deterministic random fills, device buffers,
 // cuBLASLt's GEMM in coda's three layouts, the timer (L2 flush, CUDA events, median), command-line
-// flags and the JSON header. Each benchmark is one translation unit that includes this header
-// once, so everything here has internal linkage.
+// flags, the JSON header and the GEMM shapes of a Llama block. Each benchmark is one translation
+// unit that includes this header once, so everything here has internal linkage.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <stdexcept>
@@ -111,6 +112,106 @@ inline double max_rel_diff(const void* a, const void* b, int64_t numel) {
   return diff / scale;
 }
 
+// The same over every element, on the device: largest |a - b| over largest |b| (infinite where
+// either holds a NaN or an infinity). For tensors too large to copy to the host.
+__global__ void abs_max_diff(const __nv_bfloat16* a, const __nv_bfloat16* b, int64_t n,
+                             unsigned* out) { // out: max |a - b|, max |b| (float bits), non-finite
+  float diff = 0.f, scale = 0.f;
+  unsigned bad = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float x = __bfloat162float(a[i]), y = __bfloat162float(b[i]);
+    if (!isfinite(x) || !isfinite(y)) bad = 1;
+    diff = fmaxf(diff, fabsf(x - y)), scale = fmaxf(scale, fabsf(y));
+  }
+  for (int o = 16; o > 0; o /= 2) {
+    diff = fmaxf(diff, __shfl_xor_sync(0xffffffffu, diff, o));
+    scale = fmaxf(scale, __shfl_xor_sync(0xffffffffu, scale, o));
+    bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+  }
+  if (threadIdx.x % 32 == 0) { // non-negative floats order as their bits do
+    atomicMax(&out[0], __float_as_uint(diff)), atomicMax(&out[1], __float_as_uint(scale));
+    if (bad) atomicOr(&out[2], 1u);
+  }
+}
+inline double max_rel_diff_all(const void* a, const void* b, int64_t numel, cudaStream_t s) {
+  Buffer out(3 * sizeof(unsigned));
+  check(cudaMemsetAsync(out.p, 0, out.bytes, s), "clear");
+  abs_max_diff<<<1024, 256, 0, s>>>(static_cast<const __nv_bfloat16*>(a),
+                                    static_cast<const __nv_bfloat16*>(b), numel,
+                                    out.as<unsigned>());
+  check(cudaGetLastError(), "abs_max_diff");
+  unsigned host[3];
+  check(cudaMemcpyAsync(host, out.p, sizeof(host), cudaMemcpyDeviceToHost, s), "copy");
+  check(cudaStreamSynchronize(s), "abs_max_diff sync");
+  if (host[2]) return INFINITY;
+  float diff, scale;
+  std::memcpy(&diff, &host[0], 4), std::memcpy(&scale, &host[1], 4);
+  return double(diff) / std::max(double(scale), 1e-30);
+}
+
+// ---- The GEMMs of a Llama block: each nn.Linear's forward, input-gradient and weight-gradient
+// GEMM (coda's layouts, below), for Llama-3.2-1B and Llama-3.1-8B at 8192 tokens.
+struct GemmCase {
+  std::string name;
+  coda::GemmLayout layout;
+  const char* layout_name; // "fwd" | "dgrad" | "wgrad" | "square"
+  int64_t m, n, k;
+};
+
+// The three GEMMs of an nn.Linear with weight [out, in] over `tokens` tokens.
+inline void add_linear(std::vector<GemmCase>& cases, const std::string& name, int64_t out,
+                       int64_t in, int64_t tokens) {
+  cases.push_back({name + ".fwd", coda::GemmLayout::fwd, "fwd", tokens, out, in});
+  cases.push_back({name + ".dgrad", coda::GemmLayout::dgrad, "dgrad", tokens, in, out});
+  cases.push_back({name + ".wgrad", coda::GemmLayout::wgrad, "wgrad", out, in, tokens});
+}
+
+// The 24 block GEMMs: qkv, o, gate_up (the fused [2F, D] weight) and down, fwd / dgrad / wgrad.
+inline std::vector<GemmCase> llama_block_gemms() {
+  std::vector<GemmCase> cases;
+  constexpr int64_t kTokens = 8192;
+  struct Model {
+    const char* name;
+    int64_t hidden, mlp, q_heads, kv_heads, head_dim;
+  };
+  for (const Model& mdl :
+       {Model{"llama1b", 2048, 8192, 32, 8, 64}, Model{"llama8b", 4096, 14336, 32, 8, 128}}) {
+    const std::string p = mdl.name;
+    const int64_t qkv = (mdl.q_heads + 2 * mdl.kv_heads) * mdl.head_dim;
+    add_linear(cases, p + ".qkv", qkv, mdl.hidden, kTokens);
+    add_linear(cases, p + ".o", mdl.hidden, mdl.q_heads * mdl.head_dim, kTokens);
+    add_linear(cases, p + ".gate_up", 2 * mdl.mlp, mdl.hidden, kTokens);
+    add_linear(cases, p + ".down", mdl.hidden, mdl.mlp, kTokens);
+  }
+  return cases;
+}
+inline GemmCase square_gemm(int64_t s) {
+  return {"square" + std::to_string(s), coda::GemmLayout::fwd, "square", s, s, s};
+}
+
+// "tile T stages S splitK K swizzle W cluster C waves X" for a cuBLASLt algorithm: ids of
+// cublasLt.h's enums, and the heuristic's wave count.
+inline std::string describe_algo(const cublasLtMatmulAlgo_t& algo, float waves) {
+  uint32_t tile = 0, stages = 0, split_k = 0, swizzle = 0;
+  uint16_t cluster = 0;
+  size_t got = 0;
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
+                                       &got);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                       sizeof(stages), &got);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,
+                                       sizeof(split_k), &got);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                       sizeof(swizzle), &got);
+  cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                       sizeof(cluster), &got);
+  char text[128];
+  std::snprintf(text, sizeof(text), "tile %u stages %u splitK %u swizzle %u cluster %u waves %.2f",
+                tile, stages, split_k, swizzle, unsigned(cluster), double(waves));
+  return text;
+}
+
 // ---- cuBLASLt in coda's layouts (coda/gemm/problem.hpp), 16-bit inputs, fp32 accumulate:
 //   fwd   D[M, N] = A[M, K] · B[N, K]ᵀ     dgrad D[M, N] = A[M, K] · B[K, N]
 //   wgrad D[M, N] = A[K, M]ᵀ · B[K, N]
@@ -170,27 +271,7 @@ struct CublasGemm {
   CublasGemm(const CublasGemm&) = delete;
   CublasGemm& operator=(const CublasGemm&) = delete;
 
-  // "tile T stages S splitK K swizzle W cluster C waves X": ids of cublasLt.h's enums.
-  std::string describe() const {
-    uint32_t tile = 0, stages = 0, split_k = 0, swizzle = 0;
-    uint16_t cluster = 0;
-    size_t got = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile),
-                                         &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                         sizeof(stages), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_k,
-                                         sizeof(split_k), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                         sizeof(swizzle), &got);
-    cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                         sizeof(cluster), &got);
-    char text[128];
-    std::snprintf(text, sizeof(text),
-                  "tile %u stages %u splitK %u swizzle %u cluster %u waves %.2f", tile, stages,
-                  split_k, swizzle, unsigned(cluster), double(waves));
-    return text;
-  }
+  std::string describe() const { return describe_algo(algo, waves); }
 
   void run(const void* a, const void* b, void* d, cudaStream_t s) const {
     const float alpha = 1.f, beta = 0.f;

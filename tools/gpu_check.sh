@@ -2,10 +2,10 @@
 # The GPU machine's check: build (ninja), the CPU and GPU test suites (the CPU suite also holds the
 # API's CUDA-path cases), the CUDA examples, compute-sanitizer on small shapes, the benchmarks
 # (GEMM vs cuBLASLt, fused kernels vs GEMM and unfused, the Llama block vs its GEMMs alone and
-# unfused), SASS and ptxas resource checks. Logs and bench JSON go to $OUT; a short
-# table is printed last. Run from the repository root:
+# unfused, the FP8 GEMM vs cuBLASLt's block-scaled FP8 GEMM), SASS and ptxas resource checks.
+# Logs and bench JSON go to $OUT; a short table is printed last. Run from the repository root:
 #   OUT=/tmp/out tools/gpu_check.sh [--no-sanitizer | --sanitizers=memcheck,...] [--no-bench]
-#                                   [--benches=gemm,fused,block] [--variants] [--python]
+#                                   [--benches=gemm,fused,block,fp8] [--variants] [--python]
 #                                   [--gpu-filter=GTEST_FILTER] [--cpu-filter=GTEST_FILTER]
 #   tools/gpu_check.sh --build-only        # build here, to run elsewhere with --prebuilt
 #   OUT=/tmp/out tools/gpu_check.sh --prebuilt [--no-sanitizer] ...   # run what BUILD holds
@@ -26,7 +26,7 @@ BUILD=${BUILD:-build-gpu-check}
 JOBS=${JOBS:-$(nproc)}
 SANITIZERS=memcheck,racecheck,synccheck
 BENCH=1
-BENCHES=gemm,fused,block
+BENCHES=gemm,fused,block,fp8
 VARIANTS=0
 BUILD_ONLY=0
 PREBUILT=0
@@ -102,7 +102,7 @@ if ((!PREBUILT)); then
   fi
   # The build log is where the ptxas resource lines live; keep it with the binaries.
   step build 900 build.log cmake --build "$BUILD" -j "$JOBS" --target coda coda_cpu_tests coda_gpu_tests \
-    bench_gemm bench_fused bench_block fused_geglu
+    bench_gemm bench_fused bench_block bench_gemm_fp8 fused_geglu
   cp "$OUT/build.log" "$BUILD/build.log" 2>/dev/null
   echo "$COMMIT" >"$BUILD/COMMIT"
   if ((BUILD_ONLY)); then
@@ -140,6 +140,8 @@ if ((BENCH)) && ((!HUNG)); then
     --commit "$COMMIT" --out "$OUT/fused.json"
   [[ ,$BENCHES, == *,block,* ]] && step bench_block 300 bench_block.log "$BUILD/bench/bench_block" \
     --commit "$COMMIT" --out "$OUT/block.json"
+  [[ ,$BENCHES, == *,fp8,* ]] && step bench_fp8 240 bench_fp8.log "$BUILD/bench/bench_gemm_fp8" \
+    --commit "$COMMIT" --out "$OUT/fp8.json"
 fi
 
 LIB=$(find "$BUILD" -name 'libcoda.so*' -type f | head -1)
@@ -156,7 +158,7 @@ grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.
 echo "== coda GPU check ($COMMIT) =="
 printf '%-22s %s\n' "step" "result"
 for name in configure build smoke gpu_tests cpu_tests example_geglu sanitizer_memcheck \
-  sanitizer_racecheck sanitizer_synccheck bench bench_fused bench_block pytest; do
+  sanitizer_racecheck sanitizer_synccheck bench bench_fused bench_block bench_fp8 pytest; do
   [[ -n ${STATUS[$name]:-} ]] && printf '%-22s %s\n' "$name" "${STATUS[$name]}"
 done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
@@ -172,6 +174,10 @@ grep -E '^geomean|^variant ' "$OUT/bench.log" 2>/dev/null
 tail -n 16 "$OUT/bench_fused.log" 2>/dev/null
 grep -E 'FAIL|not supported' "$OUT/bench_block.log" 2>/dev/null | head -10
 tail -n 15 "$OUT/bench_block.log" 2>/dev/null
+# The FP8 benchmark: the scale layouts cuBLASLt agreed with coda on (counted), and what failed.
+grep -E '^  scale layout' "$OUT/bench_fp8.log" 2>/dev/null | sed 's/ (.*//' | sort | uniq -c
+grep -E '^geomean|MISMATCH|unavailable|agrees with coda$|^cuBLASLt ' "$OUT/bench_fp8.log" 2>/dev/null |
+  head -20
 grep -E '^(FAILED|ERROR) |passed|failed' "$OUT/pytest.log" 2>/dev/null | tail -25
 # The device tool returns few files: the logs travel as one archive beside the JSON results.
 (cd "$OUT" && tar -czf logs.tar.gz --exclude=logs.tar.gz --exclude='*.json' . 2>/dev/null &&
