@@ -60,6 +60,12 @@ typedef struct coda_gemm_args {
   coda_tensor workspace;
 } coda_gemm_args;
 
+typedef struct coda_fp8_gemm_args { /* coda_gemm_fp8; the shapes and dtypes at its prototype */
+  coda_tensor a, a_scales;
+  coda_tensor b, b_scales;
+  coda_tensor d;
+} coda_fp8_gemm_args;
+
 typedef struct coda_residual_rms_args { /* K0; out may alias residual */
   coda_tensor a, w, residual, gamma;
   coda_tensor out, out_scaled, sumsq_partials;
@@ -152,6 +158,18 @@ typedef struct coda_cross_entropy_args { /* dlogits may alias logits */
 CODA_API coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream);
 /* Bytes of args->workspace coda_gemm(args) can use on the current device (0 on the CPU). */
 CODA_API coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes);
+/* The block-scaled FP8 GEMM (coda::gemm_fp8, docs/fp8.md): D = dequant(A) dequant(B)^T with
+ *   a        [M, K]                       CODA_E4M3  activation codes, row-major
+ *   a_scales [M, ceil(K/128)]             CODA_E8M0  one per row and 128-wide block of K
+ *   b        [N, K]                       CODA_E4M3  the weight as nn.Linear stores it
+ *   b_scales [ceil(N/128), ceil(K/128)]   CODA_E8M0  one per 128 x 128 block of b
+ *   d        [M, N]                       CODA_BF16
+ * where A(m, k) = a(m, k) 2^(a_scales(m, k/128) - 127) and B(n, k) = b(n, k) 2^(b_scales(n/128,
+ * k/128) - 127). Per element, each 128-deep block of K is summed in fp32 and added to the fp32
+ * accumulator times its two scales, block after block; D is rounded once. M >= 1 is arbitrary,
+ * N a multiple of 8 and K of 16 (16-byte rows); the last K block may be short. A scale byte 0xFF
+ * (NaN) makes the outputs it scales NaN. No workspace, no C, no alpha. */
+CODA_API coda_status coda_gemm_fp8(const coda_fp8_gemm_args* args, coda_stream_t stream);
 CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args,
                                             coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);

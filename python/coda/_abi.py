@@ -139,6 +139,11 @@ class GemmArgs(Structure):  # coda_gemm_args, C++ coda::GemmArgs
         ("alpha", Scalar), ("beta", c_float), ("workspace", Tensor)]
 
 
+class Fp8GemmArgs(Structure):  # coda_fp8_gemm_args, C++ coda::Fp8GemmArgs
+    _fields_ = [("a", Tensor), ("a_scales", Tensor), ("b", Tensor), ("b_scales", Tensor),
+        ("d", Tensor)]
+
+
 class ResidualRmsArgs(Structure):  # coda_residual_rms_args, C++ coda::ResidualRmsArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("residual", Tensor), ("gamma", Tensor),
         ("out", Tensor), ("out_scaled", Tensor), ("sumsq_partials", Tensor)]
@@ -218,7 +223,7 @@ STRUCTS = {"coda_tensor": Tensor, "coda_scalar": Scalar, "coda_llama_config": Ll
     "coda_llama_middle_grads": LlamaMiddleGrads, "coda_llama_last_weights": LlamaLastWeights,
     "coda_llama_last_inputs": LlamaLastInputs, "coda_llama_last_outputs": LlamaLastOutputs,
     "coda_llama_last_saved": LlamaLastSaved, "coda_llama_last_grads": LlamaLastGrads,
-    "coda_rope_spec": RopeSpec, "coda_gemm_args": GemmArgs,
+    "coda_rope_spec": RopeSpec, "coda_gemm_args": GemmArgs, "coda_fp8_gemm_args": Fp8GemmArgs,
     "coda_residual_rms_args": ResidualRmsArgs, "coda_rms_scale_args": RmsScaleArgs,
     "coda_rms_swiglu_args": RmsSwigluArgs, "coda_rms_geglu_args": RmsGegluArgs,
     "coda_rms_rope_args": RmsRopeArgs, "coda_rms_lse_args": RmsLseArgs,
@@ -251,6 +256,7 @@ SIGNATURES = {
         POINTER(Tensor), c_void_p]),
     "coda_gemm": (c_int32, [POINTER(GemmArgs), c_void_p]),
     "coda_gemm_workspace_size": (c_int32, [POINTER(GemmArgs), POINTER(c_size_t)]),
+    "coda_gemm_fp8": (c_int32, [POINTER(Fp8GemmArgs), c_void_p]),
     "coda_gemm_residual_rms": (c_int32, [POINTER(ResidualRmsArgs), c_void_p]),
     "coda_gemm_rms_scale": (c_int32, [POINTER(RmsScaleArgs), c_void_p]),
     "coda_gemm_rms_swiglu": (c_int32, [POINTER(RmsSwigluArgs), c_void_p]),
@@ -271,11 +277,11 @@ SIGNATURES = {
     "coda_version": (c_char_p, []),
 }
 
-KERNELS = {"coda_gemm": GemmArgs, "coda_gemm_residual_rms": ResidualRmsArgs,
-    "coda_gemm_rms_scale": RmsScaleArgs, "coda_gemm_rms_swiglu": RmsSwigluArgs,
-    "coda_gemm_rms_geglu": RmsGegluArgs, "coda_gemm_rms_rope": RmsRopeArgs,
-    "coda_gemm_rms_lse": RmsLseArgs, "coda_gemm_rms_backward": RmsBackwardArgs,
-    "coda_gemm_swiglu_backward": SwigluBackwardArgs, "coda_rms_stats": RmsStatsArgs,
-    "coda_rstd_from_partials": RstdArgs, "coda_reduce_row_partials": RowReduceArgs,
-    "coda_reduce_col_partials": ColReduceArgs, "coda_rope_backward": RopeBackwardArgs,
-    "coda_cross_entropy": CrossEntropyArgs}
+KERNELS = {"coda_gemm": GemmArgs, "coda_gemm_fp8": Fp8GemmArgs,
+    "coda_gemm_residual_rms": ResidualRmsArgs, "coda_gemm_rms_scale": RmsScaleArgs,
+    "coda_gemm_rms_swiglu": RmsSwigluArgs, "coda_gemm_rms_geglu": RmsGegluArgs,
+    "coda_gemm_rms_rope": RmsRopeArgs, "coda_gemm_rms_lse": RmsLseArgs,
+    "coda_gemm_rms_backward": RmsBackwardArgs, "coda_gemm_swiglu_backward": SwigluBackwardArgs,
+    "coda_rms_stats": RmsStatsArgs, "coda_rstd_from_partials": RstdArgs,
+    "coda_reduce_row_partials": RowReduceArgs, "coda_reduce_col_partials": ColReduceArgs,
+    "coda_rope_backward": RopeBackwardArgs, "coda_cross_entropy": CrossEntropyArgs}
