@@ -85,6 +85,7 @@ private:
 };
 
 constexpr DType bf16 = DType::bf16, f16 = DType::f16, f32 = DType::f32, i32 = DType::i32;
+constexpr DType e4m3 = DType::e4m3, e8m0 = DType::e8m0;
 
 // ---------------------------------------------------------------------------------------------
 // Valid calls. Ragged M; N, K multiples of 8 as the GEMM requires.
@@ -96,6 +97,17 @@ GemmArgs valid_gemm(Arena& ar) {
   g.b = ar.matrix(bf16, N, K);
   g.d = ar.out_matrix(bf16, M, N);
   return g;
+}
+
+// The FP8 GEMM: K = 144, a multiple of 16 (16-byte rows of 1-byte codes), so two K blocks of
+// scales, the second short.
+Fp8GemmArgs valid_fp8(Arena& ar) {
+  constexpr int64_t K8 = 144;
+  return {.a = ar.matrix(e4m3, M, K8),
+          .a_scales = ar.matrix(e8m0, M, 2),
+          .b = ar.matrix(e4m3, N, K8),
+          .b_scales = ar.matrix(e8m0, 1, 2),
+          .d = ar.out_matrix(bf16, M, N)};
 }
 
 ResidualRmsArgs valid_k0(Arena& ar) {
@@ -224,7 +236,7 @@ GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_ma
 // layout, src/api/abi_cast.hpp).
 using api::to_c;
 
-// The GEMM and every kernel of the tables in coda/kernels/args.hpp.
+// The GEMMs and every kernel of the tables in coda/kernels/args.hpp.
 #define CODA_BOTH_INTERFACES(fn, Args)                                                             \
   void call_cpp(const Args& a) { fn(a); }                                                          \
   coda_status call_c(const Args& a) {                                                              \
@@ -232,6 +244,7 @@ using api::to_c;
     return coda_##fn(&c, nullptr);                                                                 \
   }
 CODA_BOTH_INTERFACES(gemm, GemmArgs)
+CODA_BOTH_INTERFACES(gemm_fp8, Fp8GemmArgs)
 CODA_FUSED_KERNELS(CODA_BOTH_INTERFACES)
 CODA_AUX_KERNELS(CODA_BOTH_INTERFACES)
 #undef CODA_BOTH_INTERFACES
@@ -282,6 +295,7 @@ void expect_rejected(const Arena& arena, const Args& args, Status status,
 TEST(ApiValidation, ValidFixturesPass) {
   Arena ar;
   EXPECT_EQ(validate_only(valid_gemm(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_fp8(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k0(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k1(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k2(ar)), Device::cpu);
@@ -340,6 +354,10 @@ const Rejection kRejections[] = {
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,
            [](Arena&, ColReduceArgs& r) { r.out.dtype = i32; }, Status::type_error,
            {"out must be bf16, f16 or f32; got i32"}),
+    reject("Fp8ScalesMustBeE8m0", valid_fp8, [](Arena&, Fp8GemmArgs& g) { g.b_scales.dtype = f32; },
+           Status::type_error, {"gemm_fp8: b_scales must be e8m0; got f32"}),
+    reject("Fp8CodesMustBeE4m3", valid_fp8, [](Arena&, Fp8GemmArgs& g) { g.a.dtype = bf16; },
+           Status::type_error, {"gemm_fp8: a must be e4m3; got bf16"}),
     reject("UnknownDtypeValue", valid_gemm, [](Arena&, GemmArgs& g) { g.d.dtype = DType(9); },
            Status::type_error, {"d has an unknown dtype 9"}),
     reject("ConverterDtypesMustMatch", valid_gate_up,
@@ -355,6 +373,9 @@ const Rejection kRejections[] = {
              g.layout = GemmLayout::dgrad; // b is now read as [K, N] = [24, 16]; it is [16, 24]
            },
            Status::invalid_argument, {"b must have shape [K, N] = [24, N]; got [16, 24]"}),
+    reject("Fp8ScaleBlocksAreCeilOfK", valid_fp8,
+           [](Arena&, Fp8GemmArgs& g) { g.a_scales.shape[1] = 1; }, Status::invalid_argument,
+           {"gemm_fp8: a_scales must have shape [M, ceil(K/128)] = [5, 2]; got [5, 1]"}),
     reject("ResidualRmsShapeMismatch", valid_k0,
            [](Arena&, ResidualRmsArgs& k0) { k0.residual.shape[0] = M - 1; },
            Status::invalid_argument,
@@ -432,6 +453,11 @@ const Rejection kRejections[] = {
              k0.w.shape[1] = 20;
            },
            Status::not_supported, {"K must be a multiple of 8", "from a"}),
+    reject("Fp8KNotMultipleOf16", valid_fp8,
+           [](Arena&, Fp8GemmArgs& g) {
+             g.a.shape[1] = g.b.shape[1] = 136; // rows still 144 bytes apart
+           },
+           Status::not_supported, {"gemm_fp8: K must be a multiple of 16", "got 136"}),
     reject("SwigluWeightRowsMustBeEven", valid_k2,
            [](Arena&, RmsSwigluArgs& k2) { k2.w.shape[0] = 15; }, Status::invalid_argument,
            {"w must have an even number of rows", "got 15"}),
@@ -549,6 +575,9 @@ const Rejection kRejections[] = {
              r.dz.data = static_cast<char*>(r.dqkv.data) + 16; // 8 elements further
            },
            Status::invalid_argument, {"dz may alias dqkv only exactly"}),
+    reject("Fp8OutputOverlapsScales", valid_fp8,
+           [](Arena&, Fp8GemmArgs& g) { g.a_scales.data = g.d.data; }, Status::invalid_argument,
+           {"d overlaps a_scales in memory"}),
     reject("UndocumentedAlias", valid_k6,
            [](Arena&, RmsBackwardArgs& k6) {
              k6.dx = k6.x; // x is an input; dx may not alias it
@@ -767,6 +796,8 @@ TEST(ApiValidation, OverlapAgreesWithBruteForce) {
 TEST(ApiValidation, NullArgsThroughTheCAbi) {
   EXPECT_EQ(coda_gemm(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_gemm: args is NULL");
+  EXPECT_EQ(coda_gemm_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
   EXPECT_EQ(coda_cross_entropy(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_cross_entropy: args is NULL");
   coda_tensor t{};

@@ -11,8 +11,10 @@
 
 #include "coda/coda.h"
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 #include "reference/gemm.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 
 namespace {
 
@@ -290,6 +292,57 @@ TEST(CAbi, RmsGegluMatchesCppApiAndIsNotSwiglu) {
   EXPECT_TRUE(same_bits(cpp.rstd, c.rstd));
   EXPECT_TRUE(same_bits(cpp.preact, swiglu.preact)) << "the same GEMM and row scale as K2";
   EXPECT_FALSE(same_bits(cpp.act, swiglu.act)) << "the activation is GeGLU's";
+}
+
+// The block-scaled FP8 GEMM through the C ABI (coda_gemm_fp8 on coda_fp8_gemm_args, built here
+// field by field as a C caller would) gives the C++ entry point's bits on a ragged shape with a
+// short last K block; a bad call returns its status and the validator's message, and leaves every
+// byte of every tensor as it was.
+TEST(CAbi, GemmFp8MatchesCppApiAndRejectsBadInput) {
+  constexpr int64_t M = 37, N = 136, K = 272; // two N-blocks of b_scales; K blocks 128, 128, 16
+  test::Seeds seeds;
+  test::Fp8GemmCase cpp(M, N, K, seeds);
+  gemm_fp8(cpp.args());
+
+  test::HostTensor d_c(DType::bf16, {M, N}); // NaN
+  const coda_device host = CODA_DEVICE_CPU;
+  const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
+  coda_fp8_gemm_args ca{};
+  ca.a = coda_matrix(ptr(cpp.a), CODA_E4M3, M, K, host);
+  ca.a_scales = coda_matrix(ptr(cpp.a_scales), CODA_E8M0, M, num_fp8_scale_blocks(K), host);
+  ca.b = coda_matrix(ptr(cpp.b), CODA_E4M3, N, K, host);
+  ca.b_scales = coda_matrix(ptr(cpp.b_scales), CODA_E8M0, num_fp8_scale_blocks(N),
+                            num_fp8_scale_blocks(K), host);
+  ca.d = coda_matrix(ptr(d_c), CODA_BF16, M, N, host);
+  ASSERT_EQ(coda_gemm_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
+
+  const auto bits = [](test::HostTensor& t) {
+    const auto* p = static_cast<const uint16_t*>(t.host_view().data);
+    return std::vector<uint16_t>(p, p + t.numel());
+  };
+  for (double v : d_c.values()) ASSERT_FALSE(std::isnan(v)) << "an element of d was not written";
+  EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c)));
+  CODA_EXPECT_PASSES(test::check_output("d", d_c, cpp.exact(), cpp.unfused()));
+
+  d_c.poison();
+  const std::vector<uint16_t> before = bits(d_c);
+  coda_fp8_gemm_args bad = ca;
+  bad.a_scales.dtype = CODA_F32; // fp32 scales: the C ABI takes E8M0 bytes
+  EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_TYPE_ERROR);
+  EXPECT_NE(std::string(coda_last_error()).find("gemm_fp8: a_scales must be e8m0; got f32"),
+            std::string::npos)
+      << coda_last_error();
+  bad = ca;
+  bad.b_scales.shape[1] = 2; // floor(K/128) blocks, not ceil
+  EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error())
+                .find("b_scales must have shape [ceil(N/128), ceil(K/128)] = [2, 3]; got [2, 2]"),
+            std::string::npos)
+      << coda_last_error();
+  EXPECT_TRUE(same_bits(bits(d_c), before)) << "a rejected call wrote d";
+  EXPECT_TRUE(d_c.guard_intact());
+  EXPECT_EQ(coda_gemm_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
 }
 
 // Interleave and deinterleave on padded rows, through both interfaces: fused row 2j is gate row
