@@ -32,7 +32,7 @@ from ._abi import *  # noqa: E402,F401,F403  (BF16, ..., Tensor, GemmArgs, ..., 
 from ._abi import KERNELS as _KERNELS
 from ._abi import SIGNATURES as _SIGNATURES
 
-DTYPE_SIZE = {BF16: 2, F16: 2, F32: 4, I32: 4}
+DTYPE_SIZE = {BF16: 2, F16: 2, F32: 4, I32: 4, E4M3: 1, E8M0: 1}
 
 # ---- errors
 

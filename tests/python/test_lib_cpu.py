@@ -123,17 +123,19 @@ def bf16_value(bits):
 
 
 class Host:
-    """A row-major host buffer (array) and its coda_tensor."""
+    """A row-major host buffer (array) and its coda_tensor. E4M3 and E8M0 tensors hold their
+    bytes: `values` are codes and scale bytes, not numbers."""
 
-    CODES = {L.BF16: "H", L.F32: "f", L.I32: "i"}
+    CODES = {L.BF16: "H", L.F32: "f", L.I32: "i", L.E4M3: "B", L.E8M0: "B"}
 
     def __init__(self, dtype, shape, values=None):
         n = 1
         for s in shape:
             n *= s
         self.dtype, self.shape = dtype, tuple(shape)
-        if values is None:  # NaN-poisoned
-            values = [float("nan")] * n if dtype != L.I32 else [0] * n
+        if values is None:  # NaN-poisoned (0xFF is NaN in E4M3 and in E8M0)
+            values = {L.I32: [0] * n, L.E4M3: [0xFF] * n, L.E8M0: [0xFF] * n}.get(
+                dtype, [float("nan")] * n)
         if dtype == L.BF16:
             self.buf = array.array("H", [bf16_bits(v) for v in values])
         else:
@@ -248,6 +250,91 @@ def test_gemm_rms_geglu_matches_gelu_times_up():
             gate, up = row_z[2 * j], row_z[2 * j + 1]
             want = 0.5 * gate * (1 + math.erf(gate / math.sqrt(2))) * up
             assert abs(row_act[j] - want) <= 2.0 ** -8 * abs(want) + 1e-6 * abs(gate * up)
+
+
+def e4m3_code(x):
+    """The E4M3 byte of x, a normal E4M3 value or 0 (sign, 4 exponent bits of bias 7, 3 mantissa
+    bits); asserts that x is one."""
+    if x == 0:
+        return 0
+    e = math.floor(math.log2(abs(x)))
+    mantissa = (abs(x) / 2.0 ** e - 1) * 8
+    assert -6 <= e <= 8 and mantissa == int(mantissa), x
+    return (0x80 if x < 0 else 0) | (e + 7) << 3 | int(mantissa)
+
+
+def fp8_problem(M=3, N=8, K=144):
+    """a_fp8 [M, K] of small integers times a weight whose row n holds 1 at k = n, -1 at k = 8 + n
+    and 2 at k = 128 + n (the second, short K block), with power-of-two scales 2^(byte - 127)
+    that differ per row and K block of a and per K block of b. So, by hand,
+      D[m, n] = (a[m, n] - a[m, 8 + n]) sa[m, 0] sb[0] + 2 a[m, 128 + n] sa[m, 1] sb[1],
+    small numbers times powers of two: exact in fp32 and in bf16."""
+    rng = [13]
+    a_vals = small_ints(rng, M * K)
+    b_vals = [0.0] * (N * K)
+    for n in range(N):
+        b_vals[n * K + n], b_vals[n * K + 8 + n], b_vals[n * K + 128 + n] = 1.0, -1.0, 2.0
+    a_scale_bytes = [127 + (m + kb) % 3 - 1 for m in range(M) for kb in range(2)]  # 1/2, 1, 2
+    b_scale_bytes = [128, 125]  # 2 and 1/4 (one row: ceil(N/128) = 1)
+    tensors = {
+        "a": Host(L.E4M3, (M, K), [e4m3_code(v) for v in a_vals]),
+        "a_scales": Host(L.E8M0, (M, 2), a_scale_bytes),
+        "b": Host(L.E4M3, (N, K), [e4m3_code(v) for v in b_vals]),
+        "b_scales": Host(L.E8M0, (1, 2), b_scale_bytes),
+        "d": Host(L.BF16, (M, N)),
+    }
+    scale = [2.0 ** (b - 127) for b in a_scale_bytes]
+    sb = [2.0 ** (b - 127) for b in b_scale_bytes]
+    want = [[(a_vals[m * K + n] - a_vals[m * K + 8 + n]) * scale[2 * m] * sb[0]
+             + 2 * a_vals[m * K + 128 + n] * scale[2 * m + 1] * sb[1] for n in range(N)]
+            for m in range(M)]
+    return tensors, want
+
+
+def fp8_args(t):
+    args = L.Fp8GemmArgs()
+    for name in ("a", "a_scales", "b", "b_scales", "d"):
+        setattr(args, name, t[name].view)
+    return args
+
+
+def test_gemm_fp8_exact_by_hand():
+    """coda_gemm_fp8 through ctypes on the CPU backend: E4M3 codes and E8M0 scale bytes in
+    `array('B')` buffers, D as worked out by hand (fp8_problem), bit for bit."""
+    library_or_skip()
+    assert L.DTYPE_SIZE[L.E4M3] == L.DTYPE_SIZE[L.E8M0] == 1
+    t, want = fp8_problem()
+    assert all(bf16_value(bf16_bits(v)) == v for row in want for v in row)  # exact in bf16
+    assert any(v != 0 for row in want for v in row)
+    L.gemm_fp8(fp8_args(t))
+    assert t["d"].rows() == want
+
+
+def test_gemm_fp8_bad_input_raises_the_validators_message():
+    """A bad call raises the validator's message as the mapped exception and writes nothing."""
+    library_or_skip()
+    t, _ = fp8_problem()
+    args = fp8_args(t)
+    args.a_scales = L.tensor(t["a_scales"].buf.buffer_info()[0], L.E8M0, (3, 1))  # floor(K/128)
+    with pytest.raises(ValueError) as e:
+        L.gemm_fp8(args)
+    assert isinstance(e.value, L.InvalidArgument)
+    assert "gemm_fp8: a_scales must have shape [M, ceil(K/128)] = [3, 2]; got [3, 1]" in str(
+        e.value)
+
+    args = fp8_args(t)
+    args.b_scales = L.tensor(t["b_scales"].buf.buffer_info()[0], L.F32, (1, 2))
+    with pytest.raises(TypeError) as e:
+        L.gemm_fp8(args)
+    assert "gemm_fp8: b_scales must be e8m0; got f32" in str(e.value)
+
+    args = fp8_args(t)  # K = 136 of rows 144 bytes apart: aligned, valid, not supported
+    args.a = L.tensor(t["a"].buf.buffer_info()[0], L.E4M3, (3, 136), (144, 1))
+    args.b = L.tensor(t["b"].buf.buffer_info()[0], L.E4M3, (8, 136), (144, 1))
+    with pytest.raises(NotImplementedError) as e:
+        L.gemm_fp8(args)
+    assert "K must be a multiple of 16" in str(e.value)
+    assert all(math.isnan(v) for v in t["d"].values())  # nothing written on failure
 
 
 def test_errors_map_to_python_exceptions():
