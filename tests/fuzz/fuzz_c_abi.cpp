@@ -543,6 +543,22 @@ void fuzz_gemm(Call& c) {
             std::to_string(bytes));
 }
 
+// The block-scaled FP8 GEMM: any byte is an E4M3 code or an E8M0 scale (0xFF, NaN, included).
+// K is a multiple of 16 (16-byte rows of codes) up to three 128-deep scale blocks, the last one
+// short; N up to two 128-row blocks of b_scales.
+void fuzz_gemm_fp8(Call& c) {
+  Reader& in = c.in();
+  const int64_t m = in.dim(40), n = in.dim8(20), k = 16 * in.dim(20);
+  const int64_t k_blocks = (k + 127) / 128;
+  coda_fp8_gemm_args a{};
+  a.a = c.input("a", CODA_E4M3, {m, k});
+  a.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
+  a.b = c.input("b", CODA_E4M3, {n, k});
+  a.b_scales = c.input("b_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
+  a.d = c.output("d", CODA_BF16, {m, n});
+  c.run("coda_gemm_fp8", [&] { return coda_gemm_fp8(&a, nullptr); });
+}
+
 void fuzz_residual_rms(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(20), k = in.dim8(8);
@@ -934,7 +950,7 @@ constexpr Entry kEntries[] = {
     fuzz_rms_rope,     fuzz_rms_lse,         fuzz_rms_backward,  fuzz_swiglu_backward,
     fuzz_reductions,   fuzz_rope_backward,   fuzz_cross_entropy, fuzz_gate_up,
     fuzz_size_queries, fuzz_llama,
-    fuzz_rms_geglu, // last: the inputs written before it still pick the entry they did
+    fuzz_rms_geglu,    fuzz_gemm_fp8, // appended: earlier inputs still pick the entry they did
 };
 
 } // namespace

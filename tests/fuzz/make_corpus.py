@@ -14,12 +14,13 @@ import sys
 
 ENTRIES = ["gemm", "residual_rms", "rms_scale", "rms_swiglu", "rms_rope", "rms_lse",
            "rms_backward", "swiglu_backward", "reductions", "rope_backward", "cross_entropy",
-           "gate_up", "size_queries", "llama", "rms_geglu"]
+           "gate_up", "size_queries", "llama", "rms_geglu", "gemm_fp8"]
 SEED = bytes([0x12, 0x34, 0x56, 0x78])
 
 # Dimension and sub-case bytes after the seed, per entry (several cases each).
 CASES = {
     "gemm": [[layout, m, n, k] for layout in range(3) for (m, n, k) in [(0, 0, 0), (4, 2, 36)]],
+    "gemm_fp8": [[0, 0, 0], [36, 16, 18]],  # M 37, N 136, K 304: K blocks 128, 128, 48
     "residual_rms": [[0, 0, 0], [36, 17, 3]],
     "rms_scale": [[0, 0, 0], [36, 5, 7]],
     "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
