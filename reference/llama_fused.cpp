@@ -33,15 +33,7 @@ RopeTable rope_table(const LlamaConfig& c, RopeInputs rope) {
 // dW = alpha · dyᵀ · x for an nn.Linear weight [out, in]; tokens are the GEMM's K.
 Matrix weight_gradient(int64_t tokens, int64_t out, int64_t in, const Matrix& dy, const Matrix& x,
                        double alpha = 1) {
-  GemmInputs g;
-  g.layout = Layout::wgrad;
-  g.M = out;
-  g.N = in;
-  g.K = tokens;
-  g.a = dy;
-  g.b = x;
-  g.alpha = alpha;
-  return gemm(kExact, g);
+  return gemm(kExact, {Layout::wgrad, out, in, tokens, dy, x, {}, alpha});
 }
 
 // One RMSNorm backward through its consumer GEMM: K6, the dgamma reduce, the weight gradient.
@@ -120,15 +112,8 @@ MlpBackward mlp_backward(const LlamaConfig& c, int64_t M, const Matrix& w_out,
   dw_gate_up = std::move(ffn.dw);
   b.dx0 = std::move(ffn.dx);
 
-  GemmInputs dy0; // B7
-  dy0.layout = Layout::dgrad;
-  dy0.M = M;
-  dy0.N = A;
-  dy0.K = D;
-  dy0.a = b.dx0;
-  dy0.b = w_out;
-  b.dy0 = gemm(kExact, dy0);
-  dw_out = weight_gradient(M, D, A, b.dx0, copy(y0)); // B8
+  b.dy0 = gemm(kExact, {Layout::dgrad, M, A, D, b.dx0, w_out, {}}); // B7
+  dw_out = weight_gradient(M, D, A, b.dx0, copy(y0));               // B8
   return b;
 }
 
