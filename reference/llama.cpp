@@ -180,18 +180,21 @@ NormProject qkv_forward(Rounding r, const LlamaConfig& c, RopeInputs rope, int64
 }
 
 // The backward of qkv_forward, given the gradient dx_res [M, D] that reaches x by the residual
-// stream: dx is the total gradient of x, dx_res + the gradient through the norm path.
-NormProjectGrads qkv_backward(Rounding r, const LlamaConfig& c, RopeInputs rope, int64_t M,
-                              const double* x, const Matrix& norm, const Matrix& w_qkv,
-                              const NormProject& fwd, std::span<const double> dqkv,
-                              std::span<const double> dx_res, Matrix& dz) {
+// stream: dz is the gradient of the projection before RoPE, dx the total gradient of x (dx_res +
+// the gradient through the norm path), dgamma and dw those of norm and w_qkv.
+void qkv_backward(Rounding r, const LlamaConfig& c, RopeInputs rope, int64_t M, const double* x,
+                  const Matrix& norm, const Matrix& w_qkv, const NormProject& fwd,
+                  std::span<const double> dqkv, std::span<const double> dx_res, Matrix& dz,
+                  Matrix& dx, Matrix& dgamma, Matrix& dw) {
   dz.resize(dqkv.size());
   rope_backward(r, M, c.rope_shape(), rope.positions.data(), rope.inv_freq.data(), dqkv.data(),
                 dz.data());
   NormProjectGrads g =
       norm_project_backward(r, M, c.hidden, c.qkv_width(), x, norm, w_qkv, fwd, dz);
   add(r, M * c.hidden, dx_res.data(), g.dx.data(), g.dx.data());
-  return g;
+  dx = std::move(g.dx);
+  dgamma = std::move(g.dgamma);
+  dw = std::move(g.dw);
 }
 
 void check_qkv(const LlamaConfig& c, const Matrix& norm, const Matrix& w_qkv, const char* norm_name,
@@ -267,11 +270,8 @@ FirstBackward first_backward_core(Rounding r, const LlamaConfig& cfg, const Firs
                                   const NormProject& p, std::span<const double> dqkv,
                                   std::span<const double> dx_res) {
   FirstBackward b;
-  NormProjectGrads g =
-      qkv_backward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, p, dqkv, dx_res, b.dz);
-  b.dx0 = std::move(g.dx);
-  b.grads.attn_norm = std::move(g.dgamma);
-  b.grads.w_qkv = std::move(g.dw);
+  qkv_backward(r, cfg, rope, M, x0.data(), w.attn_norm, w.w_qkv, p, dqkv, dx_res, b.dz, b.dx0,
+               b.grads.attn_norm, b.grads.w_qkv);
   return b;
 }
 } // namespace
@@ -331,13 +331,10 @@ MiddleBackward middle_backward_core(Rounding r, const LlamaConfig& cfg, const Mi
                                     const MlpForward& f, const NormProject& p,
                                     std::span<const double> dx2, std::span<const double> dqkv) {
   MiddleBackward b;
-  NormProjectGrads q = qkv_backward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, p,
-                                    dqkv, dx2, b.dz2);
-  b.dx2 = std::move(q.dx);
+  qkv_backward(r, cfg, rope, M, f.x2.data(), w.next_attn_norm, w.w_qkv_next, p, dqkv, dx2, b.dz2,
+               b.dx2, b.grads.next_attn_norm, b.grads.w_qkv_next);
   MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f, b.dx2);
   take_mlp_grads(g, b);
-  b.grads.next_attn_norm = std::move(q.dgamma);
-  b.grads.w_qkv_next = std::move(q.dw);
   return b;
 }
 } // namespace
