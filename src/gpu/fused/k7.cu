@@ -22,12 +22,10 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-template <class Shape, class T>
-using Swiglu = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shape, T>,
-                                  dev::SwigluBackward<Shape, T, 3>>;
 // K7's device ops: its SwigluBackward per schedule (see the file comment).
 template <class Shape, class T> struct SwigluBackwardDeviceOps : DeviceOps<Shape, T> {
-  using SwigluBackward = Swiglu<Shape, T>;
+  using SwigluBackward = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shape, T>,
+                                            dev::SwigluBackward<Shape, T, 3>>;
 };
 template <class Shape, class T>
 using SwigluBackwardEpilogue = kernels::SwigluBackwardOps<SwigluBackwardDeviceOps<Shape, T>>;
@@ -45,13 +43,13 @@ static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal,
 
 template <class Shape, class T>
 void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
+  using Ops = SwigluBackwardDeviceOps<Shape, T>;
   const int64_t f = args.w.shape[1];
-  typename SwigluBackwardEpilogue<Shape, T>::Params p{};
-  dev::get<1>(p).op = Swiglu<Shape, T>::params(args.preact, args.dpreact);
-  dev::get<1>(p).reduce =
-      row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f);
-  dev::get<2>(p) = MainStore<Shape, T>::params("act", args.act);
-  Gemm<Shape, T>::run(args.dx, args.w, p, stream);
+  Launch<kernels::SwigluBackwardOps<Ops>, T, GemmLayout::dgrad>::run(
+      args.dx, args.w, stream, {},
+      {Ops::SwigluBackward::params(args.preact, args.dpreact),
+       row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f)},
+      Ops::MainStore::params("act", args.act));
 }
 
 // Ping-pong or staged (cooperative is not built: see the file comment); staged by default. With
@@ -59,7 +57,8 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
 // subtile) the staged kernel measured 1.469x the plain GEMM at Llama-1B (ping-pong 1.511) and
 // 1.116x at Llama-8B (ping-pong 1.342) on the H200.
 template <class F> void with_k7_schedule(F&& f) {
-  if (schedule_for(FusedSchedule::staged) == FusedSchedule::pingpong) return f(dev::PingpongShape{});
+  if (schedule_for(FusedSchedule::staged) == FusedSchedule::pingpong)
+    return f(dev::PingpongShape{});
   f(dev::StagedShape{});
 }
 
