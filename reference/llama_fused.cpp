@@ -52,6 +52,17 @@ NormGrads norm_backward(RmsBackwardInputs k6) {
   return g;
 }
 
+// K4 of a layer's attention input, from h = x * attn_norm and the row partials of x² over its
+// columns: the post-RoPE qkv [M, Nq] and the norm's rstd [M], into the caller's fields.
+void qkv_forward(const LlamaConfig& c, RopeInputs rope, int64_t M, Matrix h, const Matrix& w_qkv,
+                 Matrix sumsq_partials, Matrix& rstd, Matrix& qkv) {
+  RmsRopeOutputs k4 = rms_rope(
+      kExact, {M, c.qkv_width(), c.hidden, std::move(h), w_qkv, std::move(sumsq_partials), c.eps},
+      rope_table(c, rope));
+  rstd = std::move(k4.rstd);
+  qkv = std::move(k4.out);
+}
+
 // B0..B2 of a layer's attention input x (rstd from its forward, gamma attn_norm): the RoPE backward
 // of dqkv into dz [M, Nq] and zeta [M], then the norm backward through the QKV projection into dx
 // (accumulated onto dx_in), dgamma (the attention norm's) and dw (w_qkv's).
@@ -164,11 +175,7 @@ FirstForward first_forward(const LlamaConfig& c, const FirstWeights& w, RopeInpu
   RmsStatsOutputs stats = rms_stats(kExact, M, c.hidden, copy(x0), w.attn_norm);
   FirstForward f;
   f.h = stats.out_scaled;
-  RmsRopeOutputs k4 = rms_rope(
-      kExact, {M, c.qkv_width(), c.hidden, f.h, w.w_qkv, std::move(stats.sumsq_partials), c.eps},
-      rope_table(c, rope));
-  f.rstd = std::move(k4.rstd);
-  f.qkv = std::move(k4.out);
+  qkv_forward(c, rope, M, f.h, w.w_qkv, std::move(stats.sumsq_partials), f.rstd, f.qkv);
   return f;
 }
 
@@ -187,11 +194,7 @@ MiddleForward middle_forward(const LlamaConfig& c, const MiddleWeights& w, RopeI
   const int64_t M = rows_of(c, x0);
   MiddleForward f;
   f.mlp = mlp_forward(c, M, w.w_out, w.ffn_norm, w.w_gate_up, w.w_down, w.attn_norm, x0, y0);
-  RmsRopeOutputs k4 =
-      rms_rope(kExact, {M, c.qkv_width(), c.hidden, f.mlp.h2, w.w_qkv, f.mlp.sumsq2, c.eps},
-               rope_table(c, rope)); // F4
-  f.r2 = std::move(k4.rstd);
-  f.qkv = std::move(k4.out);
+  qkv_forward(c, rope, M, f.mlp.h2, w.w_qkv, f.mlp.sumsq2, f.r2, f.qkv); // F4
   return f;
 }
 
