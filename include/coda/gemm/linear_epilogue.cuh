@@ -33,6 +33,7 @@
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/stmatrix.cuh"
 #include "coda/arch/warpgroup.cuh"
+#include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
 #include "coda/core/types.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
@@ -170,8 +171,8 @@ private:
       uint32_t packed[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        packed[i] =
-            pack(alpha * acc.reg[mb][16 * s + 2 * i], alpha * acc.reg[mb][16 * s + 2 * i + 1]);
+        packed[i] = pack2<OutT>(alpha * acc.reg[mb][16 * s + 2 * i],
+                                alpha * acc.reg[mb][16 * s + 2 * i + 1]);
       if (j < kFirstDeferred) {
         stmatrix_subtile(packed, batch_buffer(j));
       } else {
@@ -275,16 +276,6 @@ private:
     }
   }
 
-  __device__ static uint32_t pack(float lo, float hi) {
-    if constexpr (std::is_same_v<OutT, bf16>) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      return *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(lo, hi);
-      return *reinterpret_cast<const uint32_t*>(&h);
-    }
-  }
-
   // 16-bit D: packed[i] = the pair (v[2i], v[2i+1]); two stmatrix.x4 per warp, each an
   // 8-register column pair block (16 columns). Lane l addresses row 16*warp + (l & 15), column
   // 16*j + 8*(l >> 4) of the subtile.
@@ -304,7 +295,7 @@ private:
     if constexpr (k16Bit) {
       uint32_t packed[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
+      for (int i = 0; i < 8; ++i) packed[i] = pack2<OutT>(v[2 * i], v[2 * i + 1]);
       stmatrix_subtile(packed, smem.d[warpgroup][buf]);
     } else {
       uint8_t* d = smem.d[warpgroup][buf];

@@ -47,6 +47,7 @@
 #include <cuda_pipeline_primitives.h>
 
 #include "coda/arch/warpgroup.cuh"
+#include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
@@ -522,7 +523,7 @@ public:
       for_each<0, kConsumerOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
       uint32_t packed[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) packed[i] = pack(v[2 * i], v[2 * i + 1]);
+      for (int i = 0; i < 8; ++i) packed[i] = pack2<StageT>(v[2 * i], v[2 * i + 1]);
       sm90::Subtile16::store(smem_.staged_tiles.subtile[wg_.index][slab], wg_.thread, packed);
     }
     Staged::arrive_full(smem_.staged);
@@ -664,15 +665,6 @@ private:
         for (int i = 0; i < 16; ++i) v[i] = regs[16 * s + i];
   }
 
-  __device__ static uint32_t pack(float lo, float hi) {
-    if constexpr (std::is_same_v<StageT, bf16>) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      return *reinterpret_cast<const uint32_t*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(lo, hi);
-      return *reinterpret_cast<const uint32_t*>(&h);
-    }
-  }
   __device__ static void unpack(uint32_t word, float& lo, float& hi) {
     if constexpr (std::is_same_v<StageT, bf16>) {
       lo = __uint_as_float(word << 16);

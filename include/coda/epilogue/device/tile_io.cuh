@@ -1,6 +1,6 @@
 // Moving one 64 x 32 subtile between a thread's 16 fragment values and a swizzled shared-memory
-// buffer laid out as TMA reads and writes it, plus the 16-bit <-> fp32 conversions. Shared by the
-// ops that load tiles (ResidualAdd) and store them (TileStore).
+// buffer laid out as TMA reads and writes it. Shared by the ops that load tiles (ResidualAdd) and
+// store them (TileStore).
 //
 // A buffer holds the subtile row-major, 32 elements per row: 64-byte rows for 16-bit types
 // (64-byte swizzle), 128-byte rows for fp32 (128-byte swizzle); 1024-byte aligned.
@@ -9,14 +9,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cuda.h>
 #include <cuda/ptx>
 
 #include "coda/arch/smem_desc.hpp"
 #include "coda/arch/stmatrix.cuh"
+#include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
 #include "coda/core/types.hpp"
 
@@ -36,33 +34,11 @@ template <class T> struct SubtileLayout {
   }
 };
 
-// 16-bit storage types <-> fp32 with the hardware conversions (round to nearest even, as
-// coda::bf16::from and f16::from round).
-template <class T> __device__ __forceinline__ float to_float(uint16_t bits) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return __uint_as_float(uint32_t(bits) << 16);
-  else
-    return __half2float(__ushort_as_half(bits));
-}
-template <class T> __device__ __forceinline__ uint16_t from_float(float x) {
-  if constexpr (std::is_same_v<T, bf16>)
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-  else
-    return __half_as_ushort(__float2half_rn(x));
-}
-// Two values as one 32-bit word: lo at the lower address.
-template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<T, bf16>) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
-}
-template <class T> __device__ __forceinline__ float2 unpack2(uint32_t word) {
-  return make_float2(to_float<T>(uint16_t(word & 0xffffu)), to_float<T>(uint16_t(word >> 16)));
-}
+// The 16-bit conversions (coda/core/convert.cuh), also under this namespace's name (dev::pack2).
+using coda::from_float;
+using coda::pack2;
+using coda::to_float;
+using coda::unpack2;
 
 // An epilogue output's TMA store of one box from `smem` at (col, row). (An L2 evict_first hint
 // on these stores measured no difference: docs/epilogue.md, experiments.)

@@ -1,0 +1,42 @@
+// The 16-bit storage types (core/types.hpp) <-> fp32 on the device, with the hardware conversions
+// (round to nearest even, as coda::bf16::from and f16::from round): one value, or two packed in a
+// 32-bit word as the epilogues stage, store and load them. Device code only.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "coda/core/types.hpp"
+
+namespace coda {
+
+template <class T> __device__ __forceinline__ float to_float(uint16_t bits) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __uint_as_float(uint32_t(bits) << 16);
+  else
+    return __half2float(__ushort_as_half(bits));
+}
+template <class T> __device__ __forceinline__ uint16_t from_float(float x) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  else
+    return __half_as_ushort(__float2half_rn(x));
+}
+// Two values as one 32-bit word: lo at the lower address.
+template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+}
+template <class T> __device__ __forceinline__ float2 unpack2(uint32_t word) {
+  return make_float2(to_float<T>(uint16_t(word & 0xffffu)), to_float<T>(uint16_t(word >> 16)));
+}
+
+} // namespace coda
