@@ -161,17 +161,11 @@ public:
                  "FAST_ACCUM") ||
         !set_scales(x_scale, y_scale))
       return;
-    cublasLtMatmulPreference_t pref;
-    check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes_, sizeof(workspace_bytes_)),
-          "workspace pref");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(handle_, op_, lx_, ly_, ld_, ld_, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (!attempt(status, "AlgoGetHeuristic")) return;
+    if (!attempt(bench::first_algo(handle_, op_, lx_, ly_, ld_, workspace_bytes_, result, found),
+                 "AlgoGetHeuristic"))
+      return;
     if (found == 0) {
       why_ = "cuBLASLt's heuristic has no algorithm";
       return;

@@ -217,6 +217,24 @@ inline std::string describe_algo(const cublasLtMatmulAlgo_t& algo, float waves) 
 //   wgrad D[M, N] = A[K, M]ᵀ · B[K, N]
 // cuBLASLt is column-major: it computes Dᵀ[N, M] = X · Y with X from our B and Y from our A.
 // The algorithm is the heuristic's first choice: what cuBLAS itself would run.
+// cuBLASLt's first algorithm for `op` on layouts a, b and d (c = d) within `workspace_bytes`:
+// the heuristic's status; `found` is 0 when it has none.
+inline cublasStatus_t first_algo(cublasLtHandle_t handle, cublasLtMatmulDesc_t op,
+                                 cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                 cublasLtMatrixLayout_t d, size_t workspace_bytes,
+                                 cublasLtMatmulHeuristicResult_t& result, int& found) {
+  cublasLtMatmulPreference_t pref;
+  check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
+  check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                             &workspace_bytes, sizeof(workspace_bytes)),
+        "workspace pref");
+  found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(handle, op, a, b, d, d, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  return status;
+}
+
 struct CublasGemm {
   cublasLtHandle_t handle;
   cublasLtMatmulDesc_t op = nullptr;
@@ -247,16 +265,9 @@ struct CublasGemm {
              : cublasLtMatrixLayoutCreate(&ly, in, k, m, k),
           "layout Y");
     check(cublasLtMatrixLayoutCreate(&ld, out, n, m, n), "layout D");
-    cublasLtMatmulPreference_t pref;
-    check(cublasLtMatmulPreferenceCreate(&pref), "PreferenceCreate");
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                               &workspace_bytes, sizeof(workspace_bytes)),
-          "workspace pref");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    check(cublasLtMatmulAlgoGetHeuristic(handle, op, lx, ly, ld, ld, pref, 1, &result, &found),
-          "AlgoGetHeuristic");
-    cublasLtMatmulPreferenceDestroy(pref);
+    check(first_algo(handle, op, lx, ly, ld, workspace_bytes, result, found), "AlgoGetHeuristic");
     if (found == 0)
       throw std::runtime_error("cuBLASLt has no algorithm for M " + std::to_string(m) + " N " +
                                std::to_string(n) + " K " + std::to_string(k));
