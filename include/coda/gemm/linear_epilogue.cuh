@@ -35,9 +35,11 @@
 #include "coda/arch/warpgroup.cuh"
 #include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
+#include "coda/core/tensor.hpp"
 #include "coda/core/types.hpp"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
+#include "coda/gemm/tensor_map.hpp"
 
 namespace coda::sm90 {
 
@@ -62,6 +64,15 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
     int32_t defer_stores;      // with kOverlapStores and load_c == 0: visit() defers the stores
     const float* alpha_tensor; // optional [1]: the factor is alpha * alpha_tensor[0]
   };
+
+  // Host: the tensor map of a D-shaped [m, n] output (D, or C) in Params' geometry.
+  static CUtensorMap output_map(const char* what, const TensorView& t, int64_t m, int64_t n) {
+    return make_tensor_map(
+        what,
+        TensorMapShape{t.data, t.dtype, uint64_t(n), uint64_t(m), uint64_t(t.stride[0]),
+                       uint32_t(kSubCols), uint32_t(kSubRows),
+                       kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B});
+  }
 
   struct SharedStorage {
     alignas(1024) uint8_t d[kWarpgroups][2][kSubtileBytes];

@@ -14,11 +14,7 @@ using Epi = fp8::Epilogue;
 
 typename Epi::Params epilogue_params(const Fp8GemmArgs& args) {
   typename Epi::Params p{};
-  static_assert(Epi::kRowBytes == 64, "bf16 subtiles of 32 columns: 64-byte swizzle");
-  p.d = sm90::make_tensor_map(
-      "d", sm90::TensorMapShape{args.d.data, DType::bf16, uint64_t(args.n()), uint64_t(args.m()),
-                                uint64_t(args.d.stride[0]), uint32_t(Epi::kSubCols),
-                                uint32_t(Epi::kSubRows), CU_TENSOR_MAP_SWIZZLE_64B});
+  p.d = Epi::output_map("d", args.d, args.m(), args.n());
   p.c = p.d; // never read: load_c = 0
   p.alpha = 1.f;
   p.beta = 0.f;

@@ -43,18 +43,9 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
       dev::get<0>(p) = dev::ScaleByScalar::params(args.alpha);
       dev::get<2>(p) = StagedStore::params("D", args.d); // its own box shape (in place: 16 rows)
     } else {
-      const int64_t M = args.m(), N = args.n();
-      const CUtensorMapSwizzle sw_out =
-          Epi::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-      auto out_map = [&](const char* what, const TensorView& t) {
-        return sm90::make_tensor_map(what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(N),
-                                                                uint64_t(M), uint64_t(t.stride[0]),
-                                                                uint32_t(Epi::kSubCols),
-                                                                uint32_t(Epi::kSubRows), sw_out});
-      };
-      p.d = out_map("D", args.d);
+      p.d = Epi::output_map("D", args.d, args.m(), args.n());
       p.load_c = args.has_c() && args.beta != 0.f;
-      p.c = p.load_c ? out_map("C", args.c) : p.d;
+      p.c = p.load_c ? Epi::output_map("C", args.c, args.m(), args.n()) : p.d;
       p.alpha = args.alpha.value;
       p.alpha_tensor =
           args.alpha.has_tensor() ? args.alpha.tensor.template ptr<const float>() : nullptr;
