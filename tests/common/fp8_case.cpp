@@ -1,13 +1,48 @@
 #include "tests/common/fp8_case.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "coda/core/fp8.hpp"
 #include "reference/gemm.hpp"
 
 namespace coda::test {
+
+double e4m3_grid_value(int c) {
+  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
+  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -magnitude : magnitude;
+}
+
+int e4m3_nearest_code(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const int sign = std::signbit(x) ? 0x80 : 0;
+  const double a = std::fabs(double(x));
+  int best = 0x7e;
+  if (a < 448.0) {
+    double best_distance = std::numeric_limits<double>::infinity();
+    for (int c = 0; c <= 0x7e; ++c) {
+      const double d = std::fabs(e4m3_grid_value(c) - a);
+      if (d < best_distance || (d == best_distance && (c & 1) == 0)) best_distance = d, best = c;
+    }
+  }
+  return sign | best;
+}
+
+int e4m3_block_exponent(const float* block, int64_t n) {
+  double amax = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(block[i])) return kNoScale;
+    amax = std::max(amax, std::fabs(double(block[i])));
+  }
+  int k = -126;
+  while (amax > std::ldexp(448.0, k)) ++k;
+  return k;
+}
+
 namespace {
 
 // [rows, cols] normal values, each block of block_rows x 128 scaled by its own power of two in

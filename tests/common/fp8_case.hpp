@@ -13,6 +13,17 @@
 
 namespace coda::test {
 
+// Independent statements of the E4M3 format (OCP), for tests of coda/core/fp8.hpp and of what is
+// built on it: the value of a code from the definition, in fp64: (-1)^s 2^(e-7) (1 + m/8), or
+// 2^-6 (m/8) when e = 0; and the code fp32 x converts to, by search: the nearest of the 127
+// non-negative finite values (ties to the even code), the sign kept (so a negative value that
+// rounds to 0 is -0, 0x80), magnitudes from 448 up (infinity included) saturated, NaN to 0x7F.
+double e4m3_grid_value(int code);
+int e4m3_nearest_code(float x);
+// The scale exponent of a block of n values, by search: the smallest k with amax <= 448 2^k in
+// fp64, at least -126; kNoScale for a block holding a NaN or an infinity.
+int e4m3_block_exponent(const float* block, int64_t n);
+
 struct Fp8GemmCase {
   int64_t m, n, k;
   ref::Fp8Blocks qa, qb;                  // the operands as quantized: a [M, K], b [N, K]

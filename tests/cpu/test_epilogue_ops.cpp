@@ -11,6 +11,7 @@
 #include "coda/epilogue/ops/gated_pair.hpp"
 #include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/multiply_tile.hpp"
+#include "coda/epilogue/ops/quantize_row_blocks.hpp"
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
@@ -24,11 +25,14 @@
 #include "coda/epilogue/ops/swiglu.hpp"
 #include "coda/epilogue/ops/swiglu_backward.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 
 namespace {
 
 using namespace coda;
 using namespace coda::epilogue;
+using coda::test::e4m3_block_exponent;
+using coda::test::e4m3_nearest_code;
 
 std::mt19937_64& rng() {
   static std::mt19937_64 engine(test::test_seed());
@@ -225,6 +229,79 @@ TEST(EpilogueOps, ReduceOverNWritesOnePartialPerRowAtItsBlock) {
       }
   }
   EXPECT_TRUE(std::isnan(sums.at(tile.m0 - 1, tile.n_block)));
+}
+
+// Rows of a 2-block tile (columns 256..511 of N = 456: one whole block, one short one at the
+// row's end): each block's scale byte and codes against the search over the format, magnitudes
+// changing from block to block (2^-40 .. 2^40), one block poisoned by a NaN and one by an
+// infinity; and nothing written outside the tile's rows and blocks.
+TEST(EpilogueOps, QuantizeRowBlocksScalesEachRowBlockAndCastsToE4m3) {
+  constexpr int64_t kN = 456, kBlocks = 4;
+  const TileCoord tile{1, 1, 5, 256, 3, kN - 256}; // rows 5..7, columns 256..455
+  std::vector<uint8_t> codes(size_t(9 * kN), 0x55), scales(size_t(9 * kBlocks), 0x55);
+  const TensorView codes_view = make_view(codes.data(), DType::e4m3, 9, kN);
+  const TensorView scales_view = make_view(scales.data(), DType::e8m0, 9, kBlocks);
+  TestTile t(tile, 256);
+  for (int64_t r = 0; r < tile.rows; ++r)
+    for (int64_t c = 0; c < tile.cols; ++c)
+      t.value(r, c) = std::ldexp(uniform(-1.f, 1.f), int(r * 23 + c / 128 * 17) - 40);
+  t.value(1, 7) = NAN;         // row 6, first block
+  t.value(2, 130) = -INFINITY; // row 7, second block
+  t.value(0, 3) = 0.f, t.value(0, 4) = -0.f;
+  const std::vector<float> values = t.values;
+  QuantizeRowBlocks quantize({codes_view, scales_view});
+  run_tile(t.frag, quantize);
+
+  for (int64_t m = 0; m < 9; ++m)
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const bool in_tile = m >= tile.m0 && m < tile.m0 + tile.rows && b >= 2;
+      const uint8_t scale = scales[size_t(m * kBlocks + b)];
+      if (!in_tile) {
+        EXPECT_EQ(scale, 0x55) << "scale written outside the tile: row " << m << " block " << b;
+        for (int64_t n = b * 128; n < std::min<int64_t>(kN, (b + 1) * 128); ++n)
+          EXPECT_EQ(codes[size_t(m * kN + n)], 0x55) << "code outside the tile: " << m << "," << n;
+        continue;
+      }
+      const int64_t r = m - tile.m0, c0 = (b - 2) * 128,
+                    c1 = std::min<int64_t>(c0 + 128, tile.cols);
+      std::vector<float> block;
+      for (int64_t c = c0; c < c1; ++c) block.push_back(values[size_t(r * 256 + c)]);
+      const int k = e4m3_block_exponent(block.data(), int64_t(block.size()));
+      if (k == kNoScale) {
+        EXPECT_EQ(scale, 0xFF) << "row " << m << " block " << b;
+      } else {
+        EXPECT_EQ(scale, uint8_t(k + 127)) << "row " << m << " block " << b;
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        const uint8_t got = codes[size_t(m * kN + tile.n0 + c)];
+        const int want =
+            k == kNoScale
+                ? 0x7F
+                : e4m3_nearest_code(float(std::ldexp(double(values[size_t(r * 256 + c)]), -k)));
+        EXPECT_EQ(int(got), want) << "row " << m << " column " << tile.n0 + c;
+        if (k != kNoScale) {
+          EXPECT_NE(got & 0x7F, 0x7F) << "no NaN code in a finite block";
+        }
+      }
+    }
+  // Zero in a block with nonzero values stays a (signed) zero code.
+  EXPECT_EQ(codes[size_t(5 * kN + 256 + 3)], 0x00);
+  EXPECT_EQ(codes[size_t(5 * kN + 256 + 4)], 0x80);
+}
+
+// A block cut by a tile boundary would be scaled by a partial amax: refused.
+TEST(EpilogueOps, QuantizeRowBlocksRefusesTilesThatCutABlock) {
+  std::vector<uint8_t> codes(size_t(4 * 512)), scales(size_t(4 * 4));
+  QuantizeRowBlocks quantize(
+      {make_view(codes.data(), DType::e4m3, 4, 512), make_view(scales.data(), DType::e8m0, 4, 4)});
+  TestTile offset({0, 1, 0, 192, 4, 192}, 192); // starts mid-block
+  EXPECT_THROW(quantize.visit(offset.frag), Error);
+  TestTile narrow({0, 0, 0, 0, 4, 192}, 192); // its second block is cut at 192 < N
+  EXPECT_THROW(quantize.visit(narrow.frag), Error);
+  const std::vector<uint8_t> untouched = codes;
+  TestTile whole({0, 0, 0, 0, 4, 256}, 256);
+  EXPECT_NO_THROW(quantize.visit(whole.frag));
+  EXPECT_NE(codes, untouched);
 }
 
 TEST(EpilogueOps, ReduceOverMWritesOnePartialPerColumnAtItsBlock) {

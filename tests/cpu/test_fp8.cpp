@@ -11,37 +11,16 @@
 #include <vector>
 
 #include "coda/core/fp8.hpp"
+#include "tests/common/fp8_case.hpp"
 
 namespace {
 
 using coda::e4m3;
 
+using coda::test::e4m3_grid_value;
+using coda::test::e4m3_nearest_code;
+
 bool is_nan_code(int c) { return (c & 0x7f) == 0x7f; }
-
-// The OCP E4M3 value of a code, in fp64: (-1)^s 2^(e-7) (1 + m/8), or 2^-6 (m/8) when e = 0.
-double grid_value(int c) {
-  const int s = c >> 7, e = (c >> 3) & 15, m = c & 7;
-  const double magnitude = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return s ? -magnitude : magnitude;
-}
-
-// The code fp32 x converts to, by search: the nearest of the 127 non-negative finite values
-// (ties to the even code), the sign kept (so a negative value that rounds to 0 is -0, 0x80),
-// magnitudes from 448 up (infinity included) saturated, NaN to 0x7F.
-int nearest_code(float x) {
-  if (std::isnan(x)) return 0x7f;
-  const int sign = std::signbit(x) ? 0x80 : 0;
-  const double a = std::fabs(double(x));
-  int best = 0x7e;
-  if (a < 448.0) {
-    double best_distance = std::numeric_limits<double>::infinity();
-    for (int c = 0; c <= 0x7e; ++c) {
-      const double d = std::fabs(grid_value(c) - a);
-      if (d < best_distance || (d == best_distance && (c & 1) == 0)) best_distance = d, best = c;
-    }
-  }
-  return sign | best;
-}
 
 std::vector<float> special_floats() {
   const float inf = std::numeric_limits<float>::infinity();
@@ -73,10 +52,10 @@ std::vector<float> special_floats() {
 std::vector<float> grid_floats() {
   std::vector<float> v;
   for (int c = 0; c <= 0x7e; ++c) {
-    const float x = float(grid_value(c));
+    const float x = float(e4m3_grid_value(c));
     v.push_back(x);
     if (c < 0x7e) {
-      const float mid = float((grid_value(c) + grid_value(c + 1)) / 2); // exact in fp32
+      const float mid = float((e4m3_grid_value(c) + e4m3_grid_value(c + 1)) / 2); // exact in fp32
       v.push_back(mid);
       v.push_back(std::nextafter(mid, 0.0f));
       v.push_back(std::nextafter(mid, 1e9f));
@@ -94,7 +73,7 @@ TEST(E4m3, DecodesTheGrid) {
       EXPECT_TRUE(std::isnan(f)) << c;
       continue;
     }
-    EXPECT_EQ(double(f), grid_value(c)) << c;
+    EXPECT_EQ(double(f), e4m3_grid_value(c)) << c;
     EXPECT_EQ(std::signbit(f), c >= 0x80) << c;
   }
   EXPECT_EQ(coda::e4m3_bits_to_float(coda::kE4m3MaxBits), coda::kE4m3Max);
@@ -122,7 +101,7 @@ TEST(E4m3, ConvertsToTheNearestEvenCodeAndSaturates) {
   }
   int mismatches = 0;
   for (float x : inputs) {
-    const int got = coda::float_to_e4m3_bits(x), want = nearest_code(x);
+    const int got = coda::float_to_e4m3_bits(x), want = e4m3_nearest_code(x);
     if (got != want && ++mismatches <= 10)
       ADD_FAILURE() << "x = " << x << " (bits 0x" << std::hex << coda::float_bits(x) << "): got 0x"
                     << got << ", want 0x" << want;
@@ -176,7 +155,7 @@ TEST(E4m3, QuantizesABlockWithItsPowerOfTwoScale) {
     float largest = 0.0f;
     for (float v : x) {
       const e4m3 q = coda::quantize_e4m3(v, k);
-      EXPECT_EQ(q.bits, nearest_code(float(std::ldexp(double(v), -k)))) << v << " k " << k;
+      EXPECT_EQ(q.bits, e4m3_nearest_code(float(std::ldexp(double(v), -k)))) << v << " k " << k;
       EXPECT_NE(q.bits & 0x7f, coda::kE4m3MaxBits + 1) << v; // never NaN
       const float back = coda::dequantize_e4m3(q, k);
       EXPECT_EQ(double(back), std::ldexp(double(q.to_float()), k)) << v;

@@ -3,6 +3,9 @@
 //  * ScaleByScalar from a device pointer, TileStore by TMA reduce-add into an existing output,
 //    ReduceOverM column partials (shuffles + shared memory across both warpgroups of a tile);
 //  * examples/fused_geglu.cuh;
+//  * QuantizeRowBlocks (E4M3 codes and a power-of-two scale per row and 128 columns) after a
+//    Stage, on the cooperative and ping-pong tiles: its codes and scales bit for bit against the
+//    format's definition applied to the output the kernel stored;
 //  * RoPE's rotation as the device computes it (hardware sin/cos after the extra-precise angle
 //    reduction), against fp64 at large positions.
 // Each output is held to an fp64 host computation by the tolerance rule (check.hpp), with the
@@ -18,10 +21,12 @@
 #include <cuda_runtime.h>
 
 #include "coda/epilogue/device/epilogue.cuh"
+#include "coda/epilogue/device/ops/quantize_row_blocks.cuh"
 #include "coda/epilogue/ops/rope.hpp"
 #include "examples/fused_geglu.cuh"
 #include "gpu/backend.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 
@@ -155,6 +160,102 @@ TEST(FusedOps, ScalarReduceAddStoreAndColumnPartials) {
                  " K=" + std::to_string(s.K));
     check_accumulate<bf16>(s.M, s.N, s.K);
     check_accumulate<f16>(s.M, s.N, s.K);
+  }
+}
+
+// ---- z = round(acc) stored, and z quantized to E4M3 in 1 x 128 blocks (QuantizeRowBlocks)
+
+template <class S, class T>
+using QuantizeEpilogue =
+    ep::FusedEpilogue<S, ep::Stage<T>, ep::QuantizeRowBlocks<S>, ep::TileStore<S, T>>;
+
+// The codes and scales against the format's definition (tests/common/fp8_case.hpp: the exponent
+// and the nearest code by search) applied to z as the kernel stored it, bit for bit: the op
+// quantizes the rounded value, so nothing about the GEMM's order of accumulation enters; z
+// itself against the fp64 GEMM by the tolerance rule. Values are scaled per row by powers of two
+// from 2^-10 to 2^10 (inside f16's range), so the rows' scales differ; one row holds a NaN in its
+// second block (through a NaN in A it poisons that row's every block: acc = a . w), rows past M and
+// columns past N are not written.
+template <class S, class T> void check_quantize(int64_t M, int64_t N, int64_t K) {
+  constexpr DType kType = dtype_of<T>::value;
+  Seeds seeds;
+  std::vector<double> a_values = random_doubles(size_t(M * K), seeds.next());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k)
+      a_values[size_t(m * K + k)] *= std::ldexp(1.0, int(m % 21) - 10);
+  if (M > 3) a_values[size_t(3 * K)] = NAN;
+  auto a = HostTensor::of(kType, {M, K}, a_values);
+  auto w = HostTensor::random(kType, {N, K}, seeds.next());
+  const int64_t blocks = num_fp8_scale_blocks(N);
+  HostTensor z(kType, {M, N});
+  std::vector<uint8_t> codes(size_t((M + 1) * N), 0x55), scales(size_t((M + 1) * blocks), 0x55);
+  uint8_t *dcodes = nullptr, *dscales = nullptr;
+  ASSERT_EQ(cudaMalloc(&dcodes, codes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dscales, scales.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dcodes, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dscales, scales.data(), scales.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  DeviceCopy da(a), dw(w), dz(z);
+
+  using Epi = QuantizeEpilogue<S, T>;
+  typename Epi::Params p{};
+  ep::get<1>(p) =
+      ep::QuantizeRowBlocks<S>::params(make_view(dcodes, DType::e4m3, M, N, Device::cuda),
+                                       make_view(dscales, DType::e8m0, M, blocks, Device::cuda));
+  ep::get<2>(p) = ep::TileStore<S, T>::params("z", dz.view(z));
+  ep::FusedGemm<Epi, T>::run(da.view(a), dw.view(w), p, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  dz.copy_to(z);
+  ASSERT_EQ(cudaMemcpy(codes.data(), dcodes, codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(scales.data(), dscales, scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(dcodes);
+  cudaFree(dscales);
+
+  const std::vector<double> zv = z.values();
+  int mismatches = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * 128, n1 = std::min<int64_t>(N, n0 + 128);
+      std::vector<float> block;
+      for (int64_t n = n0; n < n1; ++n) block.push_back(float(zv[size_t(m * N + n)]));
+      const int k = e4m3_block_exponent(block.data(), int64_t(block.size()));
+      const int want_scale = k == kNoScale ? 0xFF : k + 127;
+      if (scales[size_t(m * blocks + b)] != want_scale && ++mismatches <= 10)
+        ADD_FAILURE() << "scale of row " << m << " block " << b << ": "
+                      << int(scales[size_t(m * blocks + b)]) << ", want " << want_scale;
+      for (int64_t n = n0; n < n1; ++n) {
+        const int want =
+            k == kNoScale ? 0x7F
+                          : e4m3_nearest_code(float(std::ldexp(double(block[size_t(n - n0)]), -k)));
+        if (codes[size_t(m * N + n)] != want && ++mismatches <= 10)
+          ADD_FAILURE() << "code (" << m << ", " << n << "): " << int(codes[size_t(m * N + n)])
+                        << ", want " << want << " (z = " << zv[size_t(m * N + n)] << ", k = " << k
+                        << ")";
+      }
+    }
+  EXPECT_EQ(mismatches, 0);
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(codes[size_t(M * N + n)], 0x55) << "row M written";
+  for (int64_t b = 0; b < blocks; ++b) EXPECT_EQ(scales[size_t(M * blocks + b)], 0x55);
+
+  // z against the fp64 GEMM, the NaN row (checked above through its NaN codes) left out.
+  const std::vector<double> acc = gemm_nt(a.values(), w.values(), M, N, K);
+  std::vector<double> got, exact, unfused;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N && m != 3; ++n) {
+      got.push_back(zv[size_t(m * N + n)]);
+      exact.push_back(acc[size_t(m * N + n)]);
+      unfused.push_back(round_as(kType, acc[size_t(m * N + n)]));
+    }
+  CODA_EXPECT_PASSES(check_against_baseline("z", got, exact, unfused));
+}
+
+TEST(FusedOps, QuantizeRowBlocksMatchesTheFormatOnTheStoredOutput) {
+  CODA_REQUIRE_SM90();
+  for (const Shape& s :
+       {Shape{1, 8, 16}, Shape{200, 264, 64}, Shape{300, 520, 200}, Shape{1100, 1024, 64}}) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                 " K=" + std::to_string(s.K));
+    check_quantize<ep::CooperativeShape, bf16>(s.M, s.N, s.K);
+    check_quantize<ep::PingpongShape, f16>(s.M, s.N, s.K);
   }
 }
 
