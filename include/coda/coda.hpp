@@ -32,6 +32,9 @@ size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, D
 // D = dequant(A) · dequant(B)ᵀ with FP8 (E4M3) operands and power-of-two block scales: the
 // shapes, scale layouts and order of accumulation are Fp8GemmArgs's (coda/gemm/problem.hpp).
 void gemm_fp8(const Fp8GemmArgs& args, Stream stream = nullptr);
+// A weight's E4M3 codes and 128 x 128 block scales for gemm_fp8, and optionally its transposed
+// copy (QuantizeWeightFp8Args, coda/gemm/problem.hpp).
+void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream = nullptr);
 
 // The named CODA kernels K0..K7 and the auxiliary kernels: one
 //   void name(const Args& args, Stream stream = nullptr);

@@ -66,6 +66,27 @@ Device validate(const Fp8GemmArgs& args) {
   return v.finish();
 }
 
+Device validate(const QuantizeWeightFp8Args& args) {
+  Validator v("quantize_weight_fp8");
+  v.input("w", args.w, Elem::half_or_f32, {any("N"), any("K")});
+  const int64_t N = args.w.shape[0], K = args.w.shape[1];
+  // Both copies are gemm_fp8 operands: codes [N, K] reduces over K, codes_t [K, N] over N, whose
+  // 1-byte rows TMA reads 16 bytes at a time.
+  v.gemm_dim("N", N, "w", /*multiple=*/16);
+  v.gemm_dim("K", K, "w", /*multiple=*/16);
+  const Dim n_blocks = exactly("ceil(N/128)", num_fp8_scale_blocks(N));
+  const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
+  v.output("codes", args.codes, Elem::e4m3, {exactly("N", N), exactly("K", K)});
+  v.output("scales", args.scales, Elem::e8m0, {n_blocks, k_blocks});
+  v.optional_output("codes_t", args.codes_t, Elem::e4m3, {exactly("K", K), exactly("N", N)});
+  if (args.codes_t.data != nullptr)
+    v.output("scales_t", args.scales_t, Elem::e8m0, {k_blocks, n_blocks});
+  else if (args.scales_t.data != nullptr)
+    v.fail(Status::invalid_argument,
+           "scales_t is given but codes_t is absent; pass both or neither");
+  return v.finish();
+}
+
 Device validate(const ResidualRmsArgs& args) {
   Validator v("gemm_residual_rms");
   const Mnk p = forward_operands(v, args.a, args.w, any("N"));
@@ -133,7 +154,8 @@ Device validate(const RmsLseArgs& args) {
   const Dim M = exactly("M", p.m);
   v.input("targets", args.targets, Elem::i32, {M});
   v.output("logits", args.logits, Elem::half, {M, exactly("V", p.n)});
-  v.output("lse_partials", args.lse_partials, Elem::f32, {M, staged_reduce_blocks("ceil(V/64)", p.n)});
+  v.output("lse_partials", args.lse_partials, Elem::f32,
+           {M, staged_reduce_blocks("ceil(V/64)", p.n)});
   v.output("target_logit", args.target_logit, Elem::f32, {M});
   v.optional_output("rstd_out", args.rstd_out, Elem::f32, {M});
   return v.finish();
@@ -164,7 +186,8 @@ Device validate(const SwigluBackwardArgs& args) {
   v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});
   v.output("act", args.act, Elem::half, {M, exactly("F", f)});
   v.output("dpreact", args.dpreact, Elem::half, {M, exactly("2F", 2 * f)});
-  v.output("zeta_partials", args.zeta_partials, Elem::f32, {M, staged_reduce_blocks("ceil(F/64)", f)});
+  v.output("zeta_partials", args.zeta_partials, Elem::f32,
+           {M, staged_reduce_blocks("ceil(F/64)", f)});
   return v.finish();
 }
 

@@ -25,6 +25,8 @@ template <> inline constexpr Tile kTileOf<SwigluBackwardArgs> = kStagedTile;
 void gemm(const GemmArgs& args);
 // The block-scaled FP8 GEMM (gemm_fp8.cpp).
 void gemm_fp8(const Fp8GemmArgs& args);
+// A weight's FP8 codes and block scales, and its transposed copy (quantize_fp8.cpp).
+void quantize_weight_fp8(const QuantizeWeightFp8Args& args);
 // One function per row of the kernel tables (coda/kernels/args.hpp): the GEMMs with a fused
 // epilogue in forward_kernels.cpp and backward_kernels.cpp, the auxiliary kernels in
 // statistics.cpp, rope_backward.cpp and cross_entropy.cpp.

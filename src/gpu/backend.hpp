@@ -29,5 +29,7 @@ template <class F> void with_half_type(DType dtype, const char* kernels, F&& f) 
 void gemm(const GemmArgs& args, Stream stream);
 // The block-scaled FP8 GEMM (gemm/fp8.cu).
 void gemm_fp8(const Fp8GemmArgs& args, Stream stream);
+// A weight's FP8 codes and block scales, and its transposed copy (auxiliary/quantize_fp8.cu).
+void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream);
 
 } // namespace coda::gpu

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 
 #include "coda/core/fp8.hpp"
 #include "reference/gemm.hpp"
@@ -110,6 +111,86 @@ std::vector<double> Fp8GemmCase::unfused() const {
   std::vector<double> out(acc.size());
   for (size_t i = 0; i < acc.size(); ++i) out[i] = double(round_to<bf16>(acc[i]));
   return out;
+}
+
+Fp8WeightCase::Fp8WeightCase(int64_t n_, int64_t k_, DType dtype, bool non_finite, Seeds& seeds,
+                             int max_binade)
+    : n(n_), k(k_), codes(DType::e4m3, {n_, k_}),
+      scales(DType::e8m0, {num_fp8_scale_blocks(n_), num_fp8_scale_blocks(k_)}),
+      codes_t(DType::e4m3, {k_, n_}),
+      scales_t(DType::e8m0, {num_fp8_scale_blocks(k_), num_fp8_scale_blocks(n_)}) {
+  const int64_t kbs = num_fp8_scale_blocks(k);
+  std::mt19937_64 rng(seeds.next());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_int_distribution<int> binade(-max_binade, max_binade);
+  std::vector<int> exponent(size_t(num_fp8_scale_blocks(n) * kbs));
+  for (int& e : exponent) e = binade(rng);
+  std::vector<double> x(size_t(n * k));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      x[size_t(r * k + c)] =
+          std::ldexp(normal(rng), exponent[size_t(r / kFp8ScaleBlock * kbs + c / kFp8ScaleBlock)]);
+  if (non_finite) {
+    x[size_t((n - 1) * k + k - 1)] = std::nan("");   // the last block
+    x[0] = -std::numeric_limits<double>::infinity(); // the first (the same one if only one)
+  }
+  w = HostTensor::of(dtype, {n, k}, x);
+}
+
+QuantizeWeightFp8Args Fp8WeightCase::args(bool transposed) {
+  QuantizeWeightFp8Args a;
+  a.w = w.view();
+  a.codes = codes.view();
+  a.scales = scales.view();
+  if (transposed) a.codes_t = codes_t.view(), a.scales_t = scales_t.view();
+  return a;
+}
+
+std::string Fp8WeightCase::check(bool transposed) const {
+  const std::vector<double> wv = w.values();
+  const auto byte_at = [](const HostTensor& t, int64_t i) {
+    return static_cast<const uint8_t*>(const_cast<HostTensor&>(t).host_view().data)[i];
+  };
+  const int64_t nbs = num_fp8_scale_blocks(n), kbs = num_fp8_scale_blocks(k);
+  std::string errors;
+  int reported = 0;
+  const auto report = [&](const std::string& what) {
+    if (++reported <= 8) errors += what + "\n";
+  };
+  for (int64_t nb = 0; nb < nbs; ++nb)
+    for (int64_t kb = 0; kb < kbs; ++kb) {
+      const int64_t n0 = nb * kFp8ScaleBlock, n1 = std::min<int64_t>(n, n0 + kFp8ScaleBlock);
+      const int64_t k0 = kb * kFp8ScaleBlock, k1 = std::min<int64_t>(k, k0 + kFp8ScaleBlock);
+      std::vector<float> block;
+      for (int64_t r = n0; r < n1; ++r)
+        for (int64_t c = k0; c < k1; ++c) block.push_back(float(wv[size_t(r * k + c)]));
+      const int e = e4m3_block_exponent(block.data(), int64_t(block.size()));
+      const int scale = e == kNoScale ? 0xFF : e + 127;
+      const std::string at = "block (" + std::to_string(nb) + ", " + std::to_string(kb) + ")";
+      if (byte_at(scales, nb * kbs + kb) != scale)
+        report("scale of " + at + ": " + std::to_string(byte_at(scales, nb * kbs + kb)) +
+               ", want " + std::to_string(scale));
+      if (transposed && byte_at(scales_t, kb * nbs + nb) != scale)
+        report("scales_t of " + at + ": " + std::to_string(byte_at(scales_t, kb * nbs + nb)));
+      for (int64_t r = n0; r < n1; ++r)
+        for (int64_t c = k0; c < k1; ++c) {
+          const int want =
+              e == kNoScale
+                  ? 0x7F
+                  : e4m3_nearest_code(float(std::ldexp(double(float(wv[size_t(r * k + c)])), -e)));
+          const std::string rc = "(" + std::to_string(r) + ", " + std::to_string(c) + ")";
+          if (byte_at(codes, r * k + c) != want)
+            report("code " + rc + ": " + std::to_string(byte_at(codes, r * k + c)) + ", want " +
+                   std::to_string(want));
+          if (transposed && byte_at(codes_t, c * n + r) != want)
+            report("codes_t at the transpose of " + rc + ": " +
+                   std::to_string(byte_at(codes_t, c * n + r)) + ", want " + std::to_string(want));
+        }
+    }
+  for (const HostTensor* t : {&codes, &scales, &codes_t, &scales_t})
+    if (!t->guard_intact()) report("a guard byte after an output changed");
+  if (reported > 8) errors += std::to_string(reported - 8) + " more\n";
+  return errors;
 }
 
 } // namespace coda::test

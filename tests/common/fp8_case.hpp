@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "coda/gemm/problem.hpp"
@@ -37,6 +38,23 @@ struct Fp8GemmCase {
   // The ordinary unfused path: the dequantized operands in fp32, multiplied with fp32
   // accumulation in K order, rounded once to bf16.
   std::vector<double> unfused() const;
+};
+
+// One weight to quantize (QuantizeWeightFp8Args) for the CPU and GPU suites: values of one
+// magnitude per 128 x 128 block (2^-max_binade .. 2^max_binade from block to block), optionally a
+// NaN in one block and an infinity in another; the outputs poisoned (NaN codes and scales) with
+// guard bytes.
+struct Fp8WeightCase {
+  int64_t n, k;
+  HostTensor w, codes, scales, codes_t, scales_t;
+
+  Fp8WeightCase(int64_t n, int64_t k, DType dtype, bool non_finite, Seeds& seeds,
+                int max_binade = 20);
+  QuantizeWeightFp8Args args(bool transposed);
+  // Empty when codes and scales (and, with `transposed`, codes_t and scales_t) are the format's
+  // definition applied to w block by block (e4m3_block_exponent, e4m3_nearest_code) and the
+  // guard bytes are intact; else the first differences.
+  std::string check(bool transposed) const;
 };
 
 } // namespace coda::test

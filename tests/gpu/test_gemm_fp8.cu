@@ -8,13 +8,15 @@
 // block; D is poisoned with NaN and fenced by guard bytes, and one case surrounds it with
 // poisoned padding (a wider row stride, rows past M) that must keep its bytes; M and N are
 // ragged against the 128 x 128 tiles and K against the 128-deep blocks. Skipped (not passed)
-// where there is no sm_90 device.
+// where there is no sm_90 device. And quantize_weight_fp8 on the GPU against the CPU backend, bit
+// for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cuda_runtime.h>
@@ -178,6 +180,57 @@ TEST(GpuFp8GemmSmallForSanitizer, RaggedTiles) {
 // 128-byte swizzle span of codes deep, boxes whose bytes are exactly what the producer arms each
 // stage with: a mismatch hangs the kernel), and k-blocks that are the scale blocks the consumer
 // indexes its scales by.
+// ---- quantize_weight_fp8: the GPU's codes, scales and transposed copy are the CPU backend's, bit
+// for bit (both are the format's conversion of the same values: cvt on the device, its host twin
+// float_to_e4m3_bits on the CPU), which is the format's definition (Fp8WeightCase::check); no
+// byte past an output is written; with and without the transposed copy; a NaN and an infinity
+// each poison their block.
+
+void check_weight(int64_t n, int64_t k, DType dtype, bool transposed) {
+  SCOPED_TRACE("N " + std::to_string(n) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
+               (transposed ? " with the transpose" : ""));
+  Seeds seeds;
+  Fp8WeightCase cpu(n, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 10 : 20);
+  quantize_weight_fp8(cpu.args(transposed)); // host tensors: the CPU backend
+  ASSERT_EQ(cpu.check(transposed), "");
+  Fp8WeightCase gpu = cpu;
+  for (HostTensor* t : {&gpu.codes, &gpu.scales, &gpu.codes_t, &gpu.scales_t}) t->poison();
+  DeviceTensor w(gpu.w), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
+      scales_t(gpu.scales_t);
+  QuantizeWeightFp8Args args{.w = w.view(), .codes = codes.view(), .scales = scales.view()};
+  if (transposed) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
+  quantize_weight_fp8(args);
+  synchronize_ok();
+  for (DeviceTensor* t : {&codes, &scales, &codes_t, &scales_t})
+    EXPECT_TRUE(t->copy_back()) << "a write past the end of an output";
+  const auto same = [](const HostTensor& a, const HostTensor& b) {
+    const size_t bytes = size_t(a.numel() * dtype_size(a.dtype()));
+    return std::memcmp(const_cast<HostTensor&>(a).host_view().data,
+                       const_cast<HostTensor&>(b).host_view().data, bytes) == 0;
+  };
+  EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
+  EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
+  if (transposed) {
+    EXPECT_TRUE(same(gpu.codes_t, cpu.codes_t)) << "codes_t";
+    EXPECT_TRUE(same(gpu.scales_t, cpu.scales_t)) << "scales_t";
+  } else {
+    for (double v : gpu.codes_t.values()) ASSERT_TRUE(std::isnan(v)) << "codes_t written";
+  }
+}
+
+TEST(GpuQuantizeWeightFp8, MatchesTheCpuBackendBitForBit) {
+  CODA_REQUIRE_SM90();
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16, 16}, {208, 304}, {1040, 2064}})
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+      for (bool transposed : {true, false}) check_weight(n, k, dtype, transposed);
+}
+
+// A tiny case for compute-sanitizer.
+TEST(GpuFp8GemmSmallForSanitizer, QuantizeWeight) {
+  CODA_REQUIRE_SM90();
+  check_weight(144, 272, DType::bf16, true);
+}
+
 TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
   using Kernel = gpu::fp8::Kernel;
   using Main = Kernel::Main;

@@ -80,4 +80,25 @@ struct Fp8GemmArgs {
   int64_t k() const { return a.shape[1]; }
 };
 
+// A weight quantized for the FP8 GEMMs (docs/fp8.md), once per step from its master copy:
+//   w        [N, K] bf16, f16 or f32                  the weight as nn.Linear stores it
+//   codes    [N, K] e4m3                              gemm_fp8's b for the forward (Y = X Wᵀ)
+//   scales   [ceil(N/128), ceil(K/128)] e8m0          one per 128 x 128 block
+//   codes_t  [K, N] e4m3, optional                    Wᵀ: gemm_fp8's b for the input gradient
+//                                                     (dX = dY W reduces over N)
+//   scales_t [ceil(K/128), ceil(N/128)] e8m0          with codes_t: the same scales, transposed
+// Per block (the last ones of each dimension may be short): amax of |w|, k =
+// e4m3_scale_exponent(amax), each code quantize_e4m3(w, k), the scale 2^k as an E8M0 byte; a
+// block holding a NaN or an infinity gets the NaN scale and NaN codes. A 128 x 128 block has one
+// scale whichever way it is read, so the transposed copy is the same codes, transposed. N and K
+// are multiples of 16 (each copy is a gemm_fp8 operand reduced over its rows' 1-byte elements).
+struct QuantizeWeightFp8Args {
+  TensorView w;
+  TensorView codes, scales;
+  TensorView codes_t, scales_t;
+
+  int64_t n() const { return w.shape[0]; }
+  int64_t k() const { return w.shape[1]; }
+};
+
 } // namespace coda
