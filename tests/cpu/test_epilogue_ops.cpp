@@ -12,6 +12,7 @@
 #include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/multiply_tile.hpp"
 #include "coda/epilogue/ops/quantize_row_blocks.hpp"
+#include "coda/epilogue/ops/quantize_transposed.hpp"
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"
@@ -302,6 +303,67 @@ TEST(EpilogueOps, QuantizeRowBlocksRefusesTilesThatCutABlock) {
   TestTile whole({0, 0, 0, 0, 4, 256}, 256);
   EXPECT_NO_THROW(quantize.visit(whole.frag));
   EXPECT_NE(codes, untouched);
+}
+
+// A tile of rows 128..327 (one whole 128-row block, one short one at M's end) and 40 columns:
+// each column block's scale byte and the transposed codes against the format's definition,
+// magnitudes changing by column and block, a NaN and an infinity each poisoning one column block;
+// nothing written outside the tile's columns and blocks.
+TEST(EpilogueOps, QuantizeTransposedScalesEachColumnBlockAndTransposes) {
+  constexpr int64_t kM = 328, kN = 112, kBlocks = 3;
+  const TileCoord tile{1, 1, 128, 64, 200, 40}; // rows 128..327, columns 64..103
+  std::vector<uint8_t> codes_t(size_t(kN * kM), 0x55), scales_t(size_t(kN * kBlocks), 0x55);
+  TestTile t(tile, 40);
+  for (int64_t r = 0; r < tile.rows; ++r)
+    for (int64_t c = 0; c < tile.cols; ++c)
+      t.value(r, c) = std::ldexp(uniform(-1.f, 1.f), int(c * 3 + r / 128 * 29) - 50);
+  t.value(5, 7) = NAN;         // column 71, first block
+  t.value(150, 30) = INFINITY; // column 94, second block
+  t.value(0, 0) = -0.f;
+  const std::vector<float> values = t.values;
+  QuantizeTransposed quantize({make_view(codes_t.data(), DType::e4m3, kN, kM),
+                               make_view(scales_t.data(), DType::e8m0, kN, kBlocks)});
+  run_tile(t.frag, quantize);
+
+  for (int64_t n = 0; n < kN; ++n)
+    for (int64_t b = 0; b < kBlocks; ++b) {
+      const bool in_tile = n >= tile.n0 && n < tile.n0 + tile.cols && b >= 1;
+      const uint8_t scale = scales_t[size_t(n * kBlocks + b)];
+      if (!in_tile) {
+        EXPECT_EQ(scale, 0x55) << "scale written outside the tile: column " << n << " block " << b;
+        for (int64_t m = b * 128; m < std::min<int64_t>(kM, (b + 1) * 128); ++m)
+          EXPECT_EQ(codes_t[size_t(n * kM + m)], 0x55) << "outside the tile: " << n << "," << m;
+        continue;
+      }
+      const int64_t c = n - tile.n0, r0 = (b - 1) * 128,
+                    r1 = std::min<int64_t>(r0 + 128, tile.rows);
+      std::vector<float> block;
+      for (int64_t r = r0; r < r1; ++r) block.push_back(values[size_t(r * 40 + c)]);
+      const int k = e4m3_block_exponent(block.data(), int64_t(block.size()));
+      EXPECT_EQ(scale, k == kNoScale ? 0xFF : k + 127) << "column " << n << " block " << b;
+      for (int64_t r = r0; r < r1; ++r) {
+        const int want =
+            k == kNoScale
+                ? 0x7F
+                : e4m3_nearest_code(float(std::ldexp(double(values[size_t(r * 40 + c)]), -k)));
+        EXPECT_EQ(int(codes_t[size_t(n * kM + tile.m0 + r)]), want)
+            << "column " << n << " row " << tile.m0 + r;
+      }
+    }
+  EXPECT_EQ(codes_t[size_t(64 * kM + 128)], 0x80); // -0 stays a signed zero
+}
+
+TEST(EpilogueOps, QuantizeTransposedRefusesTilesThatCutABlock) {
+  std::vector<uint8_t> codes_t(size_t(8 * 512)), scales_t(size_t(8 * 4));
+  QuantizeTransposed quantize({make_view(codes_t.data(), DType::e4m3, 8, 512),
+                               make_view(scales_t.data(), DType::e8m0, 8, 4)});
+  TestTile offset({1, 0, 64, 0, 64, 8}, 8); // starts mid-block
+  EXPECT_THROW(quantize.visit(offset.frag), Error);
+  TestTile short_rows({0, 0, 0, 0, 100, 8}, 8); // a block cut at row 100 < M
+  EXPECT_THROW(quantize.visit(short_rows.frag), Error);
+  for (uint8_t b : codes_t) ASSERT_EQ(b, 0);
+  TestTile whole({0, 0, 0, 0, 128, 8}, 8);
+  EXPECT_NO_THROW(quantize.visit(whole.frag));
 }
 
 TEST(EpilogueOps, ReduceOverMWritesOnePartialPerColumnAtItsBlock) {
