@@ -1,7 +1,7 @@
 // A weight's FP8 codes and 128 x 128 block scales (QuantizeWeightFp8Args), and its transposed
 // copy, on the CPU: the GPU kernel's math (coda/core/fp8.hpp), block by block.
 #include <algorithm>
-#include <cmath>
+#include <utility>
 
 #include "coda/core/fp8.hpp"
 #include "coda/epilogue/host_tensor.hpp"
@@ -17,26 +17,25 @@ void quantize_weight_fp8(const QuantizeWeightFp8Args& args) {
     for (int64_t k0 = 0; k0 < K; k0 += kFp8ScaleBlock) {
       const int64_t n1 = std::min<int64_t>(N, n0 + kFp8ScaleBlock);
       const int64_t k1 = std::min<int64_t>(K, k0 + kFp8ScaleBlock);
-      float amax = 0.f;
-      bool finite = true;
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = k0; k < k1; ++k) {
-          const float a = std::fabs(epilogue::load_float(args.w, n, k));
-          finite = finite && std::isfinite(a);
-          amax = std::max(amax, a);
-        }
-      const int exponent = finite ? e4m3_scale_exponent(amax) : kNoScale;
+      const int64_t cols = k1 - k0;
+      const auto at = [&](int64_t i) { return std::pair{n0 + i / cols, k0 + i % cols}; };
+      const int exponent =
+          quantize_block_e4m3((n1 - n0) * cols,
+                              [&](int64_t i) {
+                                const auto [n, k] = at(i);
+                                return epilogue::load_float(args.w, n, k);
+                              },
+                              [&](int64_t i, e4m3 q) {
+                                const auto [n, k] = at(i);
+                                args.codes.ptr<e4m3>()[element_offset(args.codes, n, k)] = q;
+                                if (transposed)
+                                  args.codes_t.ptr<e4m3>()[element_offset(args.codes_t, k, n)] = q;
+                              });
       const int64_t nb = n0 / kFp8ScaleBlock, kb = k0 / kFp8ScaleBlock;
       args.scales.ptr<e8m0>()[element_offset(args.scales, nb, kb)] = e8m0::of_exponent(exponent);
       if (transposed)
         args.scales_t.ptr<e8m0>()[element_offset(args.scales_t, kb, nb)] =
             e8m0::of_exponent(exponent);
-      for (int64_t n = n0; n < n1; ++n)
-        for (int64_t k = k0; k < k1; ++k) {
-          const e4m3 q = quantize_e4m3(epilogue::load_float(args.w, n, k), exponent);
-          args.codes.ptr<e4m3>()[element_offset(args.codes, n, k)] = q;
-          if (transposed) args.codes_t.ptr<e4m3>()[element_offset(args.codes_t, k, n)] = q;
-        }
     }
 }
 

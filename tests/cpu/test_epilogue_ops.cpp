@@ -12,7 +12,6 @@
 #include "coda/epilogue/ops/geglu.hpp"
 #include "coda/epilogue/ops/multiply_tile.hpp"
 #include "coda/epilogue/ops/quantize_row_blocks.hpp"
-#include "coda/epilogue/ops/quantize_transposed.hpp"
 #include "coda/epilogue/ops/reduce_over_m.hpp"
 #include "coda/epilogue/ops/reduce_over_n.hpp"
 #include "coda/epilogue/ops/residual_add.hpp"

@@ -97,6 +97,24 @@ CODA_HD e4m3 quantize_e4m3(float x, int k) {
 // And back: q * 2^k, exact.
 CODA_HD float dequantize_e4m3(e4m3 q, int k) { return q.to_float() * scale_exp2(k); }
 
+// A block of n values quantized with its own scale, as host loops (the CPU backend's ops and
+// kernels): value(i) gives the i-th value as fp32 and store(i, code) takes its code; returns the
+// block's exponent (kNoScale where a value is a NaN or an infinity: fmaxf would drop a NaN, so a
+// non-finite magnitude is kept apart).
+template <class Value, class Store>
+int quantize_block_e4m3(int64_t n, const Value& value, const Store& store) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t i = 0; i < n; ++i) {
+    const float a = std::fabs(value(i));
+    finite = finite && std::isfinite(a);
+    amax = a > amax ? a : amax;
+  }
+  const int k = finite ? e4m3_scale_exponent(amax) : kNoScale;
+  for (int64_t i = 0; i < n; ++i) store(i, quantize_e4m3(value(i), k));
+  return k;
+}
+
 // ---- E8M0: a block's scale 2^k stored as one byte (OCP MX's scale format): the byte is k + 127,
 // 0xFF is NaN. Exponents -127..127 take 0..254; e4m3_scale_exponent's (-126..120) all fit, and
 // kNoScale takes 0xFF.

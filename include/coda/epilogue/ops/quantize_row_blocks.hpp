@@ -1,24 +1,26 @@
-// QuantizeRowBlocks: the value as E4M3 codes with one power-of-two scale per row and block of
-// kFp8ScaleBlock (128) columns (docs/fp8.md, "Scales"): the layout gemm_fp8 reads its A operand
-// in, so an epilogue can hand the next GEMM (one that reduces over this output's columns) its
-// FP8 operand without a pass over memory. Per row of a block:
-//   amax = max |value|,  k = e4m3_scale_exponent(amax),
-//   codes[m, n] = quantize_e4m3(value, k),  scales[m, n / 128] = 2^k as an E8M0 byte.
-// The block's largest magnitude lands in (224, 448]: nothing saturates, and dequantizing
-// (code * 2^k) is exact, so the cast is the only rounding. A block holding a NaN or an infinity
-// gets the NaN scale and NaN codes (kNoScale): a non-finite value poisons its block, no other.
-// The value quantized is the fragment's at this point of the list: after a RoundTo it is the
-// 16-bit value as stored, before one the fp32 value (one rounding instead of two).
+// The output cast to E4M3 with one power-of-two scale per block of kFp8ScaleBlock (128) values
+// (docs/fp8.md, "Scales"), so that an epilogue hands the next GEMM its FP8 operand from the tile
+// on chip, in gemm_fp8's A layout (codes [lines, length], scales [lines, ceil(length / 128)]):
+//   QuantizeRowBlocks   blocks along a row: codes [M, N], scales [M, ceil(N/128)], for a next
+//                       GEMM that reduces over this output's columns (K0's h before the gate/up
+//                       and QKV GEMMs, K2's act before the down GEMM);
+//   QuantizeTransposed  blocks along a column, stored transposed: codes [N, M], scales
+//                       [N, ceil(M/128)], for the weight gradient, which reduces over M
+//                       (dW = dYᵀ X takes dYᵀ so).
+// Per block: amax = max |value|, k = e4m3_scale_exponent(amax), each code quantize_e4m3(value, k),
+// the scale 2^k as an E8M0 byte (quantize_block_e4m3). The block's largest magnitude lands in
+// (224, 448]: nothing saturates, and dequantizing (code * 2^k) is exact, so the cast is the only
+// rounding. A block holding a NaN or an infinity gets the NaN scale and NaN codes: a non-finite
+// value poisons its block, no other. The value quantized is the fragment's at this point of the
+// list: after a RoundTo the 16-bit value as stored, before one the fp32 value.
 //
-// A block is a row's kFp8ScaleBlock columns starting at a multiple of kFp8ScaleBlock, the last
-// one short where N is not a multiple. The host op sees a block in one tile: the backend runs
-// it on tiles whose columns start at a block boundary and hold whole blocks (the executor's
-// tiles of kReduceBlock = 128 columns); a tile that does not is refused, not quantized by a
-// partial amax.
+// The host op sees a block in one tile: tiles start at a block boundary and hold whole blocks (a
+// short one only at the end of a line); a tile that does not is refused, never quantized by a
+// partial amax. The device twin of the row blocks is device/ops/quantize_row_blocks.cuh; the
+// transposed copy has none yet (docs/fp8.md).
 #pragma once
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 
 #include "coda/core/error.hpp"
@@ -28,48 +30,50 @@
 
 namespace coda::epilogue {
 
-struct QuantizeRowBlocks : NoTileState {
+// kAlongRows: blocks run along a row of the output; else along a column, stored transposed.
+// Either way a "line" is what one row of codes holds, and a block runs along it.
+template <bool kAlongRows> struct QuantizeBlocks : NoTileState {
   struct Args {
-    TensorView codes;  // [M, N] e4m3
-    TensorView scales; // [M, ceil(N / kFp8ScaleBlock)] e8m0
+    TensorView codes;  // [lines, length] e4m3: [M, N], or [N, M] transposed
+    TensorView scales; // [lines, ceil(length / kFp8ScaleBlock)] e8m0
   };
 
-  explicit QuantizeRowBlocks(const Args& args) : args_(args) {}
+  explicit QuantizeBlocks(const Args& args) : args_(args) {}
 
   void visit(const HostFragment& frag) const {
-    const TileCoord& tile = frag.tile;
-    if (tile.n0 % kFp8ScaleBlock != 0 ||
-        (tile.cols % kFp8ScaleBlock != 0 && tile.n0 + tile.cols != args_.codes.shape[1]))
+    const TileCoord& t = frag.tile;
+    const int64_t lines = kAlongRows ? t.rows : t.cols, length = kAlongRows ? t.cols : t.rows;
+    const int64_t line0 = kAlongRows ? t.m0 : t.n0, along0 = kAlongRows ? t.n0 : t.m0;
+    if (along0 % kFp8ScaleBlock != 0 ||
+        (length % kFp8ScaleBlock != 0 && along0 + length != args_.codes.shape[1]))
       throw Error(Status::invalid_argument,
-                  "QuantizeRowBlocks: a tile must hold whole 128-column blocks (a short one "
-                  "only at the end of a row)");
-    for (int64_t r = 0; r < tile.rows; ++r) {
-      const int64_t m = tile.m0 + r;
-      for (int64_t c0 = 0; c0 < tile.cols; c0 += kFp8ScaleBlock) {
-        const int64_t c1 = std::min<int64_t>(c0 + kFp8ScaleBlock, tile.cols);
-        // A NaN compares false: fmaxf would drop it, so a non-finite magnitude is kept apart.
-        float amax = 0.f;
-        bool finite = true;
-        for (int64_t c = c0; c < c1; ++c) {
-          const float a = std::fabs(frag.value(r, c));
-          finite = finite && std::isfinite(a);
-          amax = std::max(amax, a);
-        }
-        const int k = finite ? e4m3_scale_exponent(amax) : kNoScale;
-        args_.scales.ptr<e8m0>()[element_offset(args_.scales, m, (tile.n0 + c0) / kFp8ScaleBlock)] =
-            e8m0::of_exponent(k);
-        for (int64_t c = c0; c < c1; ++c)
-          args_.codes.ptr<e4m3>()[element_offset(args_.codes, m, tile.n0 + c)] =
-              quantize_e4m3(frag.value(r, c), k);
+                  "QuantizeBlocks: a tile must hold whole 128-value blocks (a short one only at "
+                  "the end of a line)");
+    const auto value = [&](int64_t line, int64_t along) {
+      return kAlongRows ? frag.value(line, along) : frag.value(along, line);
+    };
+    e4m3* codes = args_.codes.template ptr<e4m3>();
+    for (int64_t line = 0; line < lines; ++line)
+      for (int64_t b0 = 0; b0 < length; b0 += kFp8ScaleBlock) {
+        const int k = quantize_block_e4m3(
+            std::min<int64_t>(kFp8ScaleBlock, length - b0),
+            [&](int64_t i) { return value(line, b0 + i); },
+            [&](int64_t i, e4m3 q) {
+              codes[element_offset(args_.codes, line0 + line, along0 + b0 + i)] = q;
+            });
+        args_.scales.template ptr<e8m0>()[element_offset(
+            args_.scales, line0 + line, (along0 + b0) / kFp8ScaleBlock)] = e8m0::of_exponent(k);
       }
-    }
   }
 
-  // Device: the row's block gathered across the quad's lanes in a prepass (docs/fp8.md).
+  // Device (row blocks): the row's block gathered across the quad's lanes in a prepass.
   static constexpr int64_t shared_bytes(int64_t, int64_t) { return 0; }
 
 private:
   Args args_;
 };
+
+using QuantizeRowBlocks = QuantizeBlocks<true>;
+using QuantizeTransposed = QuantizeBlocks<false>;
 
 } // namespace coda::epilogue
