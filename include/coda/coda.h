@@ -66,6 +66,12 @@ typedef struct coda_fp8_gemm_args { /* coda_gemm_fp8; the shapes and dtypes at i
   coda_tensor d;
 } coda_fp8_gemm_args;
 
+typedef struct coda_quantize_weight_fp8_args { /* coda_quantize_weight_fp8; see its prototype */
+  coda_tensor w;
+  coda_tensor codes, scales;
+  coda_tensor codes_t, scales_t; /* optional, together */
+} coda_quantize_weight_fp8_args;
+
 typedef struct coda_residual_rms_args { /* K0; out may alias residual */
   coda_tensor a, w, residual, gamma;
   coda_tensor out, out_scaled, sumsq_partials;
@@ -170,6 +176,20 @@ CODA_API coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t
  * N a multiple of 8 and K of 16 (16-byte rows); the last K block may be short. A scale byte 0xFF
  * (NaN) makes the outputs it scales NaN. No workspace, no C, no alpha. */
 CODA_API coda_status coda_gemm_fp8(const coda_fp8_gemm_args* args, coda_stream_t stream);
+/* A weight's FP8 copies for coda_gemm_fp8 (coda::quantize_weight_fp8, docs/fp8.md), made from
+ * its master copy:
+ *   w        [N, K]                       CODA_BF16, CODA_F16 or CODA_F32  as nn.Linear stores it
+ *   codes    [N, K]                       CODA_E4M3  coda_gemm_fp8's b for the forward
+ *   scales   [ceil(N/128), ceil(K/128)]   CODA_E8M0  one per 128 x 128 block (its b_scales)
+ *   codes_t  [K, N]                       CODA_E4M3  optional: w^T, b for the input gradient
+ *   scales_t [ceil(K/128), ceil(N/128)]   CODA_E8M0  with codes_t: the scales, transposed
+ * codes_t and scales_t are given together or both absent (data NULL). Per 128 x 128 block (the
+ * last of each dimension may be short): amax of |w|, k the smallest integer with amax <= 448 2^k
+ * (at least -126), the scale byte k + 127, each code w 2^-k rounded to nearest even E4M3; the
+ * transposed copy holds the same codes and scales, transposed. A block holding a NaN or an
+ * infinity gets the NaN scale 0xFF and NaN codes 0x7F. N and K are multiples of 16. */
+CODA_API coda_status coda_quantize_weight_fp8(const coda_quantize_weight_fp8_args* args,
+                                              coda_stream_t stream);
 CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args,
                                             coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);
