@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "api/abi_cast.hpp"
@@ -108,6 +109,17 @@ Fp8GemmArgs valid_fp8(Arena& ar) {
           .b = ar.matrix(e4m3, N, K8),
           .b_scales = ar.matrix(e8m0, 1, 2),
           .d = ar.out_matrix(bf16, M, N)};
+}
+
+// The weight quantizer: w [N, K] with K = 144 (N and K multiples of 16), so one row and two
+// columns of block scales, the second block short; with the transposed copy.
+QuantizeWeightFp8Args valid_quantize_fp8(Arena& ar) {
+  constexpr int64_t K8 = 144;
+  return {.w = ar.matrix(bf16, N, K8),
+          .codes = ar.out_matrix(e4m3, N, K8),
+          .scales = ar.out_matrix(e8m0, 1, 2),
+          .codes_t = ar.out_matrix(e4m3, K8, N),
+          .scales_t = ar.out_matrix(e8m0, 2, 1)};
 }
 
 ResidualRmsArgs valid_k0(Arena& ar) {
@@ -236,7 +248,7 @@ GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_ma
 // layout, src/api/abi_cast.hpp).
 using api::to_c;
 
-// The GEMMs and every kernel of the tables in coda/kernels/args.hpp.
+// The GEMMs, the weight quantizer and every kernel of the tables in coda/kernels/args.hpp.
 #define CODA_BOTH_INTERFACES(fn, Args)                                                             \
   void call_cpp(const Args& a) { fn(a); }                                                          \
   coda_status call_c(const Args& a) {                                                              \
@@ -245,6 +257,7 @@ using api::to_c;
   }
 CODA_BOTH_INTERFACES(gemm, GemmArgs)
 CODA_BOTH_INTERFACES(gemm_fp8, Fp8GemmArgs)
+CODA_BOTH_INTERFACES(quantize_weight_fp8, QuantizeWeightFp8Args)
 CODA_FUSED_KERNELS(CODA_BOTH_INTERFACES)
 CODA_AUX_KERNELS(CODA_BOTH_INTERFACES)
 #undef CODA_BOTH_INTERFACES
@@ -296,6 +309,7 @@ TEST(ApiValidation, ValidFixturesPass) {
   Arena ar;
   EXPECT_EQ(validate_only(valid_gemm(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_fp8(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_quantize_fp8(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k0(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k1(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k2(ar)), Device::cpu);
@@ -358,6 +372,12 @@ const Rejection kRejections[] = {
            Status::type_error, {"gemm_fp8: b_scales must be e8m0; got f32"}),
     reject("Fp8CodesMustBeE4m3", valid_fp8, [](Arena&, Fp8GemmArgs& g) { g.a.dtype = bf16; },
            Status::type_error, {"gemm_fp8: a must be e4m3; got bf16"}),
+    reject("QuantizeFp8WeightMustBeFloat", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) { q.w.dtype = i32; }, Status::type_error,
+           {"quantize_weight_fp8: w must be bf16, f16 or f32; got i32"}),
+    reject("QuantizeFp8TransposedScalesMustBeE8m0", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) { q.scales_t.dtype = e4m3; }, Status::type_error,
+           {"quantize_weight_fp8: scales_t must be e8m0; got e4m3"}),
     reject("UnknownDtypeValue", valid_gemm, [](Arena&, GemmArgs& g) { g.d.dtype = DType(9); },
            Status::type_error, {"d has an unknown dtype 9"}),
     reject("ConverterDtypesMustMatch", valid_gate_up,
@@ -376,6 +396,16 @@ const Rejection kRejections[] = {
     reject("Fp8ScaleBlocksAreCeilOfK", valid_fp8,
            [](Arena&, Fp8GemmArgs& g) { g.a_scales.shape[1] = 1; }, Status::invalid_argument,
            {"gemm_fp8: a_scales must have shape [M, ceil(K/128)] = [5, 2]; got [5, 1]"}),
+    reject("QuantizeFp8TransposedScalesAreTransposed", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) {
+             std::swap(q.scales_t.shape[0], q.scales_t.shape[1]);
+           },
+           Status::invalid_argument,
+           {"quantize_weight_fp8: scales_t must have shape [ceil(K/128), ceil(N/128)] = [2, 1]; "
+            "got [1, 2]"}),
+    reject("QuantizeFp8TransposedScalesNeedTheCodes", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) { q.codes_t = {}; }, Status::invalid_argument,
+           {"quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or neither"}),
     reject("ResidualRmsShapeMismatch", valid_k0,
            [](Arena&, ResidualRmsArgs& k0) { k0.residual.shape[0] = M - 1; },
            Status::invalid_argument,
@@ -458,6 +488,9 @@ const Rejection kRejections[] = {
              g.a.shape[1] = g.b.shape[1] = 136; // rows still 144 bytes apart
            },
            Status::not_supported, {"gemm_fp8: K must be a multiple of 16", "got 136"}),
+    reject("QuantizeFp8NNotMultipleOf16", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) { q.w.shape[0] = 8; }, Status::not_supported,
+           {"quantize_weight_fp8: N must be a multiple of 16", "got 8"}),
     reject("SwigluWeightRowsMustBeEven", valid_k2,
            [](Arena&, RmsSwigluArgs& k2) { k2.w.shape[0] = 15; }, Status::invalid_argument,
            {"w must have an even number of rows", "got 15"}),
@@ -578,6 +611,9 @@ const Rejection kRejections[] = {
     reject("Fp8OutputOverlapsScales", valid_fp8,
            [](Arena&, Fp8GemmArgs& g) { g.a_scales.data = g.d.data; }, Status::invalid_argument,
            {"d overlaps a_scales in memory"}),
+    reject("QuantizeFp8CopiesOverlap", valid_quantize_fp8,
+           [](Arena&, QuantizeWeightFp8Args& q) { q.codes_t.data = q.codes.data; },
+           Status::invalid_argument, {"quantize_weight_fp8: codes overlaps codes_t in memory"}),
     reject("UndocumentedAlias", valid_k6,
            [](Arena&, RmsBackwardArgs& k6) {
              k6.dx = k6.x; // x is an input; dx may not alias it
@@ -739,6 +775,9 @@ TEST(ApiValidation, DocumentedAliasesAndDisjointViewsPass) {
   RmsScaleArgs k1 = valid_k1(ar);
   k1.rstd_out = {};
   EXPECT_EQ(api::validate(k1), Device::cpu);
+  QuantizeWeightFp8Args q = valid_quantize_fp8(ar);
+  q.codes_t = q.scales_t = {}; // no transposed copy
+  EXPECT_EQ(api::validate(q), Device::cpu);
   EXPECT_TRUE(ar.unchanged());
 }
 
@@ -798,6 +837,8 @@ TEST(ApiValidation, NullArgsThroughTheCAbi) {
   EXPECT_STREQ(coda_last_error(), "coda_gemm: args is NULL");
   EXPECT_EQ(coda_gemm_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
+  EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
   EXPECT_EQ(coda_cross_entropy(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_cross_entropy: args is NULL");
   coda_tensor t{};

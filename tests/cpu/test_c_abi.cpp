@@ -345,6 +345,94 @@ TEST(CAbi, GemmFp8MatchesCppApiAndRejectsBadInput) {
   EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
 }
 
+// The weight quantizer through the C ABI (coda_quantize_weight_fp8 on
+// coda_quantize_weight_fp8_args, built here field by field as a C caller would) gives the C++
+// entry point's bytes, with the transposed copy and without it (codes_t and scales_t left zero:
+// absent), on a weight ragged against the blocks with a NaN block and an infinity block; a bad
+// call returns its status and the validator's message, and leaves every output byte as it was.
+TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
+  constexpr int64_t N = 208, K = 304; // blocks of 128 and 80 rows, of 128, 128 and 48 columns
+  const int64_t nb = num_fp8_scale_blocks(N), kb = num_fp8_scale_blocks(K);
+  test::Seeds seeds;
+  test::Fp8WeightCase cpp(N, K, DType::bf16, /*non_finite=*/true, seeds);
+  quantize_weight_fp8(cpp.args(true));
+  ASSERT_EQ(cpp.check(true), ""); // the format's definition, block by block
+
+  // The C call's outputs start as bytes the quantizer never writes (0xFF: a negative NaN code,
+  // which it writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so a byte the call
+  // left alone differs from the C++ call's.
+  test::HostTensor codes(DType::e4m3, {N, K}), scales(DType::e8m0, {nb, kb});
+  test::HostTensor codes_t(DType::e4m3, {K, N}), scales_t(DType::e8m0, {kb, nb});
+  const auto fill = [](test::HostTensor& t, uint8_t byte) {
+    std::memset(t.host_view().data, byte, size_t(t.numel()));
+  };
+  const auto fill_all = [&] {
+    fill(codes, 0xFF);
+    fill(codes_t, 0xFF);
+    fill(scales, 0xFE);
+    fill(scales_t, 0xFE);
+  };
+  const auto bytes = [](test::HostTensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
+    return std::vector<uint8_t>(p, p + t.numel());
+  };
+  const auto untouched = [&](test::HostTensor& t, uint8_t byte) {
+    return bytes(t) == std::vector<uint8_t>(size_t(t.numel()), byte);
+  };
+
+  const coda_device host = CODA_DEVICE_CPU;
+  const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
+  coda_quantize_weight_fp8_args ca{};
+  ca.w = coda_matrix(ptr(cpp.w), CODA_BF16, N, K, host);
+  ca.codes = coda_matrix(ptr(codes), CODA_E4M3, N, K, host);
+  ca.scales = coda_matrix(ptr(scales), CODA_E8M0, nb, kb, host);
+  coda_quantize_weight_fp8_args without_t = ca; // codes_t and scales_t zero: absent
+  ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, N, host);
+  ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, kb, nb, host);
+
+  fill_all();
+  ASSERT_EQ(coda_quantize_weight_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
+  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
+  EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
+  EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
+
+  fill_all();
+  ASSERT_EQ(coda_quantize_weight_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
+  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
+  EXPECT_TRUE(untouched(codes_t, 0xFF) && untouched(scales_t, 0xFE))
+      << "an absent copy was written";
+
+  const auto expect_rejected = [&](const coda_quantize_weight_fp8_args& bad, coda_status status,
+                                   const char* message) {
+    fill_all();
+    EXPECT_EQ(coda_quantize_weight_fp8(&bad, nullptr), status);
+    EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
+    EXPECT_TRUE(untouched(codes, 0xFF) && untouched(codes_t, 0xFF) && untouched(scales, 0xFE) &&
+                untouched(scales_t, 0xFE))
+        << "a rejected call wrote an output: " << message;
+  };
+  coda_quantize_weight_fp8_args bad = ca;
+  bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
+  expect_rejected(bad, CODA_TYPE_ERROR, "quantize_weight_fp8: scales must be e8m0; got f32");
+  bad = ca;
+  bad.scales_t.shape[0] = nb, bad.scales_t.shape[1] = kb; // the shape of scales, not transposed
+  expect_rejected(bad, CODA_INVALID_ARGUMENT,
+                  "scales_t must have shape [ceil(K/128), ceil(N/128)] = [3, 2]; got [2, 3]");
+  bad = without_t;
+  bad.scales_t = ca.scales_t;
+  expect_rejected(bad, CODA_INVALID_ARGUMENT,
+                  "quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or "
+                  "neither");
+  bad = ca;
+  bad.w.shape[1] = bad.codes.shape[1] = K - 8; // rows still K elements apart
+  expect_rejected(bad, CODA_NOT_SUPPORTED, "quantize_weight_fp8: K must be a multiple of 16");
+  for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t}) EXPECT_TRUE(t->guard_intact());
+  EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
+}
+
 // Interleave and deinterleave on padded rows, through both interfaces: fused row 2j is gate row
 // j, fused row 2j + 1 is up row j, padding is never written, and the round trip is exact.
 template <class T> void check_gate_up(DType dtype, coda_dtype c_dtype) {
