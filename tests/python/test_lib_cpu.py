@@ -337,6 +337,103 @@ def test_gemm_fp8_bad_input_raises_the_validators_message():
     assert all(math.isnan(v) for v in t["d"].values())  # nothing written on failure
 
 
+# A weight [N, K] = [144, 144] of 2 x 2 blocks of 128 x 128 (the last row and column of blocks
+# 16 wide), f32, zero except where written here, and its codes and scales worked out by hand.
+# A block's scale byte is k + 127 for the smallest k with amax <= 448 2^k (at least -126), its
+# codes w 2^-k rounded to the nearest E4M3 value (ties to the even code).
+QW_N = QW_K = 144
+QW_VALUES = {
+    # block (0, 0): amax 3, so k = -7 (448 2^-8 = 1.75 < 3 <= 3.5), scale byte 120; codes of w 2^7:
+    (0, 0): (3.0, 0x7C),  # 384 = 1.5 2^8: exponent field 8 + 7, mantissa 4
+    (1, 2): (1.0, 0x70),  # 128 = 2^7
+    (5, 127): (-0.5, 0xE8),  # -64 = -2^6: sign, exponent field 13
+    (127, 64): (0.01, 0x3A),  # 1.28 (in f32, just under): nearest 1.25 = 1 + 2/8
+    (10, 10): (1.0625 / 128, 0x38),  # 1.0625, halfway from 1 to 1.125: the even code, 1
+    (11, 11): (1.1875 / 128, 0x3A),  # 1.1875, halfway from 1.125 to 1.25: the even code, 1.25
+    (64, 3): (2.0 ** -14, 0x04),  # 2^-7 = 4 2^-9: a subnormal
+    # block (0, 1): an infinity: scale byte 0xFF (NaN), every code 0x7F (NaN), the 1.0 included
+    (3, 130): (float("inf"), 0x7F),
+    (4, 140): (1.0, 0x7F),
+    # block (1, 0): zeros only: k = -126, scale byte 1, codes 0
+    # block (1, 1): amax 1000, so k = 2 (896 < 1000 <= 1792), scale byte 129; codes of w 2^-2:
+    (128, 128): (1000.0, 0x78),  # 250 = 1.953 2^7 rounds up to 256 = 2^8 (the carry)
+    (143, 143): (-1.0, 0xA8),  # -0.25 = -2^-2
+    (140, 129): (0.001, 0x00),  # 0.00025, under half of 2^-9: zero
+}
+QW_SCALES = [[120, 0xFF], [1, 129]]  # [ceil(N/128), ceil(K/128)]
+
+
+def quantize_weight_problem():
+    w = [0.0] * (QW_N * QW_K)
+    codes = [[0x7F if (n < 128 and k >= 128) else 0 for k in range(QW_K)] for n in range(QW_N)]
+    for (n, k), (value, code) in QW_VALUES.items():
+        w[n * QW_K + k], codes[n][k] = value, code
+    tensors = {
+        "w": Host(L.F32, (QW_N, QW_K), w),
+        "codes": Host(L.E4M3, (QW_N, QW_K)),  # 0xFF: bytes the quantizer never writes
+        "scales": Host(L.E8M0, (2, 2)),  # 0xFF: written only for the infinity's block
+        "codes_t": Host(L.E4M3, (QW_K, QW_N)),
+        "scales_t": Host(L.E8M0, (2, 2)),
+    }
+    return tensors, codes
+
+
+def quantize_weight_args(t, transposed=True):
+    args = L.QuantizeWeightFp8Args()
+    for name in ("w", "codes", "scales") + (("codes_t", "scales_t") if transposed else ()):
+        setattr(args, name, t[name].view)
+    return args
+
+
+def test_quantize_weight_fp8_by_hand():
+    """coda_quantize_weight_fp8 through ctypes on the CPU backend: an f32 weight in an array('f'),
+    its E4M3 codes and E8M0 scale bytes in array('B') buffers, as worked out by hand
+    (QW_VALUES), bit for bit; the transposed copy is the same bytes transposed; without it,
+    codes_t and scales_t are absent and stay as they were."""
+    library_or_skip()
+    t, codes = quantize_weight_problem()
+    L.quantize_weight_fp8(quantize_weight_args(t))
+    assert t["codes"].rows() == codes
+    assert t["scales"].rows() == QW_SCALES
+    assert t["codes_t"].rows() == transpose(codes)
+    assert t["scales_t"].rows() == transpose(QW_SCALES)
+
+    t, codes = quantize_weight_problem()
+    args = quantize_weight_args(t, transposed=False)
+    assert args.codes_t.data is None and args.scales_t.data is None  # absent
+    L.quantize_weight_fp8(args)
+    assert t["codes"].rows() == codes
+    assert t["scales"].rows() == QW_SCALES
+    assert set(t["codes_t"].values()) == set(t["scales_t"].values()) == {0xFF}
+
+
+def test_quantize_weight_fp8_bad_input_raises_the_validators_message():
+    """A bad call raises the validator's message as the mapped exception and writes nothing."""
+    library_or_skip()
+    t, _ = quantize_weight_problem()
+    args = quantize_weight_args(t)
+    args.codes_t = L.absent()  # scales_t alone
+    with pytest.raises(ValueError) as e:
+        L.quantize_weight_fp8(args)
+    assert isinstance(e.value, L.InvalidArgument)
+    assert ("quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or neither"
+            in str(e.value))
+
+    args = quantize_weight_args(t)
+    args.w = L.tensor(t["w"].buf.buffer_info()[0], L.I32, (QW_N, QW_K))
+    with pytest.raises(TypeError) as e:
+        L.quantize_weight_fp8(args)
+    assert "quantize_weight_fp8: w must be bf16, f16 or f32; got i32" in str(e.value)
+
+    args = quantize_weight_args(t)  # K = 136 of rows 144 elements apart: not supported
+    args.w = L.tensor(t["w"].buf.buffer_info()[0], L.F32, (QW_N, 136), (QW_K, 1))
+    with pytest.raises(NotImplementedError) as e:
+        L.quantize_weight_fp8(args)
+    assert "quantize_weight_fp8: K must be a multiple of 16" in str(e.value)
+    for name in ("codes", "scales", "codes_t", "scales_t"):  # nothing written on failure
+        assert set(t[name].values()) == {0xFF}, name
+
+
 def test_errors_map_to_python_exceptions():
     library_or_skip()
     a = Host(L.BF16, (4, 16), [1.0] * 64)
