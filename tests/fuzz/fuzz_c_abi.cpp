@@ -559,6 +559,30 @@ void fuzz_gemm_fp8(Call& c) {
   c.run("coda_gemm_fp8", [&] { return coda_gemm_fp8(&a, nullptr); });
 }
 
+// The weight quantizer: a bf16, f16 or f32 weight (a decision may add NaN or infinity, whose
+// block gets the NaN scale), N and K multiples of 16 up to three 128-wide blocks each, the last
+// one short. The transposed copy is present by default; when a decision drops codes_t, scales_t
+// is absent too unless a second decision keeps it, which the rules reject.
+void fuzz_quantize_weight_fp8(Call& c) {
+  Reader& in = c.in();
+  const int64_t n = 16 * in.dim(17), k = 16 * in.dim(20);
+  const int32_t dtypes[] = {CODA_BF16, CODA_F16, CODA_F32};
+  const int32_t w_dtype = dtypes[in.byte() % 3];
+  const int64_t n_blocks = (n + 127) / 128, k_blocks = (k + 127) / 128;
+  coda_quantize_weight_fp8_args a{};
+  a.w = c.input("w", w_dtype, {n, k}, -4.f, 4.f);
+  a.codes = c.output("codes", CODA_E4M3, {n, k});
+  a.scales = c.output("scales", CODA_E8M0, {n_blocks, k_blocks});
+  a.codes_t = c.optional("codes_t", Role::output, CODA_E4M3, {k, n}, true);
+  if (a.codes_t.data != nullptr) {
+    a.scales_t = c.output("scales_t", CODA_E8M0, {k_blocks, n_blocks});
+  } else {
+    a.scales_t = c.optional("scales_t", Role::output, CODA_E8M0, {k_blocks, n_blocks});
+    if (a.scales_t.data != nullptr) c.mark_broken("scales_t without codes_t");
+  }
+  c.run("coda_quantize_weight_fp8", [&] { return coda_quantize_weight_fp8(&a, nullptr); });
+}
+
 void fuzz_residual_rms(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(20), k = in.dim8(8);
@@ -946,11 +970,23 @@ void fuzz_llama(Call& c) {
 
 using Entry = void (*)(Call&);
 constexpr Entry kEntries[] = {
-    fuzz_gemm,         fuzz_residual_rms,    fuzz_rms_scale,     fuzz_rms_swiglu,
-    fuzz_rms_rope,     fuzz_rms_lse,         fuzz_rms_backward,  fuzz_swiglu_backward,
-    fuzz_reductions,   fuzz_rope_backward,   fuzz_cross_entropy, fuzz_gate_up,
-    fuzz_size_queries, fuzz_llama,
-    fuzz_rms_geglu,    fuzz_gemm_fp8, // appended: earlier inputs still pick the entry they did
+    fuzz_gemm,
+    fuzz_residual_rms,
+    fuzz_rms_scale,
+    fuzz_rms_swiglu,
+    fuzz_rms_rope,
+    fuzz_rms_lse,
+    fuzz_rms_backward,
+    fuzz_swiglu_backward,
+    fuzz_reductions,
+    fuzz_rope_backward,
+    fuzz_cross_entropy,
+    fuzz_gate_up,
+    fuzz_size_queries,
+    fuzz_llama,
+    fuzz_rms_geglu,
+    fuzz_gemm_fp8,
+    fuzz_quantize_weight_fp8, // appended: earlier inputs still pick the entry they did
 };
 
 } // namespace

@@ -14,13 +14,17 @@ import sys
 
 ENTRIES = ["gemm", "residual_rms", "rms_scale", "rms_swiglu", "rms_rope", "rms_lse",
            "rms_backward", "swiglu_backward", "reductions", "rope_backward", "cross_entropy",
-           "gate_up", "size_queries", "llama", "rms_geglu", "gemm_fp8"]
+           "gate_up", "size_queries", "llama", "rms_geglu", "gemm_fp8", "quantize_weight_fp8"]
 SEED = bytes([0x12, 0x34, 0x56, 0x78])
 
 # Dimension and sub-case bytes after the seed, per entry (several cases each).
 CASES = {
     "gemm": [[layout, m, n, k] for layout in range(3) for (m, n, k) in [(0, 0, 0), (4, 2, 36)]],
     "gemm_fp8": [[0, 0, 0], [36, 16, 18]],  # M 37, N 136, K 304: K blocks 128, 128, 48
+    # N, K, w's dtype (bf16, f16, f32): N 16, K 16; N 272, K 304 (blocks 128, 128 and 16 by
+    # 128, 128 and 48); N 144, K 208 without the transposed copy (the byte after w's three, codes'
+    # two and scales' two drops codes_t, and scales_t with it)
+    "quantize_weight_fp8": [[0, 0, 0], [16, 18, 2], [8, 12, 1] + [0] * 7 + [3]],
     "residual_rms": [[0, 0, 0], [36, 17, 3]],
     "rms_scale": [[0, 0, 0], [36, 5, 7]],
     "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
