@@ -163,11 +163,14 @@ TEST(FusedOps, ScalarReduceAddStoreAndColumnPartials) {
   }
 }
 
-// ---- z = round(acc) stored, and z quantized to E4M3 in 1 x 128 blocks (QuantizeRowBlocks)
+// ---- z = round(acc) stored, and z quantized to E4M3 in 1 x 128 blocks (QuantizeRowBlocks). The
+// Stage rounds in the prepass (Stage<T, true>), so that the op's prepass takes the amax of z as
+// stored: with the rounding in the subtile visit, after the prepass, a block whose fp32 amax
+// rounds up past 448 * 2^k would be scaled for the smaller value and its largest code saturate.
 
 template <class S, class T>
-using QuantizeEpilogue =
-    ep::FusedEpilogue<S, ep::Stage<T>, ep::QuantizeRowBlocks<S>, ep::TileStore<S, T>>;
+using QuantizeEpilogue = ep::FusedEpilogue<S, ep::Stage<T, /*kPrepass=*/true>,
+                                           ep::QuantizeRowBlocks<S>, ep::TileStore<S, T>>;
 
 // The codes and scales against the format's definition (tests/common/fp8_case.hpp: the exponent
 // and the nearest code by search) applied to z as the kernel stored it, bit for bit: the op

@@ -18,6 +18,9 @@
 // Stores: each thread writes its column pairs (two bytes per row and 8-column group) and lane 0
 // of each quad its rows' scale bytes, straight to global memory. Not yet through shared memory
 // and a TMA store: that is a measured decision for later (docs/fp8.md).
+// After a rounding Stage on the register schedules, the list takes Stage<T, /*kPrepass=*/true>:
+// the amax is taken in the prepass, so the value must be rounded by then (as the host's RoundTo
+// has it; on the staged schedules the staged tile is rounded already).
 // Shapes: tiles of whole 128-column blocks (cooperative 128 x 256, ping-pong 128 x 128,
 // staged_wide); not the staged schedule's 128 x 192 tile, which cuts a block.
 #pragma once
