@@ -31,8 +31,10 @@
 // ratios over the 24 block GEMMs, and writes
 //   {"gpu", "date", "commit", "runs", "tensorwise_fast_accum", "cases": [{"name", "layout", "m",
 //    "n", "k", "coda_ms", "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms",
-//    "agree", "max_rel_err", "scale_layout"}]}
-// ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case).
+//    "coda_wgrad_form_ms", "agree", "max_rel_err", "scale_layout"}]}
+// ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
+// "coda_wgrad_form_ms": coda on the same shape in the weight gradient's form, B scaled by rows
+// and an f32 D added into, the cost of its per-column promotion and fp32 read-modify-write).
 // coda's output is not checked against a reference here: tests/gpu/test_gemm_fp8.cu does that;
 // agreement with cuBLASLt is this benchmark's check.
 #include <algorithm>
@@ -227,6 +229,8 @@ private:
 struct Result {
   bench::GemmCase c;
   double coda_ms = NAN, block_ms = NAN, tensor_ms = NAN, bf16_ms = NAN; // NaN: not timed
+  // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
+  double coda_wgrad_form_ms = NAN;
   bool agree = false;
   double max_rel_err = NAN; // the chosen layout pair's; the smallest tried where none agrees
   std::string scale_layout; // "a:<layout>,b:<layout>" (a: activations, b: weight); "": none
@@ -251,10 +255,13 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   Buffer d_coda(size_t(m * n * 2)), d_block(size_t(m * n * 2)), d_tensor(size_t(m * n * 2)),
       d_bf16(size_t(m * n * 2));
   Buffer a16(size_t(m * k * 2)), b16(size_t(n * k * 2)), ones(2 * sizeof(float));
+  Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
   fill_e8m0<<<256, 256, 0, s>>>(b_scales.as<uint8_t>(), nb * kb, seed_of(4));
+  fill_e8m0<<<256, 256, 0, s>>>(b_row_scales.as<uint8_t>(), n * kb, seed_of(7));
+  check(cudaMemsetAsync(d_f32.p, 0, d_f32.bytes, s), "zero the f32 D");
   bench::fill_uniform<<<1024, 256, 0, s>>>(a16.as<__nv_bfloat16>(), m * k, seed_of(5), -1.f, 1.f);
   bench::fill_uniform<<<1024, 256, 0, s>>>(b16.as<__nv_bfloat16>(), n * k, seed_of(6), -1.f, 1.f);
   check(cudaGetLastError(), "fill");
@@ -272,6 +279,13 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaMemsetAsync(d_coda.p, 0xff, d_coda.bytes, s), "poison D"); // NaN where not written
   coda::gemm_fp8(args, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8");
+  coda::Fp8GemmArgs wgrad_form = args;
+  wgrad_form.b_scales = bench::view(b_row_scales, coda::DType::e8m0, n, kb);
+  wgrad_form.b_scaling = coda::Fp8BScaling::rows;
+  wgrad_form.d = bench::view(d_f32, coda::DType::f32, m, n);
+  wgrad_form.accumulate = true;
+  coda::gemm_fp8(wgrad_form, s);
+  check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
   const std::vector<ScaleLayout> a_layouts = scale_layouts(m, kb),
@@ -347,11 +361,13 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   }
 
   auto run_coda = [&] { coda::gpu::gemm_fp8(args, s); };
+  auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
   auto run_block = [&] { block.run(a.p, b.p, d_block.p, s); };
   auto run_tensor = [&] { tensor.run(a.p, b.p, d_tensor.p, s); };
   auto run_bf16 = [&] { bf16->run(a16.p, b16.p, d_bf16.p, s); };
   for (int i = 0; i < 5; ++i) {
     run_coda();
+    run_wgrad_form();
     if (block_ready) run_block();
     if (tensor.ok()) run_tensor();
     if (bf16) run_bf16();
@@ -359,14 +375,16 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_coda, t_block, t_tensor, t_bf16;
+  std::vector<float> t_coda, t_block, t_tensor, t_bf16, t_wgrad_form;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
+    timer.timed(run_wgrad_form, t_wgrad_form);
     if (block_ready) timer.timed(run_block, t_block);
     if (tensor.ok()) timer.timed(run_tensor, t_tensor);
     if (bf16) timer.timed(run_bf16, t_bf16);
   }
   r.coda_ms = bench::median(t_coda);
+  r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
   r.block_ms = bench::median(t_block); // NaN where empty
   r.tensor_ms = bench::median(t_tensor);
   r.bf16_ms = bench::median(t_bf16);
@@ -477,6 +495,7 @@ int main(int argc, char** argv) {
     geomean(&Result::block_ms, "cublas_blockscaled_ms");
     geomean(&Result::tensor_ms, "cublas_tensorwise_ms");
     geomean(&Result::bf16_ms, "cublas_bf16_ms");
+    geomean(&Result::coda_wgrad_form_ms, "coda_wgrad_form_ms");
     int mismatches = 0;
     for (const Result& r : results) mismatches += !r.agree;
     if (mismatches > 0)
@@ -493,14 +512,16 @@ int main(int argc, char** argv) {
       std::fprintf(f,
                    "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
                    "%lld, \"coda_ms\": %s, \"cublas_blockscaled_ms\": %s, "
-                   "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, \"agree\": %s, "
+                   "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
+                   "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
                    "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
                    r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n,
                    (long long)r.c.k, json_number(r.coda_ms, "%.5f").c_str(),
                    json_number(r.block_ms, "%.5f").c_str(),
                    json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),
-                   r.agree ? "true" : "false", json_number(r.max_rel_err, "%.3e").c_str(),
-                   layout.c_str(), i + 1 < results.size() ? "," : "");
+                   json_number(r.coda_wgrad_form_ms, "%.5f").c_str(), r.agree ? "true" : "false",
+                   json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
+                   i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     return 0;

@@ -60,10 +60,16 @@ typedef struct coda_gemm_args {
   coda_tensor workspace;
 } coda_gemm_args;
 
+/* How b_scales scale b in coda_gemm_fp8: per 128 x 128 block (a weight) or per row and 128-wide
+ * block of K, as a_scales (the weight gradient's b, an activation). */
+typedef enum coda_fp8_b_scaling { CODA_FP8_B_BLOCKS = 0, CODA_FP8_B_ROWS = 1 } coda_fp8_b_scaling;
+
 typedef struct coda_fp8_gemm_args { /* coda_gemm_fp8; the shapes and dtypes at its prototype */
   coda_tensor a, a_scales;
   coda_tensor b, b_scales;
   coda_tensor d;
+  int32_t b_scaling;  /* coda_fp8_b_scaling */
+  int32_t accumulate; /* nonzero: d += product */
 } coda_fp8_gemm_args;
 
 typedef struct coda_quantize_weight_fp8_args { /* coda_quantize_weight_fp8; see its prototype */
@@ -164,17 +170,19 @@ typedef struct coda_cross_entropy_args { /* dlogits may alias logits */
 CODA_API coda_status coda_gemm(const coda_gemm_args* args, coda_stream_t stream);
 /* Bytes of args->workspace coda_gemm(args) can use on the current device (0 on the CPU). */
 CODA_API coda_status coda_gemm_workspace_size(const coda_gemm_args* args, size_t* bytes);
-/* The block-scaled FP8 GEMM (coda::gemm_fp8, docs/fp8.md): D = dequant(A) dequant(B)^T with
+/* The block-scaled FP8 GEMM (coda::gemm_fp8, docs/fp8.md): D (+)= dequant(A) dequant(B)^T with
  *   a        [M, K]                       CODA_E4M3  activation codes, row-major
  *   a_scales [M, ceil(K/128)]             CODA_E8M0  one per row and 128-wide block of K
  *   b        [N, K]                       CODA_E4M3  the weight as nn.Linear stores it
- *   b_scales [ceil(N/128), ceil(K/128)]   CODA_E8M0  one per 128 x 128 block of b
- *   d        [M, N]                       CODA_BF16
+ *   b_scales [ceil(N/128), ceil(K/128)]   CODA_E8M0  CODA_FP8_B_BLOCKS: one per 128 x 128 block
+ *            [N, ceil(K/128)]             CODA_E8M0  CODA_FP8_B_ROWS: one per row and K block
+ *   d        [M, N]                       CODA_BF16 or CODA_F32
  * where A(m, k) = a(m, k) 2^(a_scales(m, k/128) - 127) and B(n, k) = b(n, k) 2^(b_scales(n/128,
- * k/128) - 127). Per element, each 128-deep block of K is summed in fp32 and added to the fp32
- * accumulator times its two scales, block after block; D is rounded once. M >= 1 is arbitrary,
- * N a multiple of 8 and K of 16 (16-byte rows); the last K block may be short. A scale byte 0xFF
- * (NaN) makes the outputs it scales NaN. No workspace, no C, no alpha. */
+ * k/128) - 127), or 2^(b_scales(n, k/128) - 127) by rows. Per element, each 128-deep block of K is
+ * summed in fp32 and added to the fp32 accumulator times its two scales, block after block; with
+ * accumulate, d's old value is added last; D is rounded once. M >= 1 is arbitrary, N a multiple
+ * of 8 and K of 16 (16-byte rows); the last K block may be short. A scale byte 0xFF (NaN) makes
+ * the outputs it scales NaN. No workspace, no alpha. */
 CODA_API coda_status coda_gemm_fp8(const coda_fp8_gemm_args* args, coda_stream_t stream);
 /* A weight's FP8 copies for coda_gemm_fp8 (coda::quantize_weight_fp8, docs/fp8.md), made from
  * its master copy:

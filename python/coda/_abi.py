@@ -44,6 +44,8 @@ GEMM_DGRAD = 1
 GEMM_WGRAD = 2
 LOSS_MEAN = 0
 LOSS_SUM = 1
+FP8_B_BLOCKS = 0
+FP8_B_ROWS = 1
 
 
 class Tensor(Structure):  # coda_tensor, C++ coda::TensorView
@@ -141,7 +143,7 @@ class GemmArgs(Structure):  # coda_gemm_args, C++ coda::GemmArgs
 
 class Fp8GemmArgs(Structure):  # coda_fp8_gemm_args, C++ coda::Fp8GemmArgs
     _fields_ = [("a", Tensor), ("a_scales", Tensor), ("b", Tensor), ("b_scales", Tensor),
-        ("d", Tensor)]
+        ("d", Tensor), ("b_scaling", c_int32), ("accumulate", c_int32)]
 
 
 class QuantizeWeightFp8Args(Structure):  # coda_quantize_weight_fp8_args, C++ coda::QuantizeWeightFp8Args

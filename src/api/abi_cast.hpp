@@ -41,6 +41,9 @@ static_assert(CODA_GEMM_FWD == int(GemmLayout::fwd) && CODA_GEMM_DGRAD == int(Ge
 static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
                   CODA_LOSS_SUM == int(LossReduction::sum),
               "coda_loss_reduction must equal coda::LossReduction");
+static_assert(CODA_FP8_B_BLOCKS == int(Fp8BScaling::blocks) &&
+                  CODA_FP8_B_ROWS == int(Fp8BScaling::rows),
+              "coda_fp8_b_scaling must equal coda::Fp8BScaling");
 static_assert(CODA_REDUCE_BLOCK == kReduceBlock &&
                   CODA_STAGED_REDUCE_BLOCK == kStagedReduceBlock && CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");

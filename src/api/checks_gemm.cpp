@@ -60,9 +60,19 @@ Device validate(const Fp8GemmArgs& args) {
   v.gemm_dim("N", N, "b"); // d's 16-byte rows
   const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
   v.input("a_scales", args.a_scales, Elem::e8m0, {exactly("M", M), k_blocks});
-  v.input("b_scales", args.b_scales, Elem::e8m0,
-          {exactly("ceil(N/128)", num_fp8_scale_blocks(N)), k_blocks});
-  v.output("d", args.d, Elem::bf16, {exactly("M", M), exactly("N", N)});
+  switch (args.b_scaling) {
+  case Fp8BScaling::blocks:
+    v.input("b_scales", args.b_scales, Elem::e8m0,
+            {exactly("ceil(N/128)", num_fp8_scale_blocks(N)), k_blocks});
+    break;
+  case Fp8BScaling::rows:
+    v.input("b_scales", args.b_scales, Elem::e8m0, {exactly("N", N), k_blocks});
+    break;
+  default:
+    v.fail(Status::invalid_argument, "b_scaling must be blocks (0) or rows (1); got " +
+                                         std::to_string(int32_t(args.b_scaling)));
+  }
+  v.output("d", args.d, Elem::bf16_or_f32, {exactly("M", M), exactly("N", N)});
   return v.finish();
 }
 

@@ -39,6 +39,8 @@ Accepted accepted(Elem elem) {
     return {half | bit(DType::f32), "bf16, f16 or f32"};
   case Elem::bf16:
     return {bit(DType::bf16), "bf16"};
+  case Elem::bf16_or_f32:
+    return {bit(DType::bf16) | bit(DType::f32), "bf16 or f32"};
   case Elem::e4m3:
     return {bit(DType::e4m3), "e4m3"};
   case Elem::e8m0:
@@ -53,7 +55,7 @@ Accepted accepted(Elem elem) {
 // (read a byte at a time) do not.
 bool needs_16_byte_rows(const TensorView& t, Elem elem) {
   return t.rank == 2 && (elem == Elem::half || elem == Elem::half_or_f32 || elem == Elem::bf16 ||
-                         elem == Elem::e4m3);
+                         elem == Elem::bf16_or_f32 || elem == Elem::e4m3);
 }
 
 std::string expected_names(std::initializer_list<Dim> shape) {

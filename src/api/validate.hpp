@@ -41,7 +41,7 @@ inline Dim at_least_one(const char* name) { return {name, 0, Dim::Rule::at_least
 // share one dtype. Rank-2 `half`, `half_or_f32`, `bf16` and `e4m3` tensors are GEMM or TMA
 // operands, so their rows must start 16 bytes apart (row stride a multiple of 16 bytes). `e4m3`
 // and `e8m0` are the FP8 GEMM's codes and block scales (coda/core/fp8.hpp).
-enum class Elem { half, f32, i32, half_or_f32, any, bf16, e4m3, e8m0 };
+enum class Elem { half, f32, i32, half_or_f32, any, bf16, bf16_or_f32, e4m3, e8m0 };
 
 class Validator {
 public:

@@ -1,7 +1,8 @@
 // The block-scaled FP8 GEMM on the CPU, in the GPU kernel's order of operations: per output
 // element, each 128-deep K block's products of codes are summed, and that partial sum is promoted
 // into the fp32 accumulator with the block's scales (fp8_block_scale, fp8_promote: the functions
-// the kernel calls), block after block in K order; the store rounds once to bf16.
+// the kernel calls), block after block in K order; with `accumulate` d's old value is added
+// (ResidualAdd, as the 16-bit GEMM adds C), and the store rounds once to d's dtype.
 //
 // The one difference from the GPU is the partial sum itself: here it is exact, rounded once to
 // fp32 (a product of two E4M3 codes has at most 8 significant bits and lies in [2^-18, 448^2],
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "coda/core/fp8.hpp"
+#include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/store.hpp"
 #include "cpu/executor.hpp"
 
@@ -21,7 +23,8 @@ class Fp8GemmMainloop {
 public:
   explicit Fp8GemmMainloop(const Fp8GemmArgs& args)
       : k_(args.k()), k_blocks_(num_fp8_scale_blocks(k_)), a_(codes(args.a)), b_(codes(args.b)),
-        a_scales_(args.a_scales), b_scales_(args.b_scales) {}
+        a_scales_(args.a_scales), b_scales_(args.b_scales),
+        b_rows_per_scale_(args.b_scaling == Fp8BScaling::rows ? 1 : kFp8ScaleBlock) {}
 
   void operator()(const epilogue::HostFragment& frag) const {
     const epilogue::TileCoord& tile = frag.tile;
@@ -32,7 +35,7 @@ public:
         float acc = 0.f;
         for (int64_t kb = 0; kb < k_blocks_; ++kb) {
           const float scale = fp8_block_scale(scale_at(a_scales_, m, kb),
-                                              scale_at(b_scales_, n / kFp8ScaleBlock, kb));
+                                              scale_at(b_scales_, n / b_rows_per_scale_, kb));
           acc = fp8_promote(acc, block_sum(m, n, kb), scale);
         }
         frag.value(r, c) = acc;
@@ -66,6 +69,7 @@ private:
   int64_t k_, k_blocks_;
   std::vector<float> a_, b_; // [M, K], [N, K]
   TensorView a_scales_, b_scales_;
+  int64_t b_rows_per_scale_; // 128 (blocks) or 1 (rows)
 };
 
 } // namespace
@@ -73,7 +77,12 @@ private:
 void gemm_fp8(const Fp8GemmArgs& args) {
   const Fp8GemmMainloop mainloop(args);
   epilogue::TileStore store({args.d});
-  run_epilogue(mainloop, args.m(), args.n(), Tile{}, store);
+  if (args.accumulate) {
+    epilogue::ResidualAdd old_d({args.d, 1.f}); // each tile's d is read before it is stored
+    run_epilogue(mainloop, args.m(), args.n(), Tile{}, old_d, store);
+  } else {
+    run_epilogue(mainloop, args.m(), args.n(), Tile{}, store);
+  }
 }
 
 } // namespace coda::cpu

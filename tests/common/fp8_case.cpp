@@ -75,41 +75,67 @@ std::vector<float> to_floats(const std::vector<double>& v) {
 
 } // namespace
 
-Fp8GemmCase::Fp8GemmCase(int64_t m_, int64_t n_, int64_t k_, Seeds& seeds)
-    : m(m_), n(n_), k(k_),
+Fp8GemmCase::Fp8GemmCase(int64_t m_, int64_t n_, int64_t k_, Seeds& seeds, Options options_)
+    : m(m_), n(n_), k(k_), options(options_),
       qa(ref::quantize_fp8_blocks(block_varied(m, k, 1, seeds.next()), m, k, 1)),
-      qb(ref::quantize_fp8_blocks(block_varied(n, k, kFp8ScaleBlock, seeds.next()), n, k,
-                                  kFp8ScaleBlock)),
+      qb(ref::quantize_fp8_blocks(block_varied(n, k, b_block_rows(), seeds.next()), n, k,
+                                  b_block_rows())),
       a(bytes_tensor(DType::e4m3, m, k, qa.codes)),
       a_scales(bytes_tensor(DType::e8m0, m, num_fp8_scale_blocks(k), qa.scales)),
       b(bytes_tensor(DType::e4m3, n, k, qb.codes)),
-      b_scales(
-          bytes_tensor(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k), qb.scales)),
-      d(DType::bf16, {m, n}) {}
+      b_scales(bytes_tensor(DType::e8m0, (n + b_block_rows() - 1) / b_block_rows(),
+                            num_fp8_scale_blocks(k), qb.scales)),
+      d(options.d, {m, n}) {
+  if (options.accumulate) {
+    // Old values of the product's size, so that both terms of d + A Bᵀ matter.
+    d = HostTensor::of(options.d, {m, n}, random_doubles(size_t(m * n), seeds.next(), -4, 4));
+    d_before = d.values();
+  }
+}
+
+int64_t Fp8GemmCase::b_block_rows() const {
+  return options.b_scaling == Fp8BScaling::rows ? 1 : kFp8ScaleBlock;
+}
 
 Fp8GemmArgs Fp8GemmCase::args() {
   return {.a = a.view(),
           .a_scales = a_scales.view(),
           .b = b.view(),
           .b_scales = b_scales.view(),
-          .d = d.view()};
+          .d = d.view(),
+          .b_scaling = options.b_scaling,
+          .accumulate = options.accumulate};
 }
 
 std::vector<double> Fp8GemmCase::exact() const {
   const std::vector<double> da = ref::dequantize_fp8_blocks(qa, m, k, 1);
-  const std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, kFp8ScaleBlock);
+  const std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
   std::vector<double> out(size_t(m * n));
   ref::gemm(ref::Layout::fwd, m, n, k, da.data(), db.data(), out.data());
+  for (size_t i = 0; i < d_before.size(); ++i) out[i] += d_before[i];
   return out;
 }
 
 std::vector<double> Fp8GemmCase::unfused() const {
   const std::vector<float> fa = to_floats(ref::dequantize_fp8_blocks(qa, m, k, 1));
-  const std::vector<float> fb = to_floats(ref::dequantize_fp8_blocks(qb, n, k, kFp8ScaleBlock));
+  const std::vector<float> fb = to_floats(ref::dequantize_fp8_blocks(qb, n, k, b_block_rows()));
   std::vector<float> acc(size_t(m * n));
   ref::gemm_fp32(ref::Layout::fwd, m, n, k, fa.data(), fb.data(), acc.data());
   std::vector<double> out(acc.size());
-  for (size_t i = 0; i < acc.size(); ++i) out[i] = double(round_to<bf16>(acc[i]));
+  for (size_t i = 0; i < acc.size(); ++i) {
+    const float sum = d_before.empty() ? acc[i] : acc[i] + float(d_before[i]);
+    out[i] = options.d == DType::f32 ? double(sum) : double(round_to<bf16>(sum));
+  }
+  return out;
+}
+
+std::vector<double> Fp8GemmCase::magnitude() const {
+  std::vector<double> da = ref::dequantize_fp8_blocks(qa, m, k, 1);
+  std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
+  for (double& v : da) v = std::fabs(v);
+  for (double& v : db) v = std::fabs(v);
+  std::vector<double> out(size_t(m * n));
+  ref::gemm(ref::Layout::fwd, m, n, k, da.data(), db.data(), out.data());
   return out;
 }
 

@@ -25,19 +25,36 @@ int e4m3_nearest_code(float x);
 // fp64, at least -126; kNoScale for a block holding a NaN or an infinity.
 int e4m3_block_exponent(const float* block, int64_t n);
 
-struct Fp8GemmCase {
-  int64_t m, n, k;
-  ref::Fp8Blocks qa, qb;                  // the operands as quantized: a [M, K], b [N, K]
-  HostTensor a, a_scales, b, b_scales, d; // the call's tensors; d bf16 [M, N], poisoned (NaN)
+// An FP8 GEMM call's variant: how b_scales scale b, d's dtype, and whether d accumulates (then d
+// holds random old values, else NaN).
+struct Fp8GemmOptions {
+  Fp8BScaling b_scaling = Fp8BScaling::blocks;
+  DType d = DType::bf16;
+  bool accumulate = false;
+};
 
-  Fp8GemmCase(int64_t m, int64_t n, int64_t k, Seeds& seeds);
+struct Fp8GemmCase {
+  using Options = Fp8GemmOptions;
+  int64_t m, n, k;
+  Options options;
+  ref::Fp8Blocks qa, qb;                  // the operands as quantized: a [M, K], b [N, K]
+  HostTensor a, a_scales, b, b_scales, d; // the call's tensors, d [M, N] guarded
+  std::vector<double> d_before;           // accumulate: d's old values
+
+  Fp8GemmCase(int64_t m, int64_t n, int64_t k, Seeds& seeds, Options options = {});
   // The views of the tensors (HostTensor::view: device copies under a DeviceMirror).
   Fp8GemmArgs args();
-  // fp64 GEMM of the dequantized operands (the values the codes and scales stand for, exactly).
+  // Rows of b per scale: 128 (blocks) or 1 (rows).
+  int64_t b_block_rows() const;
+  // fp64 GEMM of the dequantized operands (the values the codes and scales stand for, exactly),
+  // plus d's old values when it accumulates.
   std::vector<double> exact() const;
   // The ordinary unfused path: the dequantized operands in fp32, multiplied with fp32
-  // accumulation in K order, rounded once to bf16.
+  // accumulation in K order, d's old value added in fp32, rounded once to d's dtype.
   std::vector<double> unfused() const;
+  // Per element, the sum over K of |A(m, k) B(n, k)| of the dequantized operands, in fp64: the
+  // scale of the rounding errors of any order of summation.
+  std::vector<double> magnitude() const;
 };
 
 // One weight to quantize (QuantizeWeightFp8Args) for the CPU and GPU suites: values of one

@@ -396,6 +396,17 @@ const Rejection kRejections[] = {
     reject("Fp8ScaleBlocksAreCeilOfK", valid_fp8,
            [](Arena&, Fp8GemmArgs& g) { g.a_scales.shape[1] = 1; }, Status::invalid_argument,
            {"gemm_fp8: a_scales must have shape [M, ceil(K/128)] = [5, 2]; got [5, 1]"}),
+    reject("Fp8RowScalesOfBHaveARowPerRow", valid_fp8,
+           [](Arena&, Fp8GemmArgs& g) { g.b_scaling = Fp8BScaling::rows; },
+           Status::invalid_argument,
+           {"gemm_fp8: b_scales must have shape [N, ceil(K/128)] = [16, 2]; got [1, 2]"}),
+    reject("Fp8UnknownBScaling", valid_fp8,
+           [](Arena&, Fp8GemmArgs& g) { g.b_scaling = static_cast<Fp8BScaling>(-1); },
+           Status::invalid_argument,
+           {"gemm_fp8: b_scaling must be blocks (0) or rows (1); got -1"}),
+    reject("Fp8OutputIsBf16OrF32", valid_fp8,
+           [](Arena& ar, Fp8GemmArgs& g) { g.d = ar.out_matrix(f16, M, N); }, Status::type_error,
+           {"gemm_fp8: d must be bf16 or f32; got f16"}),
     reject("QuantizeFp8TransposedScalesAreTransposed", valid_quantize_fp8,
            [](Arena&, QuantizeWeightFp8Args& q) {
              std::swap(q.scales_t.shape[0], q.scales_t.shape[1]);

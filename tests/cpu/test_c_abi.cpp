@@ -345,6 +345,43 @@ TEST(CAbi, GemmFp8MatchesCppApiAndRejectsBadInput) {
   EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
 }
 
+// The weight gradient's form of the FP8 GEMM through the C ABI: b scaled per row
+// (CODA_FP8_B_ROWS) and an f32 d accumulated into, set field by field, gives the C++ entry
+// point's bits.
+TEST(CAbi, GemmFp8ByRowsAccumulatingMatchesCppApi) {
+  constexpr int64_t M = 37, N = 136, K = 272;
+  test::Seeds seeds;
+  test::Fp8GemmCase cpp(M, N, K, seeds, {Fp8BScaling::rows, DType::f32, /*accumulate=*/true});
+  test::HostTensor d_c = cpp.d; // the same old values
+  gemm_fp8(cpp.args());
+
+  const coda_device host = CODA_DEVICE_CPU;
+  const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
+  coda_fp8_gemm_args ca{};
+  ca.a = coda_matrix(ptr(cpp.a), CODA_E4M3, M, K, host);
+  ca.a_scales = coda_matrix(ptr(cpp.a_scales), CODA_E8M0, M, num_fp8_scale_blocks(K), host);
+  ca.b = coda_matrix(ptr(cpp.b), CODA_E4M3, N, K, host);
+  ca.b_scales = coda_matrix(ptr(cpp.b_scales), CODA_E8M0, N, num_fp8_scale_blocks(K), host);
+  ca.d = coda_matrix(ptr(d_c), CODA_F32, M, N, host);
+  ca.b_scaling = CODA_FP8_B_ROWS;
+  ca.accumulate = 1;
+  ASSERT_EQ(coda_gemm_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
+  const auto bits = [](test::HostTensor& t) {
+    const auto* p = static_cast<const uint32_t*>(t.host_view().data);
+    return std::vector<uint32_t>(p, p + t.numel());
+  };
+  EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c)));
+  CODA_EXPECT_PASSES(test::check_output("d", d_c, cpp.exact(), cpp.unfused()));
+
+  coda_fp8_gemm_args bad = ca;
+  bad.b_scaling = 7;
+  EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error()).find("b_scaling must be blocks (0) or rows (1); got 7"),
+            std::string::npos)
+      << coda_last_error();
+  EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c))) << "a rejected call wrote d";
+}
+
 // The weight quantizer through the C ABI (coda_quantize_weight_fp8 on
 // coda_quantize_weight_fp8_args, built here field by field as a C caller would) gives the C++
 // entry point's bytes, with the transposed copy and without it (codes_t and scales_t left zero:

@@ -28,27 +28,44 @@ struct Shape {
 // to several with a short last one (528 = 4 x 128 + 16).
 const Shape kShapes[] = {{1, 8, 16}, {127, 264, 1024}, {300, 136, 528}, {129, 392, 128}};
 
+// The call's variants: B scaled by blocks (forward, input gradient) or by rows (weight gradient),
+// d bf16 or f32, overwritten or accumulated into.
+const Fp8GemmCase::Options kVariants[] = {
+    {Fp8BScaling::blocks, DType::bf16, false}, {Fp8BScaling::rows, DType::bf16, false},
+    {Fp8BScaling::rows, DType::f32, true},     {Fp8BScaling::blocks, DType::f32, false},
+    {Fp8BScaling::blocks, DType::bf16, true},
+};
+std::string label(const Fp8GemmCase::Options& o) {
+  return std::string(o.b_scaling == Fp8BScaling::rows ? "b by rows" : "b by blocks") + ", d " +
+         dtype_name(o.d) + (o.accumulate ? ", accumulating" : "");
+}
+
 TEST(Fp8Gemm, MatchesTheFp64ReferenceOnRaggedShapes) {
-  for (const Shape& s : kShapes) {
-    SCOPED_TRACE("M " + std::to_string(s.m) + " N " + std::to_string(s.n) + " K " +
-                 std::to_string(s.k));
-    Seeds seeds;
-    Fp8GemmCase c(s.m, s.n, s.k, seeds);
-    gemm_fp8(c.args());
-    CODA_EXPECT_PASSES(check_output("d", c.d, c.exact(), c.unfused()));
-  }
+  for (const Fp8GemmCase::Options& o : kVariants)
+    for (const Shape& s : kShapes) {
+      SCOPED_TRACE(label(o) + ": M " + std::to_string(s.m) + " N " + std::to_string(s.n) + " K " +
+                   std::to_string(s.k));
+      Seeds seeds;
+      Fp8GemmCase c(s.m, s.n, s.k, seeds, o);
+      gemm_fp8(c.args());
+      CODA_EXPECT_PASSES(check_output("d", c.d, c.exact(), c.unfused()));
+      EXPECT_TRUE(c.d.guard_intact());
+    }
 }
 
 // The documented order, restated: per element, each 128-deep block's exact sum of code products
 // rounded to fp32, promoted into an fp32 accumulator with one fused multiply-add by the product
-// of the two scales, block after block; D is that sum rounded to bf16. Bit for bit: the GPU
-// kernel scales and adds with these operations (only its block sums are the tensor cores').
-// The operands make the order visible through the bf16 rounding: block 2 cancels block 0 (the
-// same A codes against negated B codes) and both are scaled 2^30 above block 1, so an fp32 sum in
-// K order loses block 1 where an fp64 or reordered sum keeps it.
-TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
+// of the two scales (B's by block or by row), block after block; with accumulate, d's old value
+// added in fp32; D is that sum rounded to its dtype. Bit for bit: the GPU kernel scales and adds
+// with these operations (only its block sums are the tensor cores').
+// The operands make the order visible through the rounding: block 2 cancels block 0 (the same A
+// codes against negated B codes) and both are scaled 2^30 above block 1, so an fp32 sum in K
+// order loses block 1 where an fp64 or reordered sum keeps it.
+void check_order(const Fp8GemmCase::Options& o) {
+  SCOPED_TRACE(label(o));
   constexpr int64_t M = 37, N = 264, K = 400; // 3 full blocks and one of 16
-  const int64_t kbs = num_fp8_scale_blocks(K), nbs = num_fp8_scale_blocks(N);
+  const bool by_rows = o.b_scaling == Fp8BScaling::rows;
+  const int64_t kbs = num_fp8_scale_blocks(K), b_scale_rows = by_rows ? N : num_fp8_scale_blocks(N);
   Seeds seeds;
   const std::vector<double> x = random_doubles(size_t((M + N) * K), seeds.next(), -2, 2);
   std::vector<uint8_t> a(size_t(M * K)), b(size_t(N * K));
@@ -58,13 +75,15 @@ TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
     for (int64_t m = 0; m < M; ++m) a[size_t(m * K + k)] = a[size_t(m * K + k - 256)];
     for (int64_t n = 0; n < N; ++n) b[size_t(n * K + k)] = b[size_t(n * K + k - 256)] ^ 0x80;
   }
+  // B's scales change from scale row to scale row (by rows: from column to column of D), so a
+  // scale read from the wrong row moves the result by a power of two.
   const int a_exponent[] = {30, 0, 30, -3}, b_exponent[] = {0, 1, -1};
-  std::vector<uint8_t> sa(size_t(M * kbs)), sb(size_t(nbs * kbs));
+  std::vector<uint8_t> sa(size_t(M * kbs)), sb(size_t(b_scale_rows * kbs));
   for (int64_t kb = 0; kb < kbs; ++kb) {
     for (int64_t m = 0; m < M; ++m)
       sa[size_t(m * kbs + kb)] = e8m0_bits_of_exponent(a_exponent[kb]);
-    for (int64_t nb = 0; nb < nbs; ++nb)
-      sb[size_t(nb * kbs + kb)] = e8m0_bits_of_exponent(b_exponent[nb]);
+    for (int64_t r = 0; r < b_scale_rows; ++r)
+      sb[size_t(r * kbs + kb)] = e8m0_bits_of_exponent(b_exponent[r % 3]);
   }
   auto tensor = [](DType t, int64_t rows, int64_t cols, const std::vector<uint8_t>& bytes) {
     HostTensor h(t, {rows, cols});
@@ -72,64 +91,87 @@ TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
     return h;
   };
   HostTensor ta = tensor(DType::e4m3, M, K, a), tsa = tensor(DType::e8m0, M, kbs, sa);
-  HostTensor tb = tensor(DType::e4m3, N, K, b), tsb = tensor(DType::e8m0, nbs, kbs, sb);
-  HostTensor d(DType::bf16, {M, N});
+  HostTensor tb = tensor(DType::e4m3, N, K, b), tsb = tensor(DType::e8m0, b_scale_rows, kbs, sb);
+  // Accumulating: old values of the result's size (the blocks 0 and 2 cancel), so both terms of
+  // the fp32 addition count.
+  HostTensor d = o.accumulate ? HostTensor::of(o.d, {M, N},
+                                               random_doubles(size_t(M * N), seeds.next(), -64, 64))
+                              : HostTensor(o.d, {M, N});
+  const std::vector<double> old = d.values();
   gemm_fp8({.a = ta.view(),
             .a_scales = tsa.view(),
             .b = tb.view(),
             .b_scales = tsb.view(),
-            .d = d.view()});
+            .d = d.view(),
+            .b_scaling = o.b_scaling,
+            .accumulate = o.accumulate});
 
   const std::vector<double> got = d.values();
+  const auto rounded = [&](float v) {
+    return o.d == DType::f32 ? double(v) : double(round_to<bf16>(v));
+  };
   int mismatches = 0, order_visible = 0;
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n) {
       float acc = 0.f;
       double exact = 0;
+      const int64_t b_row = by_rows ? n : n / 128;
       for (int64_t kb = 0; kb < kbs; ++kb) {
         double block = 0;
         for (int64_t k = kb * 128; k < std::min(K, kb * 128 + 128); ++k)
           block += double(e4m3_bits_to_float(a[size_t(m * K + k)])) *
                    double(e4m3_bits_to_float(b[size_t(n * K + k)]));
         const float scale = e8m0_bits_to_float(sa[size_t(m * kbs + kb)]) *
-                            e8m0_bits_to_float(sb[size_t(n / 128 * kbs + kb)]);
+                            e8m0_bits_to_float(sb[size_t(b_row * kbs + kb)]);
         acc = std::fma(float(block), scale, acc);
         exact += block * double(scale);
       }
-      const double want = double(round_to<bf16>(acc));
-      order_visible += want != double(round_to<bf16>(float(exact)));
-      if (got[size_t(m * N + n)] != want && ++mismatches <= 5)
-        ADD_FAILURE() << "d[" << m << ", " << n << "] = " << got[size_t(m * N + n)] << ", want "
-                      << want << " (seed " << test_seed() << ")";
+      const size_t i = size_t(m * N + n);
+      if (o.accumulate) acc += float(old[i]), exact += old[i];
+      const double want = rounded(acc);
+      order_visible += want != rounded(float(exact));
+      if (got[i] != want && ++mismatches <= 5)
+        ADD_FAILURE() << "d[" << m << ", " << n << "] = " << got[i] << ", want " << want
+                      << " (seed " << test_seed() << ")";
     }
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(order_visible, M * N / 2) << "the operands no longer tell the orders apart";
 }
 
-// A NaN scale (0xFF) makes exactly what it scales NaN: an A scale its row, a B scale the 128
-// columns of its block; every other element keeps its bits.
-TEST(Fp8Gemm, ANanScaleMakesItsRowOrColumnBlockNan) {
-  Seeds seeds;
-  const Shape s{40, 264, 384};
-  Fp8GemmCase clean(s.m, s.n, s.k, seeds);
-  gemm_fp8(clean.args());
-  const std::vector<double> before = clean.d.values();
+TEST(Fp8Gemm, PromotesEachKBlockInFp32InKOrder) {
+  check_order({Fp8BScaling::blocks, DType::bf16, false});
+  check_order({Fp8BScaling::rows, DType::bf16, false});
+  check_order({Fp8BScaling::rows, DType::f32, true});
+}
 
-  Fp8GemmCase c = clean;
-  c.d.poison();
-  const int64_t kb_count = num_fp8_scale_blocks(s.k), row = 17, col_block = 1;
-  static_cast<uint8_t*>(c.a_scales.host_view().data)[row * kb_count + 2] = kE8m0NanBits;
-  static_cast<uint8_t*>(c.b_scales.host_view().data)[col_block * kb_count + 0] = kE8m0NanBits;
-  gemm_fp8(c.args());
-  const std::vector<double> after = c.d.values();
-  for (int64_t m = 0; m < s.m; ++m)
-    for (int64_t n = 0; n < s.n; ++n) {
-      const size_t i = size_t(m * s.n + n);
-      if (m == row || n / 128 == col_block)
-        EXPECT_TRUE(std::isnan(after[i])) << m << ", " << n;
-      else
-        EXPECT_EQ(after[i], before[i]) << m << ", " << n;
-    }
+// A NaN scale (0xFF) makes exactly what it scales NaN: an A scale its row, a B scale the 128
+// columns of its block (by rows: its column); every other element keeps its bits.
+TEST(Fp8Gemm, ANanScaleMakesItsRowOrColumnBlockNan) {
+  for (Fp8BScaling scaling : {Fp8BScaling::blocks, Fp8BScaling::rows}) {
+    const bool by_rows = scaling == Fp8BScaling::rows;
+    SCOPED_TRACE(by_rows ? "b by rows" : "b by blocks");
+    Seeds seeds;
+    const Shape s{40, 264, 384};
+    Fp8GemmCase clean(s.m, s.n, s.k, seeds, {scaling, DType::bf16, false});
+    gemm_fp8(clean.args());
+    const std::vector<double> before = clean.d.values();
+
+    Fp8GemmCase c = clean;
+    c.d.poison();
+    const int64_t kb_count = num_fp8_scale_blocks(s.k), row = 17, b_row = by_rows ? 150 : 1;
+    static_cast<uint8_t*>(c.a_scales.host_view().data)[row * kb_count + 2] = kE8m0NanBits;
+    static_cast<uint8_t*>(c.b_scales.host_view().data)[b_row * kb_count + 0] = kE8m0NanBits;
+    gemm_fp8(c.args());
+    const std::vector<double> after = c.d.values();
+    for (int64_t m = 0; m < s.m; ++m)
+      for (int64_t n = 0; n < s.n; ++n) {
+        const size_t i = size_t(m * s.n + n);
+        if (m == row || (by_rows ? n : n / 128) == b_row)
+          EXPECT_TRUE(std::isnan(after[i])) << m << ", " << n;
+        else
+          EXPECT_EQ(after[i], before[i]) << m << ", " << n;
+      }
+  }
 }
 
 // ---- Bad arguments: each case breaks one thing of a valid call; the call throws with `status`
@@ -171,8 +213,15 @@ TEST(Fp8Gemm, RejectsBadArgumentsBeforeTouchingMemory) {
        Status::type_error, "gemm_fp8: a must be e4m3; got bf16"},
       {"fp32 scales", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b_scales.dtype = DType::f32; },
        Status::type_error, "b_scales must be e8m0; got f32"},
-      {"fp32 output", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.dtype = DType::f32; },
-       Status::type_error, "d must be bf16; got f32"},
+      {"f16 output", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.d.dtype = DType::f16; },
+       Status::type_error, "d must be bf16 or f32; got f16"},
+      {"b scaled by rows with a scale per 128 x 128 block",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b_scaling = Fp8BScaling::rows; },
+       Status::invalid_argument,
+       "b_scales must have shape [N, ceil(K/128)] = [136, 2]; got [2, 2]"},
+      {"unknown B scaling",
+       [](Fp8GemmArgs& g, Fp8GemmCase&) { g.b_scaling = static_cast<Fp8BScaling>(2); },
+       Status::invalid_argument, "b_scaling must be blocks (0) or rows (1); got 2"},
       {"missing scales", [](Fp8GemmArgs& g, Fp8GemmCase&) { g.a_scales.data = nullptr; },
        Status::invalid_argument, "a_scales is required; got a null data pointer"},
       {"unaligned rows of a",

@@ -545,17 +545,24 @@ void fuzz_gemm(Call& c) {
 
 // The block-scaled FP8 GEMM: any byte is an E4M3 code or an E8M0 scale (0xFF, NaN, included).
 // K is a multiple of 16 (16-byte rows of codes) up to three 128-deep scale blocks, the last one
-// short; N up to two 128-row blocks of b_scales.
+// short; N up to two 128-row blocks of b_scales. The form byte after the dimensions (0: the
+// forward's) picks B's scales by rows (bit 0), an f32 d (bit 1) and accumulation into d (bit 2);
+// b_scaling and accumulate then go through decisions like any integer.
 void fuzz_gemm_fp8(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(20), k = 16 * in.dim(20);
+  const uint8_t form = in.byte();
+  const bool by_rows = form & 1, accumulate = form & 4;
   const int64_t k_blocks = (k + 127) / 128;
+  const int32_t d_dtype = form & 2 ? CODA_F32 : CODA_BF16;
   coda_fp8_gemm_args a{};
   a.a = c.input("a", CODA_E4M3, {m, k});
   a.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
   a.b = c.input("b", CODA_E4M3, {n, k});
-  a.b_scales = c.input("b_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
-  a.d = c.output("d", CODA_BF16, {m, n});
+  a.b_scales = c.input("b_scales", CODA_E8M0, {by_rows ? n : (n + 127) / 128, k_blocks});
+  a.d = accumulate ? c.inout("d", d_dtype, {m, n}) : c.output("d", d_dtype, {m, n});
+  a.b_scaling = c.integer32(by_rows ? CODA_FP8_B_ROWS : CODA_FP8_B_BLOCKS);
+  a.accumulate = c.integer32(accumulate ? 1 : 0);
   c.run("coda_gemm_fp8", [&] { return coda_gemm_fp8(&a, nullptr); });
 }
 

@@ -20,7 +20,10 @@ SEED = bytes([0x12, 0x34, 0x56, 0x78])
 # Dimension and sub-case bytes after the seed, per entry (several cases each).
 CASES = {
     "gemm": [[layout, m, n, k] for layout in range(3) for (m, n, k) in [(0, 0, 0), (4, 2, 36)]],
-    "gemm_fp8": [[0, 0, 0], [36, 16, 18]],  # M 37, N 136, K 304: K blocks 128, 128, 48
+    # M, N, K and the form (bit 0: b scaled by rows, bit 1: f32 d, bit 2: accumulating): M 37,
+    # N 136, K 304 (K blocks 128, 128, 48) in the forward's form, by rows (the weight gradient's
+    # b), by rows into an f32 d accumulated into; M 1, N 8, K 16 by blocks, accumulating in f32
+    "gemm_fp8": [[0, 0, 0], [36, 16, 18], [36, 16, 18, 1], [36, 16, 18, 7], [0, 0, 0, 6]],
     # N, K, w's dtype (bf16, f16, f32): N 16, K 16; N 272, K 304 (blocks 128, 128 and 16 by
     # 128, 128 and 48); N 144, K 208 without the transposed copy (the byte after w's three, codes'
     # two and scales' two drops codes_t, and scales_t with it)

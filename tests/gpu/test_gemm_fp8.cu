@@ -40,41 +40,76 @@ std::string label(const Shape& s) {
   return "M" + std::to_string(s.m) + "_N" + std::to_string(s.n) + "_K" + std::to_string(s.k);
 }
 
-// The case's tensors on the device (D a fresh NaN-poisoned copy, guard bytes after each).
+// The case's tensors on the device (D a fresh copy: NaN-poisoned, or the old values it
+// accumulates into; guard bytes after each).
 struct DeviceFp8 {
   DeviceTensor a, a_scales, b, b_scales, d;
+  Fp8GemmCase::Options options;
   explicit DeviceFp8(Fp8GemmCase& c)
-      : a(c.a), a_scales(c.a_scales), b(c.b), b_scales(c.b_scales), d(c.d) {}
+      : a(c.a), a_scales(c.a_scales), b(c.b), b_scales(c.b_scales), d(c.d), options(c.options) {}
   Fp8GemmArgs args() const {
     return {.a = a.view(),
             .a_scales = a_scales.view(),
             .b = b.view(),
             .b_scales = b_scales.view(),
-            .d = d.view()};
+            .d = d.view(),
+            .b_scaling = options.b_scaling,
+            .accumulate = options.accumulate};
   }
 };
 
+std::string label(const Fp8GemmCase::Options& o) {
+  return std::string(o.b_scaling == Fp8BScaling::rows ? "b by rows" : "b by blocks") + ", d " +
+         dtype_name(o.d) + (o.accumulate ? ", accumulating" : "");
+}
+
+// An fp32 D against the CPU backend's. Both promote the same block sums in the same order, but
+// the tensor cores sum a block's products with fewer bits than fp32 (about 14 kept, DeepSeek-V3
+// measured), where the CPU sums them exactly; no fp32 rounding hides that, so the bound is the
+// scale of those sums' errors: 2^-8 of the element's sum of |A B| over K (the dequantized
+// products, so the block scales are counted), which leaves 6 bits for the additions inside a
+// block, plus a few fp32 ulps of the value for the promotion's own rounding. A scale read from the
+// wrong block or row moves a block's whole contribution by a power of two; the bf16 variants hold
+// the indexing to the fp64 rule too.
+void expect_f32_matches_cpu(const HostTensor& gpu, const HostTensor& cpu,
+                            const std::vector<double>& magnitude) {
+  const std::vector<double> x = gpu.values(), y = cpu.values();
+  int bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double bound = std::ldexp(magnitude[i], -8) + 4 * ulp_of(DType::f32, std::fabs(y[i]));
+    const bool ok = std::isnan(y[i]) ? std::isnan(x[i]) : std::fabs(x[i] - y[i]) <= bound;
+    if (!ok && ++bad <= 5)
+      ADD_FAILURE() << "d[" << i << "]: GPU " << x[i] << ", CPU " << y[i] << ", bound " << bound
+                    << " (seed " << test_seed() << ")";
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 // The GPU against the fp64 reference and the CPU backend; a second launch on the same inputs
-// must give the same bits (no atomics, no order that changes run to run).
-void check_shape(const Shape& s) {
-  SCOPED_TRACE(label(s));
+// (d as it was before the first) must give the same bits (no atomics, no order that changes run
+// to run).
+void check_shape(const Shape& s, Fp8GemmCase::Options o = {}) {
+  SCOPED_TRACE(label(s) + ", " + label(o));
   Seeds seeds;
-  Fp8GemmCase cpu(s.m, s.n, s.k, seeds);
-  gemm_fp8(cpu.args()); // host tensors: the CPU backend
-  Fp8GemmCase gpu = cpu;
-  gpu.d.poison();
+  Fp8GemmCase cpu(s.m, s.n, s.k, seeds, o);
+  Fp8GemmCase gpu = cpu, second = cpu; // d: the same old values, or NaN
+  gemm_fp8(cpu.args());                // host tensors: the CPU backend
   DeviceFp8 dev(gpu);
   gemm_fp8(dev.args());
   synchronize_ok();
   EXPECT_TRUE(dev.d.copy_back()) << "a write past the end of d";
-  expect_matches("d", gpu.d, cpu.d, cpu.exact(), cpu.unfused());
+  if (o.d == DType::f32)
+    expect_f32_matches_cpu(gpu.d, cpu.d, cpu.magnitude());
+  else
+    expect_matches("d", gpu.d, cpu.d, cpu.exact(), cpu.unfused());
 
-  HostTensor again(DType::bf16, {s.m, s.n});
-  ASSERT_EQ(cudaMemset(dev.d.view().data, 0xff, size_t(s.m * s.n * 2)), cudaSuccess); // NaN
-  gemm_fp8(dev.args());
+  DeviceFp8 again(second);
+  gemm_fp8(again.args());
   synchronize_ok();
-  EXPECT_TRUE(dev.d.copy_back(&again));
-  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, again.host_view().data, size_t(s.m * s.n * 2)), 0)
+  EXPECT_TRUE(again.d.copy_back());
+  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, second.d.host_view().data,
+                        size_t(s.m * s.n) * dtype_size(o.d)),
+            0)
       << "two launches on the same inputs differ";
 }
 
@@ -93,6 +128,20 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Gemm, testing::ValuesIn(kShapes),
                          [](const testing::TestParamInfo<Shape>& info) {
                            return label(info.param);
                          });
+
+// The other forms of the call on ragged shapes: B scaled by rows (the weight gradient's b), an
+// fp32 d, and d accumulated into (the weight gradient over micro-batches), each with its kernel.
+TEST(GpuFp8GemmForms, MatchTheReferenceAndTheCpuBackend) {
+  CODA_REQUIRE_SM90();
+  const Fp8GemmCase::Options kForms[] = {
+      {Fp8BScaling::rows, DType::bf16, false},  {Fp8BScaling::rows, DType::f32, true},
+      {Fp8BScaling::blocks, DType::f32, false}, {Fp8BScaling::blocks, DType::bf16, true},
+      {Fp8BScaling::rows, DType::f32, false},
+  };
+  for (const Fp8GemmCase::Options& o : kForms)
+    for (const Shape& s : {Shape{127, 264, 1024}, Shape{300, 136, 528}, Shape{1000, 1032, 2064}})
+      check_shape(s, o);
+}
 
 // D inside a larger poisoned buffer (row stride N + 72, 9 rows past M), scales with padded row
 // strides: the kernel writes exactly D's [M, N] and reads the scales by their strides.
@@ -147,26 +196,33 @@ TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
   expect_matches("d", got, cpu.d, cpu.exact(), cpu.unfused());
 }
 
-// A NaN scale (0xFF) makes exactly its row (A) or 128-column block (B) NaN, as on the CPU.
+// A NaN scale (0xFF) makes exactly its row (A) or 128-column block (B; by rows, its column)
+// NaN, as on the CPU.
 TEST(GpuFp8GemmNanScales, PoisonOnlyWhatTheyScale) {
   CODA_REQUIRE_SM90();
-  const Shape s{200, 392, 384};
-  Seeds seeds;
-  Fp8GemmCase c(s.m, s.n, s.k, seeds);
-  const int64_t kbs = num_fp8_scale_blocks(s.k);
-  static_cast<uint8_t*>(c.a_scales.host_view().data)[131 * kbs + 1] = kE8m0NanBits;
-  static_cast<uint8_t*>(c.b_scales.host_view().data)[2 * kbs + 2] = kE8m0NanBits;
-  Fp8GemmCase gpu = c;
-  gemm_fp8(c.args());
-  DeviceFp8 dev(gpu);
-  gemm_fp8(dev.args());
-  synchronize_ok();
-  EXPECT_TRUE(dev.d.copy_back());
-  const std::vector<double> want = c.d.values(), got = gpu.d.values();
-  int nan_mismatch = 0;
-  for (size_t i = 0; i < got.size(); ++i) nan_mismatch += std::isnan(got[i]) != std::isnan(want[i]);
-  EXPECT_EQ(nan_mismatch, 0);
-  EXPECT_TRUE(std::isnan(got[size_t(131 * s.n + 5)]) && std::isnan(got[size_t(7 * s.n + 300)]));
+  for (Fp8BScaling scaling : {Fp8BScaling::blocks, Fp8BScaling::rows}) {
+    const bool by_rows = scaling == Fp8BScaling::rows;
+    SCOPED_TRACE(by_rows ? "b by rows" : "b by blocks");
+    const Shape s{200, 392, 384};
+    Seeds seeds;
+    Fp8GemmCase c(s.m, s.n, s.k, seeds, {scaling, DType::bf16, false});
+    const int64_t kbs = num_fp8_scale_blocks(s.k), b_row = by_rows ? 300 : 2;
+    static_cast<uint8_t*>(c.a_scales.host_view().data)[131 * kbs + 1] = kE8m0NanBits;
+    static_cast<uint8_t*>(c.b_scales.host_view().data)[b_row * kbs + 2] = kE8m0NanBits;
+    Fp8GemmCase gpu = c;
+    gemm_fp8(c.args());
+    DeviceFp8 dev(gpu);
+    gemm_fp8(dev.args());
+    synchronize_ok();
+    EXPECT_TRUE(dev.d.copy_back());
+    const std::vector<double> want = c.d.values(), got = gpu.d.values();
+    int nan_mismatch = 0;
+    for (size_t i = 0; i < got.size(); ++i)
+      nan_mismatch += std::isnan(got[i]) != std::isnan(want[i]);
+    EXPECT_EQ(nan_mismatch, 0);
+    EXPECT_TRUE(std::isnan(got[size_t(131 * s.n + 5)]) && std::isnan(got[size_t(7 * s.n + 300)]));
+    if (by_rows) EXPECT_FALSE(std::isnan(got[size_t(7 * s.n + 301)])); // only its column
+  }
 }
 
 // Small shapes (up to three tiles along M, N and a short K block) for compute-sanitizer.
@@ -174,6 +230,8 @@ TEST(GpuFp8GemmSmallForSanitizer, RaggedTiles) {
   CODA_REQUIRE_SM90();
   check_shape({1, 8, 16});
   check_shape({257, 264, 400});
+  check_shape({1, 8, 16}, {Fp8BScaling::rows, DType::f32, true});
+  check_shape({257, 264, 400}, {Fp8BScaling::rows, DType::f32, true});
 }
 
 // Host side of the kernel (no GPU needed): the operands' tensor maps (the stored shapes, one
@@ -232,7 +290,7 @@ TEST(GpuFp8GemmSmallForSanitizer, QuantizeWeight) {
 }
 
 TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
-  using Kernel = gpu::fp8::Kernel;
+  using Kernel = gpu::fp8::Kernel<Fp8BScaling::blocks, bf16>;
   using Main = Kernel::Main;
   for (const Shape& s : {Shape{1000, 776, 528}, Shape{1, 8, 16}, Shape{129, 392, 2048}}) {
     SCOPED_TRACE(label(s));

@@ -263,6 +263,13 @@ def e4m3_code(x):
     return (0x80 if x < 0 else 0) | (e + 7) << 3 | int(mantissa)
 
 
+def e4m3_value(code):
+    """The value of an E4M3 byte from the format's definition (0x7F and 0xFF, NaN, excluded)."""
+    e, m = code >> 3 & 15, code & 7
+    magnitude = m / 8 * 2.0 ** -6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return -magnitude if code & 0x80 else magnitude
+
+
 def fp8_problem(M=3, N=8, K=144):
     """a_fp8 [M, K] of small integers times a weight whose row n holds 1 at k = n, -1 at k = 8 + n
     and 2 at k = 128 + n (the second, short K block), with power-of-two scales 2^(byte - 127)
@@ -310,6 +317,32 @@ def test_gemm_fp8_exact_by_hand():
     assert t["d"].rows() == want
 
 
+def test_gemm_fp8_weight_gradient_form_by_hand():
+    """The weight gradient's form of coda_gemm_fp8: b scaled per row (FP8_B_ROWS, b_scales
+    [N, ceil(K/128)] like a_scales) and an f32 d accumulated into (d += product), worked out by
+    hand on fp8_problem's operands with a scale per row of b, bit for bit."""
+    library_or_skip()
+    t, _ = fp8_problem()
+    M, N, K = 3, 8, 144
+    a_vals = [e4m3_value(c) for c in t["a"].buf]
+    sa = [2.0 ** (b - 127) for b in t["a_scales"].buf]
+    b_scale_bytes = [127 + (n + kb) % 4 - 2 for n in range(N) for kb in range(2)]  # 1/4 .. 2
+    sb = [2.0 ** (b - 127) for b in b_scale_bytes]
+    old = [float(m * N + n) / 4 for m in range(M) for n in range(N)]  # exact in f32
+    t["b_scales"] = Host(L.E8M0, (N, 2), b_scale_bytes)
+    t["d"] = Host(L.F32, (M, N), old)
+    args = fp8_args(t)
+    args.b_scaling = L.FP8_B_ROWS
+    args.accumulate = 1
+    L.gemm_fp8(args)
+    want = [[old[m * N + n]
+             + (a_vals[m * K + n] - a_vals[m * K + 8 + n]) * sa[2 * m] * sb[2 * n]
+             + 2 * a_vals[m * K + 128 + n] * sa[2 * m + 1] * sb[2 * n + 1] for n in range(N)]
+            for m in range(M)]
+    assert any(want[m][n] != old[m * N + n] for m in range(M) for n in range(N))
+    assert t["d"].rows() == want
+
+
 def test_gemm_fp8_bad_input_raises_the_validators_message():
     """A bad call raises the validator's message as the mapped exception and writes nothing."""
     library_or_skip()
@@ -327,6 +360,13 @@ def test_gemm_fp8_bad_input_raises_the_validators_message():
     with pytest.raises(TypeError) as e:
         L.gemm_fp8(args)
     assert "gemm_fp8: b_scales must be e8m0; got f32" in str(e.value)
+
+    args = fp8_args(t)
+    args.b_scaling = L.FP8_B_ROWS  # b_scales still one row per 128 x 128 block
+    with pytest.raises(ValueError) as e:
+        L.gemm_fp8(args)
+    assert "gemm_fp8: b_scales must have shape [N, ceil(K/128)] = [8, 2]; got [1, 2]" in str(
+        e.value)
 
     args = fp8_args(t)  # K = 136 of rows 144 bytes apart: aligned, valid, not supported
     args.a = L.tensor(t["a"].buf.buffer_info()[0], L.E4M3, (3, 136), (144, 1))

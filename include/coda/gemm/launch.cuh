@@ -67,10 +67,13 @@ struct StreamKScratch {
 // stream-K scratch taken from the caller's workspace, the persistent cluster launch. The plain
 // GEMM and every fused kernel launch through here; what differs is the epilogue and its Params.
 //
-// Operands as GemmArgs holds them: a [M, K] (wgrad: [K, M]), b [N, K] (fwd) or [K, N].
-template <class Config, GemmLayout kLayout, class InT, class Epi> struct GemmKernel {
+// Operands as GemmArgs holds them: a [M, K] (wgrad: [K, M]), b [N, K] (fwd) or [K, N]. The
+// mainloop is the one for InT unless given (the FP8 GEMM's B scaling is the mainloop's choice).
+template <class Config, GemmLayout kLayout, class InT, class Epi,
+          class Main_ = MainloopFor<Config, kLayout, InT>>
+struct GemmKernel {
   static constexpr bool kCooperative = Config::kSchedule != Schedule::pingpong;
-  using Main = MainloopFor<Config, kLayout, InT>;
+  using Main = Main_;
   using Slots = StreamKSlots<Config::kClusterM, Config::kConsumerWarpgroups>;
   using Params = KernelParams<Main, Epi>;
   using SharedStorage = KernelSharedStorage<Main, Epi>;

@@ -237,11 +237,12 @@ private:
 };
 
 // The block-scaled FP8 mainloop (fp8_mainloop.cuh; included where it is instantiated).
-template <class Config> struct Fp8Mainloop;
+template <class Config, Fp8BScaling kBScaling> struct Fp8Mainloop;
 
-// The mainloop of a GEMM over operands of type InT.
+// The mainloop of a GEMM over operands of type InT (for e4m3, with B scaled by 128 x 128 blocks).
 template <class Config, GemmLayout kLayout, class InT>
-using MainloopFor = std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config>,
-                                       Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
+using MainloopFor =
+    std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config, Fp8BScaling::blocks>,
+                       Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
 
 } // namespace coda::sm90

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 
+#include "coda/core/bool32.hpp"
 #include "coda/core/scalar.hpp"
 #include "coda/core/tensor.hpp"
 
@@ -57,16 +58,28 @@ struct GemmArgs {
 
 namespace coda {
 
-// The block-scaled FP8 GEMM (docs/fp8.md), in the forward layout: D = A · Bᵀ with
+// How b_scales scale B in the FP8 GEMM (docs/fp8.md, "Scales"):
+//   blocks: [ceil(N/128), ceil(K/128)], one per 128 x 128 block: a weight (quantize_weight_fp8),
+//           the b of the forward and input-gradient GEMMs;
+//   rows:   [N, ceil(K/128)], one per row and 128-wide block of K, as a_scales: the b of the
+//           weight gradient dW = dYᵀ X, whose operands are both activations (the transposed
+//           copies of dY and X, quantized along the tokens, which that GEMM reduces over).
+enum class Fp8BScaling : int32_t { blocks = 0, rows = 1 };
+
+// The block-scaled FP8 GEMM (docs/fp8.md), in the forward layout: D (+)= A · Bᵀ with
 //   a        [M, K] e4m3                              activations, row-major
 //   a_scales [M, ceil(K/128)] e8m0                    one per row and 128-wide block of K
-//   b        [N, K] e4m3                              the weight as nn.Linear stores it
-//   b_scales [ceil(N/128), ceil(K/128)] e8m0          one per 128 x 128 block of b
-//   d        [M, N] bf16
+//   b        [N, K] e4m3                              the weight as nn.Linear stores it (or, for
+//                                                     the weight gradient, an activation)
+//   b_scales [ceil(N/128), ceil(K/128)] e8m0          b_scaling = blocks: one per 128 x 128 block
+//            [N, ceil(K/128)] e8m0                    b_scaling = rows: one per row and K block
+//   d        [M, N] bf16 or f32
 // so A(m, k) = a(m, k) · 2^(a_scales(m, k/128) - 127) and B(n, k) = b(n, k) · 2^(b_scales(n/128,
-// k/128) - 127) (coda/core/fp8.hpp quantizes so). D is accumulated in fp32 one 128-deep block of
-// K at a time: the block's products of codes are summed, times the block's scales, and added to
-// the running sum (fp8_block_scale, fp8_promote); D is rounded once, at the end. M >= 1 is
+// k/128) - 127), or 2^(b_scales(n, k/128) - 127) by rows (coda/core/fp8.hpp quantizes so). The
+// product is accumulated in fp32 one 128-deep block of K at a time: the block's products of codes
+// are summed, times the block's scales, and added to the running sum (fp8_block_scale,
+// fp8_promote). With `accumulate`, d's old value is then added in fp32 (d = d + sum, the weight
+// gradient's accumulation over micro-batches); d is rounded once, at the end. M >= 1 is
 // arbitrary; N is a multiple of 8 and K of 16 (16-byte rows for TMA); K need not be a multiple
 // of 128 (the last block is short: the GPU's loads zero-fill it). A scale byte 0xFF (NaN) makes
 // the rows or columns it scales NaN.
@@ -74,6 +87,10 @@ struct Fp8GemmArgs {
   TensorView a, a_scales;
   TensorView b, b_scales;
   TensorView d;
+  // The C twin holds both as int32_t. (Their default initializers keep aggregate initializations
+  // that stop at d free of -Wmissing-field-initializers.)
+  Fp8BScaling b_scaling = Fp8BScaling::blocks;
+  Bool32 accumulate = false; // d = d + A · Bᵀ (d read, the sum rounded once)
 
   int64_t m() const { return d.shape[0]; }
   int64_t n() const { return d.shape[1]; }

@@ -1,4 +1,4 @@
-// gpu::gemm_fp8: the block-scaled FP8 GEMM (Fp8GemmArgs) on the kernel of fp8.cuh.
+// gpu::gemm_fp8: the block-scaled FP8 GEMM (Fp8GemmArgs) on the kernels of fp8.cuh.
 #include <cstdint>
 #include <string>
 
@@ -9,43 +9,57 @@
 namespace coda::gpu {
 namespace {
 
-using fp8::Config, fp8::Kernel;
-using Epi = fp8::Epilogue;
-
-typename Epi::Params epilogue_params(const Fp8GemmArgs& args) {
-  typename Epi::Params p{};
-  p.d = Epi::output_map("d", args.d, args.m(), args.n());
-  p.c = p.d; // never read: load_c = 0
-  p.alpha = 1.f;
-  p.beta = 0.f;
-  p.load_c = 0;
-  p.defer_stores = 0;
-  p.alpha_tensor = nullptr;
-  return p;
-}
-
-} // namespace
-
-void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
-  require_device("FP8 GEMM");
-  // Rows are 32-bit in the kernel (tile rows and the scale rows it reads).
-  if (args.m() > INT32_MAX - Config::kTileM * Config::kClusterM)
-    throw Error(Status::not_supported,
-                "gemm_fp8: the GPU kernel takes M < 2^31 - 256; got " + std::to_string(args.m()));
-  const Kernel::Problem problem{args.m(), args.n(), args.k()};
-  Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
+template <Fp8BScaling kBScaling, class OutT> void run(const Fp8GemmArgs& args, Stream stream) {
+  using Kernel = fp8::Kernel<kBScaling, OutT>;
+  using Epi = fp8::Epilogue<OutT>;
+  const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
+  typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
   mainloop.a_scales = args.a_scales.ptr<const uint8_t>();
   mainloop.b_scales = args.b_scales.ptr<const uint8_t>();
   mainloop.a_scales_row_stride = args.a_scales.stride[0];
   mainloop.b_scales_row_stride = args.b_scales.stride[0];
   mainloop.m = int32_t(args.m());
+  mainloop.n = int32_t(args.n());
+
+  typename Epi::Params epilogue{};
+  epilogue.d = Epi::output_map("d", args.d, args.m(), args.n());
+  epilogue.c = epilogue.d; // accumulate: C is D itself, read before each subtile is stored
+  epilogue.alpha = 1.f;
+  epilogue.beta = args.accumulate ? 1.f : 0.f;
+  epilogue.load_c = args.accumulate ? 1 : 0;
+  epilogue.defer_stores = 0;
+  epilogue.alpha_tensor = nullptr;
+
   // NOTE: no stream-K (no workspace, and the plan says so): the FP8 consumer reads the scales of
   // k-blocks in the order k_begin, k_begin + 1, ..., which a stream-K piece's rotated loads
   // would not follow.
   sm90::GemmPlan plan;
   plan.stream_k = sm90::StreamKMode::off;
   plan.defer_stores = false;
-  Kernel::run(mainloop, problem, epilogue_params(args), plan, TensorView{}, stream);
+  Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
+}
+
+template <Fp8BScaling kBScaling> void run_for_output(const Fp8GemmArgs& args, Stream stream) {
+  if (args.d.dtype == DType::f32)
+    run<kBScaling, float>(args, stream);
+  else
+    run<kBScaling, bf16>(args, stream);
+}
+
+} // namespace
+
+void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
+  require_device("FP8 GEMM");
+  // Rows and columns are 32-bit in the kernel (tile rows, the scale rows it reads).
+  constexpr int64_t kLargest = INT32_MAX - fp8::Config<bf16>::kTileM * fp8::Config<bf16>::kClusterM;
+  if (args.m() > kLargest || args.n() > kLargest)
+    throw Error(Status::not_supported,
+                "gemm_fp8: the GPU kernel takes M and N < 2^31 - 256; got M " +
+                    std::to_string(args.m()) + ", N " + std::to_string(args.n()));
+  if (args.b_scaling == Fp8BScaling::rows)
+    run_for_output<Fp8BScaling::rows>(args, stream);
+  else
+    run_for_output<Fp8BScaling::blocks>(args, stream);
 }
 
 } // namespace coda::gpu
