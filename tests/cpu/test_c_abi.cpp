@@ -370,8 +370,7 @@ TEST(CAbi, GemmFp8ByRowsAccumulatingMatchesCppApi) {
     const auto* p = static_cast<const uint32_t*>(t.host_view().data);
     return std::vector<uint32_t>(p, p + t.numel());
   };
-  EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c)));
-  CODA_EXPECT_PASSES(test::check_output("d", d_c, cpp.exact(), cpp.unfused()));
+  EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c))); // (its accuracy: test_gemm_fp8.cpp)
 
   coda_fp8_gemm_args bad = ca;
   bad.b_scaling = 7;

@@ -40,6 +40,26 @@ std::string label(const Fp8GemmCase::Options& o) {
          dtype_name(o.d) + (o.accumulate ? ", accumulating" : "");
 }
 
+// An f32 d against the fp64 product. No rounding to a 16-bit type hides the summation there, and
+// the unfused fp32 path sums as accurately as the documented order does, so the 2x rule between
+// two equally accurate fp32 sums would hold only by chance (seed 88 of a 300-seed sweep used
+// 0.895 of it). The bound is the order's own instead: each of its fp32 roundings (a block's
+// sum, each block's promotion, the addition of d's old value) errs by at most 2^-24 of what it
+// rounds, which is at most the element's sum of |A B| over K plus |d's old value|.
+void expect_within_the_orders_bound(const Fp8GemmCase& c) {
+  const std::vector<double> got = c.d.values(), exact = c.exact(), magnitude = c.magnitude();
+  const double roundings = double(2 * num_fp8_scale_blocks(c.k) + 1);
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double old = c.d_before.empty() ? 0.0 : std::fabs(c.d_before[i]);
+    const double bound = roundings * std::ldexp(magnitude[i] + old, -24);
+    if (!(std::fabs(got[i] - exact[i]) <= bound) && ++bad <= 5)
+      ADD_FAILURE() << "d[" << i << "] = " << got[i] << ", fp64 " << exact[i] << ", bound " << bound
+                    << " (seed " << test_seed() << ")";
+  }
+  EXPECT_EQ(bad, 0);
+}
+
 TEST(Fp8Gemm, MatchesTheFp64ReferenceOnRaggedShapes) {
   for (const Fp8GemmCase::Options& o : kVariants)
     for (const Shape& s : kShapes) {
@@ -48,7 +68,10 @@ TEST(Fp8Gemm, MatchesTheFp64ReferenceOnRaggedShapes) {
       Seeds seeds;
       Fp8GemmCase c(s.m, s.n, s.k, seeds, o);
       gemm_fp8(c.args());
-      CODA_EXPECT_PASSES(check_output("d", c.d, c.exact(), c.unfused()));
+      if (o.d == DType::f32)
+        expect_within_the_orders_bound(c);
+      else
+        CODA_EXPECT_PASSES(check_output("d", c.d, c.exact(), c.unfused()));
       EXPECT_TRUE(c.d.guard_intact());
     }
 }
