@@ -6,6 +6,8 @@
 //  * QuantizeRowBlocks (E4M3 codes and a power-of-two scale per row and 128 columns) after a
 //    Stage, on the cooperative and ping-pong tiles: its codes and scales bit for bit against the
 //    format's definition applied to the output the kernel stored;
+//  * the FP8 mainloop under the fused driver (Fp8Shape), with the same QuantizeRowBlocks: its D
+//    gemm_fp8's bit for bit;
 //  * RoPE's rotation as the device computes it (hardware sin/cos after the extra-precise angle
 //    reduction), against fp64 at large positions.
 // Each output is held to an fp64 host computation by the tolerance rule (check.hpp), with the
@@ -15,11 +17,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include <cuda_runtime.h>
 
+#include "coda/coda.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
 #include "coda/epilogue/device/ops/quantize_row_blocks.cuh"
 #include "coda/epilogue/ops/rope.hpp"
@@ -168,6 +172,39 @@ TEST(FusedOps, ScalarReduceAddStoreAndColumnPartials) {
 // stored: with the rounding in the subtile visit, after the prepass, a block whose fp32 amax
 // rounds up past 448 * 2^k would be scaled for the smaller value and its largest code saturate.
 
+// codes [M + 1, N] and scales [M + 1, ceil(N/128)] (a guard row of 0x55 bytes after each) hold
+// z's row copy (QuantizeRowBlocks): the format's definition (tests/common/fp8_case.hpp: the
+// exponent and the nearest code by search) applied to z as stored, bit for bit, and the guard
+// rows untouched.
+void expect_row_copy_of(const std::vector<double>& zv, int64_t M, int64_t N,
+                        const std::vector<uint8_t>& codes, const std::vector<uint8_t>& scales) {
+  const int64_t blocks = num_fp8_scale_blocks(N);
+  int mismatches = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t n0 = b * 128, n1 = std::min<int64_t>(N, n0 + 128);
+      std::vector<float> block;
+      for (int64_t n = n0; n < n1; ++n) block.push_back(float(zv[size_t(m * N + n)]));
+      const int k = e4m3_block_exponent(block.data(), int64_t(block.size()));
+      const int want_scale = k == kNoScale ? 0xFF : k + 127;
+      if (scales[size_t(m * blocks + b)] != want_scale && ++mismatches <= 10)
+        ADD_FAILURE() << "scale of row " << m << " block " << b << ": "
+                      << int(scales[size_t(m * blocks + b)]) << ", want " << want_scale;
+      for (int64_t n = n0; n < n1; ++n) {
+        const int want =
+            k == kNoScale ? 0x7F
+                          : e4m3_nearest_code(float(std::ldexp(double(block[size_t(n - n0)]), -k)));
+        if (codes[size_t(m * N + n)] != want && ++mismatches <= 10)
+          ADD_FAILURE() << "code (" << m << ", " << n << "): " << int(codes[size_t(m * N + n)])
+                        << ", want " << want << " (z = " << zv[size_t(m * N + n)] << ", k = " << k
+                        << ")";
+      }
+    }
+  EXPECT_EQ(mismatches, 0);
+  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(codes[size_t(M * N + n)], 0x55) << "row M written";
+  for (int64_t b = 0; b < blocks; ++b) EXPECT_EQ(scales[size_t(M * blocks + b)], 0x55);
+}
+
 template <class S, class T>
 using QuantizeEpilogue = ep::FusedEpilogue<S, ep::Stage<T, /*kPrepass=*/true>,
                                            ep::QuantizeRowBlocks<S>, ep::TileStore<S, T>>;
@@ -214,30 +251,7 @@ template <class S, class T> void check_quantize(int64_t M, int64_t N, int64_t K)
   cudaFree(dscales);
 
   const std::vector<double> zv = z.values();
-  int mismatches = 0;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t n0 = b * 128, n1 = std::min<int64_t>(N, n0 + 128);
-      std::vector<float> block;
-      for (int64_t n = n0; n < n1; ++n) block.push_back(float(zv[size_t(m * N + n)]));
-      const int k = e4m3_block_exponent(block.data(), int64_t(block.size()));
-      const int want_scale = k == kNoScale ? 0xFF : k + 127;
-      if (scales[size_t(m * blocks + b)] != want_scale && ++mismatches <= 10)
-        ADD_FAILURE() << "scale of row " << m << " block " << b << ": "
-                      << int(scales[size_t(m * blocks + b)]) << ", want " << want_scale;
-      for (int64_t n = n0; n < n1; ++n) {
-        const int want =
-            k == kNoScale ? 0x7F
-                          : e4m3_nearest_code(float(std::ldexp(double(block[size_t(n - n0)]), -k)));
-        if (codes[size_t(m * N + n)] != want && ++mismatches <= 10)
-          ADD_FAILURE() << "code (" << m << ", " << n << "): " << int(codes[size_t(m * N + n)])
-                        << ", want " << want << " (z = " << zv[size_t(m * N + n)] << ", k = " << k
-                        << ")";
-      }
-    }
-  EXPECT_EQ(mismatches, 0);
-  for (int64_t n = 0; n < N; ++n) EXPECT_EQ(codes[size_t(M * N + n)], 0x55) << "row M written";
-  for (int64_t b = 0; b < blocks; ++b) EXPECT_EQ(scales[size_t(M * blocks + b)], 0x55);
+  expect_row_copy_of(zv, M, N, codes, scales);
 
   // z against the fp64 GEMM, the NaN row (checked above through its NaN codes) left out.
   const std::vector<double> acc = gemm_nt(a.values(), w.values(), M, N, K);
@@ -259,6 +273,65 @@ TEST(FusedOps, QuantizeRowBlocksMatchesTheFormatOnTheStoredOutput) {
                  " K=" + std::to_string(s.K));
     check_quantize<ep::CooperativeShape, bf16>(s.M, s.N, s.K);
     check_quantize<ep::PingpongShape, f16>(s.M, s.N, s.K);
+  }
+}
+
+// ---- The FP8 mainloop under the fused driver (Fp8Shape, FusedGemm::run_fp8): E4M3 operands with
+// gemm_fp8's block scales, z = round(acc) stored through the driver and quantized again (FP8 in,
+// FP8 out: the form of an FP8 block's kernels, docs/fp8.md). z is gemm_fp8's own D bit for bit
+// (the same mainloop, and one rounding to bf16 in either epilogue); the codes and scales are the
+// format applied to z as stored. The inputs are Fp8GemmCase's (ragged M, N and K, scales that
+// change from block to block).
+
+using Fp8QuantizeEpilogue =
+    ep::FusedEpilogue<ep::Fp8Shape, ep::Stage<bf16, /*kPrepass=*/true>,
+                      ep::QuantizeRowBlocks<ep::Fp8Shape>, ep::TileStore<ep::Fp8Shape, bf16>>;
+
+void check_fp8_under_the_driver(int64_t M, int64_t N, int64_t K) {
+  Seeds seeds;
+  Fp8GemmCase c(M, N, K, seeds);
+  DeviceCopy da(c.a), das(c.a_scales), db(c.b), dbs(c.b_scales);
+  HostTensor d(DType::bf16, {M, N}), z(DType::bf16, {M, N});
+  DeviceCopy dd(d), dz(z);
+  gemm_fp8({.a = da.view(c.a),
+            .a_scales = das.view(c.a_scales),
+            .b = db.view(c.b),
+            .b_scales = dbs.view(c.b_scales),
+            .d = dd.view(d)});
+
+  const int64_t blocks = num_fp8_scale_blocks(N);
+  std::vector<uint8_t> codes(size_t((M + 1) * N), 0x55), scales(size_t((M + 1) * blocks), 0x55);
+  uint8_t *dcodes = nullptr, *dscales = nullptr;
+  ASSERT_EQ(cudaMalloc(&dcodes, codes.size()), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&dscales, scales.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dcodes, codes.data(), codes.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(dscales, scales.data(), scales.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  Fp8QuantizeEpilogue::Params p{};
+  ep::get<1>(p) = ep::QuantizeRowBlocks<ep::Fp8Shape>::params(
+      make_view(dcodes, DType::e4m3, M, N, Device::cuda),
+      make_view(dscales, DType::e8m0, M, blocks, Device::cuda));
+  ep::get<2>(p) = ep::TileStore<ep::Fp8Shape, bf16>::params("z", dz.view(z));
+  ep::FusedGemm<Fp8QuantizeEpilogue, e4m3>::run_fp8(da.view(c.a), das.view(c.a_scales),
+                                                    db.view(c.b), dbs.view(c.b_scales), p, nullptr);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  dd.copy_to(d);
+  dz.copy_to(z);
+  ASSERT_EQ(cudaMemcpy(codes.data(), dcodes, codes.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(scales.data(), dscales, scales.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(dcodes);
+  cudaFree(dscales);
+
+  EXPECT_EQ(std::memcmp(z.view().data, d.view().data, size_t(M * N) * 2), 0)
+      << "z is not gemm_fp8's D bit for bit";
+  expect_row_copy_of(z.values(), M, N, codes, scales);
+}
+
+TEST(FusedOps, Fp8MainloopUnderTheDriverGivesGemmFp8AndItsRowCopy) {
+  CODA_REQUIRE_SM90();
+  for (const Shape& s : {Shape{1, 8, 16}, Shape{300, 264, 528}, Shape{1000, 1032, 2064}}) {
+    SCOPED_TRACE("M=" + std::to_string(s.M) + " N=" + std::to_string(s.N) +
+                 " K=" + std::to_string(s.K));
+    check_fp8_under_the_driver(s.M, s.N, s.K);
   }
 }
 

@@ -11,6 +11,10 @@
 //   StagedWideShape (128 x 256, read by three warps of the producer warpgroup): the staged_wide
 //     schedule (gemm/config.hpp): the cooperative tile's m64n256 MMAs, 3 stages beside the
 //     64 KB staged tile; warp-local op lists only (driver.cuh, kStrips). K6 from K = 3072.
+//   Fp8Shape (64 x 128 per consumer warpgroup): cooperative 128 x 128 tiles for E4M3 operands,
+//     the FP8 mainloop's only tile (coda/gemm/fp8_mainloop.cuh: the partial and the promoted sum
+//     in the consumers' registers, one B scale block per tile); FusedGemm::run_fp8 takes the
+//     operands' block scales (docs/fp8.md, "The FP8 block").
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
@@ -27,6 +31,7 @@
 #include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/gemm/config.hpp"
+#include "coda/gemm/fp8_mainloop.cuh"
 #include "coda/gemm/kernel.cuh"
 #include "coda/gemm/launch.cuh"
 #include "coda/gemm/mainloop.cuh"
@@ -38,6 +43,7 @@ using CooperativeShape = TileShape<2, 64, 256>;
 using PingpongShape = TileShape<2, 128, 128>;
 using StagedShape = TileShape<1, 128, 192, /*staged=*/true>;
 using StagedWideShape = TileShape<1, 128, 256, /*staged=*/true, /*epilogue warps=*/3>;
+using Fp8Shape = TileShape<2, 64, 128>;
 using FusedShape = CooperativeShape; // the default
 
 // Each shape's GEMM schedule and the most pipeline stages it may take.
@@ -50,16 +56,18 @@ template <> struct ScheduleOf<CooperativeShape> : ScheduleTraits<sm90::Schedule:
 template <> struct ScheduleOf<PingpongShape> : ScheduleTraits<sm90::Schedule::pingpong, 6> {};
 template <> struct ScheduleOf<StagedShape> : ScheduleTraits<sm90::Schedule::staged, 4> {};
 template <> struct ScheduleOf<StagedWideShape> : ScheduleTraits<sm90::Schedule::staged_wide, 3> {};
+template <> struct ScheduleOf<Fp8Shape> : ScheduleTraits<sm90::Schedule::cooperative, 6> {};
 
-template <class Shape, int kStages>
-using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule>;
+template <class Shape, int kStages, int kOperandBytes = 2>
+using FusedConfig =
+    sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule, kOperandBytes>;
 
 // Dynamic shared memory of the kernel with kStages pipeline stages (+ 1024 bytes of alignment
 // slack: the kernel rounds the base up to 1024 bytes).
 template <class Epi, class InT, int kStages, GemmLayout kLayout = GemmLayout::fwd>
 constexpr size_t fused_shared_bytes() {
-  using Config = FusedConfig<typename Epi::TileShape, kStages>;
-  using Main = sm90::Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>;
+  using Config = FusedConfig<typename Epi::TileShape, kStages, int(sizeof(InT))>;
+  using Main = sm90::MainloopFor<Config, kLayout, InT>;
   return sizeof(sm90::KernelSharedStorage<Main, Epi>) + 1024; // as sm90::GemmKernel's
 }
 
@@ -79,8 +87,12 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
   static_assert(kLayout == GemmLayout::fwd || kLayout == GemmLayout::dgrad,
                 "fused epilogues run on the forward and input-gradient layouts");
   using Shape = typename Epi::TileShape;
-  using Config = FusedConfig<Shape, fused_stages<Epi, InT, kLayout>()>;
+  using Config = FusedConfig<Shape, fused_stages<Epi, InT, kLayout>(), int(sizeof(InT))>;
   using Kernel = sm90::GemmKernel<Config, kLayout, InT, Epi>;
+  static constexpr bool kFp8 = std::is_same_v<InT, e4m3>;
+  static_assert(!kFp8 || (std::is_same_v<Shape, Fp8Shape> && kLayout == GemmLayout::fwd),
+                "E4M3 operands run on Fp8Shape, in the forward layout (both operands K-major, "
+                "as the FP8 wgmma reads them)");
   static constexpr size_t kSharedBytes = Kernel::kSharedBytes;
   static_assert(Config::kStaged || Config::kMmaBlocksM == Shape::kBlocks,
                 "the epilogue's TileShape is the configuration's warpgroup tile");
@@ -89,16 +101,44 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
   // the ops' parameters. No stream-K (the fused kernels take no workspace).
   static void run(const TensorView& a, const TensorView& w, const typename Epi::Params& epilogue,
                   cudaStream_t stream) {
+    static_assert(!kFp8, "E4M3 operands come with their block scales: run_fp8");
     constexpr bool kDgrad = kLayout == GemmLayout::dgrad;
     const int64_t m = a.shape[0], k = a.shape[1], n = kDgrad ? w.shape[1] : w.shape[0];
     if (m == 0 || n == 0) return;
     if (k == 0) throw Error(Status::not_supported, "the fused GPU GEMMs need K > 0");
+    Kernel::run(a, w, {m, n, k}, epilogue, plan_for(m), TensorView{}, stream);
+  }
+
+  // E4M3 a [M, K] and w [N, K] with gemm_fp8's block scales (Fp8GemmArgs: a_scales [M,
+  // ceil(K/128)], w_scales [ceil(N/128), ceil(K/128)], checked by the caller); the epilogue sees
+  // the promoted fp32 accumulator as it sees the 16-bit GEMM's.
+  static void run_fp8(const TensorView& a, const TensorView& a_scales, const TensorView& w,
+                      const TensorView& w_scales, const typename Epi::Params& epilogue,
+                      cudaStream_t stream) {
+    static_assert(kFp8, "run_fp8 is the E4M3 operands' entry");
+    const int64_t m = a.shape[0], k = a.shape[1], n = w.shape[0];
+    if (m == 0 || n == 0) return;
+    if (k == 0) throw Error(Status::not_supported, "the fused GPU GEMMs need K > 0");
+    typename Kernel::Main::Params mainloop = Kernel::mainloop_params(a, w, {m, n, k});
+    mainloop.a_scales = a_scales.ptr<const uint8_t>();
+    mainloop.b_scales = w_scales.ptr<const uint8_t>();
+    mainloop.a_scales_row_stride = a_scales.stride[0];
+    mainloop.b_scales_row_stride = w_scales.stride[0];
+    mainloop.m = int32_t(m);
+    mainloop.n = int32_t(n);
+    Kernel::run(mainloop, {m, n, k}, epilogue, plan_for(m), TensorView{}, stream);
+  }
+
+private:
+  // No stream-K (the fused kernels take no workspace; the FP8 consumer reads its scales in
+  // k-block order, which a stream-K piece would not follow either).
+  static sm90::GemmPlan plan_for(int64_t m) {
     sm90::GemmPlan plan;
     plan.stream_k = sm90::StreamKMode::off;
     plan.group_m = sm90::choose_group_m(
         ceil_div<int64_t>(ceil_div<int64_t>(m, Config::kTileM), Config::kClusterM),
         Kernel::max_active_clusters(), Config::kClusterM * Config::kTileM, Config::kTileN);
-    Kernel::run(a, w, {m, n, k}, epilogue, plan, TensorView{}, stream);
+    return plan;
   }
 };
 
