@@ -35,6 +35,10 @@ void gemm_fp8(const Fp8GemmArgs& args, Stream stream = nullptr);
 // A weight's E4M3 codes and 128 x 128 block scales for gemm_fp8, and optionally its transposed
 // copy (QuantizeWeightFp8Args, coda/gemm/problem.hpp).
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream = nullptr);
+// An activation's (or a gradient's) E4M3 codes with a scale per row and 128-column block for
+// gemm_fp8, and optionally its transposed copy blocked along M for the weight gradient
+// (QuantizeActivationFp8Args, coda/gemm/problem.hpp).
+void quantize_activation_fp8(const QuantizeActivationFp8Args& args, Stream stream = nullptr);
 
 // The named CODA kernels K0..K7 and the auxiliary kernels: one
 //   void name(const Args& args, Stream stream = nullptr);

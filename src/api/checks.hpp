@@ -11,6 +11,7 @@ namespace coda::api {
 Device validate(const GemmArgs& args);
 Device validate(const Fp8GemmArgs& args);
 Device validate(const QuantizeWeightFp8Args& args);
+Device validate(const QuantizeActivationFp8Args& args);
 // One per kernel of the tables in coda/kernels/args.hpp: K0..K7 in checks_gemm.cpp, the
 // auxiliary kernels in checks_aux.cpp.
 #define CODA_DECLARE_VALIDATE(fn, Args) Device validate(const Args& args);

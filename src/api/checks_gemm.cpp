@@ -97,6 +97,35 @@ Device validate(const QuantizeWeightFp8Args& args) {
   return v.finish();
 }
 
+Device validate(const QuantizeActivationFp8Args& args) {
+  Validator v("quantize_activation_fp8");
+  v.input("x", args.x, Elem::half_or_f32, {any("M"), any("K")});
+  const int64_t M = args.x.shape[0], K = args.x.shape[1];
+  v.at_least_one("M", M, "x");
+  // codes [M, K] is a gemm_fp8 operand reduced over K, whose 1-byte rows TMA reads 16 bytes at a
+  // time; codes_t [K, M] (below) likewise over M.
+  v.gemm_dim("K", K, "x", /*multiple=*/16);
+  const Dim m_blocks = exactly("ceil(M/128)", num_fp8_scale_blocks(M));
+  const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
+  v.output("codes", args.codes, Elem::e4m3, {exactly("M", M), exactly("K", K)});
+  v.output("scales", args.scales, Elem::e8m0, {exactly("M", M), k_blocks});
+  if (args.codes_t.data != nullptr) {
+    // Before codes_t's own checks, which would only see its row stride.
+    if (M % 16 != 0)
+      v.fail(Status::not_supported,
+             "M must be a multiple of 16 when codes_t is given (codes_t [K, M] is a gemm_fp8 "
+             "operand: 16-byte rows for TMA); got " +
+                 std::to_string(M) + " (from x); pad it to " + std::to_string((M + 15) / 16 * 16) +
+                 " or leave codes_t and scales_t absent");
+    v.output("codes_t", args.codes_t, Elem::e4m3, {exactly("K", K), exactly("M", M)});
+    v.output("scales_t", args.scales_t, Elem::e8m0, {exactly("K", K), m_blocks});
+  } else if (args.scales_t.data != nullptr) {
+    v.fail(Status::invalid_argument,
+           "scales_t is given but codes_t is absent; pass both or neither");
+  }
+  return v.finish();
+}
+
 Device validate(const ResidualRmsArgs& args) {
   Validator v("gemm_residual_rms");
   const Mnk p = forward_operands(v, args.a, args.w, any("N"));

@@ -83,6 +83,7 @@ void run(const char* name, const Args& args, Stream stream, CpuKernel cpu_kernel
 CODA_ENTRY_POINT(gemm, GemmArgs)
 CODA_ENTRY_POINT(gemm_fp8, Fp8GemmArgs)
 CODA_ENTRY_POINT(quantize_weight_fp8, QuantizeWeightFp8Args)
+CODA_ENTRY_POINT(quantize_activation_fp8, QuantizeActivationFp8Args)
 CODA_FUSED_KERNELS(CODA_ENTRY_POINT)
 CODA_AUX_KERNELS(CODA_ENTRY_POINT)
 #undef CODA_ENTRY_POINT

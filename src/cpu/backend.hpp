@@ -27,6 +27,9 @@ void gemm(const GemmArgs& args);
 void gemm_fp8(const Fp8GemmArgs& args);
 // A weight's FP8 codes and block scales, and its transposed copy (quantize_fp8.cpp).
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args);
+// An activation's FP8 codes with row-block scales, and its transposed copy blocked along M
+// (quantize_fp8.cpp).
+void quantize_activation_fp8(const QuantizeActivationFp8Args& args);
 // One function per row of the kernel tables (coda/kernels/args.hpp): the GEMMs with a fused
 // epilogue in forward_kernels.cpp and backward_kernels.cpp, the auxiliary kernels in
 // statistics.cpp, rope_backward.cpp and cross_entropy.cpp.

@@ -31,5 +31,8 @@ void gemm(const GemmArgs& args, Stream stream);
 void gemm_fp8(const Fp8GemmArgs& args, Stream stream);
 // A weight's FP8 codes and block scales, and its transposed copy (auxiliary/quantize_fp8.cu).
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream);
+// An activation's FP8 codes with row-block scales, and its transposed copy blocked along M
+// (auxiliary/quantize_activation_fp8.cu).
+void quantize_activation_fp8(const QuantizeActivationFp8Args& args, Stream stream);
 
 } // namespace coda::gpu

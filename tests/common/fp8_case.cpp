@@ -219,4 +219,103 @@ std::string Fp8WeightCase::check(bool transposed) const {
   return errors;
 }
 
+Fp8ActivationCase::Fp8ActivationCase(int64_t m_, int64_t k_, DType dtype, bool non_finite,
+                                     Seeds& seeds, int max_binade)
+    : m(m_), k(k_), codes(DType::e4m3, {m_, k_}),
+      scales(DType::e8m0, {m_, num_fp8_scale_blocks(k_)}), codes_t(DType::e4m3, {k_, m_}),
+      scales_t(DType::e8m0, {k_, num_fp8_scale_blocks(m_)}) {
+  const int64_t kbs = num_fp8_scale_blocks(k);
+  std::mt19937_64 rng(seeds.next());
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_int_distribution<int> binade(-max_binade, max_binade), shift(-4, 4);
+  std::vector<int> tile(static_cast<size_t>(num_fp8_scale_blocks(m) * kbs));
+  std::vector<int> row(static_cast<size_t>(m)), col(static_cast<size_t>(k));
+  for (int& e : tile) e = binade(rng);
+  for (int& e : row) e = shift(rng);
+  for (int& e : col) e = shift(rng);
+  std::vector<double> v(size_t(m * k));
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < k; ++c)
+      v[size_t(r * k + c)] =
+          std::ldexp(normal(rng), row[size_t(r)] + col[size_t(c)] +
+                                      tile[size_t(r / kFp8ScaleBlock * kbs + c / kFp8ScaleBlock)]);
+  if (non_finite) {
+    v[0] = std::numeric_limits<double>::infinity(); // row 0's and column 0's first block
+    v[size_t((m - 1) * k + k - 1)] = -std::nan(""); // the last row's and column's last
+  }
+  x = HostTensor::of(dtype, {m, k}, v);
+}
+
+QuantizeActivationFp8Args Fp8ActivationCase::args(bool transposed) {
+  QuantizeActivationFp8Args a;
+  a.x = x.view();
+  a.codes = codes.view();
+  a.scales = scales.view();
+  if (transposed) a.codes_t = codes_t.view(), a.scales_t = scales_t.view();
+  return a;
+}
+
+std::string Fp8ActivationCase::check(bool transposed) const {
+  const std::vector<double> xv = x.values();
+  const auto byte_at = [](const HostTensor& t, int64_t i) {
+    return static_cast<const uint8_t*>(const_cast<HostTensor&>(t).host_view().data)[i];
+  };
+  std::string errors;
+  int reported = 0;
+  const auto report = [&](const std::string& what) {
+    if (++reported <= 8) errors += what + "\n";
+  };
+  // One copy: `lines` lines of `length` values (x's rows, or its columns), value(l, i) the i-th
+  // of line l, each line cut into blocks of 128; the copy's codes [lines, length] and scales
+  // [lines, ceil(length/128)], row-major.
+  const auto check_copy = [&](const char* copy, int64_t lines, int64_t length, auto value,
+                              const HostTensor& q, const HostTensor& s) {
+    const int64_t blocks = num_fp8_scale_blocks(length);
+    for (int64_t l = 0; l < lines; ++l)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t i0 = b * kFp8ScaleBlock, i1 = std::min<int64_t>(length, i0 + kFp8ScaleBlock);
+        std::vector<float> block;
+        for (int64_t i = i0; i < i1; ++i) block.push_back(float(value(l, i)));
+        const int e = e4m3_block_exponent(block.data(), int64_t(block.size()));
+        const int scale = e == kNoScale ? 0xFF : e + 127;
+        const std::string at =
+            std::string(copy) + " line " + std::to_string(l) + " block " + std::to_string(b);
+        if (byte_at(s, l * blocks + b) != scale)
+          report("scale of " + at + ": " + std::to_string(byte_at(s, l * blocks + b)) + ", want " +
+                 std::to_string(scale));
+        for (int64_t i = i0; i < i1; ++i) {
+          const int want =
+              e == kNoScale
+                  ? 0x7F
+                  : e4m3_nearest_code(float(std::ldexp(double(block[size_t(i - i0)]), -e)));
+          if (byte_at(q, l * length + i) != want)
+            report("code " + std::to_string(i) + " of " + at + ": " +
+                   std::to_string(byte_at(q, l * length + i)) + ", want " + std::to_string(want));
+        }
+      }
+  };
+  check_copy(
+      "codes", m, k, [&](int64_t r, int64_t c) { return xv[size_t(r * k + c)]; }, codes, scales);
+  if (transposed)
+    check_copy(
+        "codes_t", k, m, [&](int64_t c, int64_t r) { return xv[size_t(r * k + c)]; }, codes_t,
+        scales_t);
+  for (const HostTensor* t : {&codes, &scales, &codes_t, &scales_t})
+    if (!t->guard_intact()) report("a guard byte after an output changed");
+  if (reported > 8) errors += std::to_string(reported - 8) + " more\n";
+  return errors;
+}
+
+std::vector<double> Fp8ActivationCase::dequantized(bool transposed) const {
+  const int64_t rows = transposed ? k : m, cols = transposed ? m : k;
+  const std::vector<double> q = (transposed ? codes_t : codes).values();
+  const std::vector<double> s = (transposed ? scales_t : scales).values();
+  std::vector<double> out(q.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[size_t(r * cols + c)] =
+          q[size_t(r * cols + c)] * s[size_t(r * num_fp8_scale_blocks(cols) + c / kFp8ScaleBlock)];
+  return out;
+}
+
 } // namespace coda::test

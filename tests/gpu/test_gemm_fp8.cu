@@ -8,8 +8,8 @@
 // block; D is poisoned with NaN and fenced by guard bytes, and one case surrounds it with
 // poisoned padding (a wider row stride, rows past M) that must keep its bytes; M and N are
 // ragged against the 128 x 128 tiles and K against the 128-deep blocks. Skipped (not passed)
-// where there is no sm_90 device. And quantize_weight_fp8 on the GPU against the CPU backend, bit
-// for bit.
+// where there is no sm_90 device. And quantize_weight_fp8 and quantize_activation_fp8 on the GPU
+// against the CPU backend, bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -287,6 +287,61 @@ TEST(GpuQuantizeWeightFp8, MatchesTheCpuBackendBitForBit) {
 TEST(GpuFp8GemmSmallForSanitizer, QuantizeWeight) {
   CODA_REQUIRE_SM90();
   check_weight(144, 272, DType::bf16, true);
+}
+
+// ---- quantize_activation_fp8: the GPU's codes and scales, and its transposed copy with blocks of
+// its own, are the CPU backend's, bit for bit (which is the format's definition:
+// Fp8ActivationCase::check); no byte past an output is written; with and without the transposed
+// copy (then M may be ragged); an infinity and a NaN each poison their block of each copy.
+// Written and compiled, not yet run on a GPU.
+
+void check_activation(int64_t m, int64_t k, DType dtype, bool transposed) {
+  SCOPED_TRACE("M " + std::to_string(m) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
+               (transposed ? " with the transpose" : ""));
+  Seeds seeds;
+  Fp8ActivationCase cpu(m, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 4 : 20);
+  quantize_activation_fp8(cpu.args(transposed)); // host tensors: the CPU backend
+  ASSERT_EQ(cpu.check(transposed), "");
+  Fp8ActivationCase gpu = cpu;
+  for (HostTensor* t : {&gpu.codes, &gpu.scales, &gpu.codes_t, &gpu.scales_t}) t->poison();
+  DeviceTensor x(gpu.x), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
+      scales_t(gpu.scales_t);
+  QuantizeActivationFp8Args args{.x = x.view(), .codes = codes.view(), .scales = scales.view()};
+  if (transposed) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
+  quantize_activation_fp8(args);
+  synchronize_ok();
+  for (DeviceTensor* t : {&codes, &scales, &codes_t, &scales_t})
+    EXPECT_TRUE(t->copy_back()) << "a write past the end of an output";
+  const auto same = [](const HostTensor& a, const HostTensor& b) {
+    const size_t bytes = size_t(a.numel() * dtype_size(a.dtype()));
+    return std::memcmp(const_cast<HostTensor&>(a).host_view().data,
+                       const_cast<HostTensor&>(b).host_view().data, bytes) == 0;
+  };
+  EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
+  EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
+  if (transposed) {
+    EXPECT_TRUE(same(gpu.codes_t, cpu.codes_t)) << "codes_t";
+    EXPECT_TRUE(same(gpu.scales_t, cpu.scales_t)) << "scales_t";
+  } else {
+    for (double v : gpu.codes_t.values()) ASSERT_TRUE(std::isnan(v)) << "codes_t written";
+    for (double v : gpu.scales_t.values()) ASSERT_TRUE(std::isnan(v)) << "scales_t written";
+  }
+}
+
+TEST(GpuQuantizeActivationFp8, MatchesTheCpuBackendBitForBit) {
+  CODA_REQUIRE_SM90();
+  // One tile, short tiles both ways, several tiles each way with short last ones.
+  for (const auto& [m, k] : {std::pair<int64_t, int64_t>{16, 16}, {208, 304}, {1040, 2064}})
+    for (DType dtype : {DType::bf16, DType::f16, DType::f32})
+      for (bool transposed : {true, false}) check_activation(m, k, dtype, transposed);
+  // Without the transposed copy M is arbitrary: a row past a tile's last 16-row group.
+  for (DType dtype : {DType::bf16, DType::f32}) check_activation(131, 400, dtype, false);
+}
+
+// A tiny case for compute-sanitizer: two tiles of rows, the second short; two of columns.
+TEST(GpuFp8GemmSmallForSanitizer, QuantizeActivation) {
+  CODA_REQUIRE_SM90();
+  check_activation(144, 272, DType::bf16, true);
 }
 
 TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {

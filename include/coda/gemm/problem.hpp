@@ -118,4 +118,28 @@ struct QuantizeWeightFp8Args {
   int64_t k() const { return w.shape[1]; }
 };
 
+// An activation or a gradient quantized for the FP8 GEMMs (docs/fp8.md), blocks along its rows:
+//   x        [M, K] bf16, f16 or f32                  the tensor as a layer produces it
+//   codes    [M, K] e4m3                              gemm_fp8's a (or, scaled by rows, its b)
+//   scales   [M, ceil(K/128)] e8m0                    one per row and 128-column block
+//   codes_t  [K, M] e4m3, optional                    xᵀ: an operand of the weight gradient
+//                                                     (dW = dYᵀ X reduces over M, the tokens)
+//   scales_t [K, ceil(M/128)] e8m0                    with codes_t: one per column of x and
+//                                                     128-row block
+// Per block of 1 x 128 (the last of a row may be short): amax of |x|, k =
+// e4m3_scale_exponent(amax), each code quantize_e4m3(x, k), the scale 2^k as an E8M0 byte; a
+// block holding a NaN or an infinity gets the NaN scale and NaN codes. The transposed copy's
+// blocks are 128 consecutive rows of one column of x (128 consecutive codes of a row of codes_t),
+// each with its own scale: other blocks than the rows', so codes_t is not the transposed codes.
+// K is a multiple of 16 (codes is a gemm_fp8 operand reduced over its rows of 1-byte codes); with
+// codes_t, so is M (codes_t's rows, M codes each, are read the same way).
+struct QuantizeActivationFp8Args {
+  TensorView x;
+  TensorView codes, scales;
+  TensorView codes_t, scales_t;
+
+  int64_t m() const { return x.shape[0]; }
+  int64_t k() const { return x.shape[1]; }
+};
+
 } // namespace coda
