@@ -220,14 +220,14 @@ std::string Fp8WeightCase::check(bool transposed) const {
 }
 
 Fp8ActivationCase::Fp8ActivationCase(int64_t m_, int64_t k_, DType dtype, bool non_finite,
-                                     Seeds& seeds, int max_binade)
+                                     Seeds& seeds, int max_binade, int max_shift)
     : m(m_), k(k_), codes(DType::e4m3, {m_, k_}),
       scales(DType::e8m0, {m_, num_fp8_scale_blocks(k_)}), codes_t(DType::e4m3, {k_, m_}),
       scales_t(DType::e8m0, {k_, num_fp8_scale_blocks(m_)}) {
   const int64_t kbs = num_fp8_scale_blocks(k);
   std::mt19937_64 rng(seeds.next());
   std::normal_distribution<double> normal(0.0, 1.0);
-  std::uniform_int_distribution<int> binade(-max_binade, max_binade), shift(-4, 4);
+  std::uniform_int_distribution<int> binade(-max_binade, max_binade), shift(-max_shift, max_shift);
   std::vector<int> tile(static_cast<size_t>(num_fp8_scale_blocks(m) * kbs));
   std::vector<int> row(static_cast<size_t>(m)), col(static_cast<size_t>(k));
   for (int& e : tile) e = binade(rng);

@@ -75,9 +75,10 @@ struct Fp8WeightCase {
 };
 
 // One activation (or gradient) to quantize (QuantizeActivationFp8Args) for the CPU and GPU suites:
-// x(r, c) = normal * 2^(a_r + b_c + e_(r/128, c/128)), a per row and b per column in [-4, 4], e
-// per 128 x 128 tile in [-max_binade, max_binade], so that a row's block and a column's block
-// through one value see other magnitudes (a copy quantized with the other copy's blocks fails);
+// x(r, c) = normal * 2^(a_r + b_c + e_(r/128, c/128)), a per row and b per column in
+// [-max_shift, max_shift], e per 128 x 128 tile in [-max_binade, max_binade], so that a row's
+// block and a column's block through one value see other magnitudes (a copy quantized with the
+// other copy's blocks fails);
 // optionally an infinity at (0, 0) and a NaN at (M-1, K-1); the outputs poisoned (NaN codes and
 // scales) with guard bytes.
 struct Fp8ActivationCase {
@@ -85,7 +86,7 @@ struct Fp8ActivationCase {
   HostTensor x, codes, scales, codes_t, scales_t;
 
   Fp8ActivationCase(int64_t m, int64_t k, DType dtype, bool non_finite, Seeds& seeds,
-                    int max_binade = 20);
+                    int max_binade = 20, int max_shift = 4);
   QuantizeActivationFp8Args args(bool transposed);
   // Empty when codes and scales (and, with `transposed`, codes_t and scales_t) are the format's
   // definition applied to x's row blocks (and to its column blocks) one by one
