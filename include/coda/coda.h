@@ -78,6 +78,12 @@ typedef struct coda_quantize_weight_fp8_args { /* coda_quantize_weight_fp8; see 
   coda_tensor codes_t, scales_t; /* optional, together */
 } coda_quantize_weight_fp8_args;
 
+typedef struct coda_quantize_activation_fp8_args { /* coda_quantize_activation_fp8; its prototype */
+  coda_tensor x;
+  coda_tensor codes, scales;
+  coda_tensor codes_t, scales_t; /* optional, together */
+} coda_quantize_activation_fp8_args;
+
 typedef struct coda_residual_rms_args { /* K0; out may alias residual */
   coda_tensor a, w, residual, gamma;
   coda_tensor out, out_scaled, sumsq_partials;
@@ -198,6 +204,24 @@ CODA_API coda_status coda_gemm_fp8(const coda_fp8_gemm_args* args, coda_stream_t
  * infinity gets the NaN scale 0xFF and NaN codes 0x7F. N and K are multiples of 16. */
 CODA_API coda_status coda_quantize_weight_fp8(const coda_quantize_weight_fp8_args* args,
                                               coda_stream_t stream);
+/* An activation's (or a gradient's) FP8 copies for coda_gemm_fp8
+ * (coda::quantize_activation_fp8, docs/fp8.md):
+ *   x        [M, K]                       CODA_BF16, CODA_F16 or CODA_F32  as a layer produces it
+ *   codes    [M, K]                       CODA_E4M3  coda_gemm_fp8's a (or, CODA_FP8_B_ROWS, b)
+ *   scales   [M, ceil(K/128)]             CODA_E8M0  one per row and 128-column block
+ *   codes_t  [K, M]                       CODA_E4M3  optional: x^T, an operand of the weight
+ *                                                    gradient dW = dY^T X (reduces over M)
+ *   scales_t [K, ceil(M/128)]             CODA_E8M0  with codes_t: one per column of x and
+ *                                                    128-row block
+ * codes_t and scales_t are given together or both absent (data NULL). Per 1 x 128 block (a row's
+ * 128 columns for codes; for codes_t, 128 rows of one column of x, i.e. 128 codes of a row of
+ * codes_t; the last block may be short): amax of |x|, k the smallest integer with amax <= 448 2^k
+ * (at least -126), the scale byte k + 127, each code x 2^-k rounded to nearest even E4M3. The
+ * copies have different blocks, so codes_t is not codes transposed. A block holding a NaN or an
+ * infinity gets the NaN scale 0xFF and NaN codes 0x7F. K is a multiple of 16, and so is M when
+ * codes_t is given. */
+CODA_API coda_status coda_quantize_activation_fp8(const coda_quantize_activation_fp8_args* args,
+                                                  coda_stream_t stream);
 CODA_API coda_status coda_gemm_residual_rms(const coda_residual_rms_args* args,
                                             coda_stream_t stream);
 CODA_API coda_status coda_gemm_rms_scale(const coda_rms_scale_args* args, coda_stream_t stream);

@@ -151,6 +151,11 @@ class QuantizeWeightFp8Args(Structure):  # coda_quantize_weight_fp8_args, C++ co
         ("scales_t", Tensor)]
 
 
+class QuantizeActivationFp8Args(Structure):  # coda_quantize_activation_fp8_args, C++ coda::QuantizeActivationFp8Args
+    _fields_ = [("x", Tensor), ("codes", Tensor), ("scales", Tensor), ("codes_t", Tensor),
+        ("scales_t", Tensor)]
+
+
 class ResidualRmsArgs(Structure):  # coda_residual_rms_args, C++ coda::ResidualRmsArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("residual", Tensor), ("gamma", Tensor),
         ("out", Tensor), ("out_scaled", Tensor), ("sumsq_partials", Tensor)]
@@ -232,6 +237,7 @@ STRUCTS = {"coda_tensor": Tensor, "coda_scalar": Scalar, "coda_llama_config": Ll
     "coda_llama_last_saved": LlamaLastSaved, "coda_llama_last_grads": LlamaLastGrads,
     "coda_rope_spec": RopeSpec, "coda_gemm_args": GemmArgs, "coda_fp8_gemm_args": Fp8GemmArgs,
     "coda_quantize_weight_fp8_args": QuantizeWeightFp8Args,
+    "coda_quantize_activation_fp8_args": QuantizeActivationFp8Args,
     "coda_residual_rms_args": ResidualRmsArgs, "coda_rms_scale_args": RmsScaleArgs,
     "coda_rms_swiglu_args": RmsSwigluArgs, "coda_rms_geglu_args": RmsGegluArgs,
     "coda_rms_rope_args": RmsRopeArgs, "coda_rms_lse_args": RmsLseArgs,
@@ -266,6 +272,7 @@ SIGNATURES = {
     "coda_gemm_workspace_size": (c_int32, [POINTER(GemmArgs), POINTER(c_size_t)]),
     "coda_gemm_fp8": (c_int32, [POINTER(Fp8GemmArgs), c_void_p]),
     "coda_quantize_weight_fp8": (c_int32, [POINTER(QuantizeWeightFp8Args), c_void_p]),
+    "coda_quantize_activation_fp8": (c_int32, [POINTER(QuantizeActivationFp8Args), c_void_p]),
     "coda_gemm_residual_rms": (c_int32, [POINTER(ResidualRmsArgs), c_void_p]),
     "coda_gemm_rms_scale": (c_int32, [POINTER(RmsScaleArgs), c_void_p]),
     "coda_gemm_rms_swiglu": (c_int32, [POINTER(RmsSwigluArgs), c_void_p]),
@@ -287,11 +294,12 @@ SIGNATURES = {
 }
 
 KERNELS = {"coda_gemm": GemmArgs, "coda_gemm_fp8": Fp8GemmArgs,
-    "coda_quantize_weight_fp8": QuantizeWeightFp8Args, "coda_gemm_residual_rms": ResidualRmsArgs,
-    "coda_gemm_rms_scale": RmsScaleArgs, "coda_gemm_rms_swiglu": RmsSwigluArgs,
-    "coda_gemm_rms_geglu": RmsGegluArgs, "coda_gemm_rms_rope": RmsRopeArgs,
-    "coda_gemm_rms_lse": RmsLseArgs, "coda_gemm_rms_backward": RmsBackwardArgs,
-    "coda_gemm_swiglu_backward": SwigluBackwardArgs, "coda_rms_stats": RmsStatsArgs,
-    "coda_rstd_from_partials": RstdArgs, "coda_reduce_row_partials": RowReduceArgs,
-    "coda_reduce_col_partials": ColReduceArgs, "coda_rope_backward": RopeBackwardArgs,
-    "coda_cross_entropy": CrossEntropyArgs}
+    "coda_quantize_weight_fp8": QuantizeWeightFp8Args,
+    "coda_quantize_activation_fp8": QuantizeActivationFp8Args,
+    "coda_gemm_residual_rms": ResidualRmsArgs, "coda_gemm_rms_scale": RmsScaleArgs,
+    "coda_gemm_rms_swiglu": RmsSwigluArgs, "coda_gemm_rms_geglu": RmsGegluArgs,
+    "coda_gemm_rms_rope": RmsRopeArgs, "coda_gemm_rms_lse": RmsLseArgs,
+    "coda_gemm_rms_backward": RmsBackwardArgs, "coda_gemm_swiglu_backward": SwigluBackwardArgs,
+    "coda_rms_stats": RmsStatsArgs, "coda_rstd_from_partials": RstdArgs,
+    "coda_reduce_row_partials": RowReduceArgs, "coda_reduce_col_partials": ColReduceArgs,
+    "coda_rope_backward": RopeBackwardArgs, "coda_cross_entropy": CrossEntropyArgs}

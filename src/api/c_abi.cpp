@@ -99,7 +99,7 @@ const char* coda_version(void) { return CODA_VERSION_STRING; }
 } // extern "C"
 
 // The kernels above are coda.h's (each calls its C++ function, so none can lack one). The other
-// way round, the two GEMMs, the weight quantizer and every kernel of the C++ tables
+// way round, the two GEMMs, the two quantizers and every kernel of the C++ tables
 // (coda/kernels/args.hpp), the rows of api/coda.cpp's CODA_ENTRY_POINT, must have their C entry
 // point: coda_<name>, declared in coda.h on the C twin of its Args.
 #define CODA_REQUIRE_C_ENTRY_POINT(fn, Args)                                                       \
@@ -110,6 +110,7 @@ const char* coda_version(void) { return CODA_VERSION_STRING; }
 CODA_REQUIRE_C_ENTRY_POINT(gemm, GemmArgs)
 CODA_REQUIRE_C_ENTRY_POINT(gemm_fp8, Fp8GemmArgs)
 CODA_REQUIRE_C_ENTRY_POINT(quantize_weight_fp8, QuantizeWeightFp8Args)
+CODA_REQUIRE_C_ENTRY_POINT(quantize_activation_fp8, QuantizeActivationFp8Args)
 CODA_FUSED_KERNELS(CODA_REQUIRE_C_ENTRY_POINT)
 CODA_AUX_KERNELS(CODA_REQUIRE_C_ENTRY_POINT)
 #undef CODA_REQUIRE_C_ENTRY_POINT

@@ -122,6 +122,17 @@ QuantizeWeightFp8Args valid_quantize_fp8(Arena& ar) {
           .scales_t = ar.out_matrix(e8m0, 2, 1)};
 }
 
+// The activation quantizer: x [16, 144] (M and K multiples of 16), so two column blocks of row
+// scales, the second short, and one row block of column scales; with the transposed copy.
+QuantizeActivationFp8Args valid_quantize_activation_fp8(Arena& ar) {
+  constexpr int64_t M16 = 16, K8 = 144;
+  return {.x = ar.matrix(bf16, M16, K8),
+          .codes = ar.out_matrix(e4m3, M16, K8),
+          .scales = ar.out_matrix(e8m0, M16, 2),
+          .codes_t = ar.out_matrix(e4m3, K8, M16),
+          .scales_t = ar.out_matrix(e8m0, K8, 1)};
+}
+
 ResidualRmsArgs valid_k0(Arena& ar) {
   return {ar.matrix(bf16, M, K),
           ar.matrix(bf16, N, K),
@@ -248,7 +259,7 @@ GateUp valid_gate_up(Arena& ar) { return {true, ar.matrix(f32, 8, 12), ar.out_ma
 // layout, src/api/abi_cast.hpp).
 using api::to_c;
 
-// The GEMMs, the weight quantizer and every kernel of the tables in coda/kernels/args.hpp.
+// The GEMMs, the two quantizers and every kernel of the tables in coda/kernels/args.hpp.
 #define CODA_BOTH_INTERFACES(fn, Args)                                                             \
   void call_cpp(const Args& a) { fn(a); }                                                          \
   coda_status call_c(const Args& a) {                                                              \
@@ -258,6 +269,7 @@ using api::to_c;
 CODA_BOTH_INTERFACES(gemm, GemmArgs)
 CODA_BOTH_INTERFACES(gemm_fp8, Fp8GemmArgs)
 CODA_BOTH_INTERFACES(quantize_weight_fp8, QuantizeWeightFp8Args)
+CODA_BOTH_INTERFACES(quantize_activation_fp8, QuantizeActivationFp8Args)
 CODA_FUSED_KERNELS(CODA_BOTH_INTERFACES)
 CODA_AUX_KERNELS(CODA_BOTH_INTERFACES)
 #undef CODA_BOTH_INTERFACES
@@ -310,6 +322,7 @@ TEST(ApiValidation, ValidFixturesPass) {
   EXPECT_EQ(validate_only(valid_gemm(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_fp8(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_quantize_fp8(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_quantize_activation_fp8(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k0(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k1(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k2(ar)), Device::cpu);
@@ -378,6 +391,12 @@ const Rejection kRejections[] = {
     reject("QuantizeFp8TransposedScalesMustBeE8m0", valid_quantize_fp8,
            [](Arena&, QuantizeWeightFp8Args& q) { q.scales_t.dtype = e4m3; }, Status::type_error,
            {"quantize_weight_fp8: scales_t must be e8m0; got e4m3"}),
+    reject("QuantizeActivationFp8XMustBeFloat", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.x.dtype = i32; }, Status::type_error,
+           {"quantize_activation_fp8: x must be bf16, f16 or f32; got i32"}),
+    reject("QuantizeActivationFp8TransposedCodesMustBeE4m3", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.codes_t.dtype = e8m0; }, Status::type_error,
+           {"quantize_activation_fp8: codes_t must be e4m3; got e8m0"}),
     reject("UnknownDtypeValue", valid_gemm, [](Arena&, GemmArgs& g) { g.d.dtype = DType(9); },
            Status::type_error, {"d has an unknown dtype 9"}),
     reject("ConverterDtypesMustMatch", valid_gate_up,
@@ -417,6 +436,31 @@ const Rejection kRejections[] = {
     reject("QuantizeFp8TransposedScalesNeedTheCodes", valid_quantize_fp8,
            [](Arena&, QuantizeWeightFp8Args& q) { q.codes_t = {}; }, Status::invalid_argument,
            {"quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or neither"}),
+    reject("QuantizeActivationFp8TransposedScalesPerColumn", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) {
+             std::swap(q.scales_t.shape[0], q.scales_t.shape[1]);
+           },
+           Status::invalid_argument,
+           {"quantize_activation_fp8: scales_t must have shape [K, ceil(M/128)] = [144, 1]; "
+            "got [1, 144]"}),
+    reject("QuantizeActivationFp8ScalesPerRow", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.scales.shape[0] = 1; },
+           Status::invalid_argument,
+           {"quantize_activation_fp8: scales must have shape [M, ceil(K/128)] = [16, 2]; "
+            "got [1, 2]"}),
+    reject("QuantizeActivationFp8TransposedCodesAreTransposed", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) {
+             q.codes_t.shape[0] = 16, q.codes_t.shape[1] = 144, q.codes_t.stride[0] = 144;
+           },
+           Status::invalid_argument,
+           {"quantize_activation_fp8: codes_t must have shape [K, M] = [144, 16]; got [16, 144]"}),
+    reject("QuantizeActivationFp8TransposedScalesNeedTheCodes", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.codes_t = {}; }, Status::invalid_argument,
+           {"quantize_activation_fp8: scales_t is given but codes_t is absent; pass both or "
+            "neither"}),
+    reject("QuantizeActivationFp8TransposedCodesNeedTheScales", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.scales_t = {}; }, Status::invalid_argument,
+           {"quantize_activation_fp8: scales_t is required; got a null data pointer"}),
     reject("ResidualRmsShapeMismatch", valid_k0,
            [](Arena&, ResidualRmsArgs& k0) { k0.residual.shape[0] = M - 1; },
            Status::invalid_argument,
@@ -502,6 +546,19 @@ const Rejection kRejections[] = {
     reject("QuantizeFp8NNotMultipleOf16", valid_quantize_fp8,
            [](Arena&, QuantizeWeightFp8Args& q) { q.w.shape[0] = 8; }, Status::not_supported,
            {"quantize_weight_fp8: N must be a multiple of 16", "got 8"}),
+    reject("QuantizeActivationFp8KNotMultipleOf16", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) {
+             q.x.shape[1] = q.codes.shape[1] = q.codes_t.shape[0] = 136; // rows still 144 apart
+           },
+           Status::not_supported,
+           {"quantize_activation_fp8: K must be a multiple of 16", "got 136"}),
+    reject("QuantizeActivationFp8MNotMultipleOf16WithTheTranspose", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) {
+             q.x.shape[0] = q.codes.shape[0] = q.scales.shape[0] = q.codes_t.shape[1] = 8;
+           },
+           Status::not_supported,
+           {"quantize_activation_fp8: M must be a multiple of 16 when codes_t is given", "got 8",
+            "leave codes_t and scales_t absent"}),
     reject("SwigluWeightRowsMustBeEven", valid_k2,
            [](Arena&, RmsSwigluArgs& k2) { k2.w.shape[0] = 15; }, Status::invalid_argument,
            {"w must have an even number of rows", "got 15"}),
@@ -625,6 +682,12 @@ const Rejection kRejections[] = {
     reject("QuantizeFp8CopiesOverlap", valid_quantize_fp8,
            [](Arena&, QuantizeWeightFp8Args& q) { q.codes_t.data = q.codes.data; },
            Status::invalid_argument, {"quantize_weight_fp8: codes overlaps codes_t in memory"}),
+    reject("QuantizeActivationFp8CopiesOverlap", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.codes_t.data = q.codes.data; },
+           Status::invalid_argument, {"quantize_activation_fp8: codes overlaps codes_t in memory"}),
+    reject("QuantizeActivationFp8OutputOverlapsTheInput", valid_quantize_activation_fp8,
+           [](Arena&, QuantizeActivationFp8Args& q) { q.scales_t.data = q.x.data; },
+           Status::invalid_argument, {"quantize_activation_fp8: scales_t overlaps x in memory"}),
     reject("UndocumentedAlias", valid_k6,
            [](Arena&, RmsBackwardArgs& k6) {
              k6.dx = k6.x; // x is an input; dx may not alias it
@@ -789,6 +852,10 @@ TEST(ApiValidation, DocumentedAliasesAndDisjointViewsPass) {
   QuantizeWeightFp8Args q = valid_quantize_fp8(ar);
   q.codes_t = q.scales_t = {}; // no transposed copy
   EXPECT_EQ(api::validate(q), Device::cpu);
+  QuantizeActivationFp8Args qa = valid_quantize_activation_fp8(ar);
+  qa.codes_t = qa.scales_t = {}; // no transposed copy: M need not be a multiple of 16
+  qa.x.shape[0] = qa.codes.shape[0] = qa.scales.shape[0] = 5;
+  EXPECT_EQ(api::validate(qa), Device::cpu);
   EXPECT_TRUE(ar.unchanged());
 }
 
@@ -850,6 +917,8 @@ TEST(ApiValidation, NullArgsThroughTheCAbi) {
   EXPECT_STREQ(coda_last_error(), "coda_gemm_fp8: args is NULL");
   EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
+  EXPECT_EQ(coda_quantize_activation_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_quantize_activation_fp8: args is NULL");
   EXPECT_EQ(coda_cross_entropy(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_cross_entropy: args is NULL");
   coda_tensor t{};

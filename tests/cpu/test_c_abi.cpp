@@ -469,6 +469,99 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
 }
 
+// The activation quantizer through the C ABI (coda_quantize_activation_fp8 on
+// coda_quantize_activation_fp8_args, built here field by field as a C caller would) gives the
+// C++ entry point's bytes, with the transposed copy and without it (codes_t and scales_t left
+// zero: absent), on an activation ragged against the blocks both ways with an infinity and a NaN
+// poisoning their blocks of each copy; a bad call returns its status and the validator's message,
+// and leaves every output byte as it was.
+TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
+  constexpr int64_t M = 208, K = 304; // row blocks of 128, 128 and 48 columns; 128 and 80 rows
+  const int64_t mb = num_fp8_scale_blocks(M), kb = num_fp8_scale_blocks(K);
+  test::Seeds seeds;
+  test::Fp8ActivationCase cpp(M, K, DType::f16, /*non_finite=*/true, seeds, 4);
+  quantize_activation_fp8(cpp.args(true));
+  ASSERT_EQ(cpp.check(true), ""); // the format's definition, block by block
+
+  // The C call's outputs start as bytes the quantizer never writes (0xFF: a negative NaN code,
+  // which it writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so a byte the call
+  // left alone differs from the C++ call's.
+  test::HostTensor codes(DType::e4m3, {M, K}), scales(DType::e8m0, {M, kb});
+  test::HostTensor codes_t(DType::e4m3, {K, M}), scales_t(DType::e8m0, {K, mb});
+  const auto fill = [](test::HostTensor& t, uint8_t byte) {
+    std::memset(t.host_view().data, byte, size_t(t.numel()));
+  };
+  const auto fill_all = [&] {
+    fill(codes, 0xFF);
+    fill(codes_t, 0xFF);
+    fill(scales, 0xFE);
+    fill(scales_t, 0xFE);
+  };
+  const auto bytes = [](test::HostTensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
+    return std::vector<uint8_t>(p, p + t.numel());
+  };
+  const auto untouched = [&](test::HostTensor& t, uint8_t byte) {
+    return bytes(t) == std::vector<uint8_t>(size_t(t.numel()), byte);
+  };
+
+  const coda_device host = CODA_DEVICE_CPU;
+  const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
+  coda_quantize_activation_fp8_args ca{};
+  ca.x = coda_matrix(ptr(cpp.x), CODA_F16, M, K, host);
+  ca.codes = coda_matrix(ptr(codes), CODA_E4M3, M, K, host);
+  ca.scales = coda_matrix(ptr(scales), CODA_E8M0, M, kb, host);
+  coda_quantize_activation_fp8_args without_t = ca; // codes_t and scales_t zero: absent
+  ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, M, host);
+  ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, K, mb, host);
+
+  fill_all();
+  ASSERT_EQ(coda_quantize_activation_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
+  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
+  EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
+  EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
+
+  fill_all();
+  ASSERT_EQ(coda_quantize_activation_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
+  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
+  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
+  EXPECT_TRUE(untouched(codes_t, 0xFF) && untouched(scales_t, 0xFE))
+      << "an absent copy was written";
+
+  const auto expect_rejected = [&](const coda_quantize_activation_fp8_args& bad, coda_status status,
+                                   const char* message) {
+    fill_all();
+    EXPECT_EQ(coda_quantize_activation_fp8(&bad, nullptr), status);
+    EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
+    EXPECT_TRUE(untouched(codes, 0xFF) && untouched(codes_t, 0xFF) && untouched(scales, 0xFE) &&
+                untouched(scales_t, 0xFE))
+        << "a rejected call wrote an output: " << message;
+  };
+  coda_quantize_activation_fp8_args bad = ca;
+  bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
+  expect_rejected(bad, CODA_TYPE_ERROR, "quantize_activation_fp8: scales must be e8m0; got f32");
+  bad = ca;
+  bad.scales_t.shape[0] = kb, bad.scales_t.shape[1] = mb; // a weight's layout, one per block
+  expect_rejected(bad, CODA_INVALID_ARGUMENT,
+                  "scales_t must have shape [K, ceil(M/128)] = [304, 2]; got [3, 2]");
+  bad = without_t;
+  bad.scales_t = ca.scales_t;
+  expect_rejected(bad, CODA_INVALID_ARGUMENT,
+                  "quantize_activation_fp8: scales_t is given but codes_t is absent; pass both "
+                  "or neither");
+  bad = ca;
+  bad.x.shape[1] = bad.codes.shape[1] = bad.codes_t.shape[0] = K - 8; // rows still K apart
+  expect_rejected(bad, CODA_NOT_SUPPORTED, "quantize_activation_fp8: K must be a multiple of 16");
+  bad = ca; // the first 200 rows, with the transposed copy's rows still M codes apart
+  bad.x.shape[0] = bad.codes.shape[0] = bad.scales.shape[0] = bad.codes_t.shape[1] = M - 8;
+  expect_rejected(bad, CODA_NOT_SUPPORTED,
+                  "quantize_activation_fp8: M must be a multiple of 16 when codes_t is given");
+  for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t}) EXPECT_TRUE(t->guard_intact());
+  EXPECT_EQ(coda_quantize_activation_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_quantize_activation_fp8: args is NULL");
+}
+
 // Interleave and deinterleave on padded rows, through both interfaces: fused row 2j is gate row
 // j, fused row 2j + 1 is up row j, padding is never written, and the round trip is exact.
 template <class T> void check_gate_up(DType dtype, coda_dtype c_dtype) {

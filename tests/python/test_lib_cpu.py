@@ -474,6 +474,128 @@ def test_quantize_weight_fp8_bad_input_raises_the_validators_message():
         assert set(t[name].values()) == {0xFF}, name
 
 
+# An activation x [M, K] = [16, 144], f32, zero except where written here: two blocks per row for
+# codes (columns 0..127 and the short 128..143), one block of 16 rows per column for codes_t, with
+# codes and scales of both copies worked out by hand. Each block's scale byte is k + 127 for the
+# smallest k with amax <= 448 2^k (at least -126; a block of zeros: byte 1), its codes x 2^-k
+# rounded to the nearest E4M3 value (ties to the even code). The copies' blocks differ, so one
+# value can get two codes.
+QA_M, QA_K = 16, 144
+QA_X = {(0, 0): 3.0, (0, 5): 0.01, (0, 130): 1000.0, (1, 0): 1.0, (1, 140): float("-inf"),
+        (2, 5): 1.0625 / 128, (3, 7): 2.0 ** -14, (4, 7): 2.0, (5, 9): -0.5, (5, 10): 1e-6}
+QA_CODES = {  # by rows: {(m, k): code}, the rest 0 (or 0x7F in a NaN block)
+    # row 0, block 0: amax 3, k = -7 (1.75 < 3 <= 3.5), byte 120; block 1: amax 1000, k = 2, 129
+    (0, 0): 0x7C,  # 384 = 1.5 2^8: exponent field 8 + 7, mantissa 4
+    (0, 5): 0x3A,  # 1.28 (in f32, just under): nearest 1.25 = 1 + 2/8
+    (0, 130): 0x78,  # 250 rounds up to 256 = 2^8 (the carry into the exponent)
+    (1, 0): 0x78,  # row 1, block 0: amax 1, k = -8, byte 119: 1 2^8 = 256
+    # row 1, block 1: an infinity: byte 0xFF, all 16 codes 0x7F
+    (2, 5): 0x78,  # amax 1.0625 2^-7, k = -15, byte 112: 272, halfway 256 / 288: the even, 256
+    (3, 7): 0x78,  # amax 2^-14, k = -22, byte 105: 2^8
+    (4, 7): 0x78,  # amax 2, k = -7, byte 120: 2^8
+    (5, 9): 0xF8,  # amax 0.5, k = -9, byte 118: -256
+    (5, 10): 0x00,  # 1e-6 2^9 = 5.1e-4, under half of 2^-9: zero
+}
+QA_SCALES = [[120, 129], [119, 0xFF], [112, 1], [105, 1], [120, 1], [118, 1]] + [[1, 1]] * 10
+QA_CODES_T = {  # by columns of x: {(k, m): code} of codes_t [K, M]
+    (0, 0): 0x7C, (0, 1): 0x70,  # column 0: amax 3, k = -7, byte 120: 3 -> 384, 1 -> 128 = 2^7
+    (5, 0): 0x7A, (5, 2): 0x78,  # column 5: amax 0.01, k = -15, byte 112: 327.68 -> 320 =
+    #                              1.25 2^8; 272 -> 256 (the tie to even, as by rows)
+    (7, 3): 0x04, (7, 4): 0x78,  # column 7: amax 2, k = -7, byte 120: 2^-7 = 4 2^-9 (subnormal)
+    (9, 5): 0xF8,  # column 9: amax 0.5, k = -9, byte 118
+    (10, 5): 0x78,  # column 10: amax 1e-6 = 1.05 2^-20, k = -28, byte 99: 268.4 -> 256 (not 0)
+    (130, 0): 0x78,  # column 130: amax 1000, k = 2, byte 129
+    # column 140: the infinity: byte 0xFF, all 16 codes 0x7F
+}
+QA_SCALES_T = {0: 120, 5: 112, 7: 120, 9: 118, 10: 99, 130: 129, 140: 0xFF}  # the rest 1
+
+
+def quantize_activation_problem():
+    x = [0.0] * (QA_M * QA_K)
+    for (m, k), value in QA_X.items():
+        x[m * QA_K + k] = value
+    codes = [[0x7F if (m == 1 and k >= 128) else QA_CODES.get((m, k), 0) for k in range(QA_K)]
+             for m in range(QA_M)]
+    codes_t = [[0x7F if k == 140 else QA_CODES_T.get((k, m), 0) for m in range(QA_M)]
+               for k in range(QA_K)]
+    scales_t = [[QA_SCALES_T.get(k, 1)] for k in range(QA_K)]
+    tensors = {
+        "x": Host(L.F32, (QA_M, QA_K), x),
+        "codes": Host(L.E4M3, (QA_M, QA_K)),  # 0xFF: bytes the quantizer never writes
+        "scales": Host(L.E8M0, (QA_M, 2)),  # 0xFF: written only for the infinity's blocks
+        "codes_t": Host(L.E4M3, (QA_K, QA_M)),
+        "scales_t": Host(L.E8M0, (QA_K, 1)),
+    }
+    return tensors, codes, codes_t, scales_t
+
+
+def quantize_activation_args(t, transposed=True):
+    args = L.QuantizeActivationFp8Args()
+    for name in ("x", "codes", "scales") + (("codes_t", "scales_t") if transposed else ()):
+        setattr(args, name, t[name].view)
+    return args
+
+
+def test_quantize_activation_fp8_by_hand():
+    """coda_quantize_activation_fp8 through ctypes on the CPU backend: an f32 activation in an
+    array('f'), the E4M3 codes and E8M0 scale bytes of both copies in array('B') buffers, as
+    worked out by hand (QA_*), bit for bit; the transposed copy is not the codes transposed;
+    without it, codes_t and scales_t are absent and stay as they were."""
+    library_or_skip()
+    t, codes, codes_t, scales_t = quantize_activation_problem()
+    L.quantize_activation_fp8(quantize_activation_args(t))
+    assert t["codes"].rows() == codes
+    assert t["scales"].rows() == QA_SCALES
+    assert t["codes_t"].rows() == codes_t
+    assert t["scales_t"].rows() == scales_t
+    assert t["codes_t"].rows() != transpose(codes)
+
+    t, codes, _, _ = quantize_activation_problem()
+    args = quantize_activation_args(t, transposed=False)
+    assert args.codes_t.data is None and args.scales_t.data is None  # absent
+    L.quantize_activation_fp8(args)
+    assert t["codes"].rows() == codes
+    assert t["scales"].rows() == QA_SCALES
+    assert set(t["codes_t"].values()) == set(t["scales_t"].values()) == {0xFF}
+
+
+def test_quantize_activation_fp8_bad_input_raises_the_validators_message():
+    """A bad call raises the validator's message as the mapped exception and writes nothing."""
+    library_or_skip()
+    t, _, _, _ = quantize_activation_problem()
+    args = quantize_activation_args(t)
+    args.codes_t = L.absent()  # scales_t alone
+    with pytest.raises(ValueError) as e:
+        L.quantize_activation_fp8(args)
+    assert isinstance(e.value, L.InvalidArgument)
+    assert ("quantize_activation_fp8: scales_t is given but codes_t is absent; pass both or "
+            "neither" in str(e.value))
+
+    args = quantize_activation_args(t)
+    args.x = L.tensor(t["x"].buf.buffer_info()[0], L.I32, (QA_M, QA_K))
+    with pytest.raises(TypeError) as e:
+        L.quantize_activation_fp8(args)
+    assert "quantize_activation_fp8: x must be bf16, f16 or f32; got i32" in str(e.value)
+
+    args = quantize_activation_args(t)  # K = 136 of rows 144 elements apart: not supported
+    args.x = L.tensor(t["x"].buf.buffer_info()[0], L.F32, (QA_M, 136), (QA_K, 1))
+    with pytest.raises(NotImplementedError) as e:
+        L.quantize_activation_fp8(args)
+    assert "quantize_activation_fp8: K must be a multiple of 16" in str(e.value)
+
+    args = quantize_activation_args(t)  # the first 8 rows: M = 8, with codes_t
+    args.x = L.tensor(t["x"].buf.buffer_info()[0], L.F32, (8, QA_K))
+    args.codes = L.tensor(t["codes"].buf.buffer_info()[0], L.E4M3, (8, QA_K))
+    args.scales = L.tensor(t["scales"].buf.buffer_info()[0], L.E8M0, (8, 2))
+    args.codes_t = L.tensor(t["codes_t"].buf.buffer_info()[0], L.E4M3, (QA_K, 8), (QA_M, 1))
+    with pytest.raises(NotImplementedError) as e:
+        L.quantize_activation_fp8(args)
+    assert ("quantize_activation_fp8: M must be a multiple of 16 when codes_t is given"
+            in str(e.value))
+    for name in ("codes", "scales", "codes_t", "scales_t"):  # nothing written on failure
+        assert set(t[name].values()) == {0xFF}, name
+
+
 def test_errors_map_to_python_exceptions():
     library_or_skip()
     a = Host(L.BF16, (4, 16), [1.0] * 64)
