@@ -590,6 +590,34 @@ void fuzz_quantize_weight_fp8(Call& c) {
   c.run("coda_quantize_weight_fp8", [&] { return coda_quantize_weight_fp8(&a, nullptr); });
 }
 
+// The activation quantizer: a bf16, f16 or f32 activation (a decision may add NaN or infinity,
+// whose blocks get the NaN scale), K a multiple of 16 up to three 128-wide blocks, M up to three
+// 128-row blocks, the last ones short. M is a multiple of 16 unless a decision makes it ragged,
+// which only the transposed copy rules out (marked broken with it). The transposed copy is present
+// by default; when a decision drops codes_t, scales_t is absent too unless a second decision
+// keeps it, which the rules reject.
+void fuzz_quantize_activation_fp8(Call& c) {
+  Reader& in = c.in();
+  const int64_t k = 16 * in.dim(20);
+  const int32_t dtypes[] = {CODA_BF16, CODA_F16, CODA_F32};
+  const int32_t x_dtype = dtypes[in.byte() % 3];
+  const int64_t m = 16 * in.dim(19) - in.byte() % 16; // 1 .. 304
+  const int64_t m_blocks = (m + 127) / 128, k_blocks = (k + 127) / 128;
+  coda_quantize_activation_fp8_args a{};
+  a.x = c.input("x", x_dtype, {m, k}, -4.f, 4.f);
+  a.codes = c.output("codes", CODA_E4M3, {m, k});
+  a.scales = c.output("scales", CODA_E8M0, {m, k_blocks});
+  a.codes_t = c.optional("codes_t", Role::output, CODA_E4M3, {k, m}, true);
+  if (a.codes_t.data != nullptr) {
+    if (m % 16 != 0) c.mark_broken("M not a multiple of 16 with codes_t");
+    a.scales_t = c.output("scales_t", CODA_E8M0, {k, m_blocks});
+  } else {
+    a.scales_t = c.optional("scales_t", Role::output, CODA_E8M0, {k, m_blocks});
+    if (a.scales_t.data != nullptr) c.mark_broken("scales_t without codes_t");
+  }
+  c.run("coda_quantize_activation_fp8", [&] { return coda_quantize_activation_fp8(&a, nullptr); });
+}
+
 void fuzz_residual_rms(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(20), k = in.dim8(8);
@@ -993,7 +1021,8 @@ constexpr Entry kEntries[] = {
     fuzz_llama,
     fuzz_rms_geglu,
     fuzz_gemm_fp8,
-    fuzz_quantize_weight_fp8, // appended: earlier inputs still pick the entry they did
+    fuzz_quantize_weight_fp8,
+    fuzz_quantize_activation_fp8, // appended: earlier inputs still pick the entry they did
 };
 
 } // namespace

@@ -14,7 +14,8 @@ import sys
 
 ENTRIES = ["gemm", "residual_rms", "rms_scale", "rms_swiglu", "rms_rope", "rms_lse",
            "rms_backward", "swiglu_backward", "reductions", "rope_backward", "cross_entropy",
-           "gate_up", "size_queries", "llama", "rms_geglu", "gemm_fp8", "quantize_weight_fp8"]
+           "gate_up", "size_queries", "llama", "rms_geglu", "gemm_fp8", "quantize_weight_fp8",
+           "quantize_activation_fp8"]
 SEED = bytes([0x12, 0x34, 0x56, 0x78])
 
 # Dimension and sub-case bytes after the seed, per entry (several cases each).
@@ -28,6 +29,11 @@ CASES = {
     # 128, 128 and 48); N 144, K 208 without the transposed copy (the byte after w's three, codes'
     # two and scales' two drops codes_t, and scales_t with it)
     "quantize_weight_fp8": [[0, 0, 0], [16, 18, 2], [8, 12, 1] + [0] * 7 + [3]],
+    # K, x's dtype (bf16, f16, f32), M (16 (byte + 1) - the next byte % 16): M 16, K 16 bf16;
+    # M 304, K 304 f32 (blocks of 128, 128 and 48 both ways); M 139, K 208 f16 (ragged M) without
+    # the transposed copy (the byte after x's three, codes' two and scales' two drops codes_t, and
+    # scales_t with it)
+    "quantize_activation_fp8": [[0, 0, 0, 0], [18, 2, 18, 0], [12, 1, 8, 5] + [0] * 7 + [3]],
     "residual_rms": [[0, 0, 0], [36, 17, 3]],
     "rms_scale": [[0, 0, 0], [36, 5, 7]],
     "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
