@@ -25,6 +25,7 @@
 
 #include "coda/core/fp8.hpp"
 #include "gpu/auxiliary/common.cuh"
+#include "gpu/auxiliary/quantize_fp8.cuh"
 
 namespace coda::gpu {
 namespace aux {
@@ -36,14 +37,6 @@ constexpr int kRowsPerWarp = kTile / kWarps; // 16
 constexpr int kValuesPerLane = kTile / 32;   // 4 consecutive columns of a row
 constexpr uint32_t kNanCodes4 = 0x01010101u * kE4m3NanBits;
 static_assert(kRowsPerWarp == 16, "a thread's codes of one column fill one 16-byte word");
-
-template <class T> struct ActivationParams {
-  const T* x = nullptr;
-  uint8_t *codes = nullptr, *scales = nullptr, *codes_t = nullptr, *scales_t = nullptr;
-  int64_t x_stride = 0, codes_stride = 0, scales_stride = 0, codes_t_stride = 0,
-          scales_t_stride = 0;
-  int32_t m = 0, k = 0;
-};
 
 // 4 consecutive values at p (16-byte aligned for f32, 8-byte for 16-bit types) as fp32.
 template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
@@ -70,20 +63,20 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
 
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32)
-    quantize_activation_kernel(const ActivationParams<T> p) {
+    quantize_activation_kernel(const QuantizeFp8Params<T> p) {
   __shared__ __align__(16) uint8_t tile_t[kTile * kTile]; // codes_t's 128 x 128 bytes, swizzled
   __shared__ __align__(16) uint32_t column_magnitude[kWarps][kTile];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int32_t m0 = int32_t(blockIdx.x) * kTile, k0 = int32_t(blockIdx.y) * kTile;
   const int32_t col = k0 + kValuesPerLane * lane;
-  const bool col_in = col < p.k; // K % 16 == 0: the lane's 4 columns are all in or all out
+  const bool col_in = col < p.cols; // K % 16 == 0: the lane's 4 columns are all in or all out
 
   float v[kRowsPerWarp][kValuesPerLane];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int32_t row = m0 + warp * kRowsPerWarp + i;
-    if (row < p.m && col_in) {
-      load4(p.x + int64_t(row) * p.x_stride + col, v[i]);
+    if (row < p.rows && col_in) {
+      load4(p.in + int64_t(row) * p.in_stride + col, v[i]);
     } else {
 #pragma unroll
       for (int j = 0; j < kValuesPerLane; ++j) v[i][j] = 0.f; // below every magnitude
@@ -104,7 +97,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     const uint32_t q = exponent == kNoScale ? kNanCodes4
                                             : e4m3x2(v[i][0] * scale, v[i][1] * scale) |
                                                   (e4m3x2(v[i][2] * scale, v[i][3] * scale) << 16);
-    if (row < p.m) {
+    if (row < p.rows) {
       if (col_in) *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;
       if (lane == 0)
         p.scales[int64_t(row) * p.scales_stride + blockIdx.y] = e8m0_bits_of_exponent(exponent);
@@ -165,7 +158,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int c = warp * kRowsPerWarp + i;
-    if (k0 + c >= p.k || row_t >= p.m) continue;
+    if (k0 + c >= p.cols || row_t >= p.rows) continue;
     const uint32_t q =
         *reinterpret_cast<const uint32_t*>(tile_t + tile_offset(c, lane / 4) + 4 * (lane % 4));
     *reinterpret_cast<uint32_t*>(p.codes_t + int64_t(k0 + c) * p.codes_t_stride + row_t) = q;
@@ -173,21 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 template <class T> void launch(const QuantizeActivationFp8Args& args, Stream stream) {
-  ActivationParams<T> p;
-  p.x = args.x.ptr<const T>();
-  p.codes = args.codes.ptr<uint8_t>();
-  p.scales = args.scales.ptr<uint8_t>();
-  p.x_stride = args.x.stride[0];
-  p.codes_stride = args.codes.stride[0];
-  p.scales_stride = args.scales.stride[0];
-  if (args.codes_t.data != nullptr) {
-    p.codes_t = args.codes_t.ptr<uint8_t>();
-    p.scales_t = args.scales_t.ptr<uint8_t>();
-    p.codes_t_stride = args.codes_t.stride[0];
-    p.scales_t_stride = args.scales_t.stride[0];
-  }
-  p.m = int32_t(args.m());
-  p.k = int32_t(args.k());
+  const QuantizeFp8Params<T> p = quantize_fp8_params<T>(args.x, args);
   // M (the tokens) on x, whose grid dimension reaches 2^31 - 1 blocks.
   const dim3 grid(unsigned(num_fp8_scale_blocks(args.m())),
                   unsigned(num_fp8_scale_blocks(args.k())));
@@ -204,16 +183,8 @@ void quantize_activation_fp8(const QuantizeActivationFp8Args& args, Stream strea
       num_fp8_scale_blocks(args.k()) > 65535)
     throw Error(Status::not_supported,
                 "quantize_activation_fp8: the GPU kernel takes M, K < 2^31 and K <= 65535 x 128");
-  switch (args.x.dtype) {
-  case DType::bf16:
-    return aux::launch<bf16>(args, stream);
-  case DType::f16:
-    return aux::launch<f16>(args, stream);
-  case DType::f32:
-    return aux::launch<float>(args, stream);
-  default:
-    throw Error(Status::type_error, "quantize_activation_fp8 takes a bf16, f16 or f32 x");
-  }
+  aux::with_quantizer_input(args.x, "quantize_activation_fp8: x",
+                            [&](auto t) { aux::launch<decltype(t)>(args, stream); });
 }
 
 } // namespace coda::gpu

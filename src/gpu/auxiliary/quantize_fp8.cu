@@ -16,6 +16,7 @@
 
 #include "coda/core/fp8.hpp"
 #include "gpu/auxiliary/common.cuh"
+#include "gpu/auxiliary/quantize_fp8.cuh"
 
 namespace coda::gpu {
 namespace aux {
@@ -33,16 +34,9 @@ template <class T> __device__ float to_float_value(T x) {
     return dev::to_float<T>(x.bits);
 }
 
-template <class T> struct QuantizeParams {
-  const T* w = nullptr;
-  uint8_t *codes = nullptr, *scales = nullptr, *codes_t = nullptr, *scales_t = nullptr;
-  int64_t w_stride = 0, codes_stride = 0, scales_stride = 0, codes_t_stride = 0,
-          scales_t_stride = 0;
-  int32_t n = 0, k = 0;
-};
-
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32) quantize_weight_kernel(const QuantizeParams<T> p) {
+__global__ void __launch_bounds__(kWarps * 32)
+    quantize_weight_kernel(const QuantizeFp8Params<T> p) {
   __shared__ uint8_t tile[kBlock][kBlock + 4]; // codes [row][col]; +4: rows 4 bytes apart in banks
   __shared__ uint32_t warp_magnitude[kWarps];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
@@ -56,8 +50,8 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_weight_kernel(const Quan
     const int32_t row = n0 + warp * kRowsPerWarp + i;
 #pragma unroll
     for (int j = 0; j < kValuesPerLane; ++j) {
-      const bool in = row < p.n && col + j < p.k;
-      v[i][j] = in ? to_float_value(p.w[int64_t(row) * p.w_stride + col + j]) : 0.f;
+      const bool in = row < p.rows && col + j < p.cols;
+      v[i][j] = in ? to_float_value(p.in[int64_t(row) * p.in_stride + col + j]) : 0.f;
       magnitude = max(magnitude, float_bits(v[i][j]) & 0x7fffffffu);
     }
   }
@@ -89,7 +83,7 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_weight_kernel(const Quan
 #pragma unroll
     for (int j = 0; j < kValuesPerLane; ++j) {
       tile[r][kValuesPerLane * lane + j] = q[j];
-      if (row < p.n && col + j < p.k) p.codes[int64_t(row) * p.codes_stride + col + j] = q[j];
+      if (row < p.rows && col + j < p.cols) p.codes[int64_t(row) * p.codes_stride + col + j] = q[j];
     }
   }
   if (p.codes_t == nullptr) return;
@@ -100,31 +94,17 @@ __global__ void __launch_bounds__(kWarps * 32) quantize_weight_kernel(const Quan
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int c = warp * kRowsPerWarp + i;
     const int32_t k = k0 + c;
-    if (k >= p.k) continue;
+    if (k >= p.cols) continue;
 #pragma unroll
     for (int j = 0; j < kValuesPerLane; ++j) {
       const int r = kValuesPerLane * lane + j;
-      if (n0 + r < p.n) p.codes_t[int64_t(k) * p.codes_t_stride + n0 + r] = tile[r][c];
+      if (n0 + r < p.rows) p.codes_t[int64_t(k) * p.codes_t_stride + n0 + r] = tile[r][c];
     }
   }
 }
 
 template <class T> void launch(const QuantizeWeightFp8Args& args, Stream stream) {
-  QuantizeParams<T> p;
-  p.w = args.w.ptr<const T>();
-  p.codes = args.codes.ptr<uint8_t>();
-  p.scales = args.scales.ptr<uint8_t>();
-  p.w_stride = args.w.stride[0];
-  p.codes_stride = args.codes.stride[0];
-  p.scales_stride = args.scales.stride[0];
-  if (args.codes_t.data != nullptr) {
-    p.codes_t = args.codes_t.ptr<uint8_t>();
-    p.scales_t = args.scales_t.ptr<uint8_t>();
-    p.codes_t_stride = args.codes_t.stride[0];
-    p.scales_t_stride = args.scales_t.stride[0];
-  }
-  p.n = int32_t(args.n());
-  p.k = int32_t(args.k());
+  const QuantizeFp8Params<T> p = quantize_fp8_params<T>(args.w, args);
   const dim3 grid(unsigned(num_fp8_scale_blocks(args.k())),
                   unsigned(num_fp8_scale_blocks(args.n())));
   quantize_weight_kernel<T><<<grid, kWarps * 32, 0, stream>>>(p);
@@ -140,16 +120,8 @@ void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream) {
       num_fp8_scale_blocks(args.n()) > 65535)
     throw Error(Status::not_supported,
                 "quantize_weight_fp8: the GPU kernel takes N, K < 2^31 and N <= 65535 x 128");
-  switch (args.w.dtype) {
-  case DType::bf16:
-    return aux::launch<bf16>(args, stream);
-  case DType::f16:
-    return aux::launch<f16>(args, stream);
-  case DType::f32:
-    return aux::launch<float>(args, stream);
-  default:
-    throw Error(Status::type_error, "quantize_weight_fp8 takes a bf16, f16 or f32 weight");
-  }
+  aux::with_quantizer_input(args.w, "quantize_weight_fp8: w",
+                            [&](auto t) { aux::launch<decltype(t)>(args, stream); });
 }
 
 } // namespace coda::gpu
