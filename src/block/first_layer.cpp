@@ -25,10 +25,8 @@ int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
   check_config(v, c, Layer::first);
   v.input("inputs.x", in.x, Elem::half, {api::at_least_one("M"), hidden_dim(c)});
   const int64_t m = in.x.shape[0];
-  check_attention_input(v, c, m, in.rope, w.attn_norm, w.w_qkv);
-  add(v, produced, "outputs.qkv", out.qkv, Elem::half,
-      {tokens_dim(m), exactly("qkv_width", c.qkv_width())});
-  add(v, produced, "saved.rstd", saved.rstd, Elem::f32, {tokens_dim(m)});
+  check_attention_input(v, produced, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.rstd",
+                        saved.rstd);
   return m;
 }
 

@@ -30,11 +30,9 @@ int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
                               const MiddleOutputs& out, const MiddleSaved& saved) {
   const int64_t m =
       check_mlp_tensors(v, produced, c, Layer::middle, mlp_forward_of(w, in, out, saved));
-  check_attention_input(v, c, m, in.rope, w.attn_norm, w.w_qkv);
   add(v, produced, "outputs.x2", out.x2, Elem::half, {tokens_dim(m), hidden_dim(c)});
-  add(v, produced, "outputs.qkv", out.qkv, Elem::half,
-      {tokens_dim(m), exactly("qkv_width", c.qkv_width())});
-  add(v, produced, "saved.r2", saved.r2, Elem::f32, {tokens_dim(m)});
+  check_attention_input(v, produced, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.r2",
+                        saved.r2);
   return m;
 }
 

@@ -104,8 +104,9 @@ void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const Ml
            {hidden_dim(c), api::exactly("intermediate", c.intermediate)});
 }
 
-void check_attention_input(api::Validator& v, const Config& c, int64_t m, const Rope& rope,
-                           const TensorView& attn_norm, const TensorView& w_qkv) {
+void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,
+                           const Rope& rope, const TensorView& attn_norm, const TensorView& w_qkv,
+                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd) {
   using api::Elem;
   v.input("inputs.rope.positions", rope.positions, Elem::i32, {tokens_dim(m)});
   v.input("inputs.rope.inv_freq", rope.inv_freq, Elem::f32,
@@ -113,6 +114,9 @@ void check_attention_input(api::Validator& v, const Config& c, int64_t m, const 
   v.input("weights.attn_norm", attn_norm, Elem::half, {hidden_dim(c)});
   v.input("weights.w_qkv", w_qkv, Elem::half,
           {api::exactly("qkv_width", c.qkv_width()), hidden_dim(c)});
+  add(v, produced, "outputs.qkv", qkv, Elem::half,
+      {tokens_dim(m), api::exactly("qkv_width", c.qkv_width())});
+  add(v, produced, rstd_name, rstd, Elem::f32, {tokens_dim(m)});
 }
 
 void check_attention_input_gradients(api::Validator& v, const Config& c,

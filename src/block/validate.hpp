@@ -45,10 +45,13 @@ int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Lay
 // four dweights of the attention output projection and the MLP.
 void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b);
 
-// The rope tables and weights of the attention input that the first and middle layers share
-// ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv").
-void check_attention_input(api::Validator& v, const Config& c, int64_t m, const Rope& rope,
-                           const TensorView& attn_norm, const TensorView& w_qkv);
+// The attention input that the first and middle layers share: its rope tables and weights
+// ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv"), and
+// what its forward produces ("outputs.qkv" and the norm's rstd, `rstd_name`; outputs of a
+// forward, inputs of a backward).
+void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,
+                           const Rope& rope, const TensorView& attn_norm, const TensorView& w_qkv,
+                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd);
 
 // Their weight gradients: grads.dweights.attn_norm and grads.dweights.w_qkv.
 void check_attention_input_gradients(api::Validator& v, const Config& c,

@@ -41,131 +41,63 @@ template <int kRegs> __device__ __forceinline__ void wgmma_fence_operand(float (
 //   D[64 x N] (+)= A[64 x 16] * B[16 x N], fp32 accumulate.
 // scale_d == 0 overwrites D (first k-step of a tile); kTransA / kTransB: 0 = the operand is
 // K-major in shared memory, 1 = MN-major (the "transpose" immediates imm-trans-a / imm-trans-b).
-// The asm text must be a literal, so the operand lists are spelled once per N as macros and the
-// input type (bf16 or f16) is spliced into the instruction name.
-// m64n128k16: 64 accumulator registers %0..%63, then desc_a %64, desc_b %65,
-// scale_d %66, imm-trans-a %67, imm-trans-b %68.
-#define CODA_WGMMA_N128_ASM(TYPE)                                                                  \
+// The asm text must be a literal, so it is assembled from string-literal macros: the instruction
+// (its shape and the input type spliced into the name), the accumulator registers in pieces of
+// 32 ("%0, ..., %31" in the text, "+f"(d[0]), ... as operands), and the operands after them.
+#define CODA_WGMMA_ASM(SHAPE, TYPE, REGISTERS, SCALE_D, OPERANDS)                                  \
   "{\n"                                                                                            \
   ".reg .pred p;\n"                                                                                \
-  "setp.ne.b32 p, %66, 0;\n"                                                                       \
-  "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"                                \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                 \
-  "}, %64, %65, p, 1, 1, %67, %68;\n"                                                              \
+  "setp.ne.b32 p, " SCALE_D ", 0;\n"                                                               \
+  "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGISTERS "}, " OPERANDS ";\n"  \
   "}\n"
-#define CODA_WGMMA_N128_ACCUMULATORS                                                               \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
-      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
-      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
-      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-
-// m64n256k16: 128 accumulator registers %0..%127, then desc_a %128, desc_b %129,
-// scale_d %130, imm-trans-a %131, imm-trans-b %132.
-#define CODA_WGMMA_N256_ASM(TYPE)                                                                  \
-  "{\n"                                                                                            \
-  ".reg .pred p;\n"                                                                                \
-  "setp.ne.b32 p, %130, 0;\n"                                                                      \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"                                \
+#define CODA_WGMMA_R0_63                                                                           \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define CODA_WGMMA_R64_95                                                                          \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "               \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
+#define CODA_WGMMA_R96_127                                                                         \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "   \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
-  "}, %128, %129, p, 1, 1, %131, %132;\n"                                                          \
-  "}\n"
-#define CODA_WGMMA_N256_ACCUMULATORS                                                               \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
-      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
-      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
-      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),   \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),   \
-      "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),   \
-      "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),   \
-      "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),   \
-      "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]),   \
-      "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]),           \
-      "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]),          \
-      "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]),          \
-      "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]),          \
-      "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-
-// m64n192k16: 96 accumulator registers %0..%95, then desc_a %96, desc_b %97,
-// scale_d %98, imm-trans-a %99, imm-trans-b %100.
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// "+f"(d[i]) .. "+f"(d[i + 31]): 32 accumulator operands from i on.
+#define CODA_WGMMA_D8(i)                                                                           \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]),      \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define CODA_WGMMA_D32(i)                                                                          \
+  CODA_WGMMA_D8(i), CODA_WGMMA_D8(i + 8), CODA_WGMMA_D8(i + 16), CODA_WGMMA_D8(i + 24)
+// m64n128k16: 64 accumulator registers %0..%63, then desc_a %64, desc_b %65, scale_d %66,
+// imm-trans-a %67, imm-trans-b %68. m64n192k16: 96, then %96 .. %100. m64n256k16: 128, then
+// %128 .. %132.
+#define CODA_WGMMA_N128_ASM(TYPE)                                                                  \
+  CODA_WGMMA_ASM("m64n128k16", TYPE, CODA_WGMMA_R0_63, "%66", "%64, %65, p, 1, 1, %67, %68")
 #define CODA_WGMMA_N192_ASM(TYPE)                                                                  \
-  "{\n"                                                                                            \
-  ".reg .pred p;\n"                                                                                \
-  "setp.ne.b32 p, %98, 0;\n"                                                                       \
-  "wgmma.mma_async.sync.aligned.m64n192k16.f32." TYPE "." TYPE " {"                                \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "               \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"                 \
-  "}, %96, %97, p, 1, 1, %99, %100;\n"                                                             \
-  "}\n"
-#define CODA_WGMMA_N192_ACCUMULATORS                                                               \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
-      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
-      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
-      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
-      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),   \
-      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]),   \
-      "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]),   \
-      "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]),   \
-      "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),   \
-      "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-
-// D[64 x N] (+)= A * B for N = 128, 192 or 256 and 16-bit inputs (bf16 when kIsBf16, else f16).
+  CODA_WGMMA_ASM("m64n192k16", TYPE, CODA_WGMMA_R0_63 ", " CODA_WGMMA_R64_95, "%98",               \
+                 "%96, %97, p, 1, 1, %99, %100")
+#define CODA_WGMMA_N256_ASM(TYPE)                                                                  \
+  CODA_WGMMA_ASM("m64n256k16", TYPE,                                                               \
+                 CODA_WGMMA_R0_63 ", " CODA_WGMMA_R64_95 ", " CODA_WGMMA_R96_127, "%130",          \
+                 "%128, %129, p, 1, 1, %131, %132")
+#define CODA_WGMMA_N128_ACCUMULATORS CODA_WGMMA_D32(0), CODA_WGMMA_D32(32)
+#define CODA_WGMMA_N192_ACCUMULATORS CODA_WGMMA_N128_ACCUMULATORS, CODA_WGMMA_D32(64)
+#define CODA_WGMMA_N256_ACCUMULATORS CODA_WGMMA_N192_ACCUMULATORS, CODA_WGMMA_D32(96)
+// One m64nNk16 with the input type TYPE, the operands of wgmma_m64k16 below.
+#define CODA_WGMMA_M64K16(N, TYPE)                                                                 \
+  asm volatile(CODA_WGMMA_N##N##_ASM(TYPE)                                                         \
+               : CODA_WGMMA_N##N##_ACCUMULATORS                                                    \
+               : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB))
 template <int kN, bool kIsBf16, int kTransA, int kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a, uint64_t desc_b,
                                              int scale_d) {
   static_assert(kN == 128 || kN == 192 || kN == 256,
                 "wgmma wrappers exist for N = 128, 192 and 256");
-  if constexpr (kN == 128 && kIsBf16)
-    asm volatile(CODA_WGMMA_N128_ASM("bf16")
-                 : CODA_WGMMA_N128_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
-  if constexpr (kN == 128 && !kIsBf16)
-    asm volatile(CODA_WGMMA_N128_ASM("f16")
-                 : CODA_WGMMA_N128_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
-  if constexpr (kN == 192 && kIsBf16)
-    asm volatile(CODA_WGMMA_N192_ASM("bf16")
-                 : CODA_WGMMA_N192_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
-  if constexpr (kN == 192 && !kIsBf16)
-    asm volatile(CODA_WGMMA_N192_ASM("f16")
-                 : CODA_WGMMA_N192_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
-  if constexpr (kN == 256 && kIsBf16)
-    asm volatile(CODA_WGMMA_N256_ASM("bf16")
-                 : CODA_WGMMA_N256_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
-  if constexpr (kN == 256 && !kIsBf16)
-    asm volatile(CODA_WGMMA_N256_ASM("f16")
-                 : CODA_WGMMA_N256_ACCUMULATORS
-                 : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(kTransA), "n"(kTransB));
+  if constexpr (kN == 128 && kIsBf16) CODA_WGMMA_M64K16(128, "bf16");
+  if constexpr (kN == 128 && !kIsBf16) CODA_WGMMA_M64K16(128, "f16");
+  if constexpr (kN == 192 && kIsBf16) CODA_WGMMA_M64K16(192, "bf16");
+  if constexpr (kN == 192 && !kIsBf16) CODA_WGMMA_M64K16(192, "f16");
+  if constexpr (kN == 256 && kIsBf16) CODA_WGMMA_M64K16(256, "bf16");
+  if constexpr (kN == 256 && !kIsBf16) CODA_WGMMA_M64K16(256, "f16");
 }
 
 // PTX ISA 9.7.15 (wgmma), "wgmma.mma_async" with .atype = .btype = .e4m3 (FP8), both operands
@@ -180,16 +112,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
 // m64n128k32: 64 accumulator registers %0..%63, then desc_a %64, desc_b %65, scale_d %66;
 // imm-scale-a and imm-scale-b are 1 (no negation). TYPE: the FP8 input type (e4m3; e5m2 exists).
 #define CODA_WGMMA_K32_N128_ASM(TYPE)                                                              \
-  "{\n"                                                                                            \
-  ".reg .pred p;\n"                                                                                \
-  "setp.ne.b32 p, %66, 0;\n"                                                                       \
-  "wgmma.mma_async.sync.aligned.m64n128k32.f32." TYPE "." TYPE " {"                                \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                 \
-  "}, %64, %65, p, 1, 1;\n"                                                                        \
-  "}\n"
+  CODA_WGMMA_ASM("m64n128k32", TYPE, CODA_WGMMA_R0_63, "%66", "%64, %65, p, 1, 1")
 
 // D[64 x 128] (+)= A * B over 32 FP8 (E4M3) k values; scale_d == 0 overwrites D.
 __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
@@ -200,6 +123,13 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
 }
 
 #undef CODA_WGMMA_K32_N128_ASM
+#undef CODA_WGMMA_ASM
+#undef CODA_WGMMA_R0_63
+#undef CODA_WGMMA_R64_95
+#undef CODA_WGMMA_R96_127
+#undef CODA_WGMMA_D8
+#undef CODA_WGMMA_D32
+#undef CODA_WGMMA_M64K16
 #undef CODA_WGMMA_N128_ASM
 #undef CODA_WGMMA_N128_ACCUMULATORS
 #undef CODA_WGMMA_N192_ASM

@@ -32,7 +32,7 @@ namespace aux {
 namespace {
 
 constexpr int kTile = kFp8ScaleBlock; // 128: a block of either kind spans the tile
-constexpr int kWarps = 8;
+constexpr int kWarps = kQuantizerThreads / 32;
 constexpr int kRowsPerWarp = kTile / kWarps; // 16
 constexpr int kValuesPerLane = kTile / 32;   // 4 consecutive columns of a row
 constexpr uint32_t kNanCodes4 = 0x01010101u * kE4m3NanBits;
@@ -165,26 +165,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <class T> void launch(const QuantizeActivationFp8Args& args, Stream stream) {
-  const QuantizeFp8Params<T> p = quantize_fp8_params<T>(args.x, args);
-  // M (the tokens) on x, whose grid dimension reaches 2^31 - 1 blocks.
-  const dim3 grid(unsigned(num_fp8_scale_blocks(args.m())),
-                  unsigned(num_fp8_scale_blocks(args.k())));
-  quantize_activation_kernel<T><<<grid, kWarps * 32, 0, stream>>>(p);
-  check_launch("quantize_activation_fp8");
-}
-
 } // namespace
 } // namespace aux
 
 void quantize_activation_fp8(const QuantizeActivationFp8Args& args, Stream stream) {
-  aux::require_device("quantize_activation_fp8");
-  if (args.m() >= (int64_t(1) << 31) || args.k() >= (int64_t(1) << 31) ||
-      num_fp8_scale_blocks(args.k()) > 65535)
-    throw Error(Status::not_supported,
-                "quantize_activation_fp8: the GPU kernel takes M, K < 2^31 and K <= 65535 x 128");
-  aux::with_quantizer_input(args.x, "quantize_activation_fp8: x",
-                            [&](auto t) { aux::launch<decltype(t)>(args, stream); });
+  // A CTA per 128 x 128 tile of x; M (the tokens) on x, whose grid dimension reaches 2^31 - 1.
+  const dim3 grid(unsigned(num_fp8_scale_blocks(args.m())),
+                  unsigned(num_fp8_scale_blocks(args.k())));
+  aux::run_quantizer("quantize_activation_fp8", args.x, args, "K", args.k(), grid, stream,
+                     [](auto t) { return &aux::quantize_activation_kernel<decltype(t)>; });
 }
 
 } // namespace coda::gpu

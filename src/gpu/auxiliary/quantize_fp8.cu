@@ -23,7 +23,7 @@ namespace aux {
 namespace {
 
 constexpr int kBlock = kFp8ScaleBlock; // 128
-constexpr int kWarps = 8;
+constexpr int kWarps = kQuantizerThreads / 32;
 constexpr int kRowsPerWarp = kBlock / kWarps; // 16
 constexpr int kValuesPerLane = kBlock / 32;   // 4 consecutive columns of a row
 
@@ -103,25 +103,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <class T> void launch(const QuantizeWeightFp8Args& args, Stream stream) {
-  const QuantizeFp8Params<T> p = quantize_fp8_params<T>(args.w, args);
-  const dim3 grid(unsigned(num_fp8_scale_blocks(args.k())),
-                  unsigned(num_fp8_scale_blocks(args.n())));
-  quantize_weight_kernel<T><<<grid, kWarps * 32, 0, stream>>>(p);
-  check_launch("quantize_weight_fp8");
-}
-
 } // namespace
 } // namespace aux
 
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream) {
-  aux::require_device("quantize_weight_fp8");
-  if (args.n() >= (int64_t(1) << 31) || args.k() >= (int64_t(1) << 31) ||
-      num_fp8_scale_blocks(args.n()) > 65535)
-    throw Error(Status::not_supported,
-                "quantize_weight_fp8: the GPU kernel takes N, K < 2^31 and N <= 65535 x 128");
-  aux::with_quantizer_input(args.w, "quantize_weight_fp8: w",
-                            [&](auto t) { aux::launch<decltype(t)>(args, stream); });
+  // A CTA per 128 x 128 block of w: x along K, y along N.
+  const dim3 grid(unsigned(num_fp8_scale_blocks(args.k())),
+                  unsigned(num_fp8_scale_blocks(args.n())));
+  aux::run_quantizer("quantize_weight_fp8", args.w, args, "N", args.n(), grid, stream,
+                     [](auto t) { return &aux::quantize_weight_kernel<decltype(t)>; });
 }
 
 } // namespace coda::gpu

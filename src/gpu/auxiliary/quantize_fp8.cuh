@@ -7,8 +7,10 @@
 #include <string>
 
 #include "coda/core/error.hpp"
+#include "coda/core/fp8.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/core/types.hpp"
+#include "gpu/auxiliary/common.cuh"
 
 namespace coda::gpu::aux {
 
@@ -44,17 +46,43 @@ QuantizeFp8Params<T> quantize_fp8_params(const TensorView& in, const Args& args)
   return p;
 }
 
-// f(bf16{}), f(f16{}) or f(float{}) for the input's dtype; `what` names the input in the error.
-template <class F> void with_quantizer_input(const TensorView& in, const char* what, F&& f) {
+// The sizes a quantizer's kernel takes: `rows` and `cols` in its 32-bit indices, and
+// `grid_y_extent` (the dimension its grid's y covers in 128-wide blocks, named `grid_y_name`) in
+// the 65535 blocks a grid's y dimension holds. Status::not_supported otherwise, before launching.
+inline void require_quantizer_sizes(const char* kernel, int64_t rows, int64_t cols,
+                                    const char* grid_y_name, int64_t grid_y_extent) {
+  if (rows >= (int64_t(1) << 31) || cols >= (int64_t(1) << 31) ||
+      num_fp8_scale_blocks(grid_y_extent) > 65535)
+    throw Error(Status::not_supported, std::string(kernel) +
+                                           ": the GPU kernel takes both dimensions < 2^31 and " +
+                                           grid_y_name + " <= 65535 x 128");
+}
+
+// A quantizer's GPU entry point: the device and the sizes checked, then kernel_of(T{}) (the
+// kernel for input type T) on `grid` CTAs of kQuantizerThreads for the input's dtype, its
+// parameters from the call's Args. (The validator has checked the dtype; anything else is an
+// internal error here.)
+constexpr int kQuantizerThreads = 256; // 8 warps
+template <class Args, class KernelOf>
+void run_quantizer(const char* name, const TensorView& in, const Args& args,
+                   const char* grid_y_name, int64_t grid_y_extent, dim3 grid, Stream stream,
+                   KernelOf kernel_of) {
+  require_device(name);
+  require_quantizer_sizes(name, in.shape[0], in.shape[1], grid_y_name, grid_y_extent);
+  const auto launch = [&](auto t) {
+    using T = decltype(t);
+    kernel_of(t)<<<grid, kQuantizerThreads, 0, stream>>>(quantize_fp8_params<T>(in, args));
+    check_launch(name);
+  };
   switch (in.dtype) {
   case DType::bf16:
-    return f(bf16{});
+    return launch(bf16{});
   case DType::f16:
-    return f(f16{});
+    return launch(f16{});
   case DType::f32:
-    return f(float{});
+    return launch(float{});
   default:
-    throw Error(Status::type_error, std::string(what) + " must be bf16, f16 or f32");
+    throw Error(Status::internal, std::string(name) + ": the input must be bf16, f16 or f32");
   }
 }
 
