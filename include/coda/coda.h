@@ -112,6 +112,7 @@ typedef struct coda_rms_rope_args { /* K4 */
   float eps;
   coda_rope_spec rope;
   coda_tensor out, rstd_out;
+  coda_tensor a_scales, w_scales; /* with a and w CODA_E4M3: coda_gemm_fp8's scales; else absent */
 } coda_rms_rope_args;
 
 typedef struct coda_rms_lse_args { /* K5 */

@@ -178,7 +178,8 @@ class RmsGegluArgs(Structure):  # coda_rms_geglu_args, C++ coda::RmsGegluArgs
 
 class RmsRopeArgs(Structure):  # coda_rms_rope_args, C++ coda::RmsRopeArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
-        ("rope", RopeSpec), ("out", Tensor), ("rstd_out", Tensor)]
+        ("rope", RopeSpec), ("out", Tensor), ("rstd_out", Tensor), ("a_scales", Tensor),
+        ("w_scales", Tensor)]
 
 
 class RmsLseArgs(Structure):  # coda_rms_lse_args, C++ coda::RmsLseArgs

@@ -176,7 +176,8 @@ Device validate(const RmsGegluArgs& args) { return validate_rms_gated("gemm_rms_
 Device validate(const RmsRopeArgs& args) {
   Validator v("gemm_rms_rope");
   const int64_t qkv_width = rope_width(v, args.rope);
-  const Mnk p = forward_operands(v, args.a, args.w, exactly(kQkvWidth, qkv_width));
+  const Mnk p = forward_operands(v, args.a, args.w, exactly(kQkvWidth, qkv_width), args.a_scales,
+                                 args.w_scales);
   v.gemm_dim("N", p.n, "w");
   rope_tables(v, args.rope, p.m);
   normalization_inputs(v, args.sumsq_partials, args.eps, p.m);

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "coda/core/fp8.hpp"
+
 namespace coda::api {
 
 GemmRows gemm_rows_input(Validator& v, const char* name, const TensorView& t, const char* width) {
@@ -16,6 +18,28 @@ Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim
   const auto [m, k] = gemm_rows_input(v, "a", a, "K");
   v.input("w", w, Elem::half, {n_dim, exactly("K", k)});
   return {m, w.shape[0], k};
+}
+
+Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim,
+                     const TensorView& a_scales, const TensorView& w_scales) {
+  if (a.dtype != DType::e4m3) {
+    if (a_scales.data != nullptr || w_scales.data != nullptr)
+      v.fail(Status::invalid_argument,
+             std::string("a_scales and w_scales go with E4M3 operands; a is ") +
+                 dtype_name(a.dtype) + " (pass them absent, or a and w as e4m3)");
+    return forward_operands(v, a, w, n_dim);
+  }
+  v.input("a", a, Elem::e4m3, {any("M"), any("K")});
+  const int64_t m = a.shape[0], k = a.shape[1];
+  v.at_least_one("M", m, "a");
+  v.gemm_dim("K", k, "a", /*multiple=*/16); // 1-byte codes: 16-byte rows are 16 of them
+  v.input("w", w, Elem::e4m3, {n_dim, exactly("K", k)});
+  const int64_t n = w.shape[0];
+  const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(k));
+  v.input("a_scales", a_scales, Elem::e8m0, {exactly("M", m), k_blocks});
+  v.input("w_scales", w_scales, Elem::e8m0,
+          {exactly("ceil(N/128)", num_fp8_scale_blocks(n)), k_blocks});
+  return {m, n, k};
 }
 
 Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,

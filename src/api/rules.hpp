@@ -35,6 +35,11 @@ GemmRows gemm_rows_input(Validator& v, const char* name, const TensorView& t, co
 // The operands of a forward GEMM, a [M, K] and w [N, K] (n_dim names N). Checks M >= 1 and K;
 // N is left to the caller, whose rules for it differ.
 Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim);
+// The same for a kernel that also takes E4M3 operands (docs/fp8.md): when a is e4m3, a and w are
+// gemm_fp8's operands with its block scales (a_scales [M, ceil(K/128)], w_scales [ceil(N/128),
+// ceil(K/128)], K a multiple of 16); otherwise the 16-bit rules above, and no scales.
+Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim,
+                     const TensorView& a_scales, const TensorView& w_scales);
 
 // The operands of a backward (dgrad) GEMM, `grad` [M, K] named `grad_name` and w [K, N] with N
 // named `n_name`: M >= 1, and K and N GEMM dimensions. Both names must be string literals.

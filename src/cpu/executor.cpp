@@ -79,7 +79,15 @@ void require_partials(const TensorView& partials, int64_t rows, int64_t blocks, 
 FusedGemm::FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a,
                      const TensorView& w, Tile tile)
     : m(a.shape[0]), n(layout == GemmLayout::dgrad ? w.shape[1] : w.shape[0]), k(a.shape[1]),
-      kernel_(kernel), tile_(checked_tile(tile, kernel)), mainloop_(layout, a, w, m, n, k) {}
+      kernel_(kernel), tile_(checked_tile(tile, kernel)),
+      mainloop_(std::in_place_type<GemmMainloop>, layout, a, w, m, n, k) {}
+
+FusedGemm::FusedGemm(const char* kernel, const TensorView& a, const TensorView& a_scales,
+                     const TensorView& w, const TensorView& w_scales, Tile tile)
+    : m(a.shape[0]), n(w.shape[0]), k(a.shape[1]), kernel_(kernel),
+      tile_(checked_tile(tile, kernel)),
+      mainloop_(std::in_place_type<Fp8GemmMainloop>,
+                Fp8GemmArgs{.a = a, .a_scales = a_scales, .b = w, .b_scales = w_scales, .d = {}}) {}
 
 void FusedGemm::require_row_partials(const TensorView& partials, const char* name) const {
   require_partials(partials, m, ceil_div(n, tile_.n), kernel_, name);

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 #include <tuple>
+#include <variant>
 #include <vector>
 
 #include "coda/core/error.hpp"
@@ -49,6 +50,24 @@ private:
   int64_t k_;
   std::vector<float> a_;   // op(A) [M, K]
   std::vector<float> b_t_; // op(B)ᵀ [N, K]
+};
+
+// acc = dequant(A) · dequant(B)ᵀ of gemm_fp8's operands (Fp8GemmArgs: a, b and their scales; d is
+// not read), in the GPU kernel's order: per element, each 128-deep K block's products of codes
+// summed exactly and rounded once to fp32, then promoted into the fp32 accumulator with the
+// block's scales (fp8_block_scale, fp8_promote), block after block (cpu/gemm_fp8.cpp).
+class Fp8GemmMainloop {
+public:
+  explicit Fp8GemmMainloop(const Fp8GemmArgs& args);
+  void operator()(const epilogue::HostFragment& frag) const;
+
+private:
+  float block_sum(int64_t m, int64_t n, int64_t kb) const;
+
+  int64_t k_, k_blocks_;
+  std::vector<float> a_, b_; // the codes' values: [M, K], [N, K]
+  TensorView a_scales_, b_scales_;
+  int64_t b_rows_per_scale_; // 128 (blocks) or 1 (rows)
 };
 
 // The tile of an existing [M, N] tensor, as fp32: the auxiliary kernels (RMSNorm statistics,
@@ -107,6 +126,10 @@ class FusedGemm {
 public:
   FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a, const TensorView& w,
             Tile tile);
+  // E4M3 a [M, K] and w [N, K] with gemm_fp8's block scales (the forward layout): acc is
+  // Fp8GemmMainloop's.
+  FusedGemm(const char* kernel, const TensorView& a, const TensorView& a_scales,
+            const TensorView& w, const TensorView& w_scales, Tile tile);
 
   // The partials the tile grid writes: row partials [m, ceil(n / tile.n)], column partials
   // [n, ceil(m / tile.m)].
@@ -114,7 +137,11 @@ public:
   void require_col_partials(const TensorView& partials, const char* name) const;
 
   template <class... Ops> void run(OpChain<Ops...>& chain) const {
-    std::apply([&](Ops&... ops) { run_epilogue(mainloop_, m, n, tile_, ops...); }, chain.ops);
+    std::visit(
+        [&](const auto& mainloop) {
+          std::apply([&](Ops&... ops) { run_epilogue(mainloop, m, n, tile_, ops...); }, chain.ops);
+        },
+        mainloop_);
   }
 
   const int64_t m, n, k;
@@ -122,7 +149,7 @@ public:
 private:
   const char* kernel_;
   Tile tile_;
-  GemmMainloop mainloop_;
+  std::variant<GemmMainloop, Fp8GemmMainloop> mainloop_;
 };
 
 // The host op family of the fused kernels' lists (coda/kernels/op_lists.hpp): each name the host

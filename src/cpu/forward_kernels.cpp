@@ -66,7 +66,10 @@ void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
   // RoPE pairs columns half a head apart, so a tile holds whole heads. K4 writes no partials,
   // so the tile width is free to grow to a multiple of head_dim.
   tile.n = ceil_div(tile.n, head_dim) * head_dim;
-  const FusedGemm gemm("gemm_rms_rope", GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm =
+      args.a.dtype == DType::e4m3
+          ? FusedGemm("gemm_rms_rope", args.a, args.a_scales, args.w, args.w_scales, tile)
+          : FusedGemm("gemm_rms_rope", GemmLayout::fwd, args.a, args.w, tile);
   kernels::RmsRopeOps<HostOps> ops(rstd_scale(args), {args.out.dtype},
                                    rope_args(args.rope, /*inverse=*/false), {args.out});
   gemm.run(ops);

@@ -19,60 +19,52 @@
 namespace coda::cpu {
 namespace {
 
-class Fp8GemmMainloop {
-public:
-  explicit Fp8GemmMainloop(const Fp8GemmArgs& args)
-      : k_(args.k()), k_blocks_(num_fp8_scale_blocks(k_)), a_(codes(args.a)), b_(codes(args.b)),
-        a_scales_(args.a_scales), b_scales_(args.b_scales),
-        b_rows_per_scale_(args.b_scaling == Fp8BScaling::rows ? 1 : kFp8ScaleBlock) {}
+// A [rows, K] e4m3 view's codes as their (unscaled) values, row-major.
+std::vector<float> code_values(const TensorView& t) {
+  std::vector<float> v(size_t(t.shape[0] * t.shape[1]));
+  for (int64_t i = 0; i < t.shape[0]; ++i)
+    for (int64_t k = 0; k < t.shape[1]; ++k)
+      v[size_t(i * t.shape[1] + k)] = t.ptr<const e4m3>()[i * t.stride[0] + k].to_float();
+  return v;
+}
 
-  void operator()(const epilogue::HostFragment& frag) const {
-    const epilogue::TileCoord& tile = frag.tile;
-    for (int64_t r = 0; r < tile.rows; ++r) {
-      const int64_t m = tile.m0 + r;
-      for (int64_t c = 0; c < tile.cols; ++c) {
-        const int64_t n = tile.n0 + c;
-        float acc = 0.f;
-        for (int64_t kb = 0; kb < k_blocks_; ++kb) {
-          const float scale = fp8_block_scale(scale_at(a_scales_, m, kb),
-                                              scale_at(b_scales_, n / b_rows_per_scale_, kb));
-          acc = fp8_promote(acc, block_sum(m, n, kb), scale);
-        }
-        frag.value(r, c) = acc;
-      }
-    }
-  }
-
-private:
-  // A [rows, K] e4m3 view's codes as their (unscaled) values, row-major.
-  static std::vector<float> codes(const TensorView& t) {
-    std::vector<float> v(size_t(t.shape[0] * t.shape[1]));
-    for (int64_t i = 0; i < t.shape[0]; ++i)
-      for (int64_t k = 0; k < t.shape[1]; ++k)
-        v[size_t(i * t.shape[1] + k)] = t.ptr<const e4m3>()[i * t.stride[0] + k].to_float();
-    return v;
-  }
-  static uint8_t scale_at(const TensorView& scales, int64_t row, int64_t kb) {
-    return scales.ptr<const uint8_t>()[row * scales.stride[0] + kb];
-  }
-
-  // Sum over block kb of a(m, k) b(n, k), exact in fp64, rounded once to fp32.
-  float block_sum(int64_t m, int64_t n, int64_t kb) const {
-    const int64_t k0 = kb * kFp8ScaleBlock, k1 = std::min(k_, k0 + kFp8ScaleBlock);
-    const float* a = a_.data() + m * k_;
-    const float* b = b_.data() + n * k_;
-    double sum = 0;
-    for (int64_t k = k0; k < k1; ++k) sum += double(a[k]) * double(b[k]);
-    return float(sum);
-  }
-
-  int64_t k_, k_blocks_;
-  std::vector<float> a_, b_; // [M, K], [N, K]
-  TensorView a_scales_, b_scales_;
-  int64_t b_rows_per_scale_; // 128 (blocks) or 1 (rows)
-};
+uint8_t scale_at(const TensorView& scales, int64_t row, int64_t kb) {
+  return scales.ptr<const uint8_t>()[row * scales.stride[0] + kb];
+}
 
 } // namespace
+
+Fp8GemmMainloop::Fp8GemmMainloop(const Fp8GemmArgs& args)
+    : k_(args.k()), k_blocks_(num_fp8_scale_blocks(k_)), a_(code_values(args.a)),
+      b_(code_values(args.b)), a_scales_(args.a_scales), b_scales_(args.b_scales),
+      b_rows_per_scale_(args.b_scaling == Fp8BScaling::rows ? 1 : kFp8ScaleBlock) {}
+
+void Fp8GemmMainloop::operator()(const epilogue::HostFragment& frag) const {
+  const epilogue::TileCoord& tile = frag.tile;
+  for (int64_t r = 0; r < tile.rows; ++r) {
+    const int64_t m = tile.m0 + r;
+    for (int64_t c = 0; c < tile.cols; ++c) {
+      const int64_t n = tile.n0 + c;
+      float acc = 0.f;
+      for (int64_t kb = 0; kb < k_blocks_; ++kb) {
+        const float scale = fp8_block_scale(scale_at(a_scales_, m, kb),
+                                            scale_at(b_scales_, n / b_rows_per_scale_, kb));
+        acc = fp8_promote(acc, block_sum(m, n, kb), scale);
+      }
+      frag.value(r, c) = acc;
+    }
+  }
+}
+
+// Sum over block kb of a(m, k) b(n, k), exact in fp64, rounded once to fp32.
+float Fp8GemmMainloop::block_sum(int64_t m, int64_t n, int64_t kb) const {
+  const int64_t k0 = kb * kFp8ScaleBlock, k1 = std::min(k_, k0 + kFp8ScaleBlock);
+  const float* a = a_.data() + m * k_;
+  const float* b = b_.data() + n * k_;
+  double sum = 0;
+  for (int64_t k = k0; k < k1; ++k) sum += double(a[k]) * double(b[k]);
+  return float(sum);
+}
 
 void gemm_fp8(const Fp8GemmArgs& args) {
   const Fp8GemmMainloop mainloop(args);

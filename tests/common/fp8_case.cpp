@@ -47,11 +47,12 @@ int e4m3_block_exponent(const float* block, int64_t n) {
 namespace {
 
 // [rows, cols] normal values, each block of block_rows x 128 scaled by its own power of two in
-// [2^-6, 2^6].
-std::vector<float> block_varied(int64_t rows, int64_t cols, int64_t block_rows, uint64_t seed) {
+// [2^-max_binade, 2^max_binade].
+std::vector<float> block_varied(int64_t rows, int64_t cols, int64_t block_rows, uint64_t seed,
+                                int max_binade) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  std::uniform_int_distribution<int> binade(-6, 6);
+  std::uniform_int_distribution<int> binade(-max_binade, max_binade);
   const int64_t blocks_c = num_fp8_scale_blocks(cols);
   std::vector<int> exponent(size_t((rows + block_rows - 1) / block_rows * blocks_c));
   for (int& e : exponent) e = binade(rng);
@@ -77,9 +78,11 @@ std::vector<float> to_floats(const std::vector<double>& v) {
 
 Fp8GemmCase::Fp8GemmCase(int64_t m_, int64_t n_, int64_t k_, Seeds& seeds, Options options_)
     : m(m_), n(n_), k(k_), options(options_),
-      qa(ref::quantize_fp8_blocks(block_varied(m, k, 1, seeds.next()), m, k, 1)),
-      qb(ref::quantize_fp8_blocks(block_varied(n, k, b_block_rows(), seeds.next()), n, k,
-                                  b_block_rows())),
+      qa(ref::quantize_fp8_blocks(block_varied(m, k, 1, seeds.next(), options.max_binade), m, k,
+                                  1)),
+      qb(ref::quantize_fp8_blocks(
+          block_varied(n, k, b_block_rows(), seeds.next(), options.max_binade), n, k,
+          b_block_rows())),
       a(bytes_tensor(DType::e4m3, m, k, qa.codes)),
       a_scales(bytes_tensor(DType::e8m0, m, num_fp8_scale_blocks(k), qa.scales)),
       b(bytes_tensor(DType::e4m3, n, k, qb.codes)),

@@ -31,6 +31,9 @@ struct Fp8GemmOptions {
   Fp8BScaling b_scaling = Fp8BScaling::blocks;
   DType d = DType::bf16;
   bool accumulate = false;
+  // Each scale block's values are normal samples times 2^e, e uniform in [-max_binade,
+  // max_binade] per block (an f16 output wants a smaller range: products span 2^(4 max_binade)).
+  int max_binade = 6;
 };
 
 struct Fp8GemmCase {

@@ -376,6 +376,23 @@ const Rejection kRejections[] = {
     reject("PositionsMustBeI32", valid_k4,
            [](Arena&, RmsRopeArgs& k4) { k4.rope.positions.dtype = f32; }, Status::type_error,
            {"rope.positions must be i32; got f32"}),
+    reject("Fp8ScalesOnlyWithE4m3Operands", valid_k4,
+           [](Arena& ar, RmsRopeArgs& k4) { k4.a_scales = ar.matrix(e8m0, 3, 2); },
+           Status::invalid_argument,
+           {"gemm_rms_rope: a_scales and w_scales go with E4M3 operands; a is bf16"}),
+    reject("Fp8OperandsNeedTheirScales", valid_k4,
+           [](Arena& ar, RmsRopeArgs& k4) {
+             k4.a = ar.matrix(e4m3, 3, 256);
+             k4.w = ar.matrix(e4m3, 384, 256);
+           },
+           Status::invalid_argument, {"gemm_rms_rope: a_scales is required"}),
+    reject("Fp8OperandsBothE4m3", valid_k4,
+           [](Arena& ar, RmsRopeArgs& k4) {
+             k4.a = ar.matrix(e4m3, 3, 256);
+             k4.a_scales = ar.matrix(e8m0, 3, 2);
+             k4.w_scales = ar.matrix(e8m0, 3, 2);
+           },
+           Status::type_error, {"gemm_rms_rope: w must be e4m3; got bf16"}),
     reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
            Status::type_error, {"gamma must be bf16 or f16; got f32"}),
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,

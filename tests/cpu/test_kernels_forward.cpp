@@ -8,8 +8,10 @@
 #include <tuple>
 
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 
 namespace coda::test {
@@ -310,6 +312,55 @@ INSTANTIATE_TEST_SUITE_P(Kernels, RmsRope,
                            return dtype_label(std::get<0>(info.param)) + "_" +
                                   label(std::get<1>(info.param));
                          });
+
+// K4 on E4M3 operands with gemm_fp8's block scales (docs/fp8.md): the same op list on the FP8
+// product. The reference is K4's own on the values the codes and scales stand for (exact in
+// fp64), so the fp64 path is the whole FP8 product and the unfused one an FP8 GEMM whose output
+// is rounded before the row scale and RoPE, as any FP8 projection stores it. Ragged K against
+// the 128-deep scale blocks, and scales that change from block to block (Fp8GemmCase).
+TEST(RmsRopeFp8, RotatedQkvOfE4m3OperandsMatchesReference) {
+  for (DType dtype : kHalfTypes)
+    for (const RopeCase& rc :
+         {RopeCase{4, 2, 64, 200, 144, false}, RopeCase{3, 1, 8, 37, 272, false},
+          RopeCase{4, 2, 16, 1, 16, false}}) {
+      SCOPED_TRACE(dtype_label(dtype) + "_" + label(rc));
+      const ref::RopeTable table = rope_table(rc);
+      const int64_t N = table.shape.width();
+      Seeds seeds;
+      // f16's range holds the product of 2^±2 blocks (the default 2^±6 overflows it after the
+      // GEMM, where the fp64 reference does not).
+      Fp8GemmCase g(rc.M, N, rc.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+      HostTensor partials = random_sumsq_partials(rc.M, rc.K, seeds.next());
+      auto positions = HostTensor::of_ints({rc.M}, table.positions);
+      auto inv_freq = HostTensor::of(DType::f32, {rc.head_dim / 2}, table.inv_freq);
+      HostTensor out(dtype, {rc.M, N}), rstd(DType::f32, {rc.M});
+      const float eps = 1e-6f;
+      gemm_rms_rope({.a = g.a.view(),
+                     .w = g.b.view(),
+                     .sumsq_partials = partials.view(),
+                     .eps = eps,
+                     .rope = {.positions = positions.view(),
+                              .inv_freq = inv_freq.view(),
+                              .n_q_heads = rc.n_q_heads,
+                              .n_kv_heads = rc.n_kv_heads,
+                              .head_dim = rc.head_dim},
+                     .out = out.view(),
+                     .rstd_out = rstd.view(),
+                     .a_scales = g.a_scales.view(),
+                     .w_scales = g.b_scales.view()});
+      const ref::NormedGemmInputs in{rc.M,
+                                     N,
+                                     rc.K,
+                                     ref::dequantize_fp8_blocks(g.qa, rc.M, rc.K, 1),
+                                     ref::dequantize_fp8_blocks(g.qb, N, rc.K, kFp8ScaleBlock),
+                                     partials.values(),
+                                     eps};
+      const auto exact = ref::rms_rope({}, in, table),
+                 unfused = ref::rms_rope(lowp(dtype), in, table);
+      CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
+      CODA_EXPECT_PASSES(check_output("rstd_out", rstd, exact.rstd, unfused.rstd));
+    }
+}
 
 // ---- K5: logits, logsumexp row partials and the fp32 target logit; a vocabulary that is not
 // a multiple of 128, targets that are ignore_index or out of range (target_logit 0).

@@ -18,10 +18,12 @@
 #include <cuda_runtime.h>
 
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/fused/kernels.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 #include "tests/gpu/cpu_parity.hpp"
 #include "tests/gpu/device_tensor.hpp"
@@ -362,6 +364,68 @@ INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsRope,
                            return dtype_label(std::get<0>(info.param)) + "_" +
                                   label(std::get<1>(info.param));
                          });
+
+// K4 on E4M3 operands with gemm_fp8's block scales (the FP8 mainloop's Fp8Shape): against the
+// fp64 reference on the values the codes and scales stand for and against the CPU backend, as the
+// 16-bit K4 (the tensor cores' shorter FP8 block sums stay inside the output's rounding).
+void check_rms_rope_fp8(DType dtype, const RopeCase& rc) {
+  ref::RopeTable table;
+  table.shape = {rc.n_q_heads, rc.n_kv_heads, rc.head_dim};
+  table.positions = packed_positions(rc.M, 23, 1000);
+  table.inv_freq = rope_inv_freq_f32(rc.head_dim);
+  const int64_t N = table.shape.width(), K = (rc.K + 15) / 16 * 16;
+  Seeds seeds;
+  Fp8GemmCase g(rc.M, N, K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+  HostTensor partials = random_sumsq_partials(rc.M, K, seeds.next());
+  auto positions = HostTensor::of_ints({rc.M}, table.positions);
+  auto inv_freq = HostTensor::of(DType::f32, {rc.head_dim / 2}, table.inv_freq);
+  const float eps = 1e-6f;
+  const auto args = [&](const TensorView& a, const TensorView& as, const TensorView& w,
+                        const TensorView& ws, const TensorView& p, const RopeSpec& rope,
+                        const TensorView& out, const TensorView& rstd) {
+    return RmsRopeArgs{.a = a,
+                       .w = w,
+                       .sumsq_partials = p,
+                       .eps = eps,
+                       .rope = rope,
+                       .out = out,
+                       .rstd_out = rstd,
+                       .a_scales = as,
+                       .w_scales = ws};
+  };
+  HostTensor cpu_out(dtype, {rc.M, N}), cpu_rstd(DType::f32, {rc.M});
+  gemm_rms_rope(args(g.a.view(), g.a_scales.view(), g.b.view(), g.b_scales.view(), partials.view(),
+                     {positions.view(), inv_freq.view(), rc.n_q_heads, rc.n_kv_heads, rc.head_dim},
+                     cpu_out.view(), cpu_rstd.view()));
+  const ref::NormedGemmInputs in{rc.M,
+                                 N,
+                                 K,
+                                 ref::dequantize_fp8_blocks(g.qa, rc.M, K, 1),
+                                 ref::dequantize_fp8_blocks(g.qb, N, K, kFp8ScaleBlock),
+                                 partials.values(),
+                                 eps};
+  const auto exact = ref::rms_rope({}, in, table), unfused = ref::rms_rope(lowp(dtype), in, table);
+  DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials), pos(positions),
+      freq(inv_freq);
+  HostTensor gpu_out(dtype, {rc.M, N}), gpu_rstd(DType::f32, {rc.M});
+  DeviceTensor out(gpu_out), rstd(gpu_rstd);
+  gemm_rms_rope(args(a.view(), as.view(), w.view(), ws.view(), p.view(),
+                     {pos.view(), freq.view(), rc.n_q_heads, rc.n_kv_heads, rc.head_dim},
+                     out.view(), rstd.view()));
+  synchronize_ok();
+  EXPECT_TRUE(out.copy_back() && rstd.copy_back()) << "a write past the end of an output";
+  expect_matches("out", gpu_out, cpu_out, exact.out, unfused.out);
+  expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+}
+
+TEST(FusedRmsRopeFp8, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  for (DType dtype : kHalfTypes)
+    for (const RopeCase& rc : kRopeCases) {
+      SCOPED_TRACE(dtype_label(dtype) + "_" + label(rc));
+      check_rms_rope_fp8(dtype, rc);
+    }
+}
 
 // Head sizes whose heads a 256-column tile cannot hold whole: a clear error, no output written.
 TEST(FusedRmsRopeLimits, OtherHeadDimsAreNotSupported) {

@@ -89,11 +89,15 @@ struct RmsGegluArgs {
 
 // K4: out = round(RoPE(round(rstd[m] * (a · wᵀ)))), w the fused [Q; K; V] weight
 // [(Hq + 2 Hkv) hd, K] (RoPE on z rounded to the 16-bit type, as an unfused projection stores it).
+// FP8 operands (docs/fp8.md): a and w as E4M3 codes with gemm_fp8's block scales, a_scales
+// [M, ceil(K/128)] and w_scales [ceil(N/128), ceil(K/128)] e8m0, and a · wᵀ is gemm_fp8's product
+// of them (K a multiple of 16); absent (data == nullptr) for 16-bit operands. out is bf16 or f16.
 struct RmsRopeArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
   RopeSpec rope;
   TensorView out, rstd_out;
+  TensorView a_scales = {}, w_scales = {}; // "= {}": initializations stopping before stay quiet
 };
 
 // K5: logits l = rstd[m] * (a · wᵀ), w the LM head [V, K].

@@ -99,6 +99,13 @@ struct Launch<dev::FusedEpilogue<Shape, Ops...>, T, kLayout> {
                   const typename Ops::Params&... params) {
     dev::FusedGemm<Epi, T, kLayout>::run(a, w, typename Epi::Params{{params}...}, stream);
   }
+  // E4M3 a and w (T = e4m3, Shape = Fp8Shape) with gemm_fp8's block scales.
+  static void run_fp8(const TensorView& a, const TensorView& a_scales, const TensorView& w,
+                      const TensorView& w_scales, Stream stream,
+                      const typename Ops::Params&... params) {
+    dev::FusedGemm<Epi, T, kLayout>::run_fp8(a, a_scales, w, w_scales,
+                                             typename Epi::Params{{params}...}, stream);
+  }
 };
 
 // The Params of the family Ops' ScalePerRow for a kernel normalizing a (K1, K2, K4, K5):

@@ -30,6 +30,19 @@ void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
       Ops::MainStore::params("out", args.out));
 }
 
+// E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
+// 128 x 128: whole heads of 64 or 128 columns; RoPE and the rstd scale in the prepass, as on the
+// cooperative 16-bit tile), T the output's 16-bit type.
+template <class T, int kHeadDim> void run_rms_rope_fp8(const RmsRopeArgs& args, Stream stream) {
+  using Ops = RopeDeviceOps<dev::Fp8Shape, T, kHeadDim, 32>;
+  const RopeSpec& rope = args.rope;
+  Launch<kernels::RmsRopeOps<Ops>, e4m3>::run_fp8(
+      args.a, args.a_scales, args.w, args.w_scales, stream, rstd_params<Ops>(args), {},
+      Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
+                        (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim),
+      Ops::MainStore::params("out", args.out));
+}
+
 } // namespace
 } // namespace fused
 
@@ -40,6 +53,13 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
     throw Error(Status::not_supported, "the GPU gemm_rms_rope supports head_dim 64 and 128; got " +
                                            std::to_string(head_dim) +
                                            " (use the CPU backend for other head sizes)");
+  if (args.a.dtype == DType::e4m3)
+    return fused::with_half_type(args.out.dtype, [&](auto t) {
+      if (head_dim == 64)
+        fused::run_rms_rope_fp8<decltype(t), 64>(args, stream);
+      else
+        fused::run_rms_rope_fp8<decltype(t), 128>(args, stream);
+    });
   // head_dim 64 defaults to staged (a 192-column tile holds 3 heads): with its rstd partials in
   // registers it measured 1.113-1.118x the plain GEMM against the cooperative 1.133-1.145x (H200,
   // two runs at f672385; 1.166 against 1.141 with the partials in shared memory, ce21d40). 128
