@@ -99,12 +99,14 @@ typedef struct coda_rms_swiglu_args { /* K2 */
   coda_tensor a, w, sumsq_partials;
   float eps;
   coda_tensor preact, act, rstd_out;
+  coda_tensor a_scales, w_scales; /* with a and w CODA_E4M3: coda_gemm_fp8's scales; else absent */
 } coda_rms_swiglu_args;
 
 typedef struct coda_rms_geglu_args { /* K2g: K2 with GeGLU */
   coda_tensor a, w, sumsq_partials;
   float eps;
   coda_tensor preact, act, rstd_out;
+  coda_tensor a_scales, w_scales; /* with a and w CODA_E4M3: coda_gemm_fp8's scales; else absent */
 } coda_rms_geglu_args;
 
 typedef struct coda_rms_rope_args { /* K4 */

@@ -168,12 +168,14 @@ class RmsScaleArgs(Structure):  # coda_rms_scale_args, C++ coda::RmsScaleArgs
 
 class RmsSwigluArgs(Structure):  # coda_rms_swiglu_args, C++ coda::RmsSwigluArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
-        ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor)]
+        ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor), ("a_scales", Tensor),
+        ("w_scales", Tensor)]
 
 
 class RmsGegluArgs(Structure):  # coda_rms_geglu_args, C++ coda::RmsGegluArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
-        ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor)]
+        ("preact", Tensor), ("act", Tensor), ("rstd_out", Tensor), ("a_scales", Tensor),
+        ("w_scales", Tensor)]
 
 
 class RmsRopeArgs(Structure):  # coda_rms_rope_args, C++ coda::RmsRopeArgs

@@ -154,7 +154,7 @@ namespace {
 // K2 and its variants with another gated activation: the fused interleaved gate/up GEMM.
 template <class GatedArgs> Device validate_rms_gated(const char* kernel, const GatedArgs& args) {
   Validator v(kernel);
-  const Mnk p = forward_operands(v, args.a, args.w, any("2F"));
+  const Mnk p = forward_operands(v, args.a, args.w, any("2F"), args.a_scales, args.w_scales);
   if (p.n % 2 != 0)
     v.fail(Status::invalid_argument,
            "w must have an even number of rows ([2F, K], gate and up rows interleaved); got " +

@@ -26,7 +26,9 @@ template <class NormedArgs> ep::ScalePerRow::Args rstd_scale(const NormedArgs& a
 // K2 and its variants with another gated activation (Gate: ep::SwigluGate, ...).
 template <class Gate, class GatedArgs>
 void run_rms_gated(const char* kernel, const GatedArgs& args, Tile tile) {
-  const FusedGemm gemm(kernel, GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm = args.a.dtype == DType::e4m3
+                             ? FusedGemm(kernel, args.a, args.a_scales, args.w, args.w_scales, tile)
+                             : FusedGemm(kernel, GemmLayout::fwd, args.a, args.w, tile);
   require(gemm.n % 2 == 0,
           std::string("cpu::") + kernel + ": the fused gate/up width must be even");
   kernels::RmsGatedOps<HostOps, Gate> ops(rstd_scale(args), {args.preact.dtype}, {args.preact},

@@ -283,7 +283,9 @@ TEST(CAbi, RmsGegluMatchesCppApiAndIsNotSwiglu) {
                          1e-5f,
                          coda_matrix(c.preact.data(), CODA_BF16, M, 2 * F, host),
                          coda_matrix(c.act.data(), CODA_BF16, M, F, host),
-                         coda_vector(c.rstd.data(), CODA_F32, M, host)};
+                         coda_vector(c.rstd.data(), CODA_F32, M, host),
+                         {}, // a_scales, w_scales: 16-bit operands
+                         {}};
   ASSERT_EQ(coda_gemm_rms_geglu(&ca, nullptr), CODA_OK) << coda_last_error();
 
   EXPECT_FALSE(any_nan(cpp.preact) || any_nan(cpp.act)) << "an output element was not written";

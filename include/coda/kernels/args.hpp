@@ -77,6 +77,7 @@ struct RmsSwigluArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
   TensorView preact, act, rstd_out;
+  TensorView a_scales = {}, w_scales = {}; // E4M3 operands: as K4's (RmsRopeArgs)
 };
 
 // K2g: K2 with GeGLU, gelu(x) = x / 2 * (1 + erf(x / sqrt 2)) (the erf form, PyTorch's default)
@@ -85,6 +86,7 @@ struct RmsGegluArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
   TensorView preact, act, rstd_out;
+  TensorView a_scales = {}, w_scales = {}; // E4M3 operands: as K4's (RmsRopeArgs)
 };
 
 // K4: out = round(RoPE(round(rstd[m] * (a · wᵀ)))), w the fused [Q; K; V] weight

@@ -24,9 +24,23 @@ void run_rms_gated(const GatedArgs& args, Stream stream) {
 }
 
 // The entry point of a K2 variant named `kernel`, on the schedule and staging it runs best on.
+// E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
+// 128 x 128), T the outputs' 16-bit type.
+template <class T, class Gate, class GatedArgs>
+void run_rms_gated_fp8(const GatedArgs& args, Stream stream) {
+  using Ops = DeviceOps<dev::Fp8Shape, T, 32>;
+  Launch<kernels::RmsGatedOps<Ops, Gate>, e4m3>::run_fp8(
+      args.a, args.a_scales, args.w, args.w_scales, stream, rstd_params<Ops>(args), {},
+      Ops::MainStore::params("preact", args.preact),
+      Ops::template GatedPairStore<Gate>::params("act", args.act));
+}
+
 template <class Gate, class GatedArgs>
 void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
   require_device(kernel);
+  if (args.a.dtype == DType::e4m3)
+    return with_half_type(args.preact.dtype,
+                          [&](auto t) { run_rms_gated_fp8<decltype(t), Gate>(args, stream); });
   const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   with_half_type(args.a.dtype, [&](auto t) {
     // Staged (4 stages with the partials in registers; with them in shared memory at the
