@@ -649,6 +649,27 @@ Normed normed(Call& c, int64_t m, int64_t n, int64_t k) {
   return x;
 }
 
+// The E4M3 form of a normalized forward kernel's operands (K2, K2g, K4; docs/fp8.md): codes a
+// [m, K] and w [n, K] with gemm_fp8's block scales, K rounded up to a multiple of 16 (the rules'),
+// the partials and eps as normed()'s. A form byte after the dimensions picks it (bit 0), so the
+// inputs written before it still read as the 16-bit form.
+struct Fp8Normed : Normed {
+  coda_tensor a_scales, w_scales;
+};
+Fp8Normed normed_or_fp8(Call& c, int64_t m, int64_t n, int64_t k) {
+  if (!(c.in().byte() & 1)) return Fp8Normed{normed(c, m, n, k), {}, {}};
+  k = (k + 15) / 16 * 16;
+  const int64_t k_blocks = (k + 127) / 128;
+  Fp8Normed x;
+  x.a = c.input("a", CODA_E4M3, {m, k});
+  x.w = c.input("w", CODA_E4M3, {n, k});
+  x.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
+  x.w_scales = c.input("w_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
+  x.partials = c.input("sumsq_partials", CODA_F32, {m, 1 + (k - 1) / 128}, 0.5f, 4.f);
+  x.eps = c.number(1e-5f);
+  return x;
+}
+
 void fuzz_rms_scale(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(8), k = in.dim8(8);
@@ -665,8 +686,8 @@ void fuzz_rms_gated(Call& c, const char* entry,
                     coda_status (*kernel)(const GatedArgs*, coda_stream_t)) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), f = in.dim8(4), k = in.dim8(8);
-  const Normed x = normed(c, m, 2 * f, k);
-  GatedArgs a{x.a, x.w, x.partials, x.eps, {}, {}, {}};
+  const Fp8Normed x = normed_or_fp8(c, m, 2 * f, k);
+  GatedArgs a{x.a, x.w, x.partials, x.eps, {}, {}, {}, x.a_scales, x.w_scales};
   a.preact = c.output("preact", c.half(), {m, 2 * f});
   a.act = c.output("act", c.half(), {m, f});
   a.rstd_out = c.optional("rstd_out", Role::output, CODA_F32, {m});
@@ -680,9 +701,10 @@ void fuzz_rms_rope(Call& c) {
   const int32_t kv = int32_t(in.dim(2)), q = kv * int32_t(in.dim(2));
   const int32_t head_dim = int32_t(in.dim8(2));
   const int64_t m = in.dim(30), k = in.dim8(6), n = int64_t(q + 2 * kv) * head_dim;
-  const Normed x = normed(c, m, n, k);
+  const Fp8Normed x = normed_or_fp8(c, m, n, k);
   coda_rms_rope_args a{};
   a.a = x.a, a.w = x.w, a.sumsq_partials = x.partials, a.eps = x.eps;
+  a.a_scales = x.a_scales, a.w_scales = x.w_scales;
   a.rope = c.rope(m, q, kv, head_dim);
   a.out = c.output("out", c.half(), {m, n});
   a.rstd_out = c.optional("rstd_out", Role::output, CODA_F32, {m});

@@ -36,9 +36,10 @@ CASES = {
     "quantize_activation_fp8": [[0, 0, 0, 0], [18, 2, 18, 0], [12, 1, 8, 5] + [0] * 7 + [3]],
     "residual_rms": [[0, 0, 0], [36, 17, 3]],
     "rms_scale": [[0, 0, 0], [36, 5, 7]],
-    "rms_swiglu": [[0, 0, 0], [36, 3, 5]],
-    "rms_geglu": [[0, 0, 0], [36, 3, 5]],
-    "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0]],
+    # K2, K2g, K4: the dimensions, then the form byte (1: E4M3 operands with block scales)
+    "rms_swiglu": [[0, 0, 0], [36, 3, 5], [36, 3, 5, 1]],
+    "rms_geglu": [[0, 0, 0], [36, 3, 5], [36, 3, 5, 1]],
+    "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0], [1, 1, 1, 29, 5, 1]],
     "rms_lse": [[0, 0, 0], [29, 39, 5]],
     "rms_backward": [[0, 0, 0], [36, 7, 5]],
     "swiglu_backward": [[0, 0, 0], [36, 3, 7]],
