@@ -76,18 +76,24 @@ void require_partials(const TensorView& partials, int64_t rows, int64_t blocks, 
 
 } // namespace
 
+namespace {
+std::variant<GemmMainloop, Fp8GemmMainloop> mainloop_for(GemmLayout layout, const TensorView& a,
+                                                         const TensorView& w, int64_t m, int64_t n,
+                                                         int64_t k, const TensorView& a_scales,
+                                                         const TensorView& w_scales) {
+  if (a.dtype == DType::e4m3)
+    return Fp8GemmMainloop(
+        Fp8GemmArgs{.a = a, .a_scales = a_scales, .b = w, .b_scales = w_scales, .d = {}});
+  return GemmMainloop(layout, a, w, m, n, k);
+}
+} // namespace
+
 FusedGemm::FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a,
-                     const TensorView& w, Tile tile)
+                     const TensorView& w, Tile tile, const TensorView& a_scales,
+                     const TensorView& w_scales)
     : m(a.shape[0]), n(layout == GemmLayout::dgrad ? w.shape[1] : w.shape[0]), k(a.shape[1]),
       kernel_(kernel), tile_(checked_tile(tile, kernel)),
-      mainloop_(std::in_place_type<GemmMainloop>, layout, a, w, m, n, k) {}
-
-FusedGemm::FusedGemm(const char* kernel, const TensorView& a, const TensorView& a_scales,
-                     const TensorView& w, const TensorView& w_scales, Tile tile)
-    : m(a.shape[0]), n(w.shape[0]), k(a.shape[1]), kernel_(kernel),
-      tile_(checked_tile(tile, kernel)),
-      mainloop_(std::in_place_type<Fp8GemmMainloop>,
-                Fp8GemmArgs{.a = a, .a_scales = a_scales, .b = w, .b_scales = w_scales, .d = {}}) {}
+      mainloop_(mainloop_for(layout, a, w, m, n, k, a_scales, w_scales)) {}
 
 void FusedGemm::require_row_partials(const TensorView& partials, const char* name) const {
   require_partials(partials, m, ceil_div(n, tile_.n), kernel_, name);

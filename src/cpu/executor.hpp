@@ -124,12 +124,10 @@ template <class... Ops> struct OpChain {
 // N]), [m, n] in tiles of checked_tile(tile); run() runs an op list on it.
 class FusedGemm {
 public:
+  // For E4M3 a and w (the forward layout), a_scales and w_scales are gemm_fp8's block scales and
+  // acc is Fp8GemmMainloop's; otherwise they are absent and acc is GemmMainloop's.
   FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a, const TensorView& w,
-            Tile tile);
-  // E4M3 a [M, K] and w [N, K] with gemm_fp8's block scales (the forward layout): acc is
-  // Fp8GemmMainloop's.
-  FusedGemm(const char* kernel, const TensorView& a, const TensorView& a_scales,
-            const TensorView& w, const TensorView& w_scales, Tile tile);
+            Tile tile, const TensorView& a_scales = {}, const TensorView& w_scales = {});
 
   // The partials the tile grid writes: row partials [m, ceil(n / tile.n)], column partials
   // [n, ceil(m / tile.m)].

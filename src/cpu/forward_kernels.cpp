@@ -26,9 +26,7 @@ template <class NormedArgs> ep::ScalePerRow::Args rstd_scale(const NormedArgs& a
 // K2 and its variants with another gated activation (Gate: ep::SwigluGate, ...).
 template <class Gate, class GatedArgs>
 void run_rms_gated(const char* kernel, const GatedArgs& args, Tile tile) {
-  const FusedGemm gemm = args.a.dtype == DType::e4m3
-                             ? FusedGemm(kernel, args.a, args.a_scales, args.w, args.w_scales, tile)
-                             : FusedGemm(kernel, GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm(kernel, GemmLayout::fwd, args.a, args.w, tile, args.a_scales, args.w_scales);
   require(gemm.n % 2 == 0,
           std::string("cpu::") + kernel + ": the fused gate/up width must be even");
   kernels::RmsGatedOps<HostOps, Gate> ops(rstd_scale(args), {args.preact.dtype}, {args.preact},
@@ -68,10 +66,8 @@ void gemm_rms_rope(const RmsRopeArgs& args, Tile tile) {
   // RoPE pairs columns half a head apart, so a tile holds whole heads. K4 writes no partials,
   // so the tile width is free to grow to a multiple of head_dim.
   tile.n = ceil_div(tile.n, head_dim) * head_dim;
-  const FusedGemm gemm =
-      args.a.dtype == DType::e4m3
-          ? FusedGemm("gemm_rms_rope", args.a, args.a_scales, args.w, args.w_scales, tile)
-          : FusedGemm("gemm_rms_rope", GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm("gemm_rms_rope", GemmLayout::fwd, args.a, args.w, tile, args.a_scales,
+                       args.w_scales);
   kernels::RmsRopeOps<HostOps> ops(rstd_scale(args), {args.out.dtype},
                                    rope_args(args.rope, /*inverse=*/false), {args.out});
   gemm.run(ops);

@@ -26,6 +26,7 @@
 #include "coda/arch/wgmma.cuh"
 #include "coda/core/fp8.hpp"
 #include "coda/core/fragment.hpp"
+#include "coda/core/tensor.hpp"
 #include "coda/gemm/mainloop.cuh"
 #include "coda/gemm/problem.hpp"
 
@@ -60,6 +61,18 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     int32_t m; // rows of A: the scales of rows past it are not read
     int32_t n; // rows of B: by rows, the scales of rows past it are not read
   };
+
+  // Host: the scales' fields of `p` from gemm_fp8's a_scales and b_scales (Fp8GemmArgs' layouts)
+  // for an [m, n] output; the operands' tensor maps are Base's.
+  static void set_scales(Params& p, const TensorView& a_scales, const TensorView& b_scales,
+                         int64_t m, int64_t n) {
+    p.a_scales = a_scales.ptr<const uint8_t>();
+    p.b_scales = b_scales.ptr<const uint8_t>();
+    p.a_scales_row_stride = a_scales.stride[0];
+    p.b_scales_row_stride = b_scales.stride[0];
+    p.m = int32_t(m);
+    p.n = int32_t(n);
+  }
 
   // One consumer warpgroup: D(rows it owns, tile columns) = the promoted sum over k-blocks
   // [k_begin, k_end) (at least one). The contract of Base::mma_tile, except that each stage is

@@ -23,7 +23,6 @@ void run_rms_gated(const GatedArgs& args, Stream stream) {
       Ops::template GatedPairStore<Gate>::params("act", args.act));
 }
 
-// The entry point of a K2 variant named `kernel`, on the schedule and staging it runs best on.
 // E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
 // 128 x 128), T the outputs' 16-bit type.
 template <class T, class Gate, class GatedArgs>
@@ -35,6 +34,7 @@ void run_rms_gated_fp8(const GatedArgs& args, Stream stream) {
       Ops::template GatedPairStore<Gate>::params("act", args.act));
 }
 
+// The entry point of a K2 variant named `kernel`, on the schedule and staging it runs best on.
 template <class Gate, class GatedArgs>
 void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
   require_device(kernel);

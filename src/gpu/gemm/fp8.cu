@@ -14,12 +14,7 @@ template <Fp8BScaling kBScaling, class OutT> void run(const Fp8GemmArgs& args, S
   using Epi = fp8::Epilogue<OutT>;
   const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
   typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
-  mainloop.a_scales = args.a_scales.ptr<const uint8_t>();
-  mainloop.b_scales = args.b_scales.ptr<const uint8_t>();
-  mainloop.a_scales_row_stride = args.a_scales.stride[0];
-  mainloop.b_scales_row_stride = args.b_scales.stride[0];
-  mainloop.m = int32_t(args.m());
-  mainloop.n = int32_t(args.n());
+  Kernel::Main::set_scales(mainloop, args.a_scales, args.b_scales, args.m(), args.n());
 
   typename Epi::Params epilogue{};
   epilogue.d = Epi::output_map("d", args.d, args.m(), args.n());

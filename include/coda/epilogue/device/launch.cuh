@@ -120,12 +120,7 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
     if (m == 0 || n == 0) return;
     if (k == 0) throw Error(Status::not_supported, "the fused GPU GEMMs need K > 0");
     typename Kernel::Main::Params mainloop = Kernel::mainloop_params(a, w, {m, n, k});
-    mainloop.a_scales = a_scales.ptr<const uint8_t>();
-    mainloop.b_scales = w_scales.ptr<const uint8_t>();
-    mainloop.a_scales_row_stride = a_scales.stride[0];
-    mainloop.b_scales_row_stride = w_scales.stride[0];
-    mainloop.m = int32_t(m);
-    mainloop.n = int32_t(n);
+    Kernel::Main::set_scales(mainloop, a_scales, w_scales, m, n);
     Kernel::run(mainloop, {m, n, k}, epilogue, plan_for(m), TensorView{}, stream);
   }
 
