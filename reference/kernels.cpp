@@ -99,7 +99,12 @@ NormedGemm normed_gemm(Rounding r, const char* kernel, const NormedGemmInputs& i
   expect_size(kernel, "w", in.w, in.N * in.K);
   NormedGemm out;
   out.rstd = rstd_from_partials(r, in.M, in.sumsq_partials, in.K, in.eps);
-  out.z = fp32_accumulated(r, in.M, in.N, in.K, in.a, in.w);
+  if (!r.exact() && !in.product.empty()) {
+    expect_size(kernel, "product", in.product, in.M * in.N);
+    out.z = in.product; // an fp32 accumulator, as fp32_accumulated's
+  } else {
+    out.z = fp32_accumulated(r, in.M, in.N, in.K, in.a, in.w);
+  }
   for (int64_t m = 0; m < in.M; ++m)
     for (int64_t n = 0; n < in.N; ++n) {
       double& z = out.z[at(m * in.N + n)];

@@ -76,6 +76,11 @@ struct NormedGemmInputs {
   std::vector<double> w;              // [N, K]
   std::vector<double> sumsq_partials; // [M, P], any P >= 1: row partials of x² over K columns
   double eps = 1e-6;
+  // Empty, or the product a · wᵀ [M, N] as a hardware GEMM computed it, used in place of the
+  // sum over K by the rounded paths (Rounding::none always sums exactly): Hopper's FP8 tensor
+  // cores sum a scale block's products with fewer bits than fp32 (docs/fp8.md), so the unfused
+  // path on FP8 operands is gemm_fp8's output, not an fp32 sum.
+  std::vector<double> product = {};
   int64_t partial_width() const { return M > 0 ? int64_t(sumsq_partials.size()) / M : 0; }
 };
 

@@ -274,8 +274,37 @@ void check_rms_gated(void (*kernel)(const GatedArgs&, Stream),
     expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
   }
 }
+// gemm_fp8's f32 product of the device operands: the unfused path's GEMM on FP8 operands.
+// Hopper's FP8 tensor cores sum a scale block's products with fewer bits than fp32 (about 14,
+// docs/fp8.md), so an fp32 sum is no baseline for a kernel on that mainloop: on
+// FusedRmsGatedFp8 (f16, M 37, 2F 272, K 144, seed 154620695687, H200 2026-12-05) the fused
+// preact was one f16 ulp from the correctly rounded value, 0.068 from fp64 at 88.8, against the
+// fp32 path's 0.031. The fused kernels run gemm_fp8's mainloop (FusedOps.Fp8MainloopUnderTheDriver
+// GivesGemmFp8AndItsRowCopy), so this product's errors are theirs. It is held to the fp64 product
+// within test_gemm_fp8.cu's bound (2^-8 of the sum of |A B|), so that a wrong scale shared by
+// both kernels cannot widen the baseline unseen.
+std::vector<double> fp8_product(const Fp8GemmCase& g, const TensorView& a,
+                                const TensorView& a_scales, const TensorView& w,
+                                const TensorView& w_scales) {
+  HostTensor host(DType::f32, {a.shape[0], w.shape[0]});
+  DeviceTensor d(host);
+  gemm_fp8({.a = a, .a_scales = a_scales, .b = w, .b_scales = w_scales, .d = d.view()}, nullptr);
+  synchronize_ok();
+  EXPECT_TRUE(d.copy_back()) << "gemm_fp8 wrote past the end of d";
+  const std::vector<double> product = host.values(), exact = g.exact(), magnitude = g.magnitude();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < product.size(); ++i)
+    if (!(std::fabs(product[i] - exact[i]) <=
+          std::ldexp(magnitude[i], -8) + 4 * ulp_of(DType::f32, std::fabs(exact[i]))))
+      first = bad++ == 0 ? i : first;
+  EXPECT_EQ(bad, 0u) << "gemm_fp8's product from " << first << ": " << product[first] << " vs fp64 "
+                     << exact[first] << " (seed " << test_seed() << ")";
+  return product;
+}
+
 // On E4M3 operands with gemm_fp8's block scales (Fp8Shape): against the reference on the
-// dequantized operands and against the CPU backend. K a multiple of 16.
+// dequantized operands (the unfused path from gemm_fp8's product, fp8_product) and against the
+// CPU backend. K a multiple of 16.
 template <class GatedArgs>
 void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
                          ref::RmsGatedOutputs (*reference)(ref::Rounding,
@@ -317,9 +346,11 @@ void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
                                  ref::dequantize_fp8_blocks(g.qb, s.N, K, kFp8ScaleBlock),
                                  partials.values(),
                                  eps};
-  const auto exact = reference({}, in), unfused = reference(lowp(dtype), in);
-  for (double v : unfused.act) ASSERT_TRUE(std::isfinite(v)) << "act overflows: a vacuous check";
   DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials);
+  ref::NormedGemmInputs on_fp8 = in;
+  on_fp8.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
+  const auto exact = reference({}, in), unfused = reference(lowp(dtype), on_fp8);
+  for (double v : unfused.act) ASSERT_TRUE(std::isfinite(v)) << "act overflows: a vacuous check";
   HostTensor gpu_pre(dtype, {s.M, s.N}), gpu_act(dtype, {s.M, s.N / 2}),
       gpu_rstd(DType::f32, {s.M});
   call(a.view(), as.view(), w.view(), ws.view(), p.view(), gpu_pre, gpu_act, gpu_rstd, true);
@@ -431,8 +462,8 @@ INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsRope,
                          });
 
 // K4 on E4M3 operands with gemm_fp8's block scales (the FP8 mainloop's Fp8Shape): against the
-// fp64 reference on the values the codes and scales stand for and against the CPU backend, as the
-// 16-bit K4 (the tensor cores' shorter FP8 block sums stay inside the output's rounding).
+// fp64 reference on the values the codes and scales stand for (the unfused path from gemm_fp8's
+// product, fp8_product) and against the CPU backend.
 void check_rms_rope_fp8(DType dtype, const RopeCase& rc) {
   ref::RopeTable table;
   table.shape = {rc.n_q_heads, rc.n_kv_heads, rc.head_dim};
@@ -469,10 +500,13 @@ void check_rms_rope_fp8(DType dtype, const RopeCase& rc) {
                                  ref::dequantize_fp8_blocks(g.qb, N, K, kFp8ScaleBlock),
                                  partials.values(),
                                  eps};
-  const auto exact = ref::rms_rope({}, in, table), unfused = ref::rms_rope(lowp(dtype), in, table);
-  for (double v : unfused.out) ASSERT_TRUE(std::isfinite(v)) << "out overflows: a vacuous check";
   DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials), pos(positions),
       freq(inv_freq);
+  ref::NormedGemmInputs on_fp8 = in;
+  on_fp8.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
+  const auto exact = ref::rms_rope({}, in, table),
+             unfused = ref::rms_rope(lowp(dtype), on_fp8, table);
+  for (double v : unfused.out) ASSERT_TRUE(std::isfinite(v)) << "out overflows: a vacuous check";
   HostTensor gpu_out(dtype, {rc.M, N}), gpu_rstd(DType::f32, {rc.M});
   DeviceTensor out(gpu_out), rstd(gpu_rstd);
   gemm_rms_rope(args(a.view(), as.view(), w.view(), ws.view(), p.view(),
