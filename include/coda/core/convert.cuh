@@ -8,6 +8,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "coda/core/types.hpp"
 
@@ -37,6 +38,13 @@ template <class T> __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 }
 template <class T> __device__ __forceinline__ float2 unpack2(uint32_t word) {
   return make_float2(to_float<T>(uint16_t(word & 0xffffu)), to_float<T>(uint16_t(word >> 16)));
+}
+
+// Two values already multiplied by their block's 2^-k (core/fp8.hpp) as E4M3 codes, the first
+// in the low byte (the lower address once stored): cvt.rn.satfinite.e4m3x2.f32 (PTX ISA, "cvt"),
+// whose host twin is float_to_e4m3_bits.
+__device__ __forceinline__ uint16_t e4m3x2(float lo, float hi) {
+  return __nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
 } // namespace coda

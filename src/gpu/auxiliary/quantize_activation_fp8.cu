@@ -21,8 +21,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
+#include "coda/core/convert.cuh"
 #include "coda/core/fp8.hpp"
 #include "gpu/auxiliary/common.cuh"
 #include "gpu/auxiliary/quantize_fp8.cuh"
@@ -48,10 +48,9 @@ template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[
   }
 }
 
-// Two values already multiplied by 2^-k as E4M3 codes, the first in the low byte (the lower
-// address once stored).
-__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
-  return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+// Four values already multiplied by 2^-k as E4M3 codes, the first in the low byte.
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  return uint32_t(e4m3x2(a, b)) | uint32_t(e4m3x2(c, d)) << 16;
 }
 
 // The byte offset of a codes_t row's 16-byte chunk in the shared tile: chunks swizzled by bits
@@ -95,8 +94,8 @@ __global__ void __launch_bounds__(kWarps * 32)
     const int exponent = e4m3_scale_exponent(bits_float(magnitude));
     const float scale = scale_exp2(-exponent); // exact: a power of two (unused for kNoScale)
     const uint32_t q = exponent == kNoScale ? kNanCodes4
-                                            : e4m3x2(v[i][0] * scale, v[i][1] * scale) |
-                                                  (e4m3x2(v[i][2] * scale, v[i][3] * scale) << 16);
+                                            : e4m3x4(v[i][0] * scale, v[i][1] * scale,
+                                                     v[i][2] * scale, v[i][3] * scale);
     if (row < p.rows) {
       if (col_in) *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;
       if (lane == 0)
@@ -144,10 +143,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint32_t word[4];
 #pragma unroll
     for (int h = 0; h < 4; ++h)
-      word[h] = exponent[j] == kNoScale
-                    ? kNanCodes4
-                    : e4m3x2(v[4 * h][j] * scale, v[4 * h + 1][j] * scale) |
-                          (e4m3x2(v[4 * h + 2][j] * scale, v[4 * h + 3][j] * scale) << 16);
+      word[h] = exponent[j] == kNoScale ? kNanCodes4
+                                        : e4m3x4(v[4 * h][j] * scale, v[4 * h + 1][j] * scale,
+                                                 v[4 * h + 2][j] * scale, v[4 * h + 3][j] * scale);
     *reinterpret_cast<uint4*>(tile_t + tile_offset(kValuesPerLane * lane + j, warp)) =
         make_uint4(word[0], word[1], word[2], word[3]);
   }

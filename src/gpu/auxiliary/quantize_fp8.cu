@@ -12,8 +12,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
+#include "coda/core/convert.cuh"
 #include "coda/core/fp8.hpp"
 #include "gpu/auxiliary/common.cuh"
 #include "gpu/auxiliary/quantize_fp8.cuh"
@@ -75,8 +75,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint8_t q[kValuesPerLane];
 #pragma unroll
     for (int j = 0; j < kValuesPerLane; j += 2) {
-      const __nv_fp8x2_storage_t pair = __nv_cvt_float2_to_fp8x2(
-          make_float2(v[i][j] * scale, v[i][j + 1] * scale), __NV_SATFINITE, __NV_E4M3);
+      const uint16_t pair = e4m3x2(v[i][j] * scale, v[i][j + 1] * scale);
       q[j] = exponent == kNoScale ? kE4m3NanBits : uint8_t(pair & 0xff);
       q[j + 1] = exponent == kNoScale ? kE4m3NanBits : uint8_t(pair >> 8);
     }

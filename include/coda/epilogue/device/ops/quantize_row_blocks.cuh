@@ -27,8 +27,7 @@
 
 #include <cstdint>
 
-#include <cuda_fp8.h>
-
+#include "coda/core/convert.cuh"
 #include "coda/core/fp8.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
@@ -106,8 +105,7 @@ template <class Shape> struct QuantizeRowBlocks : OpBase {
       uint16_t pair = uint16_t(kE4m3NanBits) << 8 | kE4m3NanBits;
       if (k != kNoScale) {
         const float scale = scale_exp2(-k); // exact: a power of two
-        pair = __nv_cvt_float2_to_fp8x2(make_float2(v[i] * scale, v[i + 1] * scale), __NV_SATFINITE,
-                                        __NV_E4M3);
+        pair = e4m3x2(v[i] * scale, v[i + 1] * scale);
       }
       *reinterpret_cast<uint16_t*>(p.codes + int64_t(row) * p.codes_stride + col) = pair;
     }
