@@ -132,6 +132,51 @@ def fused_table(results):
     return "\n".join(lines)
 
 
+def _geomean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def fp8_table(results):
+    """bench/results/fp8.json (bench_gemm_fp8): gemm_fp8 against cuBLASLt's FP8 GEMMs and bf16."""
+    cases = results["cases"]
+    lines = [
+        "GPU: %s. Date: %s. Commit: `%s`. E4M3 inputs with coda's block scales (1 x 128 for A,"
+        " 128 x 128 for B), fp32 accumulation promoted per 128-wide K block, bf16 output; median"
+        " of %s runs, L2 flushed before each, all columns in one process on the same inputs."
+        " cuBLASLt block-scaled: the same codes and scales (its scale layout found by agreement"
+        " with coda's output, `rel err` its distance); per-tensor: `-` where cuBLASLt refused the"
+        " call; bf16: cuBLASLt on bf16 operands of the same shape. wgrad form: gemm_fp8 with B"
+        " scaled by rows and an f32 D accumulated into (the weight gradient's GEMM)."
+        % (results["gpu"], results["date"], results["commit"], results.get("runs", 50)),
+        "",
+        "| case | M | N | K | coda TFLOP/s | cuBLASLt block-scaled TFLOP/s | cuBLASLt bf16 TFLOP/s |"
+        " block-scaled ms / coda ms | bf16 ms / coda ms | wgrad form / coda | rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    block, bf16, wgrad = [], [], []
+    for c in cases:
+        b, h = c.get("cublas_blockscaled_ms"), c.get("cublas_bf16_ms")
+        w = c.get("coda_wgrad_form_ms")
+        block_gemm = not c["name"].startswith("square")
+        if b and block_gemm:
+            block.append(b / c["coda_ms"])
+        if h and block_gemm:
+            bf16.append(h / c["coda_ms"])
+        if w and block_gemm:
+            wgrad.append(w / c["coda_ms"])
+        lines.append("| %s | %d | %d | %d | %.1f | %s | %s | %s | %s | %s | %s |" % (
+            c["name"], c["m"], c["n"], c["k"], tflops(c, c["coda_ms"]),
+            "%.1f" % tflops(c, b) if b else "-", "%.1f" % tflops(c, h) if h else "-",
+            "%.3f" % (b / c["coda_ms"]) if b else "-", "%.3f" % (h / c["coda_ms"]) if h else "-",
+            "%.3f" % (w / c["coda_ms"]) if w else "-",
+            "%.1e" % c["max_rel_err"] if c.get("max_rel_err") is not None else "-"))
+    lines += ["", "Over the %d block GEMMs: cuBLASLt block-scaled / coda %.3f geomean (minimum"
+              " %.3f; the target is >= 0.95), cuBLASLt bf16 / coda %.3f, wgrad form / coda %.3f."
+              % (len(block), _geomean(block), min(block) if block else float("nan"),
+                 _geomean(bf16), _geomean(wgrad))]
+    return "\n".join(lines)
+
+
 def _fmt(v, fmt):
     return fmt % v if v is not None else "-"
 
@@ -276,6 +321,7 @@ TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table
           "block": ("block.json", block_table)}
 PLOTS = {"block": block_plot, "gemm": gemm_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
+TABLES["fp8"] = ("fp8.json", fp8_table)  # bench_gemm_fp8
 
 
 def _short(commit):
@@ -289,7 +335,8 @@ def _range(values):
 
 def status_table(results):
     """README.md's status table: every GPU number from bench/results, each with its commit."""
-    gemm, fused, block, torch = (results.get(n) for n in ("gemm", "fused", "block", "torch"))
+    gemm, fused, block, torch, fp8 = (results.get(n)
+                                      for n in ("gemm", "fused", "block", "torch", "fp8"))
     rows = [("capability", "CPU backend", "GPU (sm_90a)"), ("---", "---", "---")]
     if gemm:
         ratios = [c["cublas_ms"] / c["coda_ms"] for c in gemm["cases"] if c["layout"] != "square"]
@@ -329,6 +376,15 @@ def status_table(results):
                                                                c["model"].replace("llama-", "").upper())
                                                     for c in at), tokens,
                                          _short(block["commit"]))))
+    if fp8:
+        ratios = [c["cublas_blockscaled_ms"] / c["coda_ms"] for c in fp8["cases"]
+                  if c.get("cublas_blockscaled_ms") and not c["name"].startswith("square")]
+        bf16 = [c["cublas_bf16_ms"] / c["coda_ms"] for c in fp8["cases"]
+                if c.get("cublas_bf16_ms") and not c["name"].startswith("square")]
+        rows.append(("FP8 GEMM (E4M3, block scales), `gemm_fp8`", "yes",
+                     "yes: %.2fx the speed of cuBLASLt's block-scaled FP8 GEMM and %.2fx that of"
+                     " its bf16 GEMM (geomeans over the %d Llama block GEMMs), at `%s`"
+                     % (_geomean(ratios), _geomean(bf16), len(ratios), _short(fp8["commit"]))))
     if torch:
         model = [c for c in torch["cases"] if c["case"] == "model-1b" and c["pass"] == "fwd+bwd"]
         if model and all(model[0].get(k) for k in ("coda_ms", "eager_ms", "compile_ms")):
@@ -339,7 +395,7 @@ def status_table(results):
                          " `%s`)" % (c.get("layers", 16), c["eager_ms"] / c["coda_ms"],
                                      c["coda_peak_mib"] / c["compile_peak_mib"],
                                      c["compile_ms"] / c["coda_ms"], _short(torch["commit"]))))
-    gpus = sorted({r["gpu"] for r in (gemm, fused, block, torch) if r})
+    gpus = sorted({r["gpu"] for r in (gemm, fused, block, torch, fp8) if r})
     lines = ["| %s |" % " | ".join(r) for r in rows]
     lines += ["", "Generated by `tools/perf_tables.py` from `bench/results/*.json` (%s); tables,"
               " plots and dates in `docs/PERFORMANCE.md`." % ", ".join(gpus)]
