@@ -244,27 +244,28 @@ TEST(GpuFp8GemmSmallForSanitizer, RaggedTiles) {
 // byte past an output is written; with and without the transposed copy; a NaN and an infinity
 // each poison their block.
 
-void check_weight(int64_t n, int64_t k, DType dtype, bool transposed) {
-  SCOPED_TRACE("N " + std::to_string(n) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
-               (transposed ? " with the transpose" : ""));
-  Seeds seeds;
-  Fp8WeightCase cpu(n, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 10 : 20);
-  quantize_weight_fp8(cpu.args(transposed)); // host tensors: the CPU backend
+// One quantizer case (Fp8WeightCase or Fp8ActivationCase, its input `source`): the CPU backend's
+// outputs are the format's definition; the GPU's, from poisoned outputs, are the CPU's bit for
+// bit, no byte past an output is written, and without the transposed copy neither codes_t nor
+// scales_t is touched.
+template <class Case, class Args>
+void check_quantizer(Case cpu, HostTensor Case::*source, Args (Case::*host_args)(bool),
+                     void (*quantize)(const Args&, Stream), bool transposed) {
+  quantize((cpu.*host_args)(transposed), nullptr); // host tensors: the CPU backend
   ASSERT_EQ(cpu.check(transposed), "");
-  Fp8WeightCase gpu = cpu;
+  Case gpu = cpu;
   for (HostTensor* t : {&gpu.codes, &gpu.scales, &gpu.codes_t, &gpu.scales_t}) t->poison();
-  DeviceTensor w(gpu.w), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
+  DeviceTensor in(gpu.*source), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
       scales_t(gpu.scales_t);
-  QuantizeWeightFp8Args args{.w = w.view(), .codes = codes.view(), .scales = scales.view()};
+  Args args{in.view(), codes.view(), scales.view()};
   if (transposed) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
-  quantize_weight_fp8(args);
+  quantize(args, nullptr);
   synchronize_ok();
   for (DeviceTensor* t : {&codes, &scales, &codes_t, &scales_t})
     EXPECT_TRUE(t->copy_back()) << "a write past the end of an output";
-  const auto same = [](const HostTensor& a, const HostTensor& b) {
+  const auto same = [](HostTensor& a, HostTensor& b) {
     const size_t bytes = size_t(a.numel() * dtype_size(a.dtype()));
-    return std::memcmp(const_cast<HostTensor&>(a).host_view().data,
-                       const_cast<HostTensor&>(b).host_view().data, bytes) == 0;
+    return std::memcmp(a.host_view().data, b.host_view().data, bytes) == 0;
   };
   EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
   EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
@@ -273,7 +274,17 @@ void check_weight(int64_t n, int64_t k, DType dtype, bool transposed) {
     EXPECT_TRUE(same(gpu.scales_t, cpu.scales_t)) << "scales_t";
   } else {
     for (double v : gpu.codes_t.values()) ASSERT_TRUE(std::isnan(v)) << "codes_t written";
+    for (double v : gpu.scales_t.values()) ASSERT_TRUE(std::isnan(v)) << "scales_t written";
   }
+}
+
+void check_weight(int64_t n, int64_t k, DType dtype, bool transposed) {
+  SCOPED_TRACE("N " + std::to_string(n) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
+               (transposed ? " with the transpose" : ""));
+  Seeds seeds;
+  check_quantizer(
+      Fp8WeightCase(n, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 10 : 20),
+      &Fp8WeightCase::w, &Fp8WeightCase::args, &quantize_weight_fp8, transposed);
 }
 
 TEST(GpuQuantizeWeightFp8, MatchesTheCpuBackendBitForBit) {
@@ -293,39 +304,14 @@ TEST(GpuFp8GemmSmallForSanitizer, QuantizeWeight) {
 // its own, are the CPU backend's, bit for bit (which is the format's definition:
 // Fp8ActivationCase::check); no byte past an output is written; with and without the transposed
 // copy (then M may be ragged); an infinity and a NaN each poison their block of each copy.
-// Written and compiled, not yet run on a GPU.
 
 void check_activation(int64_t m, int64_t k, DType dtype, bool transposed) {
   SCOPED_TRACE("M " + std::to_string(m) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
                (transposed ? " with the transpose" : ""));
   Seeds seeds;
-  Fp8ActivationCase cpu(m, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 4 : 20);
-  quantize_activation_fp8(cpu.args(transposed)); // host tensors: the CPU backend
-  ASSERT_EQ(cpu.check(transposed), "");
-  Fp8ActivationCase gpu = cpu;
-  for (HostTensor* t : {&gpu.codes, &gpu.scales, &gpu.codes_t, &gpu.scales_t}) t->poison();
-  DeviceTensor x(gpu.x), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
-      scales_t(gpu.scales_t);
-  QuantizeActivationFp8Args args{.x = x.view(), .codes = codes.view(), .scales = scales.view()};
-  if (transposed) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
-  quantize_activation_fp8(args);
-  synchronize_ok();
-  for (DeviceTensor* t : {&codes, &scales, &codes_t, &scales_t})
-    EXPECT_TRUE(t->copy_back()) << "a write past the end of an output";
-  const auto same = [](const HostTensor& a, const HostTensor& b) {
-    const size_t bytes = size_t(a.numel() * dtype_size(a.dtype()));
-    return std::memcmp(const_cast<HostTensor&>(a).host_view().data,
-                       const_cast<HostTensor&>(b).host_view().data, bytes) == 0;
-  };
-  EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
-  EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
-  if (transposed) {
-    EXPECT_TRUE(same(gpu.codes_t, cpu.codes_t)) << "codes_t";
-    EXPECT_TRUE(same(gpu.scales_t, cpu.scales_t)) << "scales_t";
-  } else {
-    for (double v : gpu.codes_t.values()) ASSERT_TRUE(std::isnan(v)) << "codes_t written";
-    for (double v : gpu.scales_t.values()) ASSERT_TRUE(std::isnan(v)) << "scales_t written";
-  }
+  check_quantizer(
+      Fp8ActivationCase(m, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 4 : 20),
+      &Fp8ActivationCase::x, &Fp8ActivationCase::args, &quantize_activation_fp8, transposed);
 }
 
 TEST(GpuQuantizeActivationFp8, MatchesTheCpuBackendBitForBit) {
