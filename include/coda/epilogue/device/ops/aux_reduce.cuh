@@ -73,6 +73,12 @@ template <class Op, class Reduce> struct AuxReduce : OpBase {
     op.prefetch(op_ctx(c), next);
     reduce.prefetch(reduce_ctx(c), next);
   }
+  // Forwarded like every other hook: without it OpBase's empty prefetch_tile took the call and the
+  // staged K7's consumer L2 prefetch of its pre-activation rows never ran (docs/epilogue.md).
+  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile tile) {
+    op.prefetch_tile(op_ctx(c), tile);
+    reduce.prefetch_tile(reduce_ctx(c), tile);
+  }
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
     float aux[16];
     op.visit(op_ctx(c), st, v, aux);
