@@ -62,13 +62,12 @@ template <class Shape, int kStages, int kOperandBytes = 2>
 using FusedConfig =
     sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule, kOperandBytes>;
 
-// Dynamic shared memory of the kernel with kStages pipeline stages (+ 1024 bytes of alignment
-// slack: the kernel rounds the base up to 1024 bytes).
+// Dynamic shared memory of the kernel with kStages pipeline stages.
 template <class Epi, class InT, int kStages, GemmLayout kLayout = GemmLayout::fwd>
 constexpr size_t fused_shared_bytes() {
   using Config = FusedConfig<typename Epi::TileShape, kStages, int(sizeof(InT))>;
   using Main = sm90::MainloopFor<Config, kLayout, InT>;
-  return sizeof(sm90::KernelSharedStorage<Main, Epi>) + 1024; // as sm90::GemmKernel's
+  return sizeof(sm90::KernelSharedStorage<Main, Epi>); // as sm90::GemmKernel's
 }
 
 // As many stages as fit beside the epilogue's shared memory, at most kStages.
