@@ -52,45 +52,45 @@ template <class Op, class Reduce> struct AuxReduce : OpBase {
     Op::init(s.op);
     Reduce::init(static_cast<typename Reduce::SharedStorage&>(s));
   }
+  // Every hook but the prepass and the subtile visit goes to both ops, Op first. (prefetch_tile
+  // too: without it OpBase's empty hook took the call and the staged K7's consumer L2 prefetch
+  // of its pre-activation rows never ran, docs/epilogue.md.)
   __device__ void begin_kernel(const Ctx& c) {
-    op.begin_kernel(op_ctx(c));
-    reduce.begin_kernel(reduce_ctx(c));
+    both(c, [&](auto& o, const auto& oc) { o.begin_kernel(oc); });
   }
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t slot) {
-    op.begin_tile(op_ctx(c), tile, slot);
-    reduce.begin_tile(reduce_ctx(c), tile, slot);
+    both(c, [&](auto& o, const auto& oc) { o.begin_tile(oc, tile, slot); });
   }
   __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
-    op.begin_visit(op_ctx(c), tile);
-    reduce.begin_visit(reduce_ctx(c), tile);
+    both(c, [&](auto& o, const auto& oc) { o.begin_visit(oc, tile); });
+  }
+  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile tile) {
+    both(c, [&](auto& o, const auto& oc) { o.prefetch_tile(oc, tile); });
+  }
+  __device__ void prefetch(const Ctx& c, const Subtile& next) {
+    both(c, [&](auto& o, const auto& oc) { o.prefetch(oc, next); });
+  }
+  __device__ void issue(const Ctx& c, const Subtile& st) {
+    both(c, [&](auto& o, const auto& oc) { o.issue(oc, st); });
+  }
+  __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
+    both(c, [&](auto& o, const auto& oc) { o.end_tile(oc, tile); });
   }
   template <int kRegs>
   __device__ void visit_block(const Ctx& c, float (&regs)[kRegs], sm90::EpilogueTile tile,
                               int block) {
     op.visit_block(op_ctx(c), regs, tile, block);
   }
-  __device__ void prefetch(const Ctx& c, const Subtile& next) {
-    op.prefetch(op_ctx(c), next);
-    reduce.prefetch(reduce_ctx(c), next);
-  }
-  // Forwarded like every other hook: without it OpBase's empty prefetch_tile took the call and the
-  // staged K7's consumer L2 prefetch of its pre-activation rows never ran (docs/epilogue.md).
-  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile tile) {
-    op.prefetch_tile(op_ctx(c), tile);
-    reduce.prefetch_tile(reduce_ctx(c), tile);
-  }
   __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16]) {
     float aux[16];
     op.visit(op_ctx(c), st, v, aux);
     reduce.visit(reduce_ctx(c), st, aux);
   }
-  __device__ void issue(const Ctx& c, const Subtile& st) {
-    op.issue(op_ctx(c), st);
-    reduce.issue(reduce_ctx(c), st);
-  }
-  __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
-    op.end_tile(op_ctx(c), tile);
-    reduce.end_tile(reduce_ctx(c), tile);
+
+private:
+  template <class F> __device__ __forceinline__ void both(const Ctx& c, F&& f) {
+    f(op, op_ctx(c));
+    f(reduce, reduce_ctx(c));
   }
 };
 
