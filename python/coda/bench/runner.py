@@ -167,6 +167,23 @@ def _records(case, shape, tokens, batch, layers, attention, measured, opts):
     return recs
 
 
+def _measure_sides(ref, ref_extra, side_of, coda_side, opts, flush):
+    """The reference eagerly and through torch.compile (side_of(fn): the side that runs fn, None
+    for the module itself) and, when opts.sides asks for it, coda's side: coda_side() returns
+    (side, what holds its weights), built under its own Construction count. A coda side that
+    fails to build is recorded as its result, not raised."""
+    builders = {"eager": (side_of(None), ref_extra),
+                "compile": (side_of(_compile(ref, opts)), ref_extra)}
+    if "coda" in opts.sides:
+        try:
+            with timing.Construction() as c:
+                side, weights = coda_side()
+            builders["coda"] = (side, c.extra(timing.param_bytes(weights)))
+        except Exception as e:
+            builders["coda"] = e
+    return _measure(builders, opts, flush)
+
+
 def run_block(case, shape, tokens, batch, attention, opts, flush, seed=0):
     cfg = make_config(shape)
     opts.log("%s%s: %d tokens (batch %d), hidden %d, MLP %d, %d/%d heads of %d"
@@ -177,16 +194,13 @@ def run_block(case, shape, tokens, batch, attention, opts, flush, seed=0):
     with timing.Construction() as c:
         ref = build_reference_block(cfg, attention, seed=seed + 1, device=opts.device)
     ref_extra = c.extra(timing.param_bytes(ref))
-    builders = {"eager": (TorchBlockSide(ref, inputs), ref_extra),
-                "compile": (TorchBlockSide(ref, inputs, _compile(ref, opts)), ref_extra)}
-    if "coda" in opts.sides:
-        try:
-            with timing.Construction() as c:
-                side = CodaBlockSide(ref, inputs)
-            builders["coda"] = (side, c.extra(timing.param_bytes(side.param_tensors())))
-        except Exception as e:
-            builders["coda"] = e
-    measured = _measure(builders, opts, flush)
+
+    def coda_side():
+        side = CodaBlockSide(ref, inputs)
+        return side, side.param_tensors()
+
+    measured = _measure_sides(ref, ref_extra, lambda fn: TorchBlockSide(ref, inputs, fn),
+                              coda_side, opts, flush)
     return _records(case, shape, tokens, batch, 1, attention, measured, opts)
 
 
@@ -199,16 +213,13 @@ def run_model(case, shape, tokens, batch, layers, opts, flush, seed=0):
     with timing.Construction() as c:
         ref = build_reference_model(cfg, seed=seed + 1, device=opts.device)
     ref_extra = c.extra(timing.param_bytes(ref))
-    builders = {"eager": (ModelSide(ref, inputs), ref_extra),
-                "compile": (ModelSide(ref, inputs, _compile(ref, opts)), ref_extra)}
-    if "coda" in opts.sides:
-        try:
-            with timing.Construction() as c:
-                cmodel = coda_adapter.model_from_reference(ref)
-            builders["coda"] = (ModelSide(cmodel, inputs), c.extra(timing.param_bytes(cmodel)))
-        except Exception as e:
-            builders["coda"] = e
-    measured = _measure(builders, opts, flush)
+
+    def coda_side():
+        cmodel = coda_adapter.model_from_reference(ref)
+        return ModelSide(cmodel, inputs), cmodel
+
+    measured = _measure_sides(ref, ref_extra, lambda fn: ModelSide(ref, inputs, fn), coda_side,
+                              opts, flush)
     return _records(case, shape, tokens, batch, layers, True, measured, opts)
 
 
