@@ -19,7 +19,6 @@
 #include <cuda.h>
 #include <cuda/ptx>
 
-#include "coda/arch/prefetch.cuh"
 #include "coda/epilogue/device/driver.cuh"
 #include "coda/epilogue/device/load_ring.cuh"
 #include "coda/epilogue/device/tensor_maps.hpp"
@@ -110,9 +109,10 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
 //  - SwigluBackwardWarpRing: each warp TMA-loads its 16 rows of a subtile (a 2 KB strip) into a
 //    ring of two strips of its own, one strip ahead.
 // Either way each thread writes its (dg, du) pairs to global memory from registers, as
-// registers (i, i + 1) hold two adjacent containers: one 8-byte store per pair of values. The
-// tile's pre-activation rows are prefetched into L2 by the consumers as they start the tile's
-// mainloop. Past the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives.
+// registers (i, i + 1) hold two adjacent containers: one 8-byte store per pair of values. Past
+// the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives. No L2 prefetch
+// by the consumers: once it ran (AuxReduce forwarding prefetch_tile), K7 measured 1.29 -> 1.46
+// of the plain GEMM at Llama-1B and 1.09 -> 1.17 at 8B (H100, 2026-12-05, docs/epilogue.md).
 //
 // The epilogue warpgroup is one warp per scheduler, so its instruction count is its time (K7's
 // profile, docs/epilogue.md): a subtile's 8 accesses per thread are addressed from one row pointer
@@ -139,23 +139,6 @@ template <class Shape, class T> struct StagedSwigluBackward : OpBase {
     p.rows = int32_t(preact.shape[0]);
     p.cols = int32_t(preact.shape[1] / 2);
     return p;
-  }
-
-  // From a consumer warpgroup starting the tile's mainloop: one L2 prefetch per 128-byte line of
-  // its 64 rows of containers, so that the epilogue warpgroup's loads, a mainloop later, hit L2.
-  template <class C> __device__ static void prefetch_rows(const C& c, sm90::EpilogueTile rows) {
-    const Params& p = c.params;
-    constexpr int kLinesPerRow = Shape::kCols * 4 / 128;
-    constexpr int kLines = Shape::kSubRows * kLinesPerRow;
-    static_assert(kLines % arch::kWarpgroupSize == 0, "whole lines per thread");
-#pragma unroll
-    for (int k = 0; k < kLines / arch::kWarpgroupSize; ++k) {
-      const int line = k * arch::kWarpgroupSize + c.wg.thread;
-      const int32_t row = rows.row0 + line / kLinesPerRow;
-      const int32_t col = rows.col0 + line % kLinesPerRow * 32;
-      if (row < p.rows && col < p.cols)
-        arch::prefetch_l2(p.preact + int64_t(row) * p.preact_stride + col);
-    }
   }
 
   // The subtile's math on the containers z of `thread` (c.wg.thread) (pair i / 2 of its registers),
@@ -242,9 +225,6 @@ template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   // within the spread, for 16 more registers.
   uint2 pending[8];
 
-  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile rows) {
-    Body::prefetch_rows(c, rows);
-  }
   __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
     load(c, tile.row0, tile.col0, pending);
   }
@@ -332,9 +312,6 @@ template <class Shape, class T> struct SwigluBackwardWarpRing : OpBase {
   }
   __device__ void begin_kernel(const Ctx&) { strips = phase = 0; }
 
-  __device__ void prefetch_tile(const Ctx& c, sm90::EpilogueTile rows) {
-    Body::prefetch_rows(c, rows);
-  }
   // The tile's first two strips, into the slots that follow the ring position (the warp has
   // read both: the last tile's strips).
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
