@@ -15,15 +15,17 @@
 // one 128-deep block (the reason DeepSeek-V3 promotes every 128 values of K even without
 // per-block scales).
 //
-// Registers: a warpgroup holds the partial and the promoted accumulator, 2 x kTileN / 2 floats
-// per thread for its 64 rows. At kTileN = 128 that is 128, what the 16-bit cooperative 128 x 256
-// kernel holds, beside the epilogue in the 232-register consumers; a 256-wide tile would need 256.
+// Registers: a warpgroup holds two partials (one k-block's promotion overlaps the next one's
+// wgmmas, mma_tile) and the promoted accumulator, 3 x kTileN / 2 floats per thread for its 64
+// rows: 192 at kTileN = 128, beside the epilogue in the 232-register consumers.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "coda/arch/warpgroup.cuh"
 #include "coda/arch/wgmma.cuh"
+#include "coda/core/error.hpp"
 #include "coda/core/fp8.hpp"
 #include "coda/core/fragment.hpp"
 #include "coda/core/tensor.hpp"
@@ -32,7 +34,7 @@
 
 namespace coda::sm90 {
 
-template <class Config, Fp8BScaling kBScaling>
+template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion>
 struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   using Base = Mainloop<Config, GemmLayout::fwd, false>;
   using typename Base::Accum;
@@ -47,8 +49,9 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
                 "one B scale block per tile column range (and the m64n128k32 wgmma)");
   static_assert(Config::kSchedule == Schedule::cooperative,
                 "the promotion runs in the consumers: the cooperative schedule");
-  static_assert(2 * Config::kAccumulatorsPerThread <= 128,
-                "the partial and the promoted accumulator share the consumers' registers");
+  static_assert((kOverlapPromotion ? 3 : 2) * Config::kAccumulatorsPerThread <=
+                    (kOverlapPromotion ? 192 : 128),
+                "the partials and the promoted accumulator share the consumers' registers");
   static constexpr bool kBRows = kBScaling == Fp8BScaling::rows;
 
   // Base::Params' tensor maps (A: dims {K, M}, box {128, kTileM}; B: dims {K, N}, box {128,
@@ -66,6 +69,12 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   // for an [m, n] output; the operands' tensor maps are Base's.
   static void set_scales(Params& p, const TensorView& a_scales, const TensorView& b_scales,
                          int64_t m, int64_t n) {
+    // The kernel addresses the scales by 32-bit offsets (Scales).
+    for (const TensorView* t : {&a_scales, &b_scales})
+      if (t->shape[0] * t->stride[0] > INT32_MAX)
+        throw Error(Status::not_supported,
+                    "gemm_fp8: a scale tensor spans 2^31 elements or more (rows x row stride "
+                    "of a_scales or b_scales); split the GEMM along M or N");
     p.a_scales = a_scales.ptr<const uint8_t>();
     p.b_scales = b_scales.ptr<const uint8_t>();
     p.a_scales_row_stride = a_scales.stride[0];
@@ -75,67 +84,72 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   }
 
   // One consumer warpgroup: D(rows it owns, tile columns) = the promoted sum over k-blocks
-  // [k_begin, k_end) (at least one). The contract of Base::mma_tile, except that each stage is
-  // released as soon as its wgmmas retire (the promotion needs them retired anyway).
+  // [k_begin, k_end) (at least one). The contract of Base::mma_tile.
+  // Two partials in turn: k-block i's wgmmas go into one while k-block i - 1's partial, in the
+  // other, waits for its batch (wgmma_wait_group<1>: one batch left in flight), is promoted and
+  // its stage released, so the tensor cores always hold this warpgroup's next batch during a
+  // promotion. (With one partial, each k-block waited for its own batch to drain before the
+  // promotion and the next issue: 0.59x cuBLASLt's block-scaled GEMM, H200 2026-12-05.)
+  // The loop is unrolled by hand in pairs: registers cannot be indexed by a run-time parity.
   template <class WhileMma>
   __device__ static void mma_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
                                   Accum& acc, TileCoord tile, int first_block, int32_t k_begin,
                                   int32_t k_end, uint32_t lane, WhileMma&& while_mma) {
-    constexpr int kBlocks = Accum::kBlocks;
     const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
-    // This thread's two rows in each 64-row block (row slots, fragment.hpp) and their scales;
-    // rows past M hold zeros (TMA zero-fills A) and read the scale 2^0.
-    const uint8_t* a_scale_row[kBlocks][Map::kRowSlots];
+    const Scales scales(p, tile, first_block, thread, lane);
 #pragma unroll
-    for (int mb = 0; mb < kBlocks; ++mb)
-#pragma unroll
-      for (int slot = 0; slot < Map::kRowSlots; ++slot) {
-        const int32_t row =
-            tile.m_block * Config::kTileM + (first_block + mb) * 64 + Map::slot_row(thread, slot);
-        a_scale_row[mb][slot] =
-            row < p.m ? p.a_scales + int64_t(row) * p.a_scales_row_stride : nullptr;
-      }
-    // Blocks: the tile's one row of B scales. Rows: each lane reads the scales of the tile's
-    // columns lane, lane + 32, lane + 64 and lane + 96 (ColumnScales below).
-    const uint8_t* b_scale_row =
-        p.b_scales +
-        int64_t(kBRows ? tile.n_block * Config::kTileN + int32_t(lane) : tile.n_block) *
-            p.b_scales_row_stride;
-    const int32_t lane_col = tile.n_block * Config::kTileN + int32_t(lane); // rows only
-
-    Accum partial; // the tensor cores' sum over one k-block
-#pragma unroll
-    for (int mb = 0; mb < kBlocks; ++mb)
+    for (int mb = 0; mb < Accum::kBlocks; ++mb)
 #pragma unroll
       for (int i = 0; i < Accum::kRegsPerBlock; ++i) acc.reg[mb][i] = 0.f;
-    for (int32_t kb = k_begin; kb < k_end; ++kb) {
-      // NOTE: the scale loads come before the wait (asm with memory clobbers keeps them there):
-      // their latency hides behind it and the wgmmas; the promotion needs them only after.
-      // (Read-only loads: every tile along N reads a row's scales again.)
-      uint8_t b_scale[kBRows ? ColumnScales::kPerLane : 1];
-      if constexpr (kBRows)
-        ColumnScales::load(b_scale, b_scale_row, p.b_scales_row_stride, lane_col, p.n, kb);
-      else
-        b_scale[0] = __ldg(b_scale_row + kb);
-      uint8_t a_scale[kBlocks][Map::kRowSlots];
-#pragma unroll
-      for (int mb = 0; mb < kBlocks; ++mb)
-#pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot)
-          a_scale[mb][slot] = a_scale_row[mb][slot] != nullptr ? __ldg(a_scale_row[mb][slot] + kb)
-                                                               : uint8_t(127); // 2^0
+
+    Accum partial[2];    // the tensor cores' sums over one k-block each, in turn
+    State previous = st; // the stage of the k-block in flight
+    const auto issue = [&](int32_t kb, Accum& into) {
       pipe.consumer_wait(st);
-      arch::wgmma_fence(); // the promotion read `partial` with ordinary instructions
-      mma_stage(smem, st.index, partial, first_block);
+      arch::wgmma_fence(); // the promotion read `into` two k-blocks ago with ordinary instructions
+      mma_stage(smem, st.index, into, first_block);
       arch::wgmma_commit_group();
       while_mma(kb - k_begin);
-      arch::wgmma_wait_group<0>();
-      Base::fence_accumulators(partial);
-      pipe.consumer_release(st, lane);
-      if constexpr (kBRows)
-        promote_by_columns(acc, partial, a_scale, b_scale, thread);
-      else
-        promote(acc, partial, a_scale, b_scale[0]);
+    };
+    // k-block kb, the one before the k-block just issued, retired once at most `kInFlight`
+    // batches are in flight. Its scales are loaded first (asm with memory clobbers keeps them
+    // before the wait), so that their latency hides behind it: no scales are held across the
+    // k-blocks (the registers go to the partials).
+    const auto promote = [&](auto in_flight, int32_t kb, Accum& done) {
+      BlockScales scale;
+      scales.load(scale, kb);
+      arch::wgmma_wait_group<decltype(in_flight)::value>();
+      Base::fence_accumulators(done);
+      pipe.consumer_release(previous, lane);
+      scales.promote(acc, done, scale, thread);
+    };
+    using One = std::integral_constant<int, 1>;
+    using None = std::integral_constant<int, 0>;
+    if constexpr (kBRows || !kOverlapPromotion) {
+      // One partial: each k-block waits for its own batch. The by-columns promotion's shuffles
+      // want the registers a second partial would take (ptxas spilled 180 bytes with two), as
+      // do the fused kernels' ops (MainloopFor).
+      for (int32_t kb = k_begin; kb < k_end; ++kb) {
+        issue(kb, partial[0]);
+        previous = st;
+        promote(None{}, kb, partial[0]);
+        st.advance();
+      }
+      return;
+    }
+    issue(k_begin, partial[0]);
+    previous = st;
+    st.advance();
+    for (int32_t kb = k_begin + 1;; kb += 2) {
+      if (kb == k_end) return promote(None{}, kb - 1, partial[0]);
+      issue(kb, partial[1]);
+      promote(One{}, kb - 1, partial[0]);
+      previous = st;
+      st.advance();
+      if (kb + 1 == k_end) return promote(None{}, kb, partial[1]);
+      issue(kb + 1, partial[0]);
+      promote(One{}, kb, partial[1]);
+      previous = st;
       st.advance();
     }
   }
@@ -143,6 +157,68 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
 private:
   using Map = typename Accum::Map;
   using AScales = uint8_t[Accum::kBlocks][Map::kRowSlots];
+  struct ColumnScales;
+  // One k-block's scales as this thread needs them: its rows' A scales, and B's one scale
+  // (blocks) or this lane's column scales (rows, ColumnScales).
+  struct BlockScales {
+    AScales a;
+    uint8_t b[kBRows ? Config::kTileN / arch::kWarpSize : 1];
+  };
+
+  // Where this thread's scales are, for every k-block of one tile: 32-bit element offsets from
+  // the launch's scale pointers (set_scales checks that they fit), the rest read from the
+  // kernel's parameters, so the partials keep the registers.
+  class Scales {
+  public:
+    __device__ Scales(const Params& p, TileCoord tile, int first_block, int thread, uint32_t lane)
+        : p_(p), lane_col_(tile.n_block * Config::kTileN + int32_t(lane)) {
+      // This thread's two rows in each 64-row block (row slots, fragment.hpp); rows past M hold
+      // zeros (TMA zero-fills A) and read the scale 2^0 (offset -1).
+#pragma unroll
+      for (int mb = 0; mb < Accum::kBlocks; ++mb)
+#pragma unroll
+        for (int slot = 0; slot < Map::kRowSlots; ++slot) {
+          const int32_t row =
+              tile.m_block * Config::kTileM + (first_block + mb) * 64 + Map::slot_row(thread, slot);
+          a_[mb][slot] = row < p.m ? row * int32_t(p.a_scales_row_stride) : -1;
+        }
+      b_ = (kBRows ? lane_col_ : tile.n_block) * int32_t(p.b_scales_row_stride);
+    }
+    // (Read-only loads: every tile along N reads a row's scales again.)
+    __device__ void load(BlockScales& to, int32_t kb) const {
+      if constexpr (kBRows) {
+        // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
+        // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
+#pragma unroll
+        for (int r = 0; r < ColumnScales::kPerLane; ++r)
+          to.b[r] =
+              lane_col_ + r * arch::kWarpSize < p_.n
+                  ? __ldg(p_.b_scales + b_ + r * arch::kWarpSize * p_.b_scales_row_stride + kb)
+                  : uint8_t(127);
+      } else {
+        to.b[0] = __ldg(p_.b_scales + b_ + kb);
+      }
+#pragma unroll
+      for (int mb = 0; mb < Accum::kBlocks; ++mb)
+#pragma unroll
+        for (int slot = 0; slot < Map::kRowSlots; ++slot)
+          to.a[mb][slot] =
+              a_[mb][slot] >= 0 ? __ldg(p_.a_scales + a_[mb][slot] + kb) : uint8_t(127); // 2^0
+    }
+    __device__ void promote(Accum& acc, const Accum& partial, const BlockScales& s,
+                            int thread) const {
+      if constexpr (kBRows)
+        Fp8Mainloop::promote_by_columns(acc, partial, s.a, s.b, thread);
+      else
+        Fp8Mainloop::promote(acc, partial, s.a, s.b[0]);
+    }
+
+  private:
+    const Params& p_;
+    int32_t a_[Accum::kBlocks][Map::kRowSlots]; // this thread's rows' first scales, or -1
+    int32_t b_;        // blocks: the tile's row of B scales; rows: this lane's first column's
+    int32_t lane_col_; // rows: this lane's first column
+  };
 
   // Blocks: one B scale for the whole tile, so one scale per row slot.
   __device__ static void promote(Accum& acc, const Accum& partial, const AScales& a_scale,
@@ -160,23 +236,13 @@ private:
   }
 
   // Rows: a B scale per tile column. The tile's 128 column scales of a k-block lie in each warp
-  // as ColumnScales leaves them, 4 per lane; a thread's 32 columns (fragment.hpp: 8 c + 2 q + e)
-  // take theirs by shuffles, as floats: the column's lane and register are known for every
-  // accumulator register, and the register index is the same for the whole warp. No shared
-  // memory (the 6 stages and the epilogue's buffers fill it) and no barrier.
+  // as Scales::load leaves them, 4 per lane (columns lane + 32 r); a thread's 32 columns
+  // (fragment.hpp: 8 c + 2 q + e) take theirs by shuffles, as floats: the column's lane and
+  // register are known for every accumulator register, and the register index is the same for the
+  // whole warp. No shared memory (the 6 stages and the epilogue's buffers fill it) and no barrier.
   // The scale is e8m0(a) * e8m0(b), fp8_block_scale's product, so the promotion is the CPU's.
   struct ColumnScales {
     static constexpr int kPerLane = Config::kTileN / arch::kWarpSize;
-    // This lane's column scales of k-block kb; columns at or past n read none and scale by 2^0
-    // (B's rows there are zero-filled, and D's columns there are not stored).
-    __device__ static void load(uint8_t (&to)[kPerLane], const uint8_t* lane_row, int64_t stride,
-                                int32_t lane_col, int32_t n, int32_t kb) {
-#pragma unroll
-      for (int r = 0; r < kPerLane; ++r)
-        to[r] = lane_col + r * arch::kWarpSize < n
-                    ? __ldg(lane_row + int64_t(r * arch::kWarpSize) * stride + kb)
-                    : uint8_t(127);
-    }
   };
   __device__ static void promote_by_columns(Accum& acc, const Accum& partial,
                                             const AScales& a_scale,

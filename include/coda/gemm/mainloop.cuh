@@ -237,12 +237,15 @@ private:
 };
 
 // The block-scaled FP8 mainloop (fp8_mainloop.cuh; included where it is instantiated).
-template <class Config, Fp8BScaling kBScaling> struct Fp8Mainloop;
+template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion = true> struct Fp8Mainloop;
 
 // The mainloop of a GEMM over operands of type InT (for e4m3, with B scaled by 128 x 128 blocks).
+// NOTE: the fused kernels' FP8 mainloop promotes each k-block before issuing the next: the ops'
+// state held across the mainloop leaves no room for a second partial (K2 and K4 spilled 8-32
+// bytes with it, sm_90a, 2026-12-05).
 template <class Config, GemmLayout kLayout, class InT>
 using MainloopFor =
-    std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config, Fp8BScaling::blocks>,
+    std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config, Fp8BScaling::blocks, false>,
                        Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
 
 } // namespace coda::sm90
