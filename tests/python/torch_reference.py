@@ -83,14 +83,16 @@ def max_err(got, ref):
     return (got.detach().double() - ref.detach().double()).abs().max().item()
 
 
-def check_rule(name, got, ref_fp32, torch_bf16, context=""):
-    """Assert the section 7 rule for one tensor; returns (coda error, torch error)."""
+def check_rule(name, got, ref_fp32, torch_bf16, context="", atol=1e-6):
+    """Assert the section 7 rule for one tensor; returns (coda error, torch error). Another atol
+    only with its reason beside the call (the rounding floor of an fp32 statistic, e.g.)."""
     assert got.shape == ref_fp32.shape, "%s: shape %s, expected %s" % (
         name, tuple(got.shape), tuple(ref_fp32.shape))
     assert not torch.isnan(got.detach().float()).any(), "%s: NaN %s" % (name, context)
     err, base = max_err(got, ref_fp32), max_err(torch_bf16, ref_fp32)
-    assert err <= 2 * base + 1e-6, (
-        "%s: coda error %.3e > 2 x torch's bf16 error %.3e + 1e-6 %s" % (name, err, base, context))
+    assert err <= 2 * base + atol, (
+        "%s: coda error %.3e > 2 x torch's bf16 error %.3e + %.1e %s"
+        % (name, err, base, atol, context))
     return err, base
 
 
