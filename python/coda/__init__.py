@@ -6,8 +6,9 @@
     loss.backward()
 
 Importing coda needs neither torch nor a GPU; ``coda._lib`` (the ctypes binding of the C ABI)
-is torch-free. ``coda.ops`` (torch custom ops), ``coda.models`` and the Hugging Face helpers
-import torch when first used. docs/python.md describes the API.
+is torch-free. ``coda.ops`` (torch custom ops), ``coda.kernels`` (the named kernels as torch
+ops), ``coda.models`` and the Hugging Face helpers import torch when first used. docs/python.md
+describes the API.
 """
 
 import importlib
@@ -21,6 +22,7 @@ __version__ = "0.1.0"
 # `import coda` does not import torch.
 _LAZY = {
     "ops": ("ops", None),
+    "kernels": ("kernels", None),
     "models": ("models", None),
     "hf": ("hf", None),
     "LlamaConfig": ("models", "LlamaConfig"),
