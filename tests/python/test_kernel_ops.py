@@ -613,15 +613,7 @@ def test_eager_bypass_is_bitwise_equal(device):
         preact, out, rstd = kernels.gemm_rms_swiglu(la, lw, lp, EPS)
         return [preact, out, rstd, *torch.autograd.grad(out, (la, lw, lp), d_act)]
 
-    previous = ops.set_eager_bypass(False)
-    try:
-        through_dispatcher = run()
-        ops.set_eager_bypass(True)
-        bypassed = run()
-    finally:
-        ops.set_eager_bypass(previous)
-    for x, y in zip(through_dispatcher, bypassed):
-        assert torch.equal(x, y)
+    R.expect_bypass_bitwise_equal(ops, run)
 
 
 # ---------------------------------------------------------------------------------------------

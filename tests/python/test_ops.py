@@ -310,12 +310,4 @@ def test_eager_bypass_is_bitwise_equal(device):
                                       return_logits=True)
         return [loss, logits, *torch.autograd.grad(loss, ls)]
 
-    previous = ops.set_eager_bypass(False)
-    try:
-        through_dispatcher = run()
-        ops.set_eager_bypass(True)
-        bypassed = run()
-    finally:
-        ops.set_eager_bypass(previous)
-    for a, b in zip(through_dispatcher, bypassed):
-        assert torch.equal(a, b)
+    R.expect_bypass_bitwise_equal(ops, run)

@@ -178,3 +178,18 @@ def model_logits(params, input_ids, position_ids, inv_freq, block):
         x = mlp_residual(x, y, layer["w_out"], layer["ffn_norm"], layer["w_gate_up"],
                          layer["w_down"], block.eps)
     return (rms_norm(x, params["norm"], block.eps) @ params["lm_head"].t()).view(b, s, -1)
+
+
+def expect_bypass_bitwise_equal(ops, run):
+    """run() through the torch.library dispatcher and again with coda.ops' eager bypass on (ops:
+    the coda.ops module); every tensor it returns must be bit for bit the same."""
+    previous = ops.set_eager_bypass(False)
+    try:
+        through_dispatcher = run()
+        ops.set_eager_bypass(True)
+        bypassed = run()
+    finally:
+        ops.set_eager_bypass(previous)
+    assert len(through_dispatcher) == len(bypassed)
+    for a, b in zip(through_dispatcher, bypassed):
+        assert torch.equal(a, b)
