@@ -268,15 +268,11 @@ void check_swiglu_backward(DType dtype, const Shape& s) {
   const auto exact = ref::swiglu_backward({}, in), unfused = ref::swiglu_backward(lowp(dtype), in);
   const ZetaDyRounding rounding = zeta_dy_rounding(in, dtype);
 
-  // K7's three variants: ping-pong 128 x 128 (the warpgroups' TMA ring), staged 128 x 192 (each
-  // thread's containers from global memory) and, forcing cooperative, staged with the warps'
-  // TMA rings (k7.cu).
+  // K7's two variants: ping-pong 128 x 128 (the warpgroups' TMA ring) and staged 128 x 192
+  // (each thread's containers from global memory; k7.cu).
   for (const gpu::FusedSchedule schedule :
-       {gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged,
-        gpu::FusedSchedule::cooperative}) {
-    SCOPED_TRACE(schedule == gpu::FusedSchedule::staged     ? "staged 128x192"
-                 : schedule == gpu::FusedSchedule::pingpong ? "ping-pong 128x128"
-                                                            : "staged 128x192, warp rings");
+       {gpu::FusedSchedule::pingpong, gpu::FusedSchedule::staged}) {
+    SCOPED_TRACE(schedule == gpu::FusedSchedule::staged ? "staged 128x192" : "ping-pong 128x128");
     gpu::set_fused_schedule(schedule);
     SwigluBackwardCase gpu = inputs;
     DeviceSwigluBackward d(gpu);

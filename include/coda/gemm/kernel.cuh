@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     gemm_kernel(const __grid_constant__ KernelParams<Mainloop, Epilogue> params) {
   using SharedStorage = KernelSharedStorage<Mainloop, Epilogue>;
   // The swizzled buffers need 1024-byte alignment: declared here (PTX `.align 1024` on the
-  // dynamic shared memory), so the launch adds no slack. That kilobyte is what the staged K7's
-  // warp rings lacked beside 4 stages. The round-up below is then an identity; it stays because
+  // dynamic shared memory), so the launch adds no slack (the kilobyte gave the ping-pong K0
+  // a 5th stage). The round-up below is then an identity; it stays because
   // taking smem_raw directly cost the forced-cooperative K5 an 8-byte spill (ptxas, sm_90a).
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   auto& smem = *reinterpret_cast<SharedStorage*>((uintptr_t(smem_raw) + 1023) & ~uintptr_t(1023));

@@ -22,20 +22,15 @@ namespace coda::gpu {
 namespace fused {
 namespace {
 
-// K7's device ops: its SwigluBackward per schedule (see the file comment); kRing: the staged
-// one loads its containers through each warp's TMA ring (SwigluBackwardWarpRing).
-template <class Shape, class T, bool kRing = false>
-struct SwigluBackwardDeviceOps : DeviceOps<Shape, T> {
-  using SwigluBackward =
-      std::conditional_t<Shape::kStaged,
-                         std::conditional_t<kRing, dev::SwigluBackwardWarpRing<Shape, T>,
-                                            dev::SwigluBackwardGlobal<Shape, T>>,
-                         dev::SwigluBackward<Shape, T, 3>>;
+// K7's device ops: its SwigluBackward per schedule (see the file comment).
+template <class Shape, class T> struct SwigluBackwardDeviceOps : DeviceOps<Shape, T> {
+  using SwigluBackward = std::conditional_t<Shape::kStaged, dev::SwigluBackwardGlobal<Shape, T>,
+                                            dev::SwigluBackward<Shape, T, 3>>;
 };
-template <class Shape, class T, bool kRing = false>
-using SwigluBackwardEpilogue = kernels::SwigluBackwardOps<SwigluBackwardDeviceOps<Shape, T, kRing>>;
-template <class Shape, class T, bool kRing = false>
-using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<Shape, T, kRing>, T, GemmLayout::dgrad>;
+template <class Shape, class T>
+using SwigluBackwardEpilogue = kernels::SwigluBackwardOps<SwigluBackwardDeviceOps<Shape, T>>;
+template <class Shape, class T>
+using Gemm = dev::FusedGemm<SwigluBackwardEpilogue<Shape, T>, T, GemmLayout::dgrad>;
 
 static_assert(Gemm<dev::PingpongShape, bf16>::Config::kStages == 4 &&
                   Gemm<dev::PingpongShape, f16>::Config::kStages == 4,
@@ -43,16 +38,12 @@ static_assert(Gemm<dev::PingpongShape, bf16>::Config::kStages == 4 &&
 static_assert(Gemm<dev::StagedShape, bf16>::Config::kStages == 4 &&
                   Gemm<dev::StagedShape, f16>::Config::kStages == 4,
               "the staged K7 keeps no epilogue buffers: 4 pipeline stages");
-static_assert(Gemm<dev::StagedShape, bf16, true>::Config::kStages == 4 &&
-                  Gemm<dev::StagedShape, f16, true>::Config::kStages == 4,
-              "the staged K7's warp rings (16 KB) leave room for 4 pipeline stages");
-static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal &&
-                  SwigluBackwardEpilogue<dev::StagedShape, bf16, true>::kWarpLocal,
+static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal,
               "the staged K7's epilogue runs warp-local (no warpgroup barrier per subtile)");
 
-template <class Shape, class T, bool kRing>
+template <class Shape, class T>
 void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
-  using Ops = SwigluBackwardDeviceOps<Shape, T, kRing>;
+  using Ops = SwigluBackwardDeviceOps<Shape, T>;
   const int64_t f = args.w.shape[1];
   Launch<kernels::SwigluBackwardOps<Ops>, T, GemmLayout::dgrad>::run(
       args.dx, args.w, stream, {},
@@ -65,12 +56,11 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
 // (c6f7324: ftz transcendentals, one row pointer per subtile) the staged kernel measured 1.469x
 // the plain GEMM at Llama-1B (ping-pong 1.511) and 1.116x at Llama-8B (ping-pong 1.342) on the
 // H200. The cooperative variant is not built (see the file comment): forcing cooperative runs
-// the staged kernel with the warps' TMA rings, the variant under measurement (f(shape, kRing)).
+// the staged kernel.
 template <class F> void with_k7_schedule(F&& f) {
-  const FusedSchedule s = schedule_for(FusedSchedule::staged);
-  if (s == FusedSchedule::pingpong) return f(dev::PingpongShape{}, std::false_type{});
-  if (s == FusedSchedule::cooperative) return f(dev::StagedShape{}, std::true_type{});
-  f(dev::StagedShape{}, std::false_type{});
+  if (schedule_for(FusedSchedule::staged) == FusedSchedule::pingpong)
+    return f(dev::PingpongShape{});
+  f(dev::StagedShape{});
 }
 
 } // namespace
@@ -79,8 +69,8 @@ template <class F> void with_k7_schedule(F&& f) {
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_swiglu_backward");
   fused::with_half_type(args.dx.dtype, [&](auto t) {
-    fused::with_k7_schedule([&](auto shape, auto ring) {
-      fused::run_swiglu_backward<decltype(shape), decltype(t), decltype(ring)::value>(args, stream);
+    fused::with_k7_schedule([&](auto shape) {
+      fused::run_swiglu_backward<decltype(shape), decltype(t)>(args, stream);
     });
   });
 }

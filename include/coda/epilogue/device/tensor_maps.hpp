@@ -32,17 +32,15 @@ inline CUtensorMap half_subtile_map(const char* what, const TensorView& t) {
 // A 16-bit [rows, 2 cols] tensor of (even, odd) element pairs, e.g. the interleaved (gate, up)
 // pre-activation, moved as a [rows, cols] tensor of 32-bit containers: element (m, j) of the
 // map is the pair (2j, 2j + 1) of row m, so its 64 x 32 subtiles line up with the accumulator's
-// (SubtileLayout<float>: 128-byte rows, 128-byte swizzle). TMA moves the bits as they are. In
-// boxes of `box_rows` rows of such a subtile, as subtile_map.
-inline CUtensorMap pair_subtile_map(const char* what, const TensorView& t, uint32_t box_rows = 64) {
+// (SubtileLayout<float>: 128-byte rows, 128-byte swizzle). TMA moves the bits as they are.
+inline CUtensorMap pair_subtile_map(const char* what, const TensorView& t) {
   if (dtype_size(t.dtype) != 2 || t.shape[1] % 2 != 0 || t.stride[0] % 2 != 0)
     throw Error(Status::internal, std::string(what) +
                                       ": pair containers need a 16-bit tensor with an even "
                                       "number of columns and an even row stride");
-  return sm90::make_tensor_map(what,
-                               sm90::TensorMapShape{t.data, DType::f32, uint64_t(t.shape[1] / 2),
-                                                    uint64_t(t.shape[0]), uint64_t(t.stride[0] / 2),
-                                                    32, box_rows, CU_TENSOR_MAP_SWIZZLE_128B});
+  return sm90::make_tensor_map(
+      what, sm90::TensorMapShape{t.data, DType::f32, uint64_t(t.shape[1] / 2), uint64_t(t.shape[0]),
+                                 uint64_t(t.stride[0] / 2), 32, 64, CU_TENSOR_MAP_SWIZZLE_128B});
 }
 
 } // namespace coda::epilogue::device

@@ -103,21 +103,19 @@ template <class Shape, class T, int kSlots = 4> struct SwigluBackward : OpBase {
 
 // The staged schedule's SwigluBackward: the epilogue warpgroup has a whole mainloop per tile,
 // but the 4 pipeline stages and the staged tile leave no room for a warpgroup's (g, u) ring.
-// Two ways to bring the containers in, over one body (StagedSwigluBackward below):
-//  - SwigluBackwardGlobal: each thread loads its containers from global memory into registers,
-//    one subtile ahead (8-byte loads, a quad's 32 bytes contiguous);
-//  - SwigluBackwardWarpRing: each warp TMA-loads its 16 rows of a subtile (a 2 KB strip) into a
-//    ring of two strips of its own, one strip ahead.
-// Either way each thread writes its (dg, du) pairs to global memory from registers, as
-// registers (i, i + 1) hold two adjacent containers: one 8-byte store per pair of values. Past
-// the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives. No L2 prefetch
-// by the consumers: once it ran (AuxReduce forwarding prefetch_tile), K7 measured 1.29 -> 1.46
-// of the plain GEMM at Llama-1B and 1.09 -> 1.17 at 8B (H100, 2026-12-05, docs/epilogue.md).
+// Each thread loads its containers from global memory into registers, one subtile ahead (8-byte
+// loads, a quad's 32 bytes contiguous), and writes its (dg, du) pairs to global memory from
+// registers, as registers (i, i + 1) hold two adjacent containers: one 8-byte store per pair of
+// values. Past the edges g = u = 0 and nothing is stored, as the TMA ring's zero fill gives.
+// Measured against it and dropped (docs/epilogue.md, experiments): an L2 prefetch of the tile's
+// rows by the consumers (K7 1.29 -> 1.46 of the plain GEMM at Llama-1B, H100), each warp's own
+// TMA ring of 16-row strips (no gain), and the loads under an L2 evict-first policy (1.30 ->
+// 1.37).
 //
 // The epilogue warpgroup is one warp per scheduler, so its instruction count is its time (K7's
 // profile, docs/epilogue.md): a subtile's 8 accesses per thread are addressed from one row pointer
 // plus constant offsets, and guarded by 2 row and 4 column tests instead of a test pair each.
-template <class Shape, class T> struct StagedSwigluBackward : OpBase {
+template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
   static_assert(sizeof(T) == 2, "16-bit pre-activations and gradients");
   static_assert(Shape::kStaged, "the staged schedule's epilogue warpgroup");
   static constexpr bool kRollSubtiles = true; // an exp per element
@@ -129,6 +127,7 @@ template <class Shape, class T> struct StagedSwigluBackward : OpBase {
     int64_t preact_stride = 0, dpreact_stride = 0;
     int32_t rows = 0, cols = 0; // M, F (a multiple of 8: GEMM N, api/rules.cpp)
   };
+  using Ctx = OpContext<Params, SharedStorage>;
 
   static Params params(const TensorView& preact, const TensorView& dpreact) {
     Params p;
@@ -141,6 +140,34 @@ template <class Shape, class T> struct StagedSwigluBackward : OpBase {
     return p;
   }
 
+  // The containers of the next subtile, loaded into registers while this one is computed: pair
+  // i / 2 of this thread. One subtile ahead: two measured (H200, c43e7e4, bench_fused) 1.408x the
+  // plain GEMM at Llama-1B against one's 1.382, and 1.065 against 1.092 at Llama-8B, a split
+  // within the spread, for 16 more registers.
+  uint2 pending[8];
+
+  __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
+    load(c, tile.row0, tile.col0, pending);
+  }
+
+  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
+    uint2 z[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) z[i] = pending[i];
+    if (has_next(st)) {
+      const int2 next = next_origin(st);
+      load(c, next.x, next.y, pending);
+    }
+    compute(c.params, c.wg.thread, st, z, v, aux);
+  }
+
+  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
+  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
+    static_assert(sizeof(C) == 0, "SwigluBackwardGlobal leaves an aux value per element: use it "
+                                  "as AuxReduce<SwigluBackwardGlobal, a reduction>");
+  }
+
+private:
   // The subtile's math on the containers z of `thread` (c.wg.thread) (pair i / 2 of its registers),
   // each (dg, du) pair stored to global memory as it is made.
   __device__ static void compute(const Params& p, int thread, const Subtile& st,
@@ -210,56 +237,13 @@ template <class Shape, class T> struct StagedSwigluBackward : OpBase {
   __device__ static bool interior(int32_t row0, int32_t col0, const Params& p) {
     return row0 + Shape::kSubRows <= p.rows && col0 + Shape::kSubCols <= p.cols;
   }
-};
-
-// The staged SwigluBackward whose threads load their containers from global memory.
-template <class Shape, class T> struct SwigluBackwardGlobal : OpBase {
-  using Body = StagedSwigluBackward<Shape, T>;
-  static constexpr bool kRollSubtiles = Body::kRollSubtiles;
-  using Params = typename Body::Params;
-  using Ctx = OpContext<Params, SharedStorage>;
-
-  // The containers of the next subtile, loaded into registers while this one is computed: pair
-  // i / 2 of this thread. One subtile ahead: two measured (H200, c43e7e4, bench_fused) 1.408x the
-  // plain GEMM at Llama-1B against one's 1.382, and 1.065 against 1.092 at Llama-8B, a split
-  // within the spread, for 16 more registers.
-  uint2 pending[8];
-
-  __device__ void begin_visit(const Ctx& c, sm90::EpilogueTile tile) {
-    load(c, tile.row0, tile.col0, pending);
-  }
-
-  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
-    uint2 z[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) z[i] = pending[i];
-    if (Body::has_next(st)) {
-      const int2 next = Body::next_origin(st);
-      load(c, next.x, next.y, pending);
-    }
-    Body::compute(c.params, c.wg.thread, st, z, v, aux);
-  }
-
-  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
-  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
-    static_assert(sizeof(C) == 0, "SwigluBackwardGlobal leaves an aux value per element: use it "
-                                  "as AuxReduce<SwigluBackwardGlobal, a reduction>");
-  }
-
-  static Params params(const TensorView& preact, const TensorView& dpreact) {
-    return Body::params(preact, dpreact);
-  }
-
-private:
-  using Lanes = typename Body::Lanes;
-  using Edges = typename Body::Edges;
 
   // This thread's 8 container pairs of the subtile at (row0, col0) into `to` (zero past the edges).
   __device__ static void load(const Ctx& c, int32_t row0, int32_t col0, uint2 (&to)[8]) {
     const Params& p = c.params;
     const Lanes lanes(c.wg.thread, row0, col0);
     const uint32_t* in = p.preact + lanes.first(p.preact_stride);
-    if (Body::interior(row0, col0, p)) {
+    if (interior(row0, col0, p)) {
 #pragma unroll
       for (int i = 0; i < 16; i += 2)
         to[i / 2] = __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)));
@@ -271,101 +255,6 @@ private:
       to[i / 2] = edges.in(i)
                       ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
                       : make_uint2(0u, 0u);
-  }
-};
-
-// The staged SwigluBackward whose warps TMA-load their containers: each epilogue warp visits its
-// 16 rows of every subtile (the list is warp-local), so it keeps a ring of two 2 KB strips
-// (16 rows x 32 containers, 128-byte swizzle: whole 8-row swizzle atoms, so a strip is laid out
-// as those rows of a container subtile) and one full mbarrier per strip. A tile's first two
-// strips are loaded as the warp starts the tile (begin_tile: before the wait for the staged
-// tile); strip n + 1 at the start of strip n's visit, into the slot strip n - 1 used, which the
-// warp has read (its lanes met at the driver's __syncwarp after strip n - 1's visit). TMA
-// zero-fills past the tensor's edges. No register holds containers across a subtile (the
-// global loader's 16), and the loads are one instruction per strip instead of 8 per thread.
-template <class Shape, class T> struct SwigluBackwardWarpRing : OpBase {
-  using Body = StagedSwigluBackward<Shape, T>;
-  static constexpr bool kRollSubtiles = Body::kRollSubtiles;
-  static_assert(Shape::kEpilogueWarps == 4, "each warp owns 16 rows of every subtile");
-  using Strip = SubtileLayout<float>; // the container subtile's layout; a strip is its 16 rows
-  static constexpr int kStripRows = 16, kSlots = 2;
-  static constexpr uint32_t kStripBytes = kStripRows * Strip::kRowBytes;
-  static_assert(kStripBytes % 1024 == 0, "whole swizzle atoms: every strip stays aligned");
-  // Its shared memory is per warp, touched by that warp only: the list stays warp-local.
-  static constexpr bool kWarpLocal = true;
-
-  struct Params : Body::Params {
-    CUtensorMap preact_map; // pair_subtile_map of preact, 16-row boxes
-  };
-  struct SharedStorage {
-    alignas(1024) uint8_t strip[4][kSlots][kStripBytes];
-    uint64_t full[4][kSlots];
-  };
-  using Ctx = OpContext<Params, SharedStorage>;
-
-  uint32_t strips; // strips this warp has read: the ring position
-  uint32_t phase;  // bit s: the parity the next wait on slot s expects
-
-  __device__ static void init(SharedStorage& s) {
-    for (int w = 0; w < 4; ++w)
-      for (int slot = 0; slot < kSlots; ++slot) cuda::ptx::mbarrier_init(&s.full[w][slot], 1);
-  }
-  __device__ void begin_kernel(const Ctx&) { strips = phase = 0; }
-
-  // The tile's first two strips, into the slots that follow the ring position (the warp has
-  // read both: the last tile's strips).
-  __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
-    __syncwarp();
-    if (c.wg.lane() == 0)
-      for (int k = 0; k < kSlots; ++k)
-        load(c, (strips + uint32_t(k)) % kSlots, tile.row0, tile.col0, k);
-  }
-
-  __device__ void visit(const Ctx& c, const Subtile& st, float (&v)[16], float (&aux)[16]) {
-    const int n = st.block * Shape::kSubtilesN + st.slab; // this strip, within the tile
-    if (c.wg.lane() == 0 && n >= 1 && n + 1 < Body::kSubtiles)
-      load(c, (strips + 1) % kSlots, st.row0 - st.block * Shape::kSubRows,
-           st.col0 - st.slab * Shape::kSubCols, n + 1);
-    const uint32_t slot = strips % kSlots;
-    const int warp = c.wg.warp();
-    sm90::mbarrier_wait(&c.smem.full[warp][slot], (phase >> slot) & 1);
-    phase ^= 1u << slot;
-    ++strips;
-    const uint8_t* in = c.smem.strip[warp][slot];
-    uint2 z[8];
-#pragma unroll
-    for (int i = 0; i < 16; i += 2)
-      z[i / 2] = *reinterpret_cast<const uint2*>(
-          in + Strip::offset(SubtileMap::row(c.wg.lane(), i), SubtileMap::col(c.wg.lane(), i)));
-    Body::compute(c.params, c.wg.thread, st, z, v, aux);
-  }
-
-  // Without AuxReduce the driver would call OpBase's empty visit and the op would do nothing.
-  template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {
-    static_assert(sizeof(C) == 0, "SwigluBackwardWarpRing leaves an aux value per element: use "
-                                  "it as AuxReduce<SwigluBackwardWarpRing, a reduction>");
-  }
-
-  static Params params(const TensorView& preact, const TensorView& dpreact) {
-    Params p;
-    static_cast<typename Body::Params&>(p) = Body::params(preact, dpreact);
-    p.preact_map = pair_subtile_map("preact", preact, kStripRows);
-    return p;
-  }
-
-private:
-  // Lane 0: TMA-load this warp's strip of subtile k of the tile at (row0, col0) into `slot`.
-  __device__ static void load(const Ctx& c, uint32_t slot, int32_t row0, int32_t col0, int k) {
-    namespace ptx = cuda::ptx;
-    const int warp = c.wg.warp();
-    uint64_t* bar = &c.smem.full[warp][slot];
-    const uint32_t bytes = kStripBytes; // taken by reference: a local, not the static member
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
-    const int32_t coords[2] = {col0 + (k % Shape::kSubtilesN) * Shape::kSubCols,
-                               row0 + (k / Shape::kSubtilesN) * Shape::kSubRows +
-                                   kStripRows * warp};
-    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, c.smem.strip[warp][slot],
-                              &c.params.preact_map, coords, bar);
   }
 };
 
