@@ -157,27 +157,27 @@ void Validator::fail(Status status, const std::string& message) const {
 
 void Validator::input(const char* name, const TensorView& t, Elem elem,
                       std::initializer_list<Dim> shape) {
-  add(name, t, elem, shape, /*is_output=*/false, /*optional=*/false);
+  add(name, t, elem, shape, /*is_output=*/false);
 }
 void Validator::output(const char* name, const TensorView& t, Elem elem,
                        std::initializer_list<Dim> shape) {
-  add(name, t, elem, shape, /*is_output=*/true, /*optional=*/false);
+  add(name, t, elem, shape, /*is_output=*/true);
 }
+// An absent optional tensor is not registered at all: nothing is checked for it, and it overlaps
+// nothing.
 void Validator::optional_input(const char* name, const TensorView& t, Elem elem,
                                std::initializer_list<Dim> shape) {
-  add(name, t, elem, shape, /*is_output=*/false, /*optional=*/true);
+  if (t.data != nullptr) input(name, t, elem, shape);
 }
 void Validator::optional_output(const char* name, const TensorView& t, Elem elem,
                                 std::initializer_list<Dim> shape) {
-  add(name, t, elem, shape, /*is_output=*/true, /*optional=*/true);
+  if (t.data != nullptr) output(name, t, elem, shape);
 }
 
 void Validator::add(const char* name, const TensorView& t, Elem elem,
-                    std::initializer_list<Dim> shape, bool is_output, bool optional) {
-  if (t.data == nullptr) {
-    if (optional) return;
+                    std::initializer_list<Dim> shape, bool is_output) {
+  if (t.data == nullptr)
     fail(Status::invalid_argument, std::string(name) + " is required; got a null data pointer");
-  }
   if (t.device != Device::cpu && t.device != Device::cuda)
     fail(Status::invalid_argument, std::string(name) + " has an unknown device label " +
                                        std::to_string(int(t.device)) +

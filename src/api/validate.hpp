@@ -83,7 +83,7 @@ private:
   };
 
   void add(const char* name, const TensorView& t, Elem elem, std::initializer_list<Dim> shape,
-           bool is_output, bool optional);
+           bool is_output);
   void check_shape(const char* name, const TensorView& t, std::initializer_list<Dim> shape) const;
   void check_dtype(const char* name, const TensorView& t, Elem elem) const;
   void check_layout(const char* name, const TensorView& t, Elem elem) const;
