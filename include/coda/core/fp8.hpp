@@ -48,14 +48,8 @@ CODA_HD uint8_t float_to_e4m3_bits(float f) {
 }
 
 CODA_HD float e4m3_bits_to_float(uint8_t c) {
-  const uint32_t sign = uint32_t(c & 0x80u) << 24;
-  const uint32_t exponent = (c >> 3) & 0xfu, mantissa = c & 7u;
-  if (exponent == 0xfu && mantissa == 7u) return bits_float(0x7fc00000u | sign);
-  if (exponent == 0) { // m * 2^-9, exact in fp32
-    const float v = float(mantissa) * (1.0f / 512.0f);
-    return sign ? -v : v;
-  }
-  return bits_float(sign | ((exponent + 120u) << 23) | (mantissa << 20));
+  if ((c & 0x7fu) == kE4m3NanBits) return bits_float((uint32_t(c & 0x80u) << 24) | 0x7fc00000u);
+  return finite_narrow_bits_to_float<4, 3>(c); // S.1111.110 = 448 is finite: no infinities
 }
 
 // The 8-bit storage type, as bf16 and f16 are 16-bit ones (core/types.hpp).

@@ -93,17 +93,29 @@ CODA_HD uint16_t float_to_f16_bits(float f) {
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
   return uint16_t(sign | h);
 }
-CODA_HD float f16_bits_to_float(uint16_t h) {
-  uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));
-  if (exp == 0) {
-    if (mant == 0) return bits_float(sign);
-    float v = float(mant) * (1.0f / 16777216.0f); // mant * 2^-24
+// The value of a finite narrow float (a sign bit, kExponentBits exponent bits with the IEEE
+// bias, kMantissaBits mantissa bits: f16, e4m3) from its bits, exactly: fp32's exponent range
+// and precision hold every such value. A normal value's fields move into fp32's, rebiased; a
+// subnormal (exponent 0) is mantissa * 2^(1 - bias - kMantissaBits). Each format's decoder
+// handles its own infinities and NaNs before calling this.
+template <int kExponentBits, int kMantissaBits>
+CODA_HD float finite_narrow_bits_to_float(uint32_t bits) {
+  constexpr uint32_t kBias = (1u << (kExponentBits - 1)) - 1;
+  const uint32_t sign = (bits >> (kExponentBits + kMantissaBits)) << 31;
+  const uint32_t exponent = (bits >> kMantissaBits) & ((1u << kExponentBits) - 1);
+  const uint32_t mantissa = bits & ((1u << kMantissaBits) - 1);
+  if (exponent == 0) {
+    constexpr float kUnit = 1.0f / float(1u << (kBias + kMantissaBits - 1)); // a power of two
+    const float v = float(mantissa) * kUnit;
     return sign ? -v : v;
   }
-  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  return bits_float(sign | ((exponent + 127 - kBias) << 23) | (mantissa << (23 - kMantissaBits)));
+}
+
+CODA_HD float f16_bits_to_float(uint16_t h) {
+  if ((h & 0x7c00u) == 0x7c00u) // infinity, or NaN with its payload
+    return bits_float((uint32_t(h & 0x8000u) << 16) | 0x7f800000u | (uint32_t(h & 0x3ffu) << 13));
+  return finite_narrow_bits_to_float<5, 10>(h);
 }
 
 // Storage types for 16-bit floats: plain 16-bit payloads, so host code never depends on CUDA's
