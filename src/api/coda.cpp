@@ -1,6 +1,7 @@
 // The C++ entry points: validate, then run on the backend of the tensors' device. The CPU
 // backend computes synchronously and ignores the stream.
 #include "coda/coda.hpp"
+#include <algorithm>
 
 #include <string>
 
@@ -34,16 +35,21 @@ size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, D
                                               " and " + std::to_string(k));
 #if CODA_WITH_CUDA
   if (!gpu::device_supported()) return 0;
-  // Shapes and dtypes only: the GPU query reads no data.
+  // Shapes and dtypes only: the GPU query reads no data. The plan may differ by input dtype (the
+  // 128 x 192 kernel is bf16 only), so the most either 16-bit input's plan needs.
   const bool wgrad = layout == GemmLayout::wgrad;
-  GemmArgs g;
-  g.layout = layout;
-  g.a = wgrad ? make_view(nullptr, DType::bf16, k, m, Device::cuda)
-              : make_view(nullptr, DType::bf16, m, k, Device::cuda);
-  g.b = layout == GemmLayout::fwd ? make_view(nullptr, DType::bf16, n, k, Device::cuda)
-                                  : make_view(nullptr, DType::bf16, k, n, Device::cuda);
-  g.d = make_view(nullptr, out, m, n, Device::cuda);
-  return gpu::gemm_workspace_size(g);
+  size_t most = 0;
+  for (DType in : {DType::bf16, DType::f16}) {
+    GemmArgs g;
+    g.layout = layout;
+    g.a = wgrad ? make_view(nullptr, in, k, m, Device::cuda)
+                : make_view(nullptr, in, m, k, Device::cuda);
+    g.b = layout == GemmLayout::fwd ? make_view(nullptr, in, n, k, Device::cuda)
+                                    : make_view(nullptr, in, k, n, Device::cuda);
+    g.d = make_view(nullptr, out, m, n, Device::cuda);
+    most = std::max(most, gpu::gemm_workspace_size(g));
+  }
+  return most;
 #else
   (void)layout, (void)out;
   return 0;

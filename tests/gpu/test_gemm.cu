@@ -471,6 +471,24 @@ TEST(GpuGemm, ScheduleStudyKernels) {
                   CMode::none, forced(kernel, sk)});
 }
 
+// The 128 x 192 kernel as the default plan picks it (bf16 -> bf16 where its rounds are much
+// fuller: M = 3072, N = 2048 on 132 SMs, heuristic.hpp), through coda::gemm, accumulating into D
+// (a weight gradient's beta = 1) and plain; and forced in every layout with C aliasing D.
+TEST(GpuGemm, NarrowTileWhereItsRoundsAreFuller) {
+  CODA_REQUIRE_SM90();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  if (sm90::choose_plan(3072, 2048, 264, sms, true).kernel != sm90::KernelId::wide192)
+    GTEST_SKIP() << "the shape picks the 128 x 192 tile on 132 SMs; this device has " << sms;
+  for (float beta : {0.f, 1.f})
+    run_case({GemmLayout::wgrad, DType::bf16, DType::bf16, 3072, 2048, 264, 1.f, beta,
+              beta != 0.f ? CMode::alias_d : CMode::none});
+  for (GemmLayout layout : kLayouts)
+    run_case({layout, DType::bf16, DType::bf16, legal_m(layout, 1000), 1032, 520, 0.5f, 1.f,
+              CMode::alias_d, forced(sm90::KernelId::wide192, sm90::StreamKMode::automatic)});
+}
+
 // The staged kernel with the device scalar alpha the LM head's weight gradient takes.
 TEST(GpuGemm, StagedKernelOnLongK) {
   CODA_REQUIRE_SM90();
@@ -624,6 +642,13 @@ TEST(GemmHost, HeuristicSpreadsTheLastWave) {
   EXPECT_EQ(sm90::choose_plan(8192, 4096, 4096, 132).kernel, sm90::KernelId::wide);
   EXPECT_EQ(sm90::choose_plan(8192, 28672, 4096, 132).group_m, 8); // square-ish waves
   EXPECT_GE(sm90::choose_plan(1, 8, 8, 132).group_m, 1);
+  // Llama-1B's qkv weight gradient: 96 wide units on 66 clusters, 132 of 128 x 192 (bf16 only).
+  EXPECT_EQ(sm90::choose_plan(3072, 2048, 8192, 132, true).kernel, sm90::KernelId::wide192);
+  EXPECT_EQ(sm90::choose_plan(3072, 2048, 8192, 132, false).kernel, sm90::KernelId::wide);
+  // Rounds filled alike (Llama-8B's gate/up weight gradient) or better by the wide tile
+  // (Llama-1B's out-projection): the wide tile.
+  EXPECT_EQ(sm90::choose_plan(28672, 4096, 8192, 132, true).kernel, sm90::KernelId::wide);
+  EXPECT_EQ(sm90::choose_plan(8192, 2048, 2048, 132, true).kernel, sm90::KernelId::wide);
   // 3072 x 2048 x 8192: 96 units on 66 clusters (1.45 rounds) -> stream-K over all of them.
   EXPECT_EQ(sm90::plan_stream_k(96, 66, 128).workers, 66);
   EXPECT_EQ(sm90::plan_stream_k(96, 66, 128).first_unit, 0);

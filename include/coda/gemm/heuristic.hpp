@@ -6,6 +6,8 @@
 //   wide:     128 x 256 tiles, cooperative. The workhorse: the largest tile whose 128
 //             accumulators per thread fit the 232-register consumers, halving the shared-memory
 //             traffic per MMA compared to 128 x 128. Its last partial wave runs stream-K.
+//   wide192:  128 x 192 tiles, cooperative, bf16 -> bf16 only: where its rounds are much fuller
+//             (choose_plan).
 //   pingpong: 128 x 128 tiles, one per consumer warpgroup, alternating. Twice the tiles, so it
 //             was the answer to a mostly empty last wave before stream-K (measured on an H200:
 //             3072 x 2048 x 8192, 1.45 waves of wide tiles, +18%; elsewhere 5-10% slower).
@@ -101,9 +103,25 @@ inline int32_t group_m_for(KernelId kernel, int64_t m, int32_t num_sms) {
                         kClusterM * tile_m_of(kernel), tile_n_of(kernel));
 }
 
-inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
-  (void)n, (void)k;
+// The wide tile, except where the 128 x 192 tile (wide192; compiled for bf16 -> bf16 only:
+// `narrow_compiled`) fills its rounds of cluster units far better: 3072 x 2048 x 8192 (Llama-1B's
+// qkv weight gradient) has 1.45 rounds of 128 x 256 units and exactly 2 of 128 x 192, and there
+// wide192 took 0.962 of the wide tile's time with stream-K (H200, bench/results/
+// gemm_schedules.json at 5dd3b0b); on the other 26 shapes there, whose rounds both tiles fill
+// alike or the wide one better, it was 2-23% slower.
+inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
+                            bool narrow_compiled = false) {
+  (void)k;
+  constexpr double kFullerBy = 0.2; // the qkv weight gradient: 1.00 against 0.73
   GemmPlan plan;
+  const int64_t units_m = ceil_div<int64_t>(ceil_div<int64_t>(m, 128), kClusterM);
+  const int64_t clusters = num_sms / kClusterM;
+  const auto rounds_filled = [&](KernelId id) {
+    return wave_efficiency(units_m * ceil_div<int64_t>(n, tile_n_of(id)), clusters);
+  };
+  if (narrow_compiled &&
+      rounds_filled(KernelId::wide192) >= rounds_filled(KernelId::wide) + kFullerBy)
+    plan.kernel = KernelId::wide192;
   plan.group_m = group_m_for(plan.kernel, m, num_sms);
   return plan;
 }

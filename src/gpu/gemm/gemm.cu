@@ -73,7 +73,9 @@ void require_device(const char* kernel) {
 }
 
 sm90::GemmPlan default_plan(const GemmArgs& args) {
-  return sm90::choose_plan(args.m(), args.n(), args.k(), current_device_sms());
+  // The 128 x 192 kernel is compiled for bf16 inputs and output only (instances.cuh).
+  const bool narrow_compiled = args.a.dtype == DType::bf16 && args.d.dtype == DType::bf16;
+  return sm90::choose_plan(args.m(), args.n(), args.k(), current_device_sms(), narrow_compiled);
 }
 
 void gemm_with_plan(const GemmArgs& args, const sm90::GemmPlan& plan, Stream stream) {
