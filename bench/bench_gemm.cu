@@ -103,6 +103,7 @@ using coda::sm90::KernelId;
 using coda::sm90::StreamKMode;
 const Variant kVariants[] = {
     {"same", variant_plan<true, StreamKMode::automatic, 0>}, // the default again: order bias
+    {"wide", study_plan<KernelId::wide>}, // the wide tile, where the default picks another
     {"previous", previous_plan},
     {"no_defer", variant_plan<false, StreamKMode::automatic, 0>},
     {"no_sk", variant_plan<true, StreamKMode::off, 0>},
