@@ -1,8 +1,9 @@
 """Smoke tests of the PyTorch benchmark (python -m coda.bench) and its table.
 
-The table test needs only the standard library. The benchmark tests run a tiny shape through
-every side (eager, torch.compile, coda) and every pass, so the bench code runs in the test
-suite; they are skipped without torch or a CUDA device.
+The table test needs only the standard library. The native side
+against the coda side runs wherever libcoda does (the CPU backend too). The benchmark tests run
+a tiny shape through every side (eager, torch.compile, coda, native) and every pass, so the
+bench code runs in the test suite; they are skipped without torch or a CUDA device.
 """
 import importlib.util
 import json
@@ -101,15 +102,111 @@ def test_bench_tiny_every_side_and_pass(torch_cuda, tmp_path):
         assert r["compile_vs_eager"] < 0.05, r
     coda_missing = [r for r in recs if _coda_unavailable(r)]
     for r in recs:
+        if r["case"] == "model-1b":
+            assert "native_ms" not in r, r  # the native side exists for blocks only
         if r in coda_missing:
             continue
         assert not r.get("errors"), r
         assert r["coda_ms"] > 0 and r["coda_peak_mib"] >= 0, r
         assert r["coda_vs_eager"] < 0.05, r
+        if r["case"] == "block-1b":
+            assert r["native_ms"] > 0 and r["native_peak_mib"] >= 0, r
+            # The same C calls on the same tensors; with attention, torch's SDPA backward
+            # (between the two) may differ from run to run, so only the forward must match.
+            assert r["native_bitwise"] or (
+                r["attention"] and not {"x2", "y1"} & set(r["native_differs"])), r
+            assert not r.get("warnings"), r
+    # The summary prints coda / native.
+    assert "coda/nat" in bench_main.summary(results)
     # The table renders what the benchmark wrote.
     assert "| model-1b (tiny) |" in _perf_tables().torch_table(results)
     if coda_missing:
         pytest.xfail("coda side unavailable here: %s" % coda_missing[0]["errors"]["coda"])
+
+
+def test_native_check_and_groups():
+    pytest.importorskip("torch")
+    import torch
+
+    from coda.bench import runner
+
+    # coda and native are timed in turn, wherever they come in --sides.
+    assert runner._groups(("eager", "compile", "coda", "native")) == [
+        ["eager"], ["compile"], ["coda", "native"]]
+    assert runner._groups(("native", "eager", "coda")) == [["native", "coda"], ["eager"]]
+    assert runner._groups(("coda",)) == [["coda"]]
+
+    class Opts:
+        lines = []
+
+        def log(self, s):
+            self.lines.append(s)
+
+    x = torch.tensor([1.0, 2.0])
+    coda = {"x2": x, "y1": x, "dx0": x, "dw_out": x}
+    same = {k: v.clone() for k, v in coda.items()}
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": same}}, False, Opts())
+    assert fields == {"native_vs_coda": 0.0, "native_bitwise": True} and warning is None
+    off = dict(same, dx0=x + torch.tensor([0.0, 1e-3]))
+    # Without attention every tensor must match bit for bit...
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": off}}, False, Opts())
+    assert not fields["native_bitwise"] and fields["native_differs"] == ["dx0"] and warning
+    # ...with attention, only the forward outputs (torch's SDPA backward sits in between).
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": off}}, True, Opts())
+    assert not fields["native_bitwise"] and warning is None
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": dict(off, y1=x + 1)}}, True,
+                                           Opts())
+    assert warning and "y1" in warning
+    assert runner._native_check({"coda": {"results": coda}}, False, Opts()) == ({}, None)
+
+
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_native_side_matches_coda_side(device, attention):
+    """The native side (coda's C ABI alone, buffers made once) gives the coda side's outputs
+    and gradients bit for bit, twice in a row (the seed gradient rewritten each time), on the
+    CPU backend and on an sm_90 GPU."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not (torch.cuda.is_available()
+                                 and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("needs an sm_90 GPU")
+    if attention and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        pytest.skip("torch %s has no scaled_dot_product_attention" % torch.__version__)
+    import coda
+
+    try:
+        coda.library_version()
+    except OSError as e:
+        pytest.skip("libcoda.so not found: %s" % e)
+    from coda.bench.runner import make_config
+    from coda.bench.sides import (BlockInputs, CodaBlockSide, NativeBlockSide,
+                                  build_reference_block)
+
+    cfg = make_config("tiny")
+    inputs = BlockInputs(cfg, 96, 2, attention, device=device, seed=5)
+    codas = CodaBlockSide(build_reference_block(cfg, attention, seed=6, device=device), inputs)
+    native = NativeBlockSide(codas)
+    outs = codas.forward()
+    codas.backward(outs)
+    want = {k: v.clone() for k, v in codas.results(outs).items()}
+    codas.zero_grad()
+    for _ in range(2):
+        native.zero_grad()
+        native.prepare()
+        state = native.forward()
+        native.backward(state)
+        got = native.results(state)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            if attention and device == "cuda" and k not in ("x2", "y1"):
+                # torch's SDPA backward between the two need not repeat itself bit for bit.
+                torch.testing.assert_close(got[k], want[k], rtol=0.02, atol=0.02, msg=k)
+            else:
+                assert torch.equal(got[k], want[k]), k
 
 
 @pytest.fixture
