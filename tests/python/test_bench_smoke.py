@@ -1,6 +1,6 @@
 """Smoke tests of the PyTorch benchmark (python -m coda.bench) and its table.
 
-The table test needs only the standard library. The native side
+The table tests and the profile summary's need only the standard library. The native side
 against the coda side runs wherever libcoda does (the CPU backend too). The benchmark tests run
 a tiny shape through every side (eager, torch.compile, coda, native) and every pass, so the
 bench code runs in the test suite; they are skipped without torch or a CUDA device.
@@ -122,6 +122,69 @@ def test_bench_tiny_every_side_and_pass(torch_cuda, tmp_path):
     assert "| model-1b (tiny) |" in _perf_tables().torch_table(results)
     if coda_missing:
         pytest.xfail("coda side unavailable here: %s" % coda_missing[0]["errors"]["coda"])
+
+
+def test_bench_tiny_profile(torch_cuda, tmp_path, capsys):
+    """--profile: coda's and native's fwd+bwd under torch.profiler, summarized and recorded."""
+    from coda.bench import __main__ as bench_main
+
+    out = tmp_path / "torch.json"
+    rc = bench_main.main(["--cases", "block-1b", "--shape", "tiny", "--tokens", "256",
+                          "--sides", "coda,native", "--passes", "fwd+bwd", "--warmup", "1",
+                          "--iters", "2", "--profile", "--out", str(out), "--plot", "none"])
+    assert rc == 0
+    recs = json.loads(out.read_text())["cases"]
+    if _coda_unavailable(recs[0]):
+        pytest.skip("coda side unavailable here: %s" % recs[0]["errors"]["coda"])
+    text = capsys.readouterr().out
+    for r in recs:
+        prof = r["profile"]
+        assert set(prof) == {"coda", "native"}, r
+        for side in ("coda", "native"):
+            assert prof[side]["kernels"] > 0 and prof[side]["gpu_ms"] > 0, prof
+        # The native path issues no more GPU work than the coda op does.
+        assert prof["native"]["kernels"] <= prof["coda"]["kernels"], prof
+    assert "profile  coda - native:" in text and "top 15 by self_cuda_time_total" in text
+
+
+def test_profile_summary_counts():
+    """overhead.summarize on hand-made events: kinds, busy time as a union, API calls."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from coda.bench import overhead
+
+    gpu, cpu = "GPU", "CPU"
+
+    def ev(name, device, start, end, **kw):
+        return SimpleNamespace(name=name, device_type=device,
+                               time_range=SimpleNamespace(start=start, end=end), **kw)
+
+    events = [
+        ev("coda_llama_middle_forward", cpu, 0, 50),
+        ev("cudaLaunchKernel", cpu, 1, 3), ev("cuLaunchKernelEx", cpu, 4, 6),
+        ev("cudaLaunchKernel", cpu, 7, 9), ev("cudaMemcpyAsync", cpu, 10, 11),
+        ev("cudaMalloc", cpu, 12, 20), ev("aten::empty", cpu, 12, 21),
+        ev("gemm_kernel", gpu, 10, 40), ev("rms_kernel", gpu, 30, 45),  # overlapping
+        ev("Memcpy DtoD (Device -> Device)", gpu, 50, 52), ev("Memset (Device)", gpu, 60, 61),
+        ev("fwd+bwd", gpu, 0, 100, is_user_annotation=True),
+        ev("Activity Buffer Request", gpu, 0, 1800),
+    ]
+    s = overhead.summarize(events, gpu)
+    assert (s["kernels"], s["memcpy"], s["memset"]) == (2, 1, 1)
+    assert (s["kernels_us"], s["memcpy_us"], s["memset_us"]) == (45, 2, 1)
+    assert s["gpu_busy_us"] == 35 + 2 + 1 and s["gpu_span_us"] == 51
+    assert s["launches"] == 3
+    assert s["api"] == {"cuLaunchKernelEx": 1, "cudaLaunchKernel": 2, "cudaMalloc": 1,
+                        "cudaMemcpyAsync": 1}
+    line = overhead.describe(dict(s, allocations=4, host_ms=0.5, gpu_ms=0.06))
+    assert "2 kernels 0.045 ms" in line
+    assert "3 launches (cuLaunchKernelEx 1, cudaLaunchKernel 2)" in line
+    assert "other CUDA API calls: cudaMalloc 1, cudaMemcpyAsync 1" in line
+    other = dict(s, kernels=1, launches=2, allocations=0, host_ms=0.25, gpu_ms=0.05,
+                 gpu_busy_us=37.0)
+    diff = overhead.compare(dict(s, allocations=4, host_ms=0.5, gpu_ms=0.06), other)
+    assert "kernels +1" in diff and "allocator requests +4" in diff and "host +0.250 ms" in diff
 
 
 def test_native_check_and_groups():

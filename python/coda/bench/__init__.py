@@ -13,7 +13,7 @@ Cases (bf16, on one GPU):
 Sides: ``eager`` (reference.py, Hugging Face-style PyTorch), ``compile`` (torch.compile of that
 same module), ``coda`` (coda.ops / coda.models on weights converted from it) and, for the
 blocks, ``native`` (the same coda layer through its C ABI alone, buffers allocated once: what
-coda's PyTorch integration costs is coda_ms / native_ms). Passes:
+coda's PyTorch integration costs is coda_ms / native_ms; --profile says where it goes). Passes:
 fwd, bwd (backward alone after an untimed forward) and fwd+bwd. timing.py defines the time and
 the peak memory; report.py the JSON; docs/PERFORMANCE.md shows the tables (tools/perf_tables.py).
 """

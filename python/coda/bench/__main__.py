@@ -24,6 +24,11 @@ def parse_args(argv):
     p.add_argument("--sides", default="eager,compile,coda,native",
                    help="comma-separated subset of eager,compile,coda,native (native: block "
                         "cases only; coda's layer through its C ABI, timed in turn with coda)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, run one fwd+bwd of the coda and native sides under "
+                        "torch.profiler: print kernels, copies, launches, allocations, host vs "
+                        "GPU time and the top operators, and record the counts (fwd+bwd "
+                        "records' 'profile')")
     p.add_argument("--warmup", type=int, default=None, help="untimed repetitions (default 3)")
     p.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20)")
     p.add_argument("--tokens", type=int, default=None, help="override every case's token count")
@@ -75,7 +80,7 @@ def main(argv=None):
     iters = args.iters if args.iters is not None else (10 if args.quick else 20)
     opts = Opts(warmup=warmup, iters=iters, passes=passes, sides=sides,
                 check=not args.no_check, compile_mode=args.compile_mode,
-                log=lambda s: print(s, flush=True))
+                log=lambda s: print(s, flush=True), profile=args.profile)
     # Each case compiles new graphs; keep torch.compile from giving up on recompiles (the
     # setting's name changed across releases).
     for name in ("recompile_limit", "cache_size_limit"):

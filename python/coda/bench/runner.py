@@ -11,7 +11,7 @@ import traceback
 
 import torch
 
-from . import coda_adapter, timing
+from . import coda_adapter, overhead, timing
 from .reference import RefConfig
 from .sides import (BlockInputs, CodaBlockSide, ModelInputs, ModelSide, NativeBlockSide,
                     TorchBlockSide, build_reference_block, build_reference_model)
@@ -82,10 +82,10 @@ def _error_text(e):
 
 class Opts:
     def __init__(self, warmup=3, iters=20, passes=ALL_PASSES, sides=SIDE_ORDER, check=True,
-                 compile_mode=None, log=print, device="cuda"):
+                 compile_mode=None, log=print, device="cuda", profile=False):
         self.warmup, self.iters, self.passes, self.sides = warmup, iters, tuple(passes), tuple(sides)
         self.check, self.compile_mode, self.log = check, compile_mode, log
-        self.device = device
+        self.device, self.profile = device, profile
 
 
 def _compile(module, opts):
@@ -147,7 +147,7 @@ def _first_call(name, side, extra, builders, entry, opts):
 
 def _measure(builders, opts, flush):
     """builders: side name -> (side, extra construction bytes) or an exception.
-    Returns {side: {"pass": (ms, mib), "first_call_s", "results", "error"}}."""
+    Returns {side: {"pass": (ms, mib), "first_call_s", "results", "profile", "error"}}."""
     out = {}
     for group in _groups(opts.sides):
         started = []
@@ -175,7 +175,24 @@ def _measure(builders, opts, flush):
                              % (name, p, entry[p][0], entry[p][1]))
                 except Exception as e:
                     _failed(name, side, entry, e, opts)
+        if opts.profile:
+            _profile(started, opts, flush)
     return out
+
+
+def _profile(started, opts, flush):
+    """--profile: coda's and native's fwd+bwd under torch.profiler (overhead.py)."""
+    done = {}
+    for name, side, entry, _ in started:
+        if name not in PAIRED or "error" in entry:
+            continue
+        try:
+            entry["profile"] = done[name] = overhead.profile_pass(side, flush, name, opts.log)
+        except Exception as e:  # a torch without CUPTI, a profiler that cannot start
+            entry["profile_error"] = _error_text(e)
+            opts.log("  profile  %-8s failed: %s" % (name, entry["profile_error"]))
+    if len(done) == 2:
+        opts.log("  profile  " + overhead.compare(done["coda"], done["native"]))
 
 
 def _native_check(measured, attention, opts):
@@ -244,6 +261,10 @@ def _records(case, shape, tokens, batch, layers, attention, measured, opts, nati
         errors = {n: m["error"] for n, m in measured.items() if "error" in m}
         if errors:
             rec["errors"] = errors
+        # --profile profiles fwd+bwd: its summary goes with that record.
+        profiles = {n: m["profile"] for n, m in measured.items() if "profile" in m}
+        if profiles and p == "fwd+bwd":
+            rec["profile"] = profiles
         recs.append(rec)
     return recs
 
