@@ -56,6 +56,26 @@ def test_torch_table_renders_results():
     assert "model-1b met (1.30 x, memory 0.95" in text
 
 
+def test_torch_table_shows_native_only_where_recorded():
+    pt = _perf_tables()
+    # Results from before the native side: the table keeps its columns (SYNTHETIC's rows above).
+    assert "native" not in pt.torch_table(SYNTHETIC)
+    results = json.loads(json.dumps(SYNTHETIC))
+    recs = results["cases"]
+    recs[0]["native_ms"] = 3.96  # coda 4.0: 1.010, met
+    recs[1]["native_ms"] = 5.5  # coda 6.0: 1.091, not met
+    recs[2]["native_ms"] = None  # the coda side did not run
+    text = pt.torch_table(results)
+    assert "| compile / coda | native ms | coda / native | coda MiB |" in text
+    assert ("| block-1b | no | 8192 | fwd+bwd | 4.000 | 6.000 | 5.000 | 1.50 | 1.25 | 3.960 |"
+            " 1.010 | 100 | 150 | 120 | 0.83 |") in text
+    assert "| block-8b | no | 8192 | fwd | - | 10.000 | 9.000 | - | - | - | - |" in text
+    # The model has no native side: dashes.
+    assert ("| model-1b | yes | 8192 | fwd+bwd | 100.000 | 160.000 | 130.000 | 1.60 | 1.30 | - |"
+            " - |") in text
+    assert "block-1b met (1.010 x); block-1b +attn not met (1.091 x)." in text
+
+
 def test_torch_table_section_replaces_only_its_markers():
     pt = _perf_tables()
     doc = "# Performance\n\n<!-- gemm:begin -->\nG\n<!-- gemm:end -->\n\ntext\n"
