@@ -192,7 +192,10 @@ def _torch_case(c):
 
 
 def torch_table(results):
-    """bench/results/torch.json (python -m coda.bench): coda vs PyTorch eager and torch.compile."""
+    """bench/results/torch.json (python -m coda.bench): coda vs PyTorch eager and torch.compile,
+    and, where the results have them (the block cases, since the native side came), coda's
+    layer through its C ABI alone (native ms) with the overhead target on coda / native."""
+    native = any(c.get("native_ms") is not None for c in results["cases"])
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. PyTorch %s. bf16; median of %s timed runs after warm-up"
         " (compilation excluded), CUDA events, L2 flushed before each; peak = highest allocated"
@@ -202,17 +205,23 @@ def torch_table(results):
            results.get("iters", "the")),
         "",
         "| case | attention | tokens | pass | coda ms | eager ms | compile ms | eager / coda"
-        " | compile / coda | coda MiB | eager MiB | compile MiB | coda MiB / compile MiB |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        " | compile / coda |%s coda MiB | eager MiB | compile MiB | coda MiB / compile MiB |"
+        % (" native ms | coda / native |" if native else ""),
+        "|---|---|---:|---|---:|---:|---:|---:|---:|%s---:|---:|---:|---:|"
+        % ("---:|---:|" if native else ""),
     ]
     for c in results["cases"]:
+        extra = ""
+        if native:
+            extra = " %s | %s |" % (_fmt(c.get("native_ms"), "%.3f"),
+                                    _fmt(_ratio(c["coda_ms"], c.get("native_ms")), "%.3f"))
         lines.append(
-            "| %s | %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+            "| %s | %s | %d | %s | %s | %s | %s | %s | %s |%s %s | %s | %s | %s |"
             % (_torch_case(c), "yes" if c.get("attention") else "no", c["tokens"], c["pass"],
                _fmt(c["coda_ms"], "%.3f"), _fmt(c["eager_ms"], "%.3f"),
                _fmt(c["compile_ms"], "%.3f"),
                _fmt(_ratio(c["eager_ms"], c["coda_ms"]), "%.2f"),
-               _fmt(_ratio(c["compile_ms"], c["coda_ms"]), "%.2f"),
+               _fmt(_ratio(c["compile_ms"], c["coda_ms"]), "%.2f"), extra,
                _fmt(c["coda_peak_mib"], "%.0f"), _fmt(c["eager_peak_mib"], "%.0f"),
                _fmt(c["compile_peak_mib"], "%.0f"),
                _fmt(_ratio(c["coda_peak_mib"], c["compile_peak_mib"]), "%.2f")))
@@ -238,6 +247,15 @@ def torch_table(results):
     if verdicts:
         lines += ["", "Targets (fwd+bwd, torch.compile time / coda time): " + "; ".join(verdicts)
                   + "."]
+    overhead = []
+    for c in results["cases"]:
+        ratio = _ratio(c["coda_ms"], c.get("native_ms"))
+        if c["pass"] == "fwd+bwd" and ratio is not None:
+            overhead.append("%s%s %s (%.3f x)" % (c["case"], " +attn" if c.get("attention") else "",
+                                                  "met" if ratio <= 1.03 else "not met", ratio))
+    if overhead:
+        lines += ["", "Overhead (fwd+bwd, coda time / native time, the same layer through the C"
+                  " ABI alone; target <= 1.03 x): " + "; ".join(overhead) + "."]
     errors = sorted({"%s: %s" % (side, msg) for c in results["cases"]
                      for side, msg in (c.get("errors") or {}).items()})
     if errors:

@@ -73,19 +73,32 @@ def device_key(device):
     return (device.type, 0)
 
 
+def _words(nbytes):
+    return max((int(nbytes) + 3) // 4, 4)
+
+
 def workspace(nbytes, device):
     """(tensor, descriptor): `nbytes` of scratch from the caching allocator as uint8, described
     to coda as i32 words (coda's dtypes have no byte type; the bytes are what count)."""
-    words = max((int(nbytes) + 3) // 4, 4)
-    buf = torch.empty(words * 4, dtype=torch.uint8, device=device)
-    desc = L.tensor(
+    buf = torch.empty(_words(nbytes) * 4, dtype=torch.uint8, device=device)
+    return buf, workspace_view(buf, nbytes)
+
+
+def workspace_view(buf, nbytes):
+    """The descriptor workspace() gives for `nbytes`, over the start of an existing uint8 buffer
+    at least that large: one buffer can serve calls that ask for different sizes, each told
+    exactly the size it asked for."""
+    words = _words(nbytes)
+    if buf.numel() < words * 4:
+        raise ValueError("workspace buffer of %d bytes; %d needed" % (buf.numel(), words * 4))
+    device = buf.device
+    return L.tensor(
         buf.data_ptr(),
         L.I32,
         (words,),
         device=L.DEVICE_CUDA if device.type == "cuda" else L.DEVICE_CPU,
         device_index=(device.index or 0) if device.type == "cuda" else 0,
     )
-    return buf, desc
 
 
 _llama_ws = {}

@@ -1,8 +1,9 @@
 """Smoke tests of the PyTorch benchmark (python -m coda.bench) and its table.
 
-The table test needs only the standard library. The benchmark tests run a tiny shape through
-every side (eager, torch.compile, coda) and every pass, so the bench code runs in the test
-suite; they are skipped without torch or a CUDA device.
+The table tests and the profile summary's need only the standard library. The native side
+against the coda side runs wherever libcoda does (the CPU backend too). The benchmark tests run
+a tiny shape through every side (eager, torch.compile, coda, native) and every pass, so the
+bench code runs in the test suite; they are skipped without torch or a CUDA device.
 """
 import importlib.util
 import json
@@ -55,6 +56,26 @@ def test_torch_table_renders_results():
     assert "model-1b met (1.30 x, memory 0.95" in text
 
 
+def test_torch_table_shows_native_only_where_recorded():
+    pt = _perf_tables()
+    # Results from before the native side: the table keeps its columns (SYNTHETIC's rows above).
+    assert "native" not in pt.torch_table(SYNTHETIC)
+    results = json.loads(json.dumps(SYNTHETIC))
+    recs = results["cases"]
+    recs[0]["native_ms"] = 3.96  # coda 4.0: 1.010, met
+    recs[1]["native_ms"] = 5.5  # coda 6.0: 1.091, not met
+    recs[2]["native_ms"] = None  # the coda side did not run
+    text = pt.torch_table(results)
+    assert "| compile / coda | native ms | coda / native | coda MiB |" in text
+    assert ("| block-1b | no | 8192 | fwd+bwd | 4.000 | 6.000 | 5.000 | 1.50 | 1.25 | 3.960 |"
+            " 1.010 | 100 | 150 | 120 | 0.83 |") in text
+    assert "| block-8b | no | 8192 | fwd | - | 10.000 | 9.000 | - | - | - | - |" in text
+    # The model has no native side: dashes.
+    assert ("| model-1b | yes | 8192 | fwd+bwd | 100.000 | 160.000 | 130.000 | 1.60 | 1.30 | - |"
+            " - |") in text
+    assert "block-1b met (1.010 x); block-1b +attn not met (1.091 x)." in text
+
+
 def test_torch_table_section_replaces_only_its_markers():
     pt = _perf_tables()
     doc = "# Performance\n\n<!-- gemm:begin -->\nG\n<!-- gemm:end -->\n\ntext\n"
@@ -101,15 +122,174 @@ def test_bench_tiny_every_side_and_pass(torch_cuda, tmp_path):
         assert r["compile_vs_eager"] < 0.05, r
     coda_missing = [r for r in recs if _coda_unavailable(r)]
     for r in recs:
+        if r["case"] == "model-1b":
+            assert "native_ms" not in r, r  # the native side exists for blocks only
         if r in coda_missing:
             continue
         assert not r.get("errors"), r
         assert r["coda_ms"] > 0 and r["coda_peak_mib"] >= 0, r
         assert r["coda_vs_eager"] < 0.05, r
+        if r["case"] == "block-1b":
+            assert r["native_ms"] > 0 and r["native_peak_mib"] >= 0, r
+            # The same C calls on the same tensors; with attention, torch's SDPA backward
+            # (between the two) may differ from run to run, so only the forward must match.
+            assert r["native_bitwise"] or (
+                r["attention"] and not {"x2", "y1"} & set(r["native_differs"])), r
+            assert not r.get("warnings"), r
+    # The summary prints coda / native.
+    assert "coda/nat" in bench_main.summary(results)
     # The table renders what the benchmark wrote.
     assert "| model-1b (tiny) |" in _perf_tables().torch_table(results)
     if coda_missing:
         pytest.xfail("coda side unavailable here: %s" % coda_missing[0]["errors"]["coda"])
+
+
+def test_bench_tiny_profile(torch_cuda, tmp_path, capsys):
+    """--profile: coda's and native's fwd+bwd under torch.profiler, summarized and recorded."""
+    from coda.bench import __main__ as bench_main
+
+    out = tmp_path / "torch.json"
+    rc = bench_main.main(["--cases", "block-1b", "--shape", "tiny", "--tokens", "256",
+                          "--sides", "coda,native", "--passes", "fwd+bwd", "--warmup", "1",
+                          "--iters", "2", "--profile", "--out", str(out), "--plot", "none"])
+    assert rc == 0
+    recs = json.loads(out.read_text())["cases"]
+    if _coda_unavailable(recs[0]):
+        pytest.skip("coda side unavailable here: %s" % recs[0]["errors"]["coda"])
+    text = capsys.readouterr().out
+    for r in recs:
+        prof = r["profile"]
+        assert set(prof) == {"coda", "native"}, r
+        for side in ("coda", "native"):
+            assert prof[side]["kernels"] > 0 and prof[side]["gpu_ms"] > 0, prof
+        # The native path issues no more GPU work than the coda op does.
+        assert prof["native"]["kernels"] <= prof["coda"]["kernels"], prof
+    assert "profile  coda - native:" in text and "top 15 by self_cuda_time_total" in text
+
+
+def test_profile_summary_counts():
+    """overhead.summarize on hand-made events: kinds, busy time as a union, API calls."""
+    from types import SimpleNamespace
+
+    pytest.importorskip("torch")
+    from coda.bench import overhead
+
+    gpu, cpu = "GPU", "CPU"
+
+    def ev(name, device, start, end, **kw):
+        return SimpleNamespace(name=name, device_type=device,
+                               time_range=SimpleNamespace(start=start, end=end), **kw)
+
+    events = [
+        ev("coda_llama_middle_forward", cpu, 0, 50),
+        ev("cudaLaunchKernel", cpu, 1, 3), ev("cuLaunchKernelEx", cpu, 4, 6),
+        ev("cudaLaunchKernel", cpu, 7, 9), ev("cudaMemcpyAsync", cpu, 10, 11),
+        ev("cudaMalloc", cpu, 12, 20), ev("aten::empty", cpu, 12, 21),
+        ev("gemm_kernel", gpu, 10, 40), ev("rms_kernel", gpu, 30, 45),  # overlapping
+        ev("Memcpy DtoD (Device -> Device)", gpu, 50, 52), ev("Memset (Device)", gpu, 60, 61),
+        ev("fwd+bwd", gpu, 0, 100, is_user_annotation=True),
+        ev("Activity Buffer Request", gpu, 0, 1800),
+    ]
+    s = overhead.summarize(events, gpu)
+    assert (s["kernels"], s["memcpy"], s["memset"]) == (2, 1, 1)
+    assert (s["kernels_us"], s["memcpy_us"], s["memset_us"]) == (45, 2, 1)
+    assert s["gpu_busy_us"] == 35 + 2 + 1 and s["gpu_span_us"] == 51
+    assert s["launches"] == 3
+    assert s["api"] == {"cuLaunchKernelEx": 1, "cudaLaunchKernel": 2, "cudaMalloc": 1,
+                        "cudaMemcpyAsync": 1}
+    line = overhead.describe(dict(s, allocations=4, host_ms=0.5, gpu_ms=0.06))
+    assert "2 kernels 0.045 ms" in line
+    assert "3 launches (cuLaunchKernelEx 1, cudaLaunchKernel 2)" in line
+    assert "other CUDA API calls: cudaMalloc 1, cudaMemcpyAsync 1" in line
+    other = dict(s, kernels=1, launches=2, allocations=0, host_ms=0.25, gpu_ms=0.05,
+                 gpu_busy_us=37.0)
+    diff = overhead.compare(dict(s, allocations=4, host_ms=0.5, gpu_ms=0.06), other)
+    assert "kernels +1" in diff and "allocator requests +4" in diff and "host +0.250 ms" in diff
+
+
+def test_native_check_and_groups():
+    pytest.importorskip("torch")
+    import torch
+
+    from coda.bench import runner
+
+    # coda and native are timed in turn, wherever they come in --sides.
+    assert runner._groups(("eager", "compile", "coda", "native")) == [
+        ["eager"], ["compile"], ["coda", "native"]]
+    assert runner._groups(("native", "eager", "coda")) == [["native", "coda"], ["eager"]]
+    assert runner._groups(("coda",)) == [["coda"]]
+
+    class Opts:
+        lines = []
+
+        def log(self, s):
+            self.lines.append(s)
+
+    x = torch.tensor([1.0, 2.0])
+    coda = {"x2": x, "y1": x, "dx0": x, "dw_out": x}
+    same = {k: v.clone() for k, v in coda.items()}
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": same}}, False, Opts())
+    assert fields == {"native_vs_coda": 0.0, "native_bitwise": True} and warning is None
+    off = dict(same, dx0=x + torch.tensor([0.0, 1e-3]))
+    # Without attention every tensor must match bit for bit...
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": off}}, False, Opts())
+    assert not fields["native_bitwise"] and fields["native_differs"] == ["dx0"] and warning
+    # ...with attention, only the forward outputs (torch's SDPA backward sits in between).
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": off}}, True, Opts())
+    assert not fields["native_bitwise"] and warning is None
+    fields, warning = runner._native_check({"coda": {"results": coda},
+                                            "native": {"results": dict(off, y1=x + 1)}}, True,
+                                           Opts())
+    assert warning and "y1" in warning
+    assert runner._native_check({"coda": {"results": coda}}, False, Opts()) == ({}, None)
+
+
+@pytest.mark.parametrize("attention", [False, True])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_native_side_matches_coda_side(device, attention):
+    """The native side (coda's C ABI alone, buffers made once) gives the coda side's outputs
+    and gradients bit for bit, twice in a row (the seed gradient rewritten each time), on the
+    CPU backend and on an sm_90 GPU."""
+    torch = pytest.importorskip("torch")
+    if device == "cuda" and not (torch.cuda.is_available()
+                                 and torch.cuda.get_device_capability()[0] == 9):
+        pytest.skip("needs an sm_90 GPU")
+    if attention and not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        pytest.skip("torch %s has no scaled_dot_product_attention" % torch.__version__)
+    import coda
+
+    try:
+        coda.library_version()
+    except OSError as e:
+        pytest.skip("libcoda.so not found: %s" % e)
+    from coda.bench.runner import make_config
+    from coda.bench.sides import (BlockInputs, CodaBlockSide, NativeBlockSide,
+                                  build_reference_block)
+
+    cfg = make_config("tiny")
+    inputs = BlockInputs(cfg, 96, 2, attention, device=device, seed=5)
+    codas = CodaBlockSide(build_reference_block(cfg, attention, seed=6, device=device), inputs)
+    native = NativeBlockSide(codas)
+    outs = codas.forward()
+    codas.backward(outs)
+    want = {k: v.clone() for k, v in codas.results(outs).items()}
+    codas.zero_grad()
+    for _ in range(2):
+        native.zero_grad()
+        native.prepare()
+        state = native.forward()
+        native.backward(state)
+        got = native.results(state)
+        assert sorted(got) == sorted(want)
+        for k in want:
+            if attention and device == "cuda" and k not in ("x2", "y1"):
+                # torch's SDPA backward between the two need not repeat itself bit for bit.
+                torch.testing.assert_close(got[k], want[k], rtol=0.02, atol=0.02, msg=k)
+            else:
+                assert torch.equal(got[k], want[k]), k
 
 
 @pytest.fixture

@@ -11,8 +11,10 @@ Cases (bf16, on one GPU):
   model-1b            a 16-layer Llama-1B-like causal LM (hidden 2048, MLP 8192, 32/8 heads of
                       64, vocab 128256), one sequence of 8192 tokens, mean cross-entropy loss.
 Sides: ``eager`` (reference.py, Hugging Face-style PyTorch), ``compile`` (torch.compile of that
-same module), ``coda`` (coda.ops / coda.models on weights converted from it). Passes: fwd, bwd
-(backward alone after an untimed forward) and fwd+bwd. timing.py defines the time and the peak
-memory; report.py the JSON; docs/PERFORMANCE.md shows the tables (tools/perf_tables.py).
+same module), ``coda`` (coda.ops / coda.models on weights converted from it) and, for the
+blocks, ``native`` (the same coda layer through its C ABI alone, buffers allocated once: what
+coda's PyTorch integration costs is coda_ms / native_ms; --profile says where it goes). Passes:
+fwd, bwd (backward alone after an untimed forward) and fwd+bwd. timing.py defines the time and
+the peak memory; report.py the JSON; docs/PERFORMANCE.md shows the tables (tools/perf_tables.py).
 """
 from .runner import ALL_PASSES, CASES, SHAPES, Opts, run_case  # noqa: F401

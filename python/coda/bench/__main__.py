@@ -21,8 +21,14 @@ def parse_args(argv):
                    help="fwd+bwd only, 2 warm-up and 10 timed repetitions (about half the time; "
                         "compilation dominates what is left)")
     p.add_argument("--passes", default=None, help="comma-separated subset of fwd,bwd,fwd+bwd")
-    p.add_argument("--sides", default="eager,compile,coda",
-                   help="comma-separated subset of eager,compile,coda")
+    p.add_argument("--sides", default="eager,compile,coda,native",
+                   help="comma-separated subset of eager,compile,coda,native (native: block "
+                        "cases only; coda's layer through its C ABI, timed in turn with coda)")
+    p.add_argument("--profile", action="store_true",
+                   help="after timing, run one fwd+bwd of the coda and native sides under "
+                        "torch.profiler: print kernels, copies, launches, allocations, host vs "
+                        "GPU time and the top operators, and record the counts (fwd+bwd "
+                        "records' 'profile')")
     p.add_argument("--warmup", type=int, default=None, help="untimed repetitions (default 3)")
     p.add_argument("--iters", type=int, default=None, help="timed repetitions (default 20)")
     p.add_argument("--tokens", type=int, default=None, help="override every case's token count")
@@ -45,7 +51,7 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     import torch
 
-    from .runner import ALL_PASSES, CASES, Opts, run_case
+    from .runner import ALL_PASSES, CASES, SIDE_ORDER, Opts, run_case
     from .timing import L2Flush
 
     if not torch.cuda.is_available():
@@ -66,15 +72,15 @@ def main(argv=None):
                   file=sys.stderr)
             return 2
     sides = tuple(s.strip() for s in args.sides.split(",") if s.strip())
-    if not sides or any(s not in ("eager", "compile", "coda") for s in sides):
-        print("coda.bench: --sides takes eager, compile and coda; got %r" % args.sides,
+    if not sides or any(s not in SIDE_ORDER for s in sides):
+        print("coda.bench: --sides takes %s; got %r" % (", ".join(SIDE_ORDER), args.sides),
               file=sys.stderr)
         return 2
     warmup = args.warmup if args.warmup is not None else (2 if args.quick else 3)
     iters = args.iters if args.iters is not None else (10 if args.quick else 20)
     opts = Opts(warmup=warmup, iters=iters, passes=passes, sides=sides,
                 check=not args.no_check, compile_mode=args.compile_mode,
-                log=lambda s: print(s, flush=True))
+                log=lambda s: print(s, flush=True), profile=args.profile)
     # Each case compiles new graphs; keep torch.compile from giving up on recompiles (the
     # setting's name changed across releases).
     for name in ("recompile_limit", "cache_size_limit"):
@@ -114,6 +120,7 @@ def main(argv=None):
         "quick": bool(args.quick), "warmup": warmup, "iters": iters,
         "coda_eager_bypass": bool(args.coda_eager_bypass),
         "timing": report.TIMING_DEFINITION, "memory": report.MEMORY_DEFINITION,
+        "native": report.NATIVE_DEFINITION,
         "cases": records,
     })
     report.write(results, args.out)
@@ -128,18 +135,19 @@ def main(argv=None):
 
 
 def summary(results):
-    lines = ["%-16s %-8s %10s %10s %10s %8s %8s %9s %9s %9s" % (
-        "case", "pass", "coda ms", "eager ms", "compile ms", "vs eag", "vs comp",
-        "coda MiB", "eager MiB", "comp MiB")]
+    lines = ["%-16s %-8s %10s %10s %10s %8s %8s %10s %8s %9s %9s %9s" % (
+        "case", "pass", "coda ms", "eager ms", "compile ms", "vs eag", "vs comp", "native ms",
+        "coda/nat", "coda MiB", "eager MiB", "comp MiB")]
 
     def f(v, fmt):
         return fmt % v if v is not None else "-"
 
     for r in results["cases"]:
-        c, e, t = r["coda_ms"], r["eager_ms"], r["compile_ms"]
-        lines.append("%-16s %-8s %10s %10s %10s %8s %8s %9s %9s %9s" % (
+        c, e, t, n = r["coda_ms"], r["eager_ms"], r["compile_ms"], r.get("native_ms")
+        lines.append("%-16s %-8s %10s %10s %10s %8s %8s %10s %8s %9s %9s %9s" % (
             report.label(r), r["pass"], f(c, "%.3f"), f(e, "%.3f"), f(t, "%.3f"),
             f(e / c if c and e else None, "%.2fx"), f(t / c if c and t else None, "%.2fx"),
+            f(n, "%.3f"), f(c / n if c and n else None, "%.3f"),
             f(r["coda_peak_mib"], "%.0f"), f(r["eager_peak_mib"], "%.0f"),
             f(r["compile_peak_mib"], "%.0f")))
     return "\n".join(lines)

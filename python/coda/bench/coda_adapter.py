@@ -1,6 +1,6 @@
 """Everything the benchmark asks of coda itself, in one place: the weight layouts of the
-fused block (gate/up interleaved by rows, [Q; K; V]), the middle-layer op, and building a
-coda Llama from the reference model."""
+fused block (gate/up interleaved by rows, [Q; K; V]), the middle-layer op, the same layer
+through the C ABI alone (NativeMiddle), and building a coda Llama from the reference model."""
 import torch
 
 # Hugging Face names of the few model gradients the agreement check compares.
@@ -55,6 +55,77 @@ def middle_op(n_heads, n_kv_heads, head_dim, eps):
         return coda.ops.llama_middle(x0, y0, w, positions, inv_freq, block)
 
     return run
+
+
+class NativeMiddle:
+    """coda's middle layer called through its C ABI alone (coda._lib; no torch.library
+    dispatch, no autograd): the outputs, saved activations, gradients, workspace and every
+    descriptor are made once here, so forward() and backward() are one ctypes call each into
+    libcoda on the stream current at construction. What coda.ops.llama_middle does around the
+    same C calls (the dispatcher, autograd, fresh outputs and gradients per call, the copy of
+    d/d x2 its backward makes because it may not write its input) is thereby left out.
+
+    x0 [M, D], y0 [M, H hd]; weights: the dict of llama_middle (coda's layouts); the
+    descriptors point at these tensors, which must stay alive and in place. The backward
+    reads d/d x2 from `dx` (seed_dx() writes it) and leaves d/d x0 there, as the C call does;
+    weight gradients are written (accumulate off), as coda.ops' are."""
+
+    def __init__(self, x0, y0, weights, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps):
+        import coda.ops as ops
+        from coda import _lib as L
+        from coda import _torch as T
+
+        self._L, self._T = L, T
+        x0, y0 = x0.detach(), y0.detach()
+        w = [weights[n].detach() for n in ops.MIDDLE_WEIGHTS]
+        # The converted tensors coda.ops.llama_middle passes (no copies when already int32 /
+        # f32 on the device), kept here because the descriptors point at them.
+        self.positions, self.inv_freq = ops._positions(positions, x0), ops._inv_freq(inv_freq, x0)
+        m, d, f = x0.shape[0], x0.shape[-1], w[3].shape[-1]
+        self.cfg = ops._c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
+        # The forward's outputs and saved tensors, shaped and typed as coda.ops allocates them.
+        self.x2, self.qkv, self.x1, self.z1, self.r1, self.r2 = ops._middle_forward_fake(
+            x0, y0, *w, self.positions, self.inv_freq, n_heads, n_kv_heads, head_dim, eps)
+        self.dx = torch.empty_like(x0, memory_format=torch.contiguous_format)
+        self.dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
+        self.dweights = {n: torch.empty_like(t, memory_format=torch.contiguous_format)
+                         for n, t in zip(ops.MIDDLE_WEIGHTS, w)}
+        self.weights_c, self.inputs_c, self.outputs_c, self.saved_c = ops._middle_tensors(
+            x0, y0, *w, self.positions, self.inv_freq, self.x2, self.qkv, self.x1, self.z1,
+            self.r1, self.r2)
+        self.grads_c = L.LlamaMiddleGrads(
+            dx=T.view(self.dx, "dx"), dqkv=L.Tensor(), dy0=T.view(self.dy0, "dy0"),
+            dweights=L.LlamaMiddleWeights(*(T.view(self.dweights[n]) for n in ops.MIDDLE_WEIGHTS)))
+        self._dqkv = None
+        # One buffer for both passes, each call told the size it asks for (as coda.ops does).
+        with T.device_guard(x0.device):
+            sizes = [T.llama_workspace_bytes(L.LLAMA_MIDDLE, p, self.cfg, m, x0.device)
+                     for p in (L.LLAMA_FORWARD, L.LLAMA_BACKWARD)]
+        self.workspace, _ = T.workspace(max(sizes), x0.device)
+        self.ws_fwd, self.ws_bwd = (T.workspace_view(self.workspace, n) for n in sizes)
+        self.stream = T.stream(x0)
+
+    def seed_dx(self, dx2):
+        """d loss / d x2 into dx, where the backward reads it (and overwrites it with d/d x0)."""
+        self.dx.copy_(dx2.reshape(self.dx.shape))
+
+    def bind_dqkv(self, dqkv):
+        """d loss / d qkv [M, (H + 2 Hkv) hd] for the following backward calls (kept alive)."""
+        self._dqkv = dqkv
+        self.grads_c.dqkv = self._T.view(dqkv, "dqkv")
+
+    def forward(self):
+        self._L.llama_forward("middle", self.cfg, self.weights_c, self.inputs_c, self.outputs_c,
+                              self.saved_c, self.ws_fwd, self.stream)
+
+    def backward(self, dqkv=None):
+        """The C backward; dqkv: d/d qkv for this call alone (else the bound one). It is not
+        kept: the caller holds it through the call, and the stream orders its reuse."""
+        if dqkv is not None:
+            self._dqkv = None
+            self.grads_c.dqkv = self._T.view(dqkv, "dqkv")
+        self._L.llama_backward("middle", self.cfg, self.weights_c, self.inputs_c, self.outputs_c,
+                               self.saved_c, self.grads_c, False, self.ws_bwd, self.stream)
 
 
 def model_from_reference(ref):

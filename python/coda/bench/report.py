@@ -8,6 +8,8 @@ import subprocess
 CASE_NAMES = ("block-1b", "block-8b", "model-1b")
 PASSES = ("fwd", "bwd", "fwd+bwd")
 SIDES = ("coda", "eager", "compile")
+# Sides some records have: native (block cases; results before it lack the keys).
+OPTIONAL_SIDES = ("native",)
 RECORD_KEYS = ("case", "tokens", "pass", "coda_ms", "eager_ms", "compile_ms", "coda_peak_mib",
                "eager_peak_mib", "compile_peak_mib")
 
@@ -16,6 +18,16 @@ MEMORY_DEFINITION = (
     "allocated before the side's first call (weights and inputs resident, gradients None), plus "
     "anything the side allocated at construction beyond its weights: activations, gradients, "
     "logits, workspaces and caches count; weights and inputs do not.")
+NATIVE_DEFINITION = (
+    "block cases: native_ms = the same middle layer called through coda's C ABI directly "
+    "(coda._lib: coda_llama_middle_forward / _backward, no torch.library dispatch, no autograd) "
+    "on the coda side's weights and the same inputs, in the same process, timed pass by pass in "
+    "turn with the coda side; its outputs, saved activations, gradients and workspace are "
+    "allocated once, outside the timed region, and the seed gradient of x2 is written where the "
+    "C backward reads it before each repetition (untimed). With attention, the same SDPA call "
+    "(under autograd) follows on both sides. coda_ms / native_ms is the cost of coda's PyTorch "
+    "integration; native_bitwise says the two sides' outputs and gradients agree bit for bit "
+    "(with attention, SDPA's backward may differ between runs).")
 TIMING_DEFINITION = (
     "median of the timed repetitions after untimed warm-up (torch.compile's compilation is in "
     "the warm-up), CUDA events on the current stream, L2 flushed (256 MiB write) before each; "
@@ -79,11 +91,13 @@ def validate(results):
             raise ValueError("cases[%d].pass must be one of %s; got %r" % (i, PASSES, rec["pass"]))
         if not isinstance(rec["tokens"], int):
             raise ValueError("cases[%d].tokens must be an int" % i)
-        for side in SIDES:
+        for side in SIDES + OPTIONAL_SIDES:
             for key in ("%s_ms" % side, "%s_peak_mib" % side):
-                v = rec[key]
+                v = rec[key] if side in SIDES else rec.get(key)
                 if v is not None and not isinstance(v, (int, float)):
                     raise ValueError("cases[%d].%s must be a number or null" % (i, key))
+        if not isinstance(rec.get("native_bitwise", False), bool):
+            raise ValueError("cases[%d].native_bitwise must be true or false" % i)
     return results
 
 

@@ -1,7 +1,9 @@
 """One benchmark case end to end: build the inputs and the reference module, build coda's
-side from the same weights, then for each side in turn (eager, compile, coda): record the
-quiescent memory, run one untimed forward+backward (torch.compile compiles here; its outputs
-and gradients go to the agreement check), then time every pass (timing.py)."""
+side from the same weights (and, for a block, the native side: the same layer through coda's C
+ABI alone, on coda's weights), then for each side in turn (eager, compile, coda with native):
+record the quiescent memory, run one untimed forward+backward (torch.compile compiles here; its
+outputs and gradients go to the agreement checks), then time every pass (timing.py; coda and
+native alternate pass by pass)."""
 import gc
 import sys
 import time
@@ -9,10 +11,10 @@ import traceback
 
 import torch
 
-from . import coda_adapter, timing
+from . import coda_adapter, overhead, timing
 from .reference import RefConfig
-from .sides import (BlockInputs, CodaBlockSide, ModelInputs, ModelSide, TorchBlockSide,
-                    build_reference_block, build_reference_model)
+from .sides import (BlockInputs, CodaBlockSide, ModelInputs, ModelSide, NativeBlockSide,
+                    TorchBlockSide, build_reference_block, build_reference_model)
 
 SHAPES = {
     # Llama-3.2-1B and Llama-3.1-8B (without rope scaling; it changes no cost).
@@ -32,7 +34,9 @@ CASES = {
     "model-1b": ("model", "1b", 8192, 1, 16, (True,)),
 }
 
-SIDE_ORDER = ("eager", "compile", "coda")
+SIDE_ORDER = ("eager", "compile", "coda", "native")
+# Timed in turn, pass by pass (_groups); native exists for the block cases only.
+PAIRED = ("coda", "native")
 ALL_PASSES = ("fwd", "bwd", "fwd+bwd")
 LIGHT_ELEMENTS = 1 << 24
 
@@ -78,10 +82,10 @@ def _error_text(e):
 
 class Opts:
     def __init__(self, warmup=3, iters=20, passes=ALL_PASSES, sides=SIDE_ORDER, check=True,
-                 compile_mode=None, log=print, device="cuda"):
+                 compile_mode=None, log=print, device="cuda", profile=False):
         self.warmup, self.iters, self.passes, self.sides = warmup, iters, tuple(passes), tuple(sides)
         self.check, self.compile_mode, self.log = check, compile_mode, log
-        self.device = device
+        self.device, self.profile = device, profile
 
 
 def _compile(module, opts):
@@ -91,49 +95,137 @@ def _compile(module, opts):
     return torch.compile(module, **kwargs)
 
 
+def _groups(sides):
+    """The sides in measuring order, in groups: each side alone, except that coda and native
+    form one group, timed pass by pass in turn, so that coda_ms / native_ms compares runs
+    seconds apart on the same warm GPU."""
+    groups = []
+    for name in sides:
+        pair = next((g for g in groups if name in PAIRED and g[0] in PAIRED), None)
+        if pair is not None:
+            pair.append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def _failed(name, side, entry, e, opts):
+    entry["error"] = _error_text(e)
+    opts.log("  %-8s failed: %s" % (name, entry["error"]))
+    traceback.print_exc(file=sys.stderr)
+    side.zero_grad()
+    _free()
+
+
+def _first_call(name, side, extra, builders, entry, opts):
+    """Quiescent memory, then one untimed fwd+bwd (torch.compile compiles here) whose outputs
+    and gradients go to the agreement check. Returns the quiescent bytes, or None on failure
+    (recorded in entry)."""
+    for other in builders.values():
+        if not isinstance(other, BaseException) and other is not None:
+            other[0].zero_grad()
+    try:
+        quiescent = timing.quiescent_bytes(extra)
+        prepare = getattr(side, "prepare", None)
+        if prepare is not None:
+            prepare()
+        t0 = time.perf_counter()
+        outs = side.forward()
+        side.backward(outs)
+        torch.cuda.synchronize()
+        entry["first_call_s"] = time.perf_counter() - t0
+        if opts.check:
+            entry["results"] = {k: _light(v) for k, v in side.results(outs).items()}
+        del outs
+        side.zero_grad()
+        return quiescent
+    except Exception as e:  # an unsupported shape, a missing kernel, out of memory
+        outs = None  # drop the outputs (and their graph) before _failed frees the cache
+        _failed(name, side, entry, e, opts)
+        return None
+
+
 def _measure(builders, opts, flush):
     """builders: side name -> (side, extra construction bytes) or an exception.
-    Returns {side: {"pass": (ms, mib), "first_call_s", "results", "error"}}."""
+    Returns {side: {"pass": (ms, mib), "first_call_s", "results", "profile", "error"}}."""
     out = {}
-    for name in opts.sides:
-        entry = out.setdefault(name, {})
-        built = builders.get(name)
-        if built is None:
-            continue
-        if isinstance(built, BaseException):
-            entry["error"] = _error_text(built)
-            opts.log("  %-8s unavailable: %s" % (name, entry["error"]))
-            continue
-        side, extra = built
-        for other in builders.values():
-            if not isinstance(other, BaseException) and other is not None:
-                other[0].zero_grad()
-        try:
-            quiescent = timing.quiescent_bytes(extra)
-            t0 = time.perf_counter()
-            outs = side.forward()
-            side.backward(outs)
-            torch.cuda.synchronize()
-            entry["first_call_s"] = time.perf_counter() - t0
-            if opts.check:
-                entry["results"] = {k: _light(v) for k, v in side.results(outs).items()}
-            del outs
-            side.zero_grad()
-            for p in opts.passes:
-                entry[p] = timing.time_pass(side, p, warmup=opts.warmup, iters=opts.iters,
-                                            flush=flush, quiescent=quiescent)
-                opts.log("  %-8s %-8s %9.3f ms %10.0f MiB" % (name, p, entry[p][0], entry[p][1]))
-        except Exception as e:  # an unsupported shape, a missing kernel, out of memory
-            entry["error"] = _error_text(e)
-            opts.log("  %-8s failed: %s" % (name, entry["error"]))
-            traceback.print_exc(file=sys.stderr)
-            outs = None
-            side.zero_grad()
-            _free()
+    for group in _groups(opts.sides):
+        started = []
+        for name in group:
+            entry = out.setdefault(name, {})
+            built = builders.get(name)
+            if built is None:
+                continue
+            if isinstance(built, BaseException):
+                entry["error"] = _error_text(built)
+                opts.log("  %-8s unavailable: %s" % (name, entry["error"]))
+                continue
+            side, extra = built
+            quiescent = _first_call(name, side, extra, builders, entry, opts)
+            if quiescent is not None:
+                started.append((name, side, entry, quiescent))
+        for p in opts.passes:
+            for name, side, entry, quiescent in started:
+                if "error" in entry:
+                    continue
+                try:
+                    entry[p] = timing.time_pass(side, p, warmup=opts.warmup, iters=opts.iters,
+                                                flush=flush, quiescent=quiescent)
+                    opts.log("  %-8s %-8s %9.3f ms %10.0f MiB"
+                             % (name, p, entry[p][0], entry[p][1]))
+                except Exception as e:
+                    _failed(name, side, entry, e, opts)
+        if opts.profile:
+            _profile(started, opts, flush)
     return out
 
 
-def _records(case, shape, tokens, batch, layers, attention, measured, opts):
+def _profile(started, opts, flush):
+    """--profile: coda's and native's fwd+bwd under torch.profiler (overhead.py)."""
+    done = {}
+    for name, side, entry, _ in started:
+        if name not in PAIRED or "error" in entry:
+            continue
+        try:
+            entry["profile"] = done[name] = overhead.profile_pass(side, flush, name, opts.log)
+        except Exception as e:  # a torch without CUPTI, a profiler that cannot start
+            entry["profile_error"] = _error_text(e)
+            opts.log("  profile  %-8s failed: %s" % (name, entry["profile_error"]))
+    if len(done) == 2:
+        opts.log("  profile  " + overhead.compare(done["coda"], done["native"]))
+
+
+def _native_check(measured, attention, opts):
+    """The native side's outputs and gradients against the coda side's (the same C calls on
+    the same tensors): record fields and a warning, or ({}, None) when either is missing.
+    coda's kernels are deterministic, so without attention everything must match bit for bit;
+    with attention, the SDPA backward (torch's, nondeterministic on some backends) sits
+    between, so only the forward outputs must, and the gradients are held to 0.05 as usual."""
+    native = measured.get("native", {}).get("results")
+    coda = measured.get("coda", {}).get("results")
+    if native is None or coda is None:
+        return {}, None
+    differs = sorted(k for k in coda if k not in native or not torch.equal(native[k], coda[k]))
+    rel, where = _rel_diff(native, coda)
+    exact = [k for k in differs if not attention or k in ("x2", "y1")]
+    bad = exact or rel > 0.05
+    opts.log("  check    native   vs coda:  %s%s"
+             % ("bitwise equal" if not differs else "differs in %s (max relative difference "
+                "%.3g, %s)" % (", ".join(differs), rel, where), "  WARNING" if bad else ""))
+    fields = {"native_vs_coda": rel if rel != float("inf") else None,
+              "native_bitwise": not differs}
+    if differs:
+        fields["native_differs"] = differs
+    warning = None
+    if bad:
+        warning = "native differs from coda in %s (max relative difference %.3g)" % (
+            ", ".join(differs), rel)
+    return fields, warning
+
+
+def _records(case, shape, tokens, batch, layers, attention, measured, opts, native=False):
+    """One record per pass; native: the case has a native side (a block), whose fields the
+    records then carry (null where it did not run)."""
     truth = measured.get("eager", {}).get("results")
     checks = {}
     if truth is not None:
@@ -144,11 +236,14 @@ def _records(case, shape, tokens, batch, layers, attention, measured, opts):
                 checks[name] = (rel, where)
                 opts.log("  check    %-8s vs eager: max relative difference %.3g (%s)%s"
                          % (name, rel, where, "  WARNING: above 0.05" if rel > 0.05 else ""))
+    native_fields, native_warning = {}, None
+    if native:
+        native_fields, native_warning = _native_check(measured, attention, opts)
     recs = []
     for p in opts.passes:
         rec = {"case": case, "tokens": tokens, "pass": p, "attention": attention,
                "shape": shape, "batch": batch, "layers": layers}
-        for name in ("coda", "eager", "compile"):
+        for name in ("coda", "eager", "compile") + (("native",) if native else ()):
             v = measured.get(name, {}).get(p)
             rec[name + "_ms"] = round(v[0], 4) if v else None
             rec[name + "_peak_mib"] = round(v[1], 1) if v else None
@@ -157,30 +252,51 @@ def _records(case, shape, tokens, batch, layers, attention, measured, opts):
             if rel > 0.05:
                 rec.setdefault("warnings", []).append(
                     "%s differs from eager by %.3g (%s)" % (name, rel, where))
+        rec.update(native_fields)
+        if native_warning:
+            rec.setdefault("warnings", []).append(native_warning)
         first = {n: round(m["first_call_s"], 2) for n, m in measured.items() if "first_call_s" in m}
         if first:
             rec["first_call_s"] = first
         errors = {n: m["error"] for n, m in measured.items() if "error" in m}
         if errors:
             rec["errors"] = errors
+        # --profile profiles fwd+bwd: its summary goes with that record.
+        profiles = {n: m["profile"] for n, m in measured.items() if "profile" in m}
+        if profiles and p == "fwd+bwd":
+            rec["profile"] = profiles
         recs.append(rec)
     return recs
 
 
-def _measure_sides(ref, ref_extra, side_of, coda_side, opts, flush):
+def _measure_sides(ref, ref_extra, side_of, coda_side, opts, flush, native_of=None):
     """The reference eagerly and through torch.compile (side_of(fn): the side that runs fn, None
-    for the module itself) and, when opts.sides asks for it, coda's side: coda_side() returns
-    (side, what holds its weights), built under its own Construction count. A coda side that
-    fails to build is recorded as its result, not raised."""
+    for the module itself) and, when opts.sides asks for them, coda's side and the native one:
+    coda_side() returns (side, what holds its weights), native_of(coda's side) the native side
+    on the same weights, each built under its own Construction count (the native side's
+    buffers all count: it has no weights of its own). A side that fails to build is recorded
+    as its result, not raised."""
     builders = {"eager": (side_of(None), ref_extra),
                 "compile": (side_of(_compile(ref, opts)), ref_extra)}
-    if "coda" in opts.sides:
+    native = native_of is not None and "native" in opts.sides
+    if "coda" in opts.sides or native:
         try:
             with timing.Construction() as c:
                 side, weights = coda_side()
             builders["coda"] = (side, c.extra(timing.param_bytes(weights)))
         except Exception as e:
             builders["coda"] = e
+    if native:
+        built = builders["coda"]
+        if isinstance(built, BaseException):
+            builders["native"] = built
+        else:
+            try:
+                with timing.Construction() as c:
+                    nside = native_of(built[0])
+                builders["native"] = (nside, c.extra(0))
+            except Exception as e:
+                builders["native"] = e
     return _measure(builders, opts, flush)
 
 
@@ -200,8 +316,8 @@ def run_block(case, shape, tokens, batch, attention, opts, flush, seed=0):
         return side, side.param_tensors()
 
     measured = _measure_sides(ref, ref_extra, lambda fn: TorchBlockSide(ref, inputs, fn),
-                              coda_side, opts, flush)
-    return _records(case, shape, tokens, batch, 1, attention, measured, opts)
+                              coda_side, opts, flush, native_of=NativeBlockSide)
+    return _records(case, shape, tokens, batch, 1, attention, measured, opts, native=True)
 
 
 def run_model(case, shape, tokens, batch, layers, opts, flush, seed=0):

@@ -1,5 +1,6 @@
-"""The three sides of every case (PyTorch eager, torch.compile of the same module, coda), each
-with forward / backward / zero_grad for timing.py, plus what the agreement check compares.
+"""The sides of every case (PyTorch eager, torch.compile of the same module, coda, and for
+blocks coda's layer through its C ABI alone: native), each with forward / backward / zero_grad
+(and optionally prepare) for timing.py, plus what the agreement check compares.
 
 Blocks: the inputs are x0 [B, S, D] (residual stream) and y0 [B, S, H hd] (layer l's attention
 output), both requiring grad, and per-token positions; the backward is seeded with fixed random
@@ -55,6 +56,13 @@ class BlockInputs:
         return [self.x0, self.y0]
 
 
+def _attention(cfg, qkv):
+    """y1 [B, S, H hd]: causal GQA SDPA over coda's [Q; K; V] output [B, S, (H + 2 Hkv) hd]."""
+    h, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, k, v = qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
+    return sdpa(q.unflatten(-1, (h, hd)), k.unflatten(-1, (hkv, hd)), v.unflatten(-1, (hkv, hd)))
+
+
 class TorchBlockSide:
     """ReferenceMiddle run eagerly, or through torch.compile (fn = torch.compile(module))."""
 
@@ -94,8 +102,9 @@ class CodaBlockSide:
         self.inputs = inputs
         self.weights = {k: v.detach().clone().requires_grad_()
                         for k, v in coda_adapter.block_weights_from_reference(module).items()}
-        self.op = coda_adapter.middle_op(module.n_heads, module.n_kv, module.head_dim,
-                                         module.post_attention_layernorm.variance_epsilon)
+        self.config = (module.n_heads, module.n_kv, module.head_dim,
+                       module.post_attention_layernorm.variance_epsilon)
+        self.op = coda_adapter.middle_op(*self.config)
 
     def forward(self):
         i = self.inputs
@@ -103,12 +112,7 @@ class CodaBlockSide:
         x2, qkv = self.op(i.x0.view(b * s, -1), i.y0.view(b * s, -1), self.weights,
                           i.positions, i.inv_freq)
         x2, qkv = x2.view(b, s, -1), qkv.view(b, s, -1)
-        if not i.attention:
-            return x2, qkv
-        h, hkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        q, k, v = qkv.split([h * hd, hkv * hd, hkv * hd], dim=-1)
-        y1 = sdpa(q.unflatten(-1, (h, hd)), k.unflatten(-1, (hkv, hd)), v.unflatten(-1, (hkv, hd)))
-        return x2, y1
+        return (x2, _attention(cfg, qkv)) if i.attention else (x2, qkv)
 
     def backward(self, outs):
         i = self.inputs
@@ -127,6 +131,58 @@ class CodaBlockSide:
 
     def param_tensors(self):
         return list(self.weights.values())
+
+
+class NativeBlockSide:
+    """The coda side's layer on its weights and inputs, called through coda's C ABI alone
+    (coda_adapter.NativeMiddle: buffers and descriptors made once, no dispatcher, no autograd).
+    prepare() (untimed) writes the seed gradient of x2 where the C backward reads it. With
+    attention, the same SDPA call as the coda side's runs after the C forward, under autograd
+    on a leaf over the preallocated qkv, and its gradient feeds the C backward: the two sides
+    then differ only in what coda.ops does around the C calls."""
+
+    def __init__(self, coda_side):
+        i = self.inputs = coda_side.inputs
+        m = i.batch * i.seq
+        self.block = coda_adapter.NativeMiddle(i.x0.view(m, -1), i.y0.view(m, -1),
+                                               coda_side.weights, i.positions, i.inv_freq,
+                                               *coda_side.config)
+        self.x2 = self.block.x2.view(i.batch, i.seq, -1)
+        self.qkv = self.block.qkv.view(i.batch, i.seq, -1)
+        if i.attention:
+            self.qkv = self.qkv.detach().requires_grad_()
+        else:
+            self.block.bind_dqkv(i.g_qkv.view(m, -1))
+
+    def prepare(self):
+        self.block.seed_dx(self.inputs.g_x2)
+
+    def forward(self):
+        self.block.forward()
+        return _attention(self.inputs.cfg, self.qkv) if self.inputs.attention else None
+
+    def backward(self, y1):
+        i = self.inputs
+        if not i.attention:
+            self.block.backward()
+            return
+        torch.autograd.backward(y1, i.g_y1)
+        dqkv, self.qkv.grad = self.qkv.grad, None
+        # .contiguous() as coda.ops' backward does (a no-op for what autograd gives here).
+        self.block.backward(dqkv.reshape(i.batch * i.seq, -1).contiguous())
+
+    def zero_grad(self):
+        # The C backward writes its gradients (accumulate off): nothing to clear but the SDPA
+        # leaf's, which autograd accumulates.
+        if self.inputs.attention:
+            self.qkv.grad = None
+
+    def results(self, y1):
+        i, b = self.inputs, self.block
+        res = {"x2": self.x2, ("y1" if i.attention else "qkv"): y1 if i.attention else self.qkv,
+               "dx0": b.dx.view_as(i.x0), "dy0": b.dy0.view_as(i.y0)}
+        res.update({"d" + k: g for k, g in b.dweights.items()})
+        return {k: v.detach() for k, v in res.items()}
 
 
 class ModelInputs:
@@ -169,5 +225,5 @@ def build_reference_model(cfg, seed=0, device="cuda", dtype=torch.bfloat16):
     return init_weights(ReferenceLlama(cfg, device=device, dtype=dtype), seed)
 
 
-__all__ = ["BlockInputs", "TorchBlockSide", "CodaBlockSide", "ModelInputs", "ModelSide",
-           "build_reference_block", "build_reference_model", "RefConfig"]
+__all__ = ["BlockInputs", "TorchBlockSide", "CodaBlockSide", "NativeBlockSide", "ModelInputs",
+           "ModelSide", "build_reference_block", "build_reference_model", "RefConfig"]

@@ -4,6 +4,9 @@ A *side* is an object with three methods:
   forward()        -> state   the training forward (autograd recording), e.g. the loss
   backward(state)             the backward of that forward
   zero_grad()                 drop every gradient (set to None), as a training loop would
+and optionally
+  prepare()                   untimed set-up before each repetition (the native side writes
+                              its seed gradient where the C backward reads and overwrites it)
 
 Timing: ``warmup`` untimed repetitions, then ``iters`` timed ones; each repetition writes a
 256 MiB buffer first (flushes the 60 MB L2 of an H200) and is bracketed by CUDA events on the
@@ -82,8 +85,11 @@ def time_pass(side, pass_name, *, warmup, iters, flush, quiescent):
         raise ValueError("pass must be fwd, bwd or fwd+bwd; got %r" % (pass_name,))
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times, peak = [], 0
+    prepare = getattr(side, "prepare", None)
     for i in range(warmup + iters):
         side.zero_grad()
+        if prepare is not None:
+            prepare()
         state = side.forward() if pass_name == "bwd" else None
         flush()
         torch.cuda.synchronize()
