@@ -152,20 +152,29 @@ def norm_weight(n, gen, dtype=torch.bfloat16, device="cpu"):
 # ---- a whole causal LM on coda-layout weights (what coda.models.Llama computes)
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, key_mask=None):
     """q [B, H, S, d], k/v [B, KV, S, d] -> [B, H, S, d]: causal softmax attention (fp32
-    softmax), key/value head h // (H / KV) for query head h."""
+    softmax), key/value head h // (H / KV) for query head h. key_mask [B, S] (False: padding)
+    removes keys; a query left with none outputs zeros (torch >= 2.5's SDPA: an empty softmax
+    row is zeros)."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
     s = q.shape[-2]
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1).to(q.dtype) @ v
+    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask.to(torch.bool)[:, None, None, :]
+    empty = ~allowed.any(-1, keepdim=True)
+    # An empty row keeps its scores through the softmax (finite, so that no NaN reaches the
+    # gradients) and is zeroed after it.
+    probs = scores.masked_fill(~allowed & ~empty, float("-inf")).softmax(-1)
+    return probs.masked_fill(empty, 0.0).to(q.dtype) @ v
 
 
-def model_logits(params, input_ids, position_ids, inv_freq, block):
+def model_logits(params, input_ids, position_ids, inv_freq, block, key_mask=None):
     """params: {"embed", "layers": [{attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down}],
-    "norm", "lm_head"} -> logits [B, S, V] in the parameters' dtype."""
+    "norm", "lm_head"} -> logits [B, S, V] in the parameters' dtype. key_mask: as
+    causal_attention takes it."""
     b, s = input_ids.shape
     h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
     x = params["embed"][input_ids].reshape(b * s, -1)
@@ -173,7 +182,7 @@ def model_logits(params, input_ids, position_ids, inv_freq, block):
     for layer in params["layers"]:
         qkv = qkv_projection(x, layer["attn_norm"], layer["w_qkv"], positions, inv_freq, block)
         q, k, v = qkv.view(b, s, h + 2 * kv, d).split([h, kv, kv], dim=2)
-        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask)
         y = o.transpose(1, 2).reshape(b * s, h * d)
         x = mlp_residual(x, y, layer["w_out"], layer["ffn_norm"], layer["w_gate_up"],
                          layer["w_down"], block.eps)
