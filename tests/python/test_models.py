@@ -46,15 +46,6 @@ def batch(gen, config, device, b=2, s=40):
     return ids.to(device), labels.to(device)
 
 
-def pad(ids, labels, right=7, left=5):
-    """Row 0 right-padded by `right` positions, row 1 left-padded by `left` (token 0, label
-    -100, as Hugging Face's collators pad): (ids, labels, attention_mask)."""
-    mask = torch.ones_like(ids)
-    mask[0, ids.shape[1] - right:] = 0
-    mask[1, :left] = 0
-    return ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, IGNORE), mask
-
-
 def reference(model, ids, labels, dtype, attention_mask=None):
     """(logits, loss, {parameter name: gradient}) of the plain-torch model on copies of the
     model's parameters in `dtype` (None: as they are)."""
@@ -89,7 +80,7 @@ def test_llama_against_plain_torch(device, tied, padded):
     ids, labels = batch(gen, config, device)
     mask = None
     if padded:  # both padding sides; row 1's pad positions attend to no key
-        ids, labels, mask = pad(ids, labels)
+        ids, labels, mask = R.pad_batch(ids, labels)
 
     loss, logits = model(ids, labels=labels, return_logits=True, attention_mask=mask)
     loss.backward()

@@ -129,6 +129,16 @@ def device_params():
     ]
 
 
+def pad_batch(ids, labels, right=7, left=5, ignore_index=-100):
+    """A [2, S] batch padded as Hugging Face's collators pad (token 0, label -100): row 0 on the
+    right by `right` positions, row 1 on the left by `left`, whose pad positions then attend to
+    no key. -> (ids, labels, attention_mask)."""
+    mask = torch.ones_like(ids)
+    mask[0, ids.shape[1] - right:] = 0
+    mask[1, :left] = 0
+    return (ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, ignore_index), mask)
+
+
 def generator(seed, salt=0):
     g = torch.Generator()
     g.manual_seed((seed * 1000003 + salt) % (1 << 63))
@@ -202,3 +212,75 @@ def expect_bypass_bitwise_equal(ops, run):
     assert len(through_dispatcher) == len(bypassed)
     for a, b in zip(through_dispatcher, bypassed):
         assert torch.equal(a, b)
+
+
+# ---- coda.patch_hf's fused weights (test_patch_hf.py, test_hf.py)
+
+
+def projection_groups(layer):
+    """A Hugging Face decoder layer's weights by the tensor patch_hf fuses them into."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"qkv": [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+            "gate_up": [mlp.gate_proj.weight, mlp.up_proj.weight]}
+
+
+def assert_row_blocks(tensors, whole=None):
+    """tensors: dense and consecutive in memory, from whole's first element to its last when
+    whole is given."""
+    address = tensors[0].data_ptr() if whole is None else whole.data_ptr()
+    for t in tensors:
+        assert t.is_contiguous() and t.data_ptr() == address
+        address += t.numel() * t.element_size()
+    if whole is not None:
+        assert address == whole.data_ptr() + whole.numel() * whole.element_size()
+
+
+def assert_fused(model):
+    """Every patched layer's q/k/v and gate/up parameters are the row blocks of its fused
+    tensors."""
+    fused = model._coda_state["fused"]
+    assert len(fused) == len(model.model.layers)
+    for layer, tensors in zip(model.model.layers, fused):
+        for group, params in projection_groups(layer).items():
+            assert_row_blocks(params, tensors[group])
+
+
+def fused_tensors(model):
+    """The patched model's fused tensors, in order (to compare by identity)."""
+    return [t[group] for t in model._coda_state["fused"] for group in ("qkv", "gate_up")]
+
+
+def same_objects(xs, ys):
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys))
+
+
+def storage_address(t):
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
+def watch_coda_weights(monkeypatch, ops):
+    """Record the address of each w_qkv that reaches coda's layers and of each [gate; up]
+    tensor interleaved for them: {"w_qkv": [...], "gate_up": [...]}, one per decoder layer."""
+    seen = {"w_qkv": [], "gate_up": []}
+
+    def watch(name, key, pick):
+        fn = getattr(ops, name)
+
+        def wrapper(*args, **kwargs):
+            seen[key].append(pick(*args).data_ptr())
+            return fn(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, wrapper)
+
+    watch("llama_first", "w_qkv", lambda x, w, *rest: w[1])
+    watch("llama_middle", "w_qkv", lambda x, y, w, *rest: w[5])
+    watch("interleave_gate_up", "gate_up", lambda stacked: stacked)
+    return seen
+
+
+def assert_no_weight_copies(model, seen):
+    """What watch_coda_weights saw: coda read each layer's fused q/k/v tensor, and the
+    interleave its fused [gate; up] tensor."""
+    layers = model.model.layers
+    assert seen["w_qkv"] == [layer.self_attn.q_proj.weight.data_ptr() for layer in layers]
+    assert seen["gate_up"] == [layer.mlp.gate_proj.weight.data_ptr() for layer in layers]
