@@ -222,9 +222,11 @@ def _attend(qkv, batch, seq, block, padding):
     masked = {"is_causal": True} if mask is None else {"attn_mask": mask}
     if kv == h:
         o = _sdpa(q, k, v, **masked)
-    elif _SDPA_GQA:
+    elif _SDPA_GQA and mask is None:
         o = _sdpa(q, k, v, enable_gqa=True, **masked)
     else:
+        # With a mask, enable_gqa makes SDPA fall back to its math kernel (transformers' SDPA
+        # path repeats the heads for that reason too): repeated heads keep the fused kernels.
         rep = h // kv
         o = _sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), **masked)
     if empty is not None:
