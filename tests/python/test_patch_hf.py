@@ -314,6 +314,21 @@ def test_moved_or_replaced_parameters_are_fused_again():
     assert_same_step(got, coda_step(model, ids, labels, mask))
 
 
+def test_inference_mode_does_not_fuse():
+    """Tensors made under inference_mode could not be trained afterwards: a layer whose
+    parameters moved is concatenated there, and fused at the next forward outside it."""
+    model = coda.patch_hf(hf_like())
+    ids, labels, _ = batch("cpu")
+    model.to(torch.float16).to(torch.bfloat16)
+    want = coda_step(model, ids, labels)
+    with torch.inference_mode():
+        out = model(input_ids=ids, labels=labels)
+    assert torch.equal(out.loss, want[0]) and torch.equal(out.logits, want[1])
+    assert all(t is None for t in R.fused_tensors(model))
+    assert_same_step(step(model, ids, labels), want)
+    R.assert_fused(model)
+
+
 def test_deepcopy_of_a_patched_model():
     model = coda.patch_hf(hf_like())
     ids, labels, _ = batch("cpu")
