@@ -11,6 +11,10 @@ Weight mapping, per decoder layer i (HF name -> coda):
   mlp.down_proj.weight                   -> layers[i].w_down
 and model.embed_tokens.weight -> embed_tokens.weight, model.norm.weight -> norm,
 lm_head.weight -> lm_head (absent when the embeddings are tied).
+
+from_hf copies; patch_hf makes the HF q/k/v weights of a layer row blocks of one tensor that
+coda reads as w_qkv, and gate/up row blocks of one [gate; up] tensor (see "patch_hf's fused
+weights" below).
 """
 
 import types
