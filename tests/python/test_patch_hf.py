@@ -40,7 +40,7 @@ def hf_like_config(tied=False):
     """The fields LlamaConfig.from_hf reads from a Hugging Face config."""
     return types.SimpleNamespace(
         model_type="llama", hidden_act="silu", hidden_size=128, intermediate_size=176,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=264,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=264,
         num_hidden_layers=3, rms_norm_eps=1e-5, rope_theta=10000.0, rope_scaling=None,
         tie_word_embeddings=tied, max_position_embeddings=128, initializer_range=0.02)
 
@@ -205,7 +205,7 @@ def test_patch_keeps_the_parameters_and_fuses_their_memory(tied):
     R.assert_fused(model)
     for i, layer in enumerate(model.model.layers):
         qkv = fused(model, i, "qkv")
-        assert qkv.shape == ((4 + 2 * 2) * 32, 128) and not qkv.requires_grad
+        assert qkv.shape == ((4 + 2 * 2) * 64, 128) and not qkv.requires_grad
         assert fused(model, i, "gate_up").shape == (2 * 176, 128)
 
 
