@@ -11,6 +11,10 @@ Weight mapping, per decoder layer i (HF name -> coda):
   mlp.down_proj.weight                   -> layers[i].w_down
 and model.embed_tokens.weight -> embed_tokens.weight, model.norm.weight -> norm,
 lm_head.weight -> lm_head (absent when the embeddings are tied).
+
+from_hf copies; patch_hf makes the HF q/k/v weights of a layer row blocks of one tensor that
+coda reads as w_qkv, and gate/up row blocks of one [gate; up] tensor (see "patch_hf's fused
+weights" below).
 """
 
 import types
@@ -18,7 +22,7 @@ import types
 import torch
 
 from . import ops
-from .models import Llama, LlamaConfig, run_layers, shift_labels
+from .models import Llama, LlamaConfig, padding_keys, run_layers, shift_labels
 
 __all__ = ["from_hf", "to_hf_state_dict", "patch_hf", "unpatch_hf"]
 
@@ -146,6 +150,146 @@ def to_hf_state_dict(model, grads=False):
 
 
 # ---------------------------------------------------------------------------------------------
+# patch_hf's fused weights
+#
+# A patched layer's q, k and v projection weights are the consecutive row blocks of one
+# [(H + 2 KV) head_dim, D] tensor, which is w_qkv as coda reads it: each Parameter's .data is
+# its block. The Parameter objects stay, so optimizers built before the patch, hooks and
+# state_dict's names are unchanged, and every parameter is still a dense tensor of its own shape
+# (what fused optimizers and safetensors require). Each forward hands that tensor to coda as it
+# is and the backward gives each parameter its rows of coda's gradient: no copy either way.
+#
+# gate and up are likewise the row blocks of one [2F, D] tensor ([gate; up], Hugging Face's
+# order), but coda's kernels read gate row j and up row j as rows 2j and 2j + 1 of w_gate_up,
+# so that the pair sits in one thread's accumulators (docs/DESIGN.md). No dense view of two
+# separate matrices has that layout, so each forward interleaves the [gate; up] tensor (one
+# copy) and the backward de-interleaves its gradient (one copy; the parameters' gradients are
+# then its row blocks). Removing these two needs kernels that read [gate; up] rows directly.
+# Strided views into an interleaved tensor (gate = fused[0::2]) would avoid both copies, but
+# then gate_proj.weight and up_proj.weight are no longer dense: torch's fused optimizers
+# (AdamW(fused=True), transformers' Trainer default with torch >= 2.8) reject them, and
+# save_pretrained's shared-tensor check calls .view(-1) on them, which fails.
+
+
+def _group_parts(layer):
+    """One decoder layer's projection weights by fused tensor: {"qkv": (q, k, v) weights,
+    "gate_up": (gate, up) weights}."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"qkv": (attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight),
+            "gate_up": (mlp.gate_proj.weight, mlp.up_proj.weight)}
+
+
+def _is_blocks_of(fused, parts):
+    """Whether `parts` are, in order, the dense consecutive row blocks that make up all of
+    `fused` (same dtype and device)."""
+    if fused is None:
+        return False
+    row_bytes = fused.shape[1] * fused.element_size()
+    address = fused.data_ptr()
+    for p in parts:
+        if (p.device != fused.device or p.dtype != fused.dtype or p.dim() != 2
+                or p.shape[1] != fused.shape[1] or not p.is_contiguous()
+                or p.data_ptr() != address):
+            return False
+        address += p.shape[0] * row_bytes
+    return address == fused.data_ptr() + fused.shape[0] * row_bytes
+
+
+def _fusable(parts):
+    """Plain 2D parameters of one dtype, device and width (not, e.g., a quantized or sharded
+    parameter subclass, FSDP's plain-tensor views, or a model split over devices), outside
+    inference mode (whose tensors could not be trained afterwards)."""
+    first = parts[0]
+    if torch.is_inference_mode_enabled():
+        return False
+    return all(type(p) is torch.nn.Parameter and p.dim() == 2 and p.dtype == first.dtype
+               and p.device == first.device and p.device.type != "meta"
+               and p.shape[1] == first.shape[1] for p in parts)
+
+
+@torch.no_grad()
+def _fuse(parts):
+    """A new tensor holding `parts` as its consecutive row blocks; each parameter's .data
+    becomes its block (one copy, at patch time or after the aliasing was undone)."""
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for p in parts:
+        p.data = fused[start:start + p.shape[0]]
+        start += p.shape[0]
+    return fused
+
+
+@torch.no_grad()
+def _separate(parts):
+    """Each parameter, and its gradient, back in memory of its own (as before patch_hf)."""
+    for p in parts:
+        p.data = p.data.clone()
+        if p.grad is not None:
+            p.grad = p.grad.clone()
+
+
+def _fused_tensors(state, base):
+    """Per decoder layer {"qkv": tensor or None, "gate_up": tensor or None}, the tensors whose
+    row blocks the parameters are. A check per forward (a few data_ptr() calls per layer) fuses
+    again where the parameters no longer are those blocks: after model.to(...) or .half(),
+    load_state_dict(assign=True), a Parameter replaced. None where the parameters
+    cannot be fused (_fusable): those are concatenated at each forward, as before."""
+    fused = state["fused"]
+    while len(fused) < len(base.layers):
+        fused.append({})
+    for layer, tensors in zip(base.layers, fused):
+        for group, parts in _group_parts(layer).items():
+            if not _is_blocks_of(tensors.get(group), parts):
+                tensors[group] = _fuse(parts) if _fusable(parts) else None
+    return fused
+
+
+class _RowBlocks(torch.autograd.Function):
+    """A fused tensor as a differentiable function of the parameters that are its row blocks,
+    without a copy: forward returns the fused tensor itself (it is the parameters' memory),
+    backward gives each parameter its rows of the gradient as a view (autograd keeps such a
+    view as the .grad when there is none yet, so no copy there either)."""
+
+    @staticmethod
+    def forward(ctx, holder, *parts):
+        # holder: a list around the fused tensor, so that autograd does not take it for an
+        # input (its gradient is the parameters').
+        ctx.rows = [p.shape[0] for p in parts]
+        ctx.save_for_backward(*parts)
+        return holder[0].detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        # Unpacking the parameters is autograd's in-place check: coda's ops saved the fused
+        # tensor, which an in-place update of a parameter since the forward would have changed.
+        ctx.saved_tensors
+        return (None,) + tuple(grad.split(ctx.rows, dim=0))
+
+
+def _patched_layer_weights(layer, tensors, dtype, device):
+    """One patched decoder layer's weights in coda's layout (differentiable in the HF
+    parameters): w_qkv the fused q/k/v tensor itself, w_gate_up the fused [gate; up] tensor
+    interleaved, casts only where the model is not in the compute dtype."""
+    attn, mlp = layer.self_attn, layer.mlp
+    cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731  (no copy when equal)
+    parts = _group_parts(layer)
+
+    def fused(group):
+        if tensors[group] is None:
+            return torch.cat([cast(p) for p in parts[group]], dim=0)
+        return cast(_RowBlocks.apply([tensors[group]], *parts[group]))
+
+    return {
+        "attn_norm": cast(layer.input_layernorm.weight),
+        "w_qkv": fused("qkv"),
+        "w_out": cast(attn.o_proj.weight),
+        "ffn_norm": cast(layer.post_attention_layernorm.weight),
+        "w_gate_up": ops.interleave_gate_up(fused("gate_up")),
+        "w_down": cast(mlp.down_proj.weight),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # patch_hf
 
 
@@ -168,10 +312,6 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
     if output_attentions or output_hidden_states:
         raise NotImplementedError(
             "coda's patched forward does not return attentions or hidden states")
-    if attention_mask is not None and not bool(attention_mask.all()):
-        raise NotImplementedError(
-            "coda's patched forward runs causal attention over whole rows: padding masks are "
-            "not supported (pack the sequences, or drop the padding)")
     base = self.model
     dtype = state["dtype"]
     if inputs_embeds is None:
@@ -179,6 +319,9 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
     batch, seq = inputs_embeds.shape[0], inputs_embeds.shape[1]
     device = inputs_embeds.device
     x = inputs_embeds.to(dtype).reshape(batch * seq, -1)
+    key_mask = padding_keys(attention_mask, batch, seq)
+    # Hugging Face's forward takes positions 0 .. S-1 whatever the padding (only generate()
+    # derives them from the mask), and so does this one.
     if position_ids is None:
         positions = torch.arange(seq, device=device).repeat(batch)
     else:
@@ -197,12 +340,14 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
     inv_freq = state["inv_freq"].get(device)
     if inv_freq is None:
         inv_freq = state["inv_freq"][device] = state["inv_freq"]["cpu"].to(device)
-    layers = [_hf_layer_weights(layer, dtype=dtype, device=device) for layer in base.layers]
+    fused = _fused_tensors(state, base)
+    layers = [_patched_layer_weights(layer, tensors, dtype, device)
+              for layer, tensors in zip(base.layers, fused)]
     cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
     loss, logits = run_layers(
         x, batch, seq, positions, targets, inv_freq, block, layers, cast(base.norm.weight),
         cast(self.lm_head.weight), return_logits=want_logits,
-        reduction="sum" if items is not None else "mean")
+        reduction="sum" if items is not None else "mean", key_mask=key_mask)
     if items is not None:
         loss = loss / items
     if want_logits:
@@ -216,40 +361,53 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
 def patch_hf(hf_model, keep_logits=True, dtype=None):
     """Run a Hugging Face LlamaForCausalLM's forward on coda, in place; returns the model.
 
-    The HF parameters stay the model's parameters (optimizers, state_dict and save_pretrained
-    are unchanged): each forward builds coda's fused weights from them (a concatenation and an
-    interleave, differentiable), so gradients reach them. The patched forward takes the usual
-    arguments (input_ids or inputs_embeds, labels, position_ids, an all-ones attention_mask,
-    num_items_in_batch, shift_labels) and returns a CausalLMOutputWithPast with loss (HF's
-    shifted mean cross-entropy; sum / num_items_in_batch when given) and logits ([B, S, V] in
-    the compute dtype; None when labels are given and keep_logits=False). KV caches, padding
+    The HF parameters stay the model's parameters (the same objects: optimizers, state_dict,
+    save_pretrained and hooks are unchanged), but each layer's q/k/v projection weights become
+    the row blocks of one fused tensor, which coda reads directly, and gate/up the row blocks of
+    one [gate; up] tensor, interleaved at each forward (the one copy left: see the comment
+    above _group_parts). Gradients reach the HF parameters as before. The patched forward
+    takes the usual arguments (input_ids or inputs_embeds, labels, position_ids, an
+    attention_mask of 0 at padding, num_items_in_batch, shift_labels) and returns a
+    CausalLMOutputWithPast with loss (HF's shifted mean cross-entropy over labels != -100;
+    sum / num_items_in_batch when given) and logits ([B, S, V] in the compute dtype; None when
+    labels are given and keep_logits=False). Padded positions are left out of attention as in
+    HF; the loss skips them through their labels (-100), as HF's does. KV caches, 4D attention
     masks and attention / hidden-state outputs raise NotImplementedError.
 
     dtype: the compute dtype (default the model's when bf16 or f16, else bf16: an fp32 model's
     weights are cast on the fly and receive fp32 gradients)."""
-    _causal_lm(hf_model)
+    base = _causal_lm(hf_model)
     config = LlamaConfig.from_hf(hf_model.config)
     from .models import rope_inv_freq
 
-    hf_model._coda_state = {
+    previous = hf_model.__dict__.get("_coda_state")
+    state = {
         "config": config,
         "block": config.block(),
         "inv_freq": {"cpu": rope_inv_freq(config)},  # per device
         "dtype": dtype if dtype is not None else _coda_dtype(_model_dtype(hf_model)),
         "keep_logits": bool(keep_logits),
+        "fused": previous["fused"] if previous is not None else [],
     }
-    if "forward" not in hf_model.__dict__:
-        hf_model._coda_original_forward = None
-    else:
-        hf_model._coda_original_forward = hf_model.__dict__["forward"]
-    hf_model.forward = types.MethodType(_coda_forward, hf_model)
+    _fused_tensors(state, base)  # fuse now: the memory moves once, before any optimizer step
+    hf_model._coda_state = state
+    if previous is None:  # patching again only changes the settings
+        hf_model._coda_original_forward = hf_model.__dict__.get("forward")
+        hf_model.forward = types.MethodType(_coda_forward, hf_model)
     return hf_model
 
 
 def unpatch_hf(hf_model):
-    """Undo patch_hf."""
-    if not hasattr(hf_model, "_coda_state"):
+    """Undo patch_hf: the original forward, and each fused parameter (and gradient) in memory
+    of its own again, the same Parameter objects with the same values."""
+    state = hf_model.__dict__.get("_coda_state")
+    if state is None:
         return hf_model
+    for layer, tensors in zip(hf_model.model.layers, state["fused"]):
+        for group, parts in _group_parts(layer).items():
+            if _is_blocks_of(tensors.get(group), parts):
+                _separate(parts)
+            tensors[group] = None  # freed now, not after every layer's copy is made
     original = hf_model.__dict__.get("_coda_original_forward")
     del hf_model.forward
     if original is not None:

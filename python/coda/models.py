@@ -4,8 +4,8 @@
 rows), ``w_out``, ``w_gate_up`` (gate and up rows interleaved: gate0, up0, gate1, up1, ...) and
 ``w_down``, plus the two RMSNorm weights. Its forward runs the first / middle / last layers of
 coda's shifted decomposition (``coda.ops.llama_first/middle/last``) and attention between
-them in torch (``scaled_dot_product_attention``, causal), on the post-RoPE q, k, v of the fused
-qkv. ``coda.from_hf`` builds one from a Hugging Face ``LlamaForCausalLM``.
+them in torch (``scaled_dot_product_attention``, causal, with the padding mask when there is
+one), on the post-RoPE q, k, v of the fused qkv. ``coda.from_hf`` builds one from a Hugging Face ``LlamaForCausalLM``.
 """
 
 import math
@@ -18,7 +18,8 @@ from torch import nn
 
 from . import ops
 
-__all__ = ["LlamaConfig", "Llama", "rope_inv_freq", "attention", "shift_labels", "run_layers"]
+__all__ = ["LlamaConfig", "Llama", "rope_inv_freq", "attention", "padding_keys", "shift_labels",
+           "run_layers"]
 
 _ROPE_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                      "original_max_position_embeddings")
@@ -198,34 +199,89 @@ def rope_inv_freq(config):
 _SDPA_GQA = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 5)
 
 
-def attention(qkv, batch, seq, block):
+def attention(qkv, batch, seq, block, key_mask=None):
     """Causal self-attention on coda's post-RoPE qkv [B*S, (H + 2 KV) head_dim] -> the attention
     output [B*S, H head_dim] (heads concatenated, as o_proj reads it). Scale 1/sqrt(head_dim),
-    no dropout, GQA (query head h reads key/value head h // (H / KV))."""
+    no dropout, GQA (query head h reads key/value head h // (H / KV)).
+
+    key_mask: None (every position is a token), or a bool [B, S], False at padding: query i of
+    row b then reads the keys j <= i with key_mask[b, j]. A query with no such key (a pad
+    position before a left-padded row's first token) gets a zero output, which is what
+    Hugging Face's SDPA path gives with torch >= 2.5 (its empty softmax rows are zeros)."""
+    return _attend(qkv, batch, seq, block, _padding_mask(key_mask, seq))
+
+
+def _attend(qkv, batch, seq, block, padding):
+    """attention() with its mask made: padding is _padding_mask's pair, made once per forward
+    rather than once per layer."""
     h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
     q, k, v = qkv.view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    mask, empty = padding
+    # Without a mask, is_causal lets SDPA pick its flash kernel.
+    masked = {"is_causal": True} if mask is None else {"attn_mask": mask}
     if kv == h:
-        o = _sdpa(q, k, v, is_causal=True)
-    elif _SDPA_GQA:
-        o = _sdpa(q, k, v, is_causal=True, enable_gqa=True)
+        o = _sdpa(q, k, v, **masked)
+    elif _SDPA_GQA and mask is None:
+        o = _sdpa(q, k, v, enable_gqa=True, **masked)
     else:
+        # With a mask, enable_gqa makes SDPA fall back to its math kernel (transformers' SDPA
+        # path repeats the heads for that reason too): repeated heads keep the fused kernels.
         rep = h // kv
-        o = _sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1),
-                  is_causal=True)
+        o = _sdpa(q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1), **masked)
+    if empty is not None:
+        o = o.masked_fill(empty, 0.0)
     return o.transpose(1, 2).reshape(batch * seq, h * d)
 
 
-def _causal_attention_math(q, k, v, is_causal=True):
-    """Softmax attention in the inputs' dtype (float32 softmax), for torch without SDPA."""
+def _padding_mask(key_mask, seq):
+    """(allowed [B, 1, S, S] bool, empty [B, 1, S, 1] bool) for _attend(): causal and not
+    padding; a query with no allowed key is given its own position, so that no softmax row is
+    empty (torch < 2.5's SDPA returns NaN there, whose gradient would reach the weights through
+    the padded rows), and is flagged in `empty` for its output to be zeroed. (None, None)
+    without a key_mask."""
+    if key_mask is None:
+        return None, None
+    keys = key_mask.to(torch.bool)[:, None, None, :]  # [B, 1, 1, S]
+    causal = torch.ones(seq, seq, dtype=torch.bool, device=key_mask.device).tril()
+    allowed = causal & keys
+    empty = ~allowed.any(dim=-1, keepdim=True)
+    diagonal = torch.eye(seq, dtype=torch.bool, device=key_mask.device)
+    return allowed | (empty & diagonal), empty
+
+
+def _attention_math(q, k, v, is_causal=False, attn_mask=None):
+    """Softmax attention in the inputs' dtype (float32 softmax), for torch without SDPA:
+    attn_mask a bool mask (True: attend) broadcast to the scores, or is_causal."""
     scores = (q @ k.transpose(-1, -2)).float() / math.sqrt(q.shape[-1])
-    s = q.shape[-2]
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    scores = scores.masked_fill(mask, float("-inf"))
+    if is_causal:
+        s = q.shape[-2]
+        attn_mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf"))
     return scores.softmax(-1).to(q.dtype) @ v
 
 
-_sdpa = getattr(F, "scaled_dot_product_attention", _causal_attention_math)
+_sdpa = getattr(F, "scaled_dot_product_attention", _attention_math)
+
+
+def padding_keys(attention_mask, batch, seq):
+    """A [B, S] padding mask (nonzero: a token) -> the key_mask attention() takes: None when
+    there is no padding (plain causal attention, SDPA's fastest path), else a bool [B, S]. Only
+    2D masks: a 4D one (a custom attention pattern) raises NotImplementedError."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dim() != 2:
+        raise NotImplementedError(
+            "coda takes a 2D padding mask [batch, seq]; got a %dD attention_mask (custom "
+            "attention patterns are not supported)" % attention_mask.dim())
+    if tuple(attention_mask.shape) != (batch, seq):
+        raise ValueError("attention_mask: expected shape %s (the inputs'); got %s"
+                         % ((batch, seq), tuple(attention_mask.shape)))
+    keys = attention_mask != 0
+    if bool(keys.all()):  # one host synchronization, as Hugging Face's mask creation makes
+        return None
+    return keys
 
 
 def shift_labels(labels, ignore_index=-100):
@@ -235,20 +291,22 @@ def shift_labels(labels, ignore_index=-100):
 
 
 def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final_norm, lm_head,
-               return_logits=False, reduction="mean"):
+               return_logits=False, reduction="mean", key_mask=None):
     """Embedding output x [B*S, D] -> (loss, logits or None) through coda's first, middle and
     last layers, attention between them. `layers`: a list, one dict per decoder layer with the
-    coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down."""
+    coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down. key_mask: as
+    attention() takes it (None: no padding)."""
+    padding = _padding_mask(key_mask, seq)
     first = layers[0]
     qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
     for layer, following in zip(layers[:-1], layers[1:]):
-        y = attention(qkv, batch, seq, block)
+        y = _attend(qkv, batch, seq, block, padding)
         x, qkv = ops.llama_middle(
             x, y,
             (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
              following["attn_norm"], following["w_qkv"]),
             positions, inv_freq, block)
-    y = attention(qkv, batch, seq, block)
+    y = _attend(qkv, batch, seq, block, padding)
     last = layers[-1]
     return ops.llama_last(
         x, y, targets,
@@ -286,14 +344,18 @@ class LlamaLayer(nn.Module):
 class Llama(nn.Module):
     """A Llama causal LM on coda.
 
-    forward(input_ids [B, S], labels=None, position_ids=None, return_logits=False):
+    forward(input_ids [B, S], labels=None, position_ids=None, return_logits=False,
+            attention_mask=None):
       * labels given: the loss, the mean cross-entropy over targets != -100, where position t
         predicts labels[t + 1] (Hugging Face's shift; the last position predicts nothing);
         with return_logits=True, (loss, logits [B, S, V]);
       * labels None: the logits [B, S, V].
     The logits are in the model's dtype and carry no gradient (train through the loss).
     position_ids ([B, S] or [S], default 0..S-1 per row) drive RoPE only; attention is causal
-    over each row of input_ids.
+    over each row of input_ids. attention_mask ([B, S], 0 at padding; None: all ones) removes
+    the padded positions from the keys, as Hugging Face's does (a query with no unpadded key
+    gets a zero attention output); the loss skips only targets of -100, so padded positions
+    take labels -100, as with Hugging Face.
     """
 
     def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True):
@@ -338,11 +400,14 @@ class Llama(nn.Module):
             else:
                 p.normal_(0.0, std)
 
-    def forward(self, input_ids, labels=None, position_ids=None, return_logits=False):
+    def forward(self, input_ids, labels=None, position_ids=None, return_logits=False,
+                attention_mask=None):
         if input_ids.dim() == 1:
             input_ids = input_ids.unsqueeze(0)
             labels = labels.unsqueeze(0) if labels is not None else None
+            attention_mask = attention_mask.unsqueeze(0) if attention_mask is not None else None
         batch, seq = input_ids.shape
+        key_mask = padding_keys(attention_mask, batch, seq)
         x = self.embed_tokens(input_ids).reshape(batch * seq, -1)
         if position_ids is None:
             positions = torch.arange(seq, device=input_ids.device).repeat(batch)
@@ -357,7 +422,7 @@ class Llama(nn.Module):
         loss, logits = run_layers(
             x, batch, seq, positions, targets, self.inv_freq, self.block,
             [layer.weights() for layer in self.layers], self.norm, self.lm_head_weight,
-            return_logits=want_logits)
+            return_logits=want_logits, key_mask=key_mask)
         if want_logits:
             logits = logits.view(batch, seq, -1)
         if labels is None:

@@ -6,10 +6,17 @@ rope scaling.
 * logits, loss and every parameter gradient of coda.from_hf(model) (bf16) against the HF
   model in fp32, under the section 7 rule with HF in bf16 as the baseline; the weights come
   from an fp32 model (coda and HF-bf16 round them) or from a bf16 one (all three share them);
-* patch_hf gives the coda model's results; unsupported configs raise NotImplementedError.
+* patch_hf gives the coda model's results bit for bit (padded batches too), with coda reading
+  the fused q/k/v tensor the HF parameters are row blocks of; save_pretrained, a fused AdamW
+  step and unpatch_hf work on a patched model; on a batch padded on both sides, the patched
+  model against HF's own forward (same mask) under the section 7 rule;
+* unsupported configs raise NotImplementedError.
+
+test_patch_hf.py checks the same patch_hf on a stand-in for the HF model without transformers.
 """
 
 import copy
+import inspect
 
 import pytest
 
@@ -61,9 +68,9 @@ def batch(device, vocab=512, seed_salt=52):
     return ids.to(device), labels.to(device)
 
 
-def hf_run(model, ids, labels):
+def hf_run(model, ids, labels, mask=None):
     model.zero_grad(set_to_none=True)
-    out = model(input_ids=ids, labels=labels)
+    out = model(input_ids=ids, labels=labels, attention_mask=mask)
     out.loss.backward()
     grads = {n: p.grad for n, p in model.named_parameters()}
     return out.logits.detach(), out.loss.detach(), grads
@@ -143,7 +150,7 @@ def test_matches_hf(device, source, rope_scaling, tied):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_patch_hf_runs_coda(device, tied):
+def test_patch_hf_runs_coda(device, tied, monkeypatch):
     hf16 = hf_model(hf_config(tied=tied, rope_scaling=LLAMA3), SEED, device).to(torch.bfloat16)
     model = coda.from_hf(hf16)
     ids, labels = batch(device)
@@ -151,13 +158,19 @@ def test_patch_hf_runs_coda(device, tied):
     loss.backward()
 
     patched = coda.patch_hf(copy.deepcopy(hf16))
+    R.assert_fused(patched)
+    seen = R.watch_coda_weights(monkeypatch, coda.ops)
     out = patched(input_ids=ids, labels=labels)
+    R.assert_no_weight_copies(patched, seen)  # w_qkv: the parameters' own memory
     assert isinstance(out, transformers.modeling_outputs.CausalLMOutputWithPast)
     assert torch.equal(out.loss, loss.detach()) and torch.equal(out.logits, logits)
     out.loss.backward()
     want = coda.to_hf_state_dict(model, grads=True)
     for name, p in patched.named_parameters():
         assert torch.equal(p.grad, want[name]), name  # the same kernels on the same weights
+    for layer in patched.model.layers:  # views of coda's weight gradients
+        for params in R.projection_groups(layer).values():
+            R.assert_row_blocks([p.grad for p in params])
 
     # Hugging Face's gradient-accumulation form: sum / num_items_in_batch.
     n = int((models.shift_labels(labels) != IGNORE).sum())
@@ -166,12 +179,92 @@ def test_patch_hf_runs_coda(device, tied):
     # No labels: logits only.
     out3 = patched(input_ids=ids, attention_mask=torch.ones_like(ids))
     assert out3.loss is None and torch.equal(out3.logits, logits)
+    # Padding: the coda model's results with the same mask.
+    p_ids, p_labels, mask = R.pad_batch(ids, labels)
+    p_loss, p_logits = model(p_ids, labels=p_labels, return_logits=True, attention_mask=mask)
+    out4 = patched(input_ids=p_ids, labels=p_labels, attention_mask=mask)
+    assert torch.equal(out4.loss, p_loss.detach()) and torch.equal(out4.logits, p_logits)
     with pytest.raises(NotImplementedError):
-        mask = torch.ones_like(ids)
-        mask[0, 0] = 0
-        patched(input_ids=ids, attention_mask=mask)
+        patched(input_ids=ids, attention_mask=torch.ones(B, 1, S, S, device=device))
     coda.hf.unpatch_hf(patched)
     assert "forward" not in patched.__dict__
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_patch_hf_padded_batch_matches_hf(device, tied):
+    """Left and right padding, labels -100 at the pads (a collator's batch): the patched model
+    against HF's own forward on the same attention_mask, fp32 the reference and bf16 the
+    baseline. With left padding HF's loss counts the last pad position predicting the first
+    token, whose attention reads no key: torch >= 2.5's SDPA gives it a zero output, as coda
+    does."""
+    hf32 = hf_model(hf_config(tied=tied, rope_scaling=LLAMA3), SEED, device)
+    # transformers' default; its eager path would give the rows with no key uniform weights.
+    assert getattr(hf32.config, "_attn_implementation", "sdpa") == "sdpa"
+    hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
+    ids, labels = batch(device)
+    ids, labels, mask = R.pad_batch(ids, labels)
+    r_logits, r_loss, r_grads = hf_run(hf32, ids, labels, mask)
+    b_logits, b_loss, b_grads = hf_run(hf16, ids, labels, mask)
+    assert torch.isfinite(r_logits).all() and torch.isfinite(b_logits).all(), (
+        "HF's own forward is not finite on the padded batch (its SDPA on rows with no key)")
+    patched = coda.patch_hf(copy.deepcopy(hf16))
+    out = patched(input_ids=ids, labels=labels, attention_mask=mask)
+    out.loss.backward()
+
+    context = "(seed %d, %s, %s, padded)" % (SEED, device, "tied" if tied else "untied")
+    targets = models.shift_labels(labels).reshape(-1)
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    R.check_loss("loss", out.loss, R.token_losses(flat(r_logits), targets),
+                 R.token_losses(flat(b_logits), targets), targets, context=context)
+    R.check_rule("logits", out.logits, r_logits, b_logits, context)
+    for name, p in patched.named_parameters():
+        R.check_rule("grad " + name, p.grad, r_grads[name], b_grads[name], context)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_patch_hf_trains_saves_and_unpatches(device, tied, tmp_path):
+    """An optimizer built before the patch (torch's fused AdamW on the GPU: it takes only
+    dense parameters) steps the fused memory; save_pretrained (safetensors and .bin) writes
+    the HF checkpoint that loads back; unpatch_hf leaves separate memory and HF's forward."""
+    hf16 = hf_model(hf_config(tied=tied), SEED, device).to(torch.bfloat16)
+    opt = torch.optim.AdamW(hf16.parameters(), lr=1e-2, **(
+        {"fused": True} if device == "cuda" else {"foreach": True}))
+    patched = coda.patch_hf(hf16)
+    fused = R.fused_tensors(patched)
+    ids, labels = batch(device)
+    patched(input_ids=ids, labels=labels).loss.backward()
+    opt.step()
+    opt.zero_grad()
+    assert R.same_objects(R.fused_tensors(patched), fused)  # stepped in place
+    R.assert_fused(patched)
+    # coda reads the stepped weights: the same step as a coda model copied from them now.
+    model = coda.from_hf(patched)
+    loss, logits = model(ids, labels=labels, return_logits=True)
+    out = patched(input_ids=ids, labels=labels)
+    assert torch.equal(out.loss, loss.detach()) and torch.equal(out.logits, logits)
+
+    want = {n: t.detach().clone() for n, t in patched.state_dict().items()}
+    forms = [("safetensors", {})]  # transformers 5 writes safetensors only
+    if "safe_serialization" in inspect.signature(patched.save_pretrained).parameters:
+        forms.append(("bin", {"safe_serialization": False}))
+    for name, kwargs in forms:
+        patched.save_pretrained(tmp_path / name, **kwargs)
+        R.assert_fused(patched)  # saving copies what it needs; the fusion stays
+        loaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path / name).to(torch.bfloat16)
+        got = loaded.state_dict()
+        for n, value in want.items():
+            assert torch.equal(got[n].to(value.device), value), (name, n)
+
+    params = dict(patched.named_parameters())
+    coda.hf.unpatch_hf(patched)
+    assert "forward" not in patched.__dict__ and dict(patched.named_parameters()) == params
+    assert len({R.storage_address(p) for p in params.values()}) == len(params)
+    for n, p in patched.state_dict().items():
+        assert torch.equal(p, want[n]), n
+    out = patched(input_ids=ids, labels=labels)  # HF's own forward again
+    assert torch.isfinite(out.loss)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,7 @@ def batch(gen, config, device, b=2, s=40):
     return ids.to(device), labels.to(device)
 
 
-def reference(model, ids, labels, dtype):
+def reference(model, ids, labels, dtype, attention_mask=None):
     """(logits, loss, {parameter name: gradient}) of the plain-torch model on copies of the
     model's parameters in `dtype` (None: as they are)."""
     named = dict(model.named_parameters())
@@ -61,7 +61,8 @@ def reference(model, ids, labels, dtype):
         "lm_head": leaves.get("lm_head", leaves["embed_tokens.weight"]),
     }
     positions = torch.arange(ids.shape[1], device=ids.device)
-    logits = R.model_logits(params, ids, positions, model.inv_freq, model.block)
+    key_mask = None if attention_mask is None else attention_mask != 0
+    logits = R.model_logits(params, ids, positions, model.inv_freq, model.block, key_mask)
     targets = models.shift_labels(labels).reshape(-1)
     loss = R.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
     grads = torch.autograd.grad(loss, list(leaves.values()))
@@ -69,21 +70,25 @@ def reference(model, ids, labels, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("tied", [False, True])
-def test_llama_against_plain_torch(device, tied):
+def test_llama_against_plain_torch(device, tied, padded):
     gen = R.generator(SEED, 21 + tied)
     config = small_config(tie_word_embeddings=tied)
     model = models.Llama(config, device=device)
     randomize(model, gen)
     ids, labels = batch(gen, config, device)
+    mask = None
+    if padded:  # both padding sides; row 1's pad positions attend to no key
+        ids, labels, mask = R.pad_batch(ids, labels)
 
-    loss, logits = model(ids, labels=labels, return_logits=True)
+    loss, logits = model(ids, labels=labels, return_logits=True, attention_mask=mask)
     loss.backward()
     assert logits.shape == (2, 40, config.vocab_size)
 
-    r_logits, r_loss, r_grads = reference(model, ids, labels, torch.float32)
-    b_logits, b_loss, b_grads = reference(model, ids, labels, None)
-    context = "(seed %d, tied=%s)" % (SEED, tied)
+    r_logits, r_loss, r_grads = reference(model, ids, labels, torch.float32, mask)
+    b_logits, b_loss, b_grads = reference(model, ids, labels, None, mask)
+    context = "(seed %d, tied=%s, padded=%s)" % (SEED, tied, padded)
     targets = models.shift_labels(labels).reshape(-1)
     R.check_loss("loss", loss, R.token_losses(r_logits.reshape(-1, config.vocab_size), targets),
                  R.token_losses(b_logits.reshape(-1, config.vocab_size), targets), targets,
@@ -109,6 +114,12 @@ def test_forward_forms(device):
     assert torch.equal(model(ids[0], labels=labels[0]), loss)
     assert torch.equal(model(ids, labels=labels, position_ids=torch.arange(24, device=device)),
                        loss)
+    # An all-ones attention_mask is no padding: the same unmasked path. 4D masks are not taken.
+    assert torch.equal(model(ids, labels=labels, attention_mask=torch.ones_like(ids)), loss)
+    with pytest.raises(NotImplementedError):
+        model(ids, labels=labels, attention_mask=torch.ones(1, 1, 24, 24, device=device))
+    with pytest.raises(ValueError):
+        model(ids, labels=labels, attention_mask=torch.ones(1, 23, device=device))
     # The loss is the cross-entropy of the (bf16) logits to bf16 accuracy.
     targets = models.shift_labels(labels).reshape(-1)
     again = R.cross_entropy(logits.reshape(-1, config.vocab_size), targets)

@@ -129,6 +129,16 @@ def device_params():
     ]
 
 
+def pad_batch(ids, labels, right=7, left=5, ignore_index=-100):
+    """A [2, S] batch padded as Hugging Face's collators pad (token 0, label -100): row 0 on the
+    right by `right` positions, row 1 on the left by `left`, whose pad positions then attend to
+    no key. -> (ids, labels, attention_mask)."""
+    mask = torch.ones_like(ids)
+    mask[0, ids.shape[1] - right:] = 0
+    mask[1, :left] = 0
+    return (ids.masked_fill(mask == 0, 0), labels.masked_fill(mask == 0, ignore_index), mask)
+
+
 def generator(seed, salt=0):
     g = torch.Generator()
     g.manual_seed((seed * 1000003 + salt) % (1 << 63))
@@ -152,20 +162,29 @@ def norm_weight(n, gen, dtype=torch.bfloat16, device="cpu"):
 # ---- a whole causal LM on coda-layout weights (what coda.models.Llama computes)
 
 
-def causal_attention(q, k, v):
+def causal_attention(q, k, v, key_mask=None):
     """q [B, H, S, d], k/v [B, KV, S, d] -> [B, H, S, d]: causal softmax attention (fp32
-    softmax), key/value head h // (H / KV) for query head h."""
+    softmax), key/value head h // (H / KV) for query head h. key_mask [B, S] (False: padding)
+    removes keys; a query left with none outputs zeros (torch >= 2.5's SDPA: an empty softmax
+    row is zeros)."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
     scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
     s = q.shape[-2]
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-    return scores.masked_fill(mask, float("-inf")).softmax(-1).to(q.dtype) @ v
+    allowed = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    if key_mask is not None:
+        allowed = allowed & key_mask.to(torch.bool)[:, None, None, :]
+    empty = ~allowed.any(-1, keepdim=True)
+    # An empty row keeps its scores through the softmax (finite, so that no NaN reaches the
+    # gradients) and is zeroed after it.
+    probs = scores.masked_fill(~allowed & ~empty, float("-inf")).softmax(-1)
+    return probs.masked_fill(empty, 0.0).to(q.dtype) @ v
 
 
-def model_logits(params, input_ids, position_ids, inv_freq, block):
+def model_logits(params, input_ids, position_ids, inv_freq, block, key_mask=None):
     """params: {"embed", "layers": [{attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down}],
-    "norm", "lm_head"} -> logits [B, S, V] in the parameters' dtype."""
+    "norm", "lm_head"} -> logits [B, S, V] in the parameters' dtype. key_mask: as
+    causal_attention takes it."""
     b, s = input_ids.shape
     h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
     x = params["embed"][input_ids].reshape(b * s, -1)
@@ -173,7 +192,7 @@ def model_logits(params, input_ids, position_ids, inv_freq, block):
     for layer in params["layers"]:
         qkv = qkv_projection(x, layer["attn_norm"], layer["w_qkv"], positions, inv_freq, block)
         q, k, v = qkv.view(b, s, h + 2 * kv, d).split([h, kv, kv], dim=2)
-        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask)
         y = o.transpose(1, 2).reshape(b * s, h * d)
         x = mlp_residual(x, y, layer["w_out"], layer["ffn_norm"], layer["w_gate_up"],
                          layer["w_down"], block.eps)
@@ -193,3 +212,75 @@ def expect_bypass_bitwise_equal(ops, run):
     assert len(through_dispatcher) == len(bypassed)
     for a, b in zip(through_dispatcher, bypassed):
         assert torch.equal(a, b)
+
+
+# ---- coda.patch_hf's fused weights (test_patch_hf.py, test_hf.py)
+
+
+def projection_groups(layer):
+    """A Hugging Face decoder layer's weights by the tensor patch_hf fuses them into."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"qkv": [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight],
+            "gate_up": [mlp.gate_proj.weight, mlp.up_proj.weight]}
+
+
+def assert_row_blocks(tensors, whole=None):
+    """tensors: dense and consecutive in memory, from whole's first element to its last when
+    whole is given."""
+    address = tensors[0].data_ptr() if whole is None else whole.data_ptr()
+    for t in tensors:
+        assert t.is_contiguous() and t.data_ptr() == address
+        address += t.numel() * t.element_size()
+    if whole is not None:
+        assert address == whole.data_ptr() + whole.numel() * whole.element_size()
+
+
+def assert_fused(model):
+    """Every patched layer's q/k/v and gate/up parameters are the row blocks of its fused
+    tensors."""
+    fused = model._coda_state["fused"]
+    assert len(fused) == len(model.model.layers)
+    for layer, tensors in zip(model.model.layers, fused):
+        for group, params in projection_groups(layer).items():
+            assert_row_blocks(params, tensors[group])
+
+
+def fused_tensors(model):
+    """The patched model's fused tensors, in order (to compare by identity)."""
+    return [t[group] for t in model._coda_state["fused"] for group in ("qkv", "gate_up")]
+
+
+def same_objects(xs, ys):
+    return len(xs) == len(ys) and all(x is y for x, y in zip(xs, ys))
+
+
+def storage_address(t):
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
+def watch_coda_weights(monkeypatch, ops):
+    """Record the address of each w_qkv that reaches coda's layers and of each [gate; up]
+    tensor interleaved for them: {"w_qkv": [...], "gate_up": [...]}, one per decoder layer."""
+    seen = {"w_qkv": [], "gate_up": []}
+
+    def watch(name, key, pick):
+        fn = getattr(ops, name)
+
+        def wrapper(*args, **kwargs):
+            seen[key].append(pick(*args).data_ptr())
+            return fn(*args, **kwargs)
+
+        monkeypatch.setattr(ops, name, wrapper)
+
+    watch("llama_first", "w_qkv", lambda x, w, *rest: w[1])
+    watch("llama_middle", "w_qkv", lambda x, y, w, *rest: w[5])
+    watch("interleave_gate_up", "gate_up", lambda stacked: stacked)
+    return seen
+
+
+def assert_no_weight_copies(model, seen):
+    """What watch_coda_weights saw: coda read each layer's fused q/k/v tensor, and the
+    interleave its fused [gate; up] tensor."""
+    layers = model.model.layers
+    assert seen["w_qkv"] == [layer.self_attn.q_proj.weight.data_ptr() for layer in layers]
+    assert seen["gate_up"] == [layer.mlp.gate_proj.weight.data_ptr() for layer in layers]
