@@ -108,6 +108,42 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms) {
   return plan;
 }
 
+// ---- The FP8 GEMM's tiles (gpu::gemm_fp8; docs/fp8.md, "The 128 x 192 tile"), cooperative with
+// clusters of 2 along M like the kernels above:
+//   n128:             128 x 128, two full-width partials in turn (the overlapped promotion);
+//   n192:             128 x 192, a partial for each 96-column half of the tile, in turn;
+//   n192_one_partial: 128 x 192 with one partial, each k-block waiting for its own batch: a study
+//                     kernel (does the halves' overlap pay for their second read of A?).
+// The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
+// the by-columns promotion's shuffles; not compiled at 192).
+enum class Fp8Tile : int32_t { automatic = 0, n128 = 1, n192 = 2, n192_one_partial = 3 };
+constexpr const char* fp8_tile_name(Fp8Tile t) {
+  return name_of(t, {{Fp8Tile::automatic, "automatic"},
+                     {Fp8Tile::n128, "n128"},
+                     {Fp8Tile::n192, "n192"},
+                     {Fp8Tile::n192_one_partial, "n192_one_partial"}});
+}
+
+// How much faster a 128 x 192 tile computes an output element than a 128 x 128 one (the same
+// k-blocks, half again the MMAs per k-block behind the same fixed costs). A prediction
+// (docs/fp8.md, "The 128 x 192 tile"), not yet a measurement: bench_gemm_fp8's
+// coda_tile192_ms against coda_ms is what should set it.
+constexpr double kFp8Tile192Speedup = 1.15;
+
+// The tile gpu::gemm_fp8 runs for an [m, n] output on `clusters` clusters (of kClusterM CTAs)
+// when not told: the one whose rounds of work units (kClusterM tiles along M) take less time,
+// a 192-column tile counting 1.5 / kFp8Tile192Speedup of a 128-column one. Fewer, larger tiles
+// can leave more of the last round empty (M 2048, N 2048: 128 units of 128 x 128 on 66
+// clusters fill 2 rounds, 88 of 128 x 192 fill 2 as well, at 1.5 times the work each).
+inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, int64_t clusters) {
+  if (b_scaling != Fp8BScaling::blocks || clusters < 1) return Fp8Tile::n128;
+  const int64_t units_m = ceil_div<int64_t>(ceil_div<int64_t>(m, 128), kClusterM);
+  const auto rounds = [&](int64_t tile_n) {
+    return double(ceil_div<int64_t>(units_m * ceil_div<int64_t>(n, tile_n), clusters));
+  };
+  return rounds(192) * 1.5 / kFp8Tile192Speedup < rounds(128) ? Fp8Tile::n192 : Fp8Tile::n128;
+}
+
 // The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.
 struct StreamKSplit {
   int64_t first_unit; // units before it are data-parallel
