@@ -9,8 +9,9 @@
 // wgmmas start a fresh fp32 partial sum (the tensor cores' accumulators), and once they retire
 // the partial is promoted into the tile's fp32 accumulator, times scale_a(row) * scale_b(block)
 // (fp8_block_scale, fp8_promote of coda/core/fp8.hpp; the CPU backend calls the same two).
-// B's scales are per 128 x 128 block (a weight: one per tile and k-block) or per row of B (the
-// weight gradient's b, an activation: one per tile column and k-block; Fp8BScaling).
+// B's scales are per 128 x 128 block (a weight: one per k-block for a 128-column tile, two for a
+// 192-column one) or per row of B (the weight gradient's b, an activation: one per tile column
+// and k-block; Fp8BScaling).
 // This also bounds the error of Hopper's FP8 accumulation, which keeps fewer bits than fp32, to
 // one 128-deep block (the reason DeepSeek-V3 promotes every 128 values of K even without
 // per-block scales).
@@ -78,7 +79,7 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     int64_t a_scales_row_stride; // elements between rows
     int64_t b_scales_row_stride;
     int32_t m; // rows of A: the scales of rows past it are not read
-    int32_t n; // rows of B: by rows, the scales of rows past it are not read
+    int32_t n; // rows of B: scales past it are not read (a row's; a 192-column tile's block)
   };
 
   // Host: the scales' fields of `p` from gemm_fp8's a_scales and b_scales (Fp8GemmArgs' layouts)
