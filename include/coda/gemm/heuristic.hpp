@@ -124,24 +124,14 @@ constexpr const char* fp8_tile_name(Fp8Tile t) {
                      {Fp8Tile::n192_one_partial, "n192_one_partial"}});
 }
 
-// How much faster a 128 x 192 tile computes an output element than a 128 x 128 one (the same
-// k-blocks, half again the MMAs per k-block behind the same fixed costs). A prediction
-// (docs/fp8.md, "The 128 x 192 tile"), not yet a measurement: bench_gemm_fp8's
-// coda_tile192_ms against coda_ms is what should set it.
-constexpr double kFp8Tile192Speedup = 1.15;
-
-// The tile gpu::gemm_fp8 runs for an [m, n] output on `clusters` clusters (of kClusterM CTAs)
-// when not told: the one whose rounds of work units (kClusterM tiles along M) take less time,
-// a 192-column tile counting 1.5 / kFp8Tile192Speedup of a 128-column one. Fewer, larger tiles
-// can leave more of the last round empty (M 2048, N 2048: 128 units of 128 x 128 on 66
-// clusters fill 2 rounds, 88 of 128 x 192 fill 2 as well, at 1.5 times the work each).
+// The tile gpu::gemm_fp8 runs when not told: 128 x 128. The 128 x 192 forms were predicted
+// ~1.12x faster (half again the MMAs per k-block behind the same fixed costs) and measured
+// slower on all 26 benchmarked shapes (H100, 2026-12-05, bench_gemm_fp8 at db56bf5: the halves
+// form 0.55-0.84 of the 128 tile's speed, geomean 0.74; one partial 0.60-0.90, geomean 0.81;
+// docs/fp8.md), so they run only when forced (gpu::gemm_fp8_with_tile), as study kernels.
 inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, int64_t clusters) {
-  if (b_scaling != Fp8BScaling::blocks || clusters < 1) return Fp8Tile::n128;
-  const int64_t units_m = ceil_div<int64_t>(ceil_div<int64_t>(m, 128), kClusterM);
-  const auto rounds = [&](int64_t tile_n) {
-    return double(ceil_div<int64_t>(units_m * ceil_div<int64_t>(n, tile_n), clusters));
-  };
-  return rounds(192) * 1.5 / kFp8Tile192Speedup < rounds(128) ? Fp8Tile::n192 : Fp8Tile::n128;
+  (void)m, (void)n, (void)b_scaling, (void)clusters;
+  return Fp8Tile::n128;
 }
 
 // The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.
