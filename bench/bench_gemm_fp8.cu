@@ -26,12 +26,23 @@
 // "cublas_blockscaled_ms": null and "agree": false rather than timing another product. A
 // configuration for which cuBLASLt's heuristic has no algorithm is null too, and said so.
 //
+// coda runs on each of its tiles, forced (gpu::gemm_fp8_with_tile), interleaved with the rest:
+// "coda_ms" the 128 x 128 tile (the kernel every earlier coda_ms measured), "coda_tile192_ms"
+// the 128 x 192 tile with its halves' overlapped promotion, "coda_tile192_one_partial_ms" the
+// 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"). Each 192-column D must
+// equal the 128 x 128 one bit for bit (the same promotions in the same order): a case where it
+// does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
+// null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
+// The tile gemm_fp8 itself would run (its heuristic, sm90::choose_fp8_tile) is printed per case.
+//
 // Prints a table (TFLOP/s = 2 M N K / t of each side; cublas_blockscaled_ms / coda_ms and
-// cublas_bf16_ms / coda_ms, above 1 where coda is faster) and the geometric means of those
-// ratios over the 24 block GEMMs, and writes
+// cublas_bf16_ms / coda_ms, above 1 where coda is faster; coda_ms / coda_tile192_ms, above 1
+// where the 192-column tile is faster) and the geometric means of those ratios over the 24 block
+// GEMMs, and writes
 //   {"gpu", "date", "commit", "runs", "tensorwise_fast_accum", "cases": [{"name", "layout", "m",
-//    "n", "k", "coda_ms", "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms",
-//    "coda_wgrad_form_ms", "agree", "max_rel_err", "scale_layout"}]}
+//    "n", "k", "coda_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
+//    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
+//    "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
 // "coda_wgrad_form_ms": coda on the same shape in the weight gradient's form, B scaled by rows
 // and an f32 D added into, the cost of its per-column promotion and fp32 read-modify-write).
@@ -44,6 +55,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coda/coda.hpp"
@@ -85,6 +97,29 @@ __global__ void e8m0_to_f32(const uint8_t* src, int64_t rows, int64_t cols, floa
     const int64_t r = i / cols, c = i % cols;
     dst[r * row_stride + c * col_stride] = coda::e8m0_bits_to_float(src[i]);
   }
+}
+
+// How many of the n 16-bit elements of a and b differ in their bits: *out += that count.
+__global__ void count_differences(const uint16_t* a, const uint16_t* b, int64_t n,
+                                  unsigned long long* out) {
+  unsigned long long count = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    count += a[i] != b[i];
+  for (int o = 16; o > 0; o /= 2) count += __shfl_xor_sync(0xffffffffu, count, o);
+  if (threadIdx.x % 32 == 0 && count > 0) atomicAdd(out, count);
+}
+int64_t differences(const void* a, const void* b, int64_t n, cudaStream_t s) {
+  Buffer out(sizeof(unsigned long long));
+  check(cudaMemsetAsync(out.p, 0, out.bytes, s), "clear");
+  count_differences<<<1024, 256, 0, s>>>(static_cast<const uint16_t*>(a),
+                                         static_cast<const uint16_t*>(b), n,
+                                         out.as<unsigned long long>());
+  check(cudaGetLastError(), "count_differences");
+  unsigned long long host = 0;
+  check(cudaMemcpyAsync(&host, out.p, sizeof(host), cudaMemcpyDeviceToHost, s), "copy");
+  check(cudaStreamSynchronize(s), "count_differences sync");
+  return int64_t(host);
 }
 
 // Distinct seeds far apart, so no tensor's elements are another's shifted by a few indices.
@@ -246,6 +281,10 @@ private:
 struct Result {
   bench::GemmCase c;
   double coda_ms = NAN, block_ms = NAN, tensor_ms = NAN, bf16_ms = NAN; // NaN: not timed
+  // coda's 128 x 192 tiles (coda_ms: its 128 x 128 one), and which one gemm_fp8 would pick.
+  double tile192_ms = NAN, tile192_one_partial_ms = NAN;
+  coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
+  bool tiles_bitwise = true; // both 192-column Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
   double coda_wgrad_form_ms = NAN;
   bool agree = false;
@@ -273,6 +312,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
       d_bf16(size_t(m * n * 2));
   Buffer a16(size_t(m * k * 2)), b16(size_t(n * k * 2)), ones(2 * sizeof(float));
   Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
+  Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
@@ -303,6 +343,12 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   wgrad_form.accumulate = true;
   coda::gemm_fp8(wgrad_form, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
+  r.picked = coda::gpu::gemm_fp8_tile(args);
+  coda::Fp8GemmArgs tile192 = args, tile192_one = args;
+  tile192.d = bench::view(d_tile192, coda::DType::bf16, m, n);
+  tile192_one.d = bench::view(d_tile192_one, coda::DType::bf16, m, n);
+  for (const Buffer* d : {&d_tile192, &d_tile192_one})
+    check(cudaMemsetAsync(d->p, 0xff, d->bytes, s), "poison D");
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
   const std::vector<ScaleLayout> a_layouts = scale_layouts(m, kb),
@@ -377,13 +423,20 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     std::printf("  cuBLASLt bf16 %s: unavailable (%s): null\n", c.name.c_str(), e.what());
   }
 
-  auto run_coda = [&] { coda::gpu::gemm_fp8(args, s); };
+  using coda::sm90::Fp8Tile;
+  auto run_coda = [&] { coda::gpu::gemm_fp8_with_tile(args, Fp8Tile::n128, s); };
+  auto run_tile192 = [&] { coda::gpu::gemm_fp8_with_tile(tile192, Fp8Tile::n192, s); };
+  auto run_tile192_one = [&] {
+    coda::gpu::gemm_fp8_with_tile(tile192_one, Fp8Tile::n192_one_partial, s);
+  };
   auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
   auto run_block = [&] { block.run(a.p, b.p, d_block.p, s); };
   auto run_tensor = [&] { tensor.run(a.p, b.p, d_tensor.p, s); };
   auto run_bf16 = [&] { bf16->run(a16.p, b16.p, d_bf16.p, s); };
   for (int i = 0; i < 5; ++i) {
     run_coda();
+    run_tile192();
+    run_tile192_one();
     run_wgrad_form();
     if (block_ready) run_block();
     if (tensor.ok()) run_tensor();
@@ -392,16 +445,40 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_coda, t_block, t_tensor, t_bf16, t_wgrad_form;
+  std::vector<float> t_coda, t_tile192, t_tile192_one, t_block, t_tensor, t_bf16, t_wgrad_form;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
+    timer.timed(run_tile192, t_tile192);
+    timer.timed(run_tile192_one, t_tile192_one);
     timer.timed(run_wgrad_form, t_wgrad_form);
     if (block_ready) timer.timed(run_block, t_block);
     if (tensor.ok()) timer.timed(run_tensor, t_tensor);
     if (bf16) timer.timed(run_bf16, t_bf16);
   }
   r.coda_ms = bench::median(t_coda);
+  r.tile192_ms = bench::median(t_tile192);
+  r.tile192_one_partial_ms = bench::median(t_tile192_one);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
+
+  // The 192-column tiles' D against the 128 x 128 one's, after the timed runs.
+  const std::pair<const Buffer*, double Result::*> kTiles[] = {
+      {&d_tile192, &Result::tile192_ms}, {&d_tile192_one, &Result::tile192_one_partial_ms}};
+  for (const auto& [d, ms] : kTiles) {
+    const int64_t differ = differences(d->p, d_coda.p, m * n, s);
+    if (differ == 0) continue;
+    r.tiles_bitwise = false;
+    const double err = bench::max_rel_diff_all(d->p, d_coda.p, m * n, s);
+    const bool same_product = err < kAgreeTolerance;
+    std::printf("  TILE MISMATCH %s: %s's D differs from the 128 x 128 tile's in %lld of %lld "
+                "elements (max rel err %.3e)%s\n",
+                c.name.c_str(), ms == &Result::tile192_ms ? "n192" : "n192_one_partial",
+                (long long)differ, (long long)(m * n), err,
+                same_product ? "" : ": another product, its time null");
+    if (!same_product) r.*ms = NAN;
+  }
+  std::printf("  gemm_fp8's tile: %s; the 192-column Ds %s the 128 x 128 one's\n",
+              coda::sm90::fp8_tile_name(r.picked),
+              r.tiles_bitwise ? "equal, bit for bit," : "differ from");
   r.block_ms = bench::median(t_block); // NaN where empty
   r.tensor_ms = bench::median(t_tensor);
   r.bf16_ms = bench::median(t_bf16);
@@ -479,40 +556,65 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof(text), "-");
       return std::string(text);
     };
-    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s  %10s %9s  %9s  %s\n", "case", "M", "N", "K",
-                "coda TF/s", "blockwise", "tensor", "bf16", "block/coda", "bf16/coda", "rel err",
+    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s  %4s  %9s  %s\n",
+                "case", "M", "N", "K", "coda TF/s", "192 TF/s", "blockwise", "tensor", "bf16",
+                "block/coda", "bf16/coda", "128/192", "128/192a", "pick", "rel err",
                 "scale layout");
     for (const Result& r : results)
-      std::printf("%-22s %6lld %6lld %6lld  %9s %9s %9s %9s  %10s %9s  %9s  %s\n", r.c.name.c_str(),
-                  (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
-                  cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
-                  cell(tflops(r.c, r.block_ms), "%.1f").c_str(),
-                  cell(tflops(r.c, r.tensor_ms), "%.1f").c_str(),
-                  cell(tflops(r.c, r.bf16_ms), "%.1f").c_str(),
-                  cell(r.block_ms / r.coda_ms, "%.3f").c_str(),
-                  cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(), cell(r.max_rel_err, "%.2e").c_str(),
-                  r.agree ? r.scale_layout.c_str() : "MISMATCH");
-    // Geometric means over the block GEMMs (not the squares) with both times.
-    const auto geomean = [&](double Result::*other, const char* what) {
+      std::printf(
+          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s  %4s  %9s  %s\n",
+          r.c.name.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
+          cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
+          cell(tflops(r.c, r.tile192_ms), "%.1f").c_str(),
+          cell(tflops(r.c, r.block_ms), "%.1f").c_str(),
+          cell(tflops(r.c, r.tensor_ms), "%.1f").c_str(),
+          cell(tflops(r.c, r.bf16_ms), "%.1f").c_str(),
+          cell(r.block_ms / r.coda_ms, "%.3f").c_str(), cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(),
+          cell(r.coda_ms / r.tile192_ms, "%.3f").c_str(),
+          cell(r.coda_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
+          r.picked == coda::sm90::Fp8Tile::n192 ? "192" : "128",
+          cell(r.max_rel_err, "%.2e").c_str(), r.agree ? r.scale_layout.c_str() : "MISMATCH");
+    std::printf("(128/192: coda_ms / coda_tile192_ms; 128/192a: coda_ms / "
+                "coda_tile192_one_partial_ms; pick: gemm_fp8's tile)\n");
+    // Geometric means over the block GEMMs (not the squares) of num / den where both are timed.
+    const auto geomean = [&](auto num, auto den, const char* what) {
       double log_sum = 0, worst = INFINITY;
       int count = 0, blocks = 0;
       for (const Result& r : results) {
         if (std::strcmp(r.c.layout_name, "square") == 0) continue;
         ++blocks;
-        const double ratio = r.*other / r.coda_ms;
+        const double ratio = num(r) / den(r);
         if (!std::isfinite(ratio)) continue;
         log_sum += std::log(ratio), ++count, worst = std::min(worst, ratio);
       }
       if (count == 0)
-        std::printf("geomean %s/coda_ms: no block GEMM timed\n", what);
+        std::printf("geomean %s: no block GEMM timed\n", what);
       else
-        std::printf("geomean %s/coda_ms over %d of %d block GEMMs: %.3f (min %.3f)\n", what, count,
-                    blocks, std::exp(log_sum / count), worst);
+        std::printf("geomean %s over %d of %d block GEMMs: %.3f (min %.3f)\n", what, count, blocks,
+                    std::exp(log_sum / count), worst);
     };
-    geomean(&Result::block_ms, "cublas_blockscaled_ms");
-    geomean(&Result::tensor_ms, "cublas_tensorwise_ms");
-    geomean(&Result::bf16_ms, "cublas_bf16_ms");
-    geomean(&Result::coda_wgrad_form_ms, "coda_wgrad_form_ms");
+    const auto field = [](double Result::*f) { return [f](const Result& r) { return r.*f; }; };
+    // What gemm_fp8 runs: its heuristic's tile.
+    const auto picked = [](const Result& r) {
+      return r.picked == coda::sm90::Fp8Tile::n192 ? r.tile192_ms : r.coda_ms;
+    };
+    const auto coda = field(&Result::coda_ms);
+    geomean(field(&Result::block_ms), coda, "cublas_blockscaled_ms/coda_ms");
+    geomean(field(&Result::tensor_ms), coda, "cublas_tensorwise_ms/coda_ms");
+    geomean(field(&Result::bf16_ms), coda, "cublas_bf16_ms/coda_ms");
+    geomean(field(&Result::coda_wgrad_form_ms), coda, "coda_wgrad_form_ms/coda_ms");
+    geomean(field(&Result::block_ms), field(&Result::tile192_ms),
+            "cublas_blockscaled_ms/coda_tile192_ms");
+    geomean(field(&Result::block_ms), field(&Result::tile192_one_partial_ms),
+            "cublas_blockscaled_ms/coda_tile192_one_partial_ms");
+    geomean(coda, field(&Result::tile192_ms), "coda_ms/coda_tile192_ms");
+    geomean(coda, field(&Result::tile192_one_partial_ms), "coda_ms/coda_tile192_one_partial_ms");
+    geomean(field(&Result::block_ms), picked, "cublas_blockscaled_ms/(gemm_fp8's pick)");
+    int tile_mismatches = 0;
+    for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
+    if (tile_mismatches > 0)
+      std::printf("%d case(s) where a 192-column tile's D differs from the 128 x 128 one's\n",
+                  tile_mismatches);
     int mismatches = 0;
     for (const Result& r : results) mismatches += !r.agree;
     if (mismatches > 0)
@@ -526,19 +628,21 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const std::string layout = r.agree ? "\"" + r.scale_layout + "\"" : "null";
-      std::fprintf(f,
-                   "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
-                   "%lld, \"coda_ms\": %s, \"cublas_blockscaled_ms\": %s, "
-                   "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
-                   "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
-                   "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
-                   r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n,
-                   (long long)r.c.k, json_number(r.coda_ms, "%.5f").c_str(),
-                   json_number(r.block_ms, "%.5f").c_str(),
-                   json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),
-                   json_number(r.coda_wgrad_form_ms, "%.5f").c_str(), r.agree ? "true" : "false",
-                   json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
-                   i + 1 < results.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
+          "%lld, \"coda_ms\": %s, \"coda_tile192_ms\": %s, "
+          "\"coda_tile192_one_partial_ms\": %s, \"cublas_blockscaled_ms\": %s, "
+          "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
+          "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
+          "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
+          r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
+          json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile192_ms, "%.5f").c_str(),
+          json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
+          json_number(r.block_ms, "%.5f").c_str(), json_number(r.tensor_ms, "%.5f").c_str(),
+          json_number(r.bf16_ms, "%.5f").c_str(), json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
+          r.agree ? "true" : "false", json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
+          i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     return 0;

@@ -152,7 +152,9 @@ fi
 HGMMA=$( [[ -n $LIB ]] && cuobjdump --dump-sass "$LIB" 2>/dev/null | grep -c HGMMA || echo 0)
 SPILLS=$(grep -cE '[1-9][0-9]* bytes spill (stores|loads)' "$OUT/build.log" 2>/dev/null)
 STACK=$(grep -cE '[1-9][0-9]* bytes stack frame' "$OUT/build.log" 2>/dev/null)
-WARNINGS=$(grep -cE 'C7508|C7510|C7511|C7515' "$OUT/build.log" 2>/dev/null)
+# (C7514: wgmma serialized because of reads of an in-flight wgmma's accumulators; ptxas prints
+# it as "info", and the FP8 mainloop's halves loop met it, fp8_mainloop.cuh.)
+WARNINGS=$(grep -cE 'C7508|C7510|C7511|C7514|C7515' "$OUT/build.log" 2>/dev/null)
 grep -E 'Used [0-9]+ registers|spill|stack frame' "$OUT/build.log" >"$OUT/ptxas.log" 2>/dev/null
 
 echo "== coda GPU check ($COMMIT) =="
@@ -164,7 +166,7 @@ done
 printf '%-22s %s\n' "HGMMA in SASS" "$HGMMA"
 printf '%-22s %s\n' "ptxas spill lines" "$SPILLS"
 printf '%-22s %s\n' "ptxas stack lines" "$STACK"
-printf '%-22s %s\n' "C7508/10/11/15" "$WARNINGS"
+printf '%-22s %s\n' "C7508/10/11/14/15" "$WARNINGS"
 grep -HE '^\[  (PASSED|FAILED|SKIPPED) ' "$OUT/smoke.log" "$OUT/gpu_tests.log" "$OUT/cpu_tests.log" \
   2>/dev/null | sed "s|$OUT/||"
 grep -hE '^\[  FAILED  \] [A-Za-z]' "$OUT/gpu_tests.log" "$OUT/cpu_tests.log" 2>/dev/null | head -10

@@ -7,6 +7,7 @@
 
 #include "coda/core/error.hpp"
 #include "coda/core/types.hpp"
+#include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/problem.hpp"
 #include "coda/kernels/args.hpp"
 
@@ -27,8 +28,13 @@ template <class F> void with_half_type(DType dtype, const char* kernels, F&& f) 
 }
 
 void gemm(const GemmArgs& args, Stream stream);
-// The block-scaled FP8 GEMM (gemm/fp8.cu).
+// The block-scaled FP8 GEMM (gemm/fp8.cu), on the tile sm90::choose_fp8_tile picks.
 void gemm_fp8(const Fp8GemmArgs& args, Stream stream);
+// The same on a given tile (tests and benchmarks force each; automatic: the pick above). The
+// 192-column tiles take B scaled by blocks: with B by rows they are not_supported.
+void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stream);
+// The tile gemm_fp8 runs for `args` on the current device.
+sm90::Fp8Tile gemm_fp8_tile(const Fp8GemmArgs& args);
 // A weight's FP8 codes and block scales, and its transposed copy (auxiliary/quantize_fp8.cu).
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream);
 // An activation's FP8 codes with row-block scales, and its transposed copy blocked along M

@@ -7,7 +7,9 @@
 // Inputs are fresh per run (CODA_TEST_SEED replays one), with scales that change from block to
 // block; D is poisoned with NaN and fenced by guard bytes, and one case surrounds it with
 // poisoned padding (a wider row stride, rows past M) that must keep its bytes; M and N are
-// ragged against the 128 x 128 tiles and K against the 128-deep blocks. Skipped (not passed)
+// ragged against the 128 x 128 tiles and K against the 128-deep blocks. The 128 x 192 tiles
+// (gpu::gemm_fp8_with_tile) are held to the same and to the 128 x 128 kernel's D bit for bit, on
+// N ragged against them and against the B scale blocks they straddle. Skipped (not passed)
 // where there is no sm_90 device. And quantize_weight_fp8 and quantize_activation_fp8 on the GPU
 // against the CPU backend, bit for bit.
 #include <gtest/gtest.h>
@@ -22,7 +24,10 @@
 #include <cuda_runtime.h>
 
 #include "coda/coda.hpp"
+#include "coda/core/error.hpp"
 #include "coda/core/fp8.hpp"
+#include "coda/gemm/heuristic.hpp"
+#include "gpu/backend.hpp"
 #include "gpu/gemm/fp8.cuh"
 #include "tests/common/check.hpp"
 #include "tests/common/fp8_case.hpp"
@@ -85,17 +90,31 @@ void expect_f32_matches_cpu(const HostTensor& gpu, const HostTensor& cpu,
   EXPECT_EQ(bad, 0);
 }
 
-// The GPU against the fp64 reference and the CPU backend; a second launch on the same inputs
-// (d as it was before the first) must give the same bits (no atomics, no order that changes run
-// to run).
-void check_shape(const Shape& s, Fp8GemmCase::Options o = {}) {
-  SCOPED_TRACE(label(s) + ", " + label(o));
+using sm90::Fp8Tile;
+
+// gemm_fp8 on device tensors: automatic is the public entry point (validation, dispatch, the
+// tile heuristic); a forced tile is the GPU backend's gemm_fp8_with_tile on the same (valid)
+// arguments.
+void run_gemm_fp8(const Fp8GemmArgs& args, Fp8Tile tile) {
+  if (tile == Fp8Tile::automatic)
+    gemm_fp8(args);
+  else
+    gpu::gemm_fp8_with_tile(args, tile, nullptr);
+}
+
+// The GPU (on `tile`) against the fp64 reference and the CPU backend; a second launch on the
+// same inputs (d as it was before the first) must give the same bits (no atomics, no order that
+// changes run to run), and any other tile than 128 x 128 the 128 x 128 kernel's bits (each
+// element's promotions are the same fmaf's in the same order, and the tensor cores' partial of
+// an element does not depend on the wgmma's N).
+void check_shape(const Shape& s, Fp8GemmCase::Options o = {}, Fp8Tile tile = Fp8Tile::automatic) {
+  SCOPED_TRACE(label(s) + ", " + label(o) + ", tile " + sm90::fp8_tile_name(tile));
   Seeds seeds;
   Fp8GemmCase cpu(s.m, s.n, s.k, seeds, o);
-  Fp8GemmCase gpu = cpu, second = cpu; // d: the same old values, or NaN
-  gemm_fp8(cpu.args());                // host tensors: the CPU backend
+  Fp8GemmCase gpu = cpu, second = cpu, tile128 = cpu; // d: the same old values, or NaN
+  gemm_fp8(cpu.args());                               // host tensors: the CPU backend
   DeviceFp8 dev(gpu);
-  gemm_fp8(dev.args());
+  run_gemm_fp8(dev.args(), tile);
   synchronize_ok();
   EXPECT_TRUE(dev.d.copy_back()) << "a write past the end of d";
   if (o.d == DType::f32)
@@ -103,14 +122,21 @@ void check_shape(const Shape& s, Fp8GemmCase::Options o = {}) {
   else
     expect_matches("d", gpu.d, cpu.d, cpu.exact(), cpu.unfused());
 
+  const size_t d_bytes = size_t(s.m * s.n) * dtype_size(o.d);
   DeviceFp8 again(second);
-  gemm_fp8(again.args());
+  run_gemm_fp8(again.args(), tile);
   synchronize_ok();
   EXPECT_TRUE(again.d.copy_back());
-  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, second.d.host_view().data,
-                        size_t(s.m * s.n) * dtype_size(o.d)),
-            0)
+  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, second.d.host_view().data, d_bytes), 0)
       << "two launches on the same inputs differ";
+
+  if (tile == Fp8Tile::n128) return;
+  DeviceFp8 base(tile128);
+  gpu::gemm_fp8_with_tile(base.args(), Fp8Tile::n128, nullptr);
+  synchronize_ok();
+  EXPECT_TRUE(base.d.copy_back());
+  EXPECT_EQ(std::memcmp(gpu.d.host_view().data, tile128.d.host_view().data, d_bytes), 0)
+      << "D differs from the 128 x 128 kernel's";
 }
 
 // Ragged M (1, 127, 129, 300, 1000) and N (8, 136, 264, 392, 1032) against 128 x 128 tiles; K
@@ -129,6 +155,55 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8Gemm, testing::ValuesIn(kShapes),
                            return label(info.param);
                          });
 
+// The 128 x 192 tiles: both mainloop forms (the halves' overlapped promotion and one partial) on
+// N ragged against them and against the B scale blocks. A tile from n0 = 192 t spans two blocks,
+// split at its column 128 (t even) or 64 (t odd); N's last block ends inside the first of them
+// (N 200, 584: the second is past N) or the second (264, 392, 1032, 2112). M ragged as above,
+// K from one short block to many; the last shape has more units (9 x 11) than a wave.
+const Shape kTile192Shapes[] = {{1, 8, 16},       {127, 200, 1024},  {300, 264, 528},
+                                {129, 392, 128},  {1000, 584, 2064}, {255, 1032, 400},
+                                {2176, 2112, 256}};
+
+class GpuFp8GemmTile192 : public testing::TestWithParam<Shape> {};
+TEST_P(GpuFp8GemmTile192, MatchesTheReferenceTheCpuBackendAndThe128Tile) {
+  CODA_REQUIRE_SM90();
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) check_shape(GetParam(), {}, tile);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmTile192, testing::ValuesIn(kTile192Shapes),
+                         [](const testing::TestParamInfo<Shape>& info) {
+                           return label(info.param);
+                         });
+
+// The 192-column tiles' other forms: an fp32 d, and d accumulated into (bf16 and fp32). B scaled
+// by rows runs the 128 x 128 tile only: forcing a 192-column tile is not_supported, and nothing
+// is written.
+TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
+  CODA_REQUIRE_SM90();
+  const Fp8GemmCase::Options kForms[] = {{Fp8BScaling::blocks, DType::f32, false},
+                                         {Fp8BScaling::blocks, DType::bf16, true},
+                                         {Fp8BScaling::blocks, DType::f32, true}};
+  for (const Fp8GemmCase::Options& o : kForms) {
+    for (const Shape& s : {Shape{127, 264, 1024}, Shape{300, 584, 528}})
+      check_shape(s, o, Fp8Tile::n192);
+    check_shape({127, 264, 1024}, o, Fp8Tile::n192_one_partial);
+  }
+
+  Seeds seeds;
+  Fp8GemmCase c(129, 264, 256, seeds, {Fp8BScaling::rows, DType::bf16, false});
+  DeviceFp8 dev(c);
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) {
+    try {
+      gpu::gemm_fp8_with_tile(dev.args(), tile, nullptr);
+      ADD_FAILURE() << sm90::fp8_tile_name(tile) << " ran with B scaled by rows";
+    } catch (const Error& e) {
+      EXPECT_EQ(int(e.status()), int(Status::not_supported)) << e.what();
+    }
+  }
+  synchronize_ok();
+  EXPECT_TRUE(dev.d.copy_back());
+  for (double v : c.d.values()) ASSERT_TRUE(std::isnan(v)) << "d was written";
+}
+
 // The other forms of the call on ragged shapes: B scaled by rows (the weight gradient's b), an
 // fp32 d, and d accumulated into (the weight gradient over micro-batches), each with its kernel.
 TEST(GpuFp8GemmForms, MatchTheReferenceAndTheCpuBackend) {
@@ -144,9 +219,10 @@ TEST(GpuFp8GemmForms, MatchTheReferenceAndTheCpuBackend) {
 }
 
 // D inside a larger poisoned buffer (row stride N + 72, 9 rows past M), scales with padded row
-// strides: the kernel writes exactly D's [M, N] and reads the scales by their strides.
-TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
-  CODA_REQUIRE_SM90();
+// strides: the kernel writes exactly D's [M, N] and reads the scales by their strides (each
+// tile: a 192-column one reads two rows of B scales).
+void check_padded(Fp8Tile tile) {
+  SCOPED_TRACE(std::string("tile ") + sm90::fp8_tile_name(tile));
   const Shape s{300, 264, 528};
   Seeds seeds;
   Fp8GemmCase cpu(s.m, s.n, s.k, seeds);
@@ -176,7 +252,7 @@ TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
   args.a_scales.stride[0] = as_pitch;
   args.b_scales.stride[0] = bs_pitch;
   args.d.stride[0] = d_pitch;
-  gemm_fp8(args);
+  run_gemm_fp8(args, tile);
   synchronize_ok();
   std::vector<uint16_t> out(d_host.size());
   ASSERT_EQ(cudaMemcpy(out.data(), d, out.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -196,13 +272,24 @@ TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
   expect_matches("d", got, cpu.d, cpu.exact(), cpu.unfused());
 }
 
+TEST(GpuFp8GemmPadded, WritesOnlyDAndReadsScalesByTheirStrides) {
+  CODA_REQUIRE_SM90();
+  for (Fp8Tile tile : {Fp8Tile::n128, Fp8Tile::n192, Fp8Tile::n192_one_partial}) check_padded(tile);
+}
+
 // A NaN scale (0xFF) makes exactly its row (A) or 128-column block (B; by rows, its column)
-// NaN, as on the CPU.
+// NaN, as on the CPU. Block 2 (columns 256 .. 383) is the second block of the second 192-column
+// tile (columns 192 .. 383, split at its column 64).
 TEST(GpuFp8GemmNanScales, PoisonOnlyWhatTheyScale) {
   CODA_REQUIRE_SM90();
-  for (Fp8BScaling scaling : {Fp8BScaling::blocks, Fp8BScaling::rows}) {
+  const std::pair<Fp8BScaling, Fp8Tile> kRuns[] = {{Fp8BScaling::blocks, Fp8Tile::n128},
+                                                   {Fp8BScaling::blocks, Fp8Tile::n192},
+                                                   {Fp8BScaling::blocks, Fp8Tile::n192_one_partial},
+                                                   {Fp8BScaling::rows, Fp8Tile::n128}};
+  for (const auto& [scaling, tile] : kRuns) {
     const bool by_rows = scaling == Fp8BScaling::rows;
-    SCOPED_TRACE(by_rows ? "b by rows" : "b by blocks");
+    SCOPED_TRACE(std::string(by_rows ? "b by rows" : "b by blocks") + ", tile " +
+                 sm90::fp8_tile_name(tile));
     const Shape s{200, 392, 384};
     Seeds seeds;
     Fp8GemmCase c(s.m, s.n, s.k, seeds, {scaling, DType::bf16, false});
@@ -212,7 +299,7 @@ TEST(GpuFp8GemmNanScales, PoisonOnlyWhatTheyScale) {
     Fp8GemmCase gpu = c;
     gemm_fp8(c.args());
     DeviceFp8 dev(gpu);
-    gemm_fp8(dev.args());
+    run_gemm_fp8(dev.args(), tile);
     synchronize_ok();
     EXPECT_TRUE(dev.d.copy_back());
     const std::vector<double> want = c.d.values(), got = gpu.d.values();
@@ -232,6 +319,16 @@ TEST(GpuFp8GemmSmallForSanitizer, RaggedTiles) {
   check_shape({257, 264, 400});
   check_shape({1, 8, 16}, {Fp8BScaling::rows, DType::f32, true});
   check_shape({257, 264, 400}, {Fp8BScaling::rows, DType::f32, true});
+}
+
+// The same for the 128 x 192 tiles (two tiles along N, the second straddling blocks 1 and 2),
+// the study kernel with one partial on one shape.
+TEST(GpuFp8GemmSmallForSanitizer, Tile192RaggedTiles) {
+  CODA_REQUIRE_SM90();
+  check_shape({1, 8, 16}, {}, Fp8Tile::n192);
+  check_shape({257, 264, 400}, {}, Fp8Tile::n192);
+  check_shape({257, 264, 400}, {Fp8BScaling::blocks, DType::f32, true}, Fp8Tile::n192);
+  check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial);
 }
 
 // Host side of the kernel (no GPU needed): the operands' tensor maps (the stored shapes, one
@@ -330,9 +427,10 @@ TEST(GpuFp8GemmSmallForSanitizer, QuantizeActivation) {
   check_activation(144, 272, DType::bf16, true);
 }
 
-TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
-  using Kernel = gpu::fp8::Kernel<Fp8BScaling::blocks, bf16>;
+template <class Kernel> void check_operand_boxes_and_k_blocks() {
   using Main = Kernel::Main;
+  constexpr int64_t kTileN = Kernel::Main::kTileN;
+  SCOPED_TRACE("tile N " + std::to_string(kTileN));
   for (const Shape& s : {Shape{1000, 776, 528}, Shape{1, 8, 16}, Shape{129, 392, 2048}}) {
     SCOPED_TRACE(label(s));
     const TensorView a = make_view(nullptr, DType::e4m3, s.m, s.k, Device::cuda);
@@ -347,13 +445,28 @@ TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
     EXPECT_EQ(sm90::tensor_map_dtype(shapes.a.dtype), CU_TENSOR_MAP_DATA_TYPE_UINT8);
     EXPECT_EQ(shapes.a.box_cols, uint32_t(kFp8ScaleBlock)); // 128 codes = 128 bytes
     EXPECT_EQ(shapes.b.box_cols, uint32_t(kFp8ScaleBlock));
+    EXPECT_EQ(shapes.b.box_rows, uint32_t(kTileN / 2)); // each CTA of the pair multicasts half
     EXPECT_EQ(uint64_t(shapes.a.box_cols) * shapes.a.box_rows * Main::kBoxesA +
                   uint64_t(shapes.b.box_cols) * shapes.b.box_rows * Main::kBoxesB,
               uint64_t(Main::kStageBytes));
     const sm90::TileScheduler sched = Kernel::make_scheduler({s.m, s.n, s.k}, sm90::GemmPlan{});
     EXPECT_EQ(sched.k_blocks, num_fp8_scale_blocks(s.k));
-    EXPECT_EQ(sched.tiles_n, num_fp8_scale_blocks(s.n)); // one B scale row per tile column
+    EXPECT_EQ(sched.tiles_n, ceil_div<int64_t>(s.n, kTileN));
   }
+}
+
+TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
+  check_operand_boxes_and_k_blocks<gpu::fp8::Kernel<Fp8BScaling::blocks, bf16, 128>>();
+  check_operand_boxes_and_k_blocks<gpu::fp8::Kernel<Fp8BScaling::blocks, bf16, 192>>();
+  check_operand_boxes_and_k_blocks<gpu::fp8::Kernel<Fp8BScaling::blocks, float, 192, false>>();
+}
+
+// The tile heuristic (no GPU needed): the 128 x 128 tile wherever it is not forced, the 192-column
+// forms having measured slower on every benchmarked shape (heuristic.hpp).
+TEST(Fp8GemmHost, TileHeuristic) {
+  for (Fp8BScaling b : {Fp8BScaling::blocks, Fp8BScaling::rows})
+    for (int64_t n : {8, 2048, 3072, 4096, 28672})
+      EXPECT_EQ(sm90::choose_fp8_tile(8192, n, b, 66), Fp8Tile::n128) << n;
 }
 
 } // namespace

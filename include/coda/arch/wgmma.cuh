@@ -50,11 +50,14 @@ template <int kRegs> __device__ __forceinline__ void wgmma_fence_operand(float (
   "setp.ne.b32 p, " SCALE_D ", 0;\n"                                                               \
   "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE " {" REGISTERS "}, " OPERANDS ";\n"  \
   "}\n"
-#define CODA_WGMMA_R0_63                                                                           \
+#define CODA_WGMMA_R0_47                                                                           \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                         \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "               \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "               \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47"
+#define CODA_WGMMA_R0_63                                                                           \
+  CODA_WGMMA_R0_47                                                                                 \
+      ", "                                                                                         \
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define CODA_WGMMA_R64_95                                                                          \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "               \
   "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
@@ -79,6 +82,7 @@ template <int kRegs> __device__ __forceinline__ void wgmma_fence_operand(float (
   CODA_WGMMA_ASM("m64n256k16", TYPE,                                                               \
                  CODA_WGMMA_R0_63 ", " CODA_WGMMA_R64_95 ", " CODA_WGMMA_R96_127, "%130",          \
                  "%128, %129, p, 1, 1, %131, %132")
+#define CODA_WGMMA_N96_ACCUMULATORS CODA_WGMMA_D32(0), CODA_WGMMA_D8(32), CODA_WGMMA_D8(40)
 #define CODA_WGMMA_N128_ACCUMULATORS CODA_WGMMA_D32(0), CODA_WGMMA_D32(32)
 #define CODA_WGMMA_N192_ACCUMULATORS CODA_WGMMA_N128_ACCUMULATORS, CODA_WGMMA_D32(64)
 #define CODA_WGMMA_N256_ACCUMULATORS CODA_WGMMA_N192_ACCUMULATORS, CODA_WGMMA_D32(96)
@@ -102,28 +106,43 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[kN / 2], uint64_t desc_a
 
 // PTX ISA 9.7.15 (wgmma), "wgmma.mma_async" with .atype = .btype = .e4m3 (FP8), both operands
 // from shared memory:
-//   D[64 x 128] (+)= A[64 x 32] * B[32 x 128], fp32 accumulate.
+//   D[64 x N] (+)= A[64 x 32] * B[32 x N], fp32 accumulate.
 // The FP8 form has no transpose immediates (only .f16/.bf16 read MN-major operands): both
 // operands are K-major, and each k32 step is 32 bytes of a 128-byte swizzled row, as a k16 step
 // of 16-bit elements is. The accumulator fragment is m64nNk16's (fragment.hpp): it depends on
-// M, N and the fp32 D only. The instruction is m64n128k32 alone: the FP8 mainloop's
-// promotion holds a second accumulator of the same size, and 128 columns are what two of them
-// leave room for (docs/fp8.md).
-// m64n128k32: 64 accumulator registers %0..%63, then desc_a %64, desc_b %65, scale_d %66;
-// imm-scale-a and imm-scale-b are 1 (no negation). TYPE: the FP8 input type (e4m3; e5m2 exists).
-#define CODA_WGMMA_K32_N128_ASM(TYPE)                                                              \
-  CODA_WGMMA_ASM("m64n128k32", TYPE, CODA_WGMMA_R0_63, "%66", "%64, %65, p, 1, 1")
+// M, N and the fp32 D only. The shapes are the FP8 mainloop's (fp8_mainloop.cuh; the section's
+// "Matrix Shape" allows m64nNk32 for .e4m3 with N a multiple of 8 up to 256): N = 128, the
+// partial of the 128-column tile; N = 192, the 192-column tile's with one partial; N = 96, one
+// half of that tile's when the halves' promotions overlap.
+// Operands: the N/2 accumulator registers %0 .., then desc_a, desc_b and scale_d; imm-scale-a
+// and imm-scale-b are 1 (no negation).
+#define CODA_WGMMA_K32_ASM(SHAPE, REGISTERS, DESCRIPTORS, SCALE_D)                                 \
+  CODA_WGMMA_ASM(SHAPE, "e4m3", REGISTERS, SCALE_D, DESCRIPTORS ", p, 1, 1")
 
-// D[64 x 128] (+)= A * B over 32 FP8 (E4M3) k values; scale_d == 0 overwrites D.
-__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a,
-                                                      uint64_t desc_b, int scale_d) {
-  asm volatile(CODA_WGMMA_K32_N128_ASM("e4m3")
-               : CODA_WGMMA_N128_ACCUMULATORS
-               : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+// D[64 x kN] (+)= A * B over 32 FP8 (E4M3) k values; scale_d == 0 overwrites D.
+template <int kN>
+__device__ __forceinline__ void wgmma_m64k32_e4m3(float (&d)[kN / 2], uint64_t desc_a,
+                                                  uint64_t desc_b, int scale_d) {
+  static_assert(kN == 96 || kN == 128 || kN == 192,
+                "FP8 wgmma wrappers exist for N = 96, 128 and 192");
+  if constexpr (kN == 96)
+    asm volatile(CODA_WGMMA_K32_ASM("m64n96k32", CODA_WGMMA_R0_47, "%48, %49", "%50")
+                 : CODA_WGMMA_N96_ACCUMULATORS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  if constexpr (kN == 128)
+    asm volatile(CODA_WGMMA_K32_ASM("m64n128k32", CODA_WGMMA_R0_63, "%64, %65", "%66")
+                 : CODA_WGMMA_N128_ACCUMULATORS
+                 : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  if constexpr (kN == 192)
+    asm volatile(
+        CODA_WGMMA_K32_ASM("m64n192k32", CODA_WGMMA_R0_63 ", " CODA_WGMMA_R64_95, "%96, %97", "%98")
+        : CODA_WGMMA_N192_ACCUMULATORS
+        : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
 
-#undef CODA_WGMMA_K32_N128_ASM
+#undef CODA_WGMMA_K32_ASM
 #undef CODA_WGMMA_ASM
+#undef CODA_WGMMA_R0_47
 #undef CODA_WGMMA_R0_63
 #undef CODA_WGMMA_R64_95
 #undef CODA_WGMMA_R96_127
@@ -131,6 +150,7 @@ __device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t d
 #undef CODA_WGMMA_D32
 #undef CODA_WGMMA_M64K16
 #undef CODA_WGMMA_N128_ASM
+#undef CODA_WGMMA_N96_ACCUMULATORS
 #undef CODA_WGMMA_N128_ACCUMULATORS
 #undef CODA_WGMMA_N192_ASM
 #undef CODA_WGMMA_N192_ACCUMULATORS

@@ -73,6 +73,9 @@ struct GemmConfig {
   //  - 128 x 40 + 256 x 232 = 64512: consumers with up to 128 accumulators and the epilogue
   //    beside them (cutlass and fast.cu use the same split);
   //  - 128 x 24 + 256 x 240 = 64512: more than 128 accumulators (QuACK's split from 208 on);
+  //  - the FP8 mainloop's partials (fp8_mainloop.cuh) are not counted: its 128 x 192 tile holds
+  //    96 accumulators and 96 partial sums, which compile in 232 without spills, while 24 for
+  //    the producer (240 for the consumers) spilled 60 bytes (ptxas, sm_90a, 2026-12-05);
   //  - staged: 128 x (32 + 2 x 176 + 128) = 65536. The consumers hold their accumulators, the
   //    mainloop's and scheduler's state and the ops before the Stage (the rstd scale): with
   //    160 (96 accumulators) ptxas spilled 4-20 bytes in K1, K2, K4, with 144 up to 92; the

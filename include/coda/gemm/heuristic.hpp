@@ -126,6 +126,32 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
   return plan;
 }
 
+// ---- The FP8 GEMM's tiles (gpu::gemm_fp8; docs/fp8.md, "The 128 x 192 tile"), cooperative with
+// clusters of 2 along M like the kernels above:
+//   n128:             128 x 128, two full-width partials in turn (the overlapped promotion);
+//   n192:             128 x 192, a partial for each 96-column half of the tile, in turn;
+//   n192_one_partial: 128 x 192 with one partial, each k-block waiting for its own batch: a study
+//                     kernel (does the halves' overlap pay for their second read of A?).
+// The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
+// the by-columns promotion's shuffles; not compiled at 192).
+enum class Fp8Tile : int32_t { automatic = 0, n128 = 1, n192 = 2, n192_one_partial = 3 };
+constexpr const char* fp8_tile_name(Fp8Tile t) {
+  return name_of(t, {{Fp8Tile::automatic, "automatic"},
+                     {Fp8Tile::n128, "n128"},
+                     {Fp8Tile::n192, "n192"},
+                     {Fp8Tile::n192_one_partial, "n192_one_partial"}});
+}
+
+// The tile gpu::gemm_fp8 runs when not told: 128 x 128. The 128 x 192 forms were predicted
+// ~1.12x faster (half again the MMAs per k-block behind the same fixed costs) and measured
+// slower on all 26 benchmarked shapes (H100, 2026-12-05, bench_gemm_fp8 at db56bf5: the halves
+// form 0.55-0.84 of the 128 tile's speed, geomean 0.74; one partial 0.60-0.90, geomean 0.81;
+// docs/fp8.md), so they run only when forced (gpu::gemm_fp8_with_tile), as study kernels.
+inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, int64_t clusters) {
+  (void)m, (void)n, (void)b_scaling, (void)clusters;
+  return Fp8Tile::n128;
+}
+
 // The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.
 struct StreamKSplit {
   int64_t first_unit; // units before it are data-parallel

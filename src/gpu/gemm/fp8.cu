@@ -1,4 +1,5 @@
-// gpu::gemm_fp8: the block-scaled FP8 GEMM (Fp8GemmArgs) on the kernels of fp8.cuh.
+// gpu::gemm_fp8: the block-scaled FP8 GEMM (Fp8GemmArgs) on the kernels of fp8.cuh, on the tile
+// sm90::choose_fp8_tile picks or the caller forces.
 #include <cstdint>
 #include <string>
 
@@ -9,8 +10,7 @@
 namespace coda::gpu {
 namespace {
 
-template <Fp8BScaling kBScaling, class OutT> void run(const Fp8GemmArgs& args, Stream stream) {
-  using Kernel = fp8::Kernel<kBScaling, OutT>;
+template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream stream) {
   using Epi = fp8::Epilogue<OutT>;
   const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
   typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
@@ -34,27 +34,49 @@ template <Fp8BScaling kBScaling, class OutT> void run(const Fp8GemmArgs& args, S
   Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
 }
 
-template <Fp8BScaling kBScaling> void run_for_output(const Fp8GemmArgs& args, Stream stream) {
-  if (args.d.dtype == DType::f32)
-    run<kBScaling, float>(args, stream);
-  else
-    run<kBScaling, bf16>(args, stream);
+template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stream) {
+  if (args.b_scaling == Fp8BScaling::rows)
+    return run<fp8::Kernel<Fp8BScaling::rows, OutT>, OutT>(args, stream);
+  switch (tile) {
+  case sm90::Fp8Tile::n192:
+    return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192>, OutT>(args, stream);
+  case sm90::Fp8Tile::n192_one_partial:
+    return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192, false>, OutT>(args, stream);
+  default:
+    return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 128>, OutT>(args, stream);
+  }
 }
 
 } // namespace
 
-void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
+void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stream) {
   require_device("FP8 GEMM");
   // Rows and columns are 32-bit in the kernel (tile rows, the scale rows it reads).
-  constexpr int64_t kLargest = INT32_MAX - fp8::Config<bf16>::kTileM * fp8::Config<bf16>::kClusterM;
+  constexpr int64_t kLargest = INT32_MAX - 128 * sm90::kClusterM;
   if (args.m() > kLargest || args.n() > kLargest)
     throw Error(Status::not_supported,
                 "gemm_fp8: the GPU kernel takes M and N < 2^31 - 256; got M " +
                     std::to_string(args.m()) + ", N " + std::to_string(args.n()));
-  if (args.b_scaling == Fp8BScaling::rows)
-    run_for_output<Fp8BScaling::rows>(args, stream);
+  if (args.b_scaling == Fp8BScaling::rows && tile != sm90::Fp8Tile::automatic &&
+      tile != sm90::Fp8Tile::n128)
+    throw Error(Status::not_supported,
+                std::string("gemm_fp8: the ") + sm90::fp8_tile_name(tile) +
+                    " tile takes B scaled by blocks; B scaled by rows runs the 128 x 128 tile");
+  if (tile == sm90::Fp8Tile::automatic) tile = gemm_fp8_tile(args);
+  if (args.d.dtype == DType::f32)
+    run_tile<float>(args, tile, stream);
   else
-    run_for_output<Fp8BScaling::blocks>(args, stream);
+    run_tile<bf16>(args, tile, stream);
+}
+
+sm90::Fp8Tile gemm_fp8_tile(const Fp8GemmArgs& args) {
+  // (The clusters that fit at once are the same for every tile: one CTA per SM.)
+  return sm90::choose_fp8_tile(args.m(), args.n(), args.b_scaling,
+                               fp8::Kernel<Fp8BScaling::blocks, bf16>::max_active_clusters());
+}
+
+void gemm_fp8(const Fp8GemmArgs& args, Stream stream) {
+  gemm_fp8_with_tile(args, sm90::Fp8Tile::automatic, stream);
 }
 
 } // namespace coda::gpu

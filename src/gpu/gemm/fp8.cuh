@@ -1,9 +1,12 @@
-// The block-scaled FP8 GEMM's kernels (gpu::gemm_fp8, fp8.cu): 128 x 128 tiles, two consumer
-// warpgroups of 64 rows (cooperative), clusters of 2 along M sharing (multicasting) the B tile,
-// the FP8 mainloop (coda/gemm/fp8_mainloop.cuh says why 128 columns) with B scaled by blocks or
-// by rows, and the plain GEMM's register epilogue storing D (bf16 or f32) by TMA, adding D's old
-// value when the call accumulates. A header so that the GPU tests check its host side.
+// The block-scaled FP8 GEMM's kernels (gpu::gemm_fp8, fp8.cu): 128 x 128 or 128 x 192 tiles
+// (sm90::Fp8Tile; coda/gemm/fp8_mainloop.cuh says what fits each), two consumer warpgroups of 64
+// rows (cooperative), clusters of 2 along M sharing (multicasting) the B tile, the FP8 mainloop
+// with B scaled by blocks or by rows, and the plain GEMM's register epilogue storing D (bf16 or
+// f32) by TMA, adding D's old value when the call accumulates. A header so that the GPU tests
+// check its host side.
 #pragma once
+
+#include <algorithm>
 
 #include "coda/core/fp8.hpp"
 #include "coda/gemm/fp8_mainloop.cuh"
@@ -12,20 +15,33 @@
 
 namespace coda::gpu::fp8 {
 
-// NOTE: 6 stages of 32 KB (A and B tiles of 128 rows x 128 bytes) beside the epilogue's 32 KB
-// of 16-bit D and C subtile buffers fill the 227 KB (launch.cuh asserts it); a 7th does not fit.
-// fp32 subtile buffers take 64 KB, leaving room for 5.
-template <class OutT> inline constexpr int kStages = sizeof(OutT) == 2 ? 6 : 5;
+// No deferred stores: their 32 registers of packed pairs do not fit beside the accumulator and
+// its partials (docs/fp8.md).
 template <class OutT>
-using Config = sm90::GemmConfig<128, 128, kStages<OutT>, 2, sm90::Schedule::cooperative,
+using Epilogue = sm90::LinearEpilogue<OutT, /*kWarpgroups=*/2, /*kOverlapStores=*/false>;
+
+// As many stages as fit the 227 KB beside the epilogue's subtile buffers (32 KB of 16-bit D and
+// C buffers, 64 KB of fp32 ones) and the ring's barriers (launch.cuh asserts the sum): 32 KB a
+// stage at 128 x 128 (A and B tiles of 128 rows x 128 bytes): 6 with a bf16 D, 5 with an f32
+// one; 40 KB at 128 x 192: 4 with either (a fifth at bf16 would need the 16 KB of C buffers,
+// which only the accumulating call reads).
+template <class OutT, int kTileN>
+inline constexpr int kStages = std::min<int>(
+    8, int((sm90::kMaxSharedBytes - sizeof(typename Epilogue<OutT>::SharedStorage) - 1024) /
+           ((128 + kTileN) * 128)));
+static_assert(kStages<bf16, 128> == 6 && kStages<float, 128> == 5 && kStages<bf16, 192> == 4 &&
+                  kStages<float, 192> == 4,
+              "the depths docs/fp8.md gives (and the 128 x 128 kernels were measured with)");
+
+template <class OutT, int kTileN>
+using Config = sm90::GemmConfig<128, kTileN, kStages<OutT, kTileN>, 2, sm90::Schedule::cooperative,
                                 /*kOperandBytes=*/1>;
-// No deferred stores: their 32 registers of packed pairs do not fit beside the two
-// accumulators (docs/fp8.md).
-template <class OutT>
-using Epilogue =
-    sm90::LinearEpilogue<OutT, Config<OutT>::kConsumerWarpgroups, /*kOverlapStores=*/false>;
-template <Fp8BScaling kBScaling, class OutT>
-using Kernel = sm90::GemmKernel<Config<OutT>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
-                                sm90::Fp8Mainloop<Config<OutT>, kBScaling>>;
+// kOverlapPromotion: the blocks form's promotion overlaps the next batch of wgmmas (128 columns:
+// two full-width partials; 192: the halves' partials); without it, one partial (the
+// n192_one_partial study kernel). By rows the mainloop always takes one partial.
+template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapPromotion = true>
+using Kernel =
+    sm90::GemmKernel<Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
+                     sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion>>;
 
 } // namespace coda::gpu::fp8
