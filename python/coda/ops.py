@@ -217,6 +217,8 @@ def _dense(g, like):
     """An incoming gradient as the contiguous tensor coda reads (zeros when None)."""
     if g is None:
         return torch.zeros_like(like, memory_format=torch.contiguous_format)
+    if g.dtype == like.dtype and g.is_contiguous():
+        return g  # what .to().contiguous() returns, without two calls through the dispatcher
     return g.to(like.dtype).contiguous()
 
 
@@ -759,11 +761,19 @@ def _weights(weights, names):
     return weights
 
 
+# Both are called on every layer call and usually get what they return: then they return it
+# without the reshape / to() calls through the dispatcher (same values, same memory).
+
+
 def _positions(positions, like):
+    if positions.dtype == torch.int32 and positions.dim() == 1 and positions.device == like.device:
+        return positions
     return positions.reshape(-1).to(device=like.device, dtype=torch.int32)
 
 
 def _inv_freq(inv_freq, like):
+    if inv_freq.dtype == torch.float32 and inv_freq.device == like.device:
+        return inv_freq
     return inv_freq.to(device=like.device, dtype=torch.float32)
 
 
