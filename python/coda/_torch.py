@@ -57,10 +57,30 @@ def _classify(t, name):
     return where
 
 
+# Packed descriptors by everything they are made of: (data_ptr, shape, stride, dtype, device)
+# -> bytes. An entry can never be stale (it holds nothing but its key, no tensor and no
+# values), and the key costs about half of packing; the weights, the tensors a backward gets
+# back from its forward and (the caching allocator handing out the same blocks) the fresh
+# outputs hit it call after call. Cleared when full, so it stays small.
+_packs = {}
+_PACKS_MAX = 1024
+
+
 def _packed(t, name):
     """The bytes of t's coda_tensor (see view())."""
     if t is None:
         return _ABSENT
+    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    packed = _packs.get(key)
+    if packed is None:
+        packed = _pack_new(t, name)
+        if len(_packs) >= _PACKS_MAX:
+            _packs.clear()
+        _packs[key] = packed
+    return packed
+
+
+def _pack_new(t, name):
     where = _where.get((t.dtype, t.device)) or _classify(t, name)
     shape = t.shape
     rank = len(shape)

@@ -273,6 +273,13 @@ def test_descriptors_match_field_by_field():
 
     for t in cases:
         assert bytes(T.view(t)) == bytes(by_fields(t)), t.shape
+    # Packed descriptors are cached by (data_ptr, shape, stride, dtype, device): one address
+    # seen with other shapes, strides or dtypes gets its own, and the cache stays bounded.
+    for t in (base.reshape(-1), base.transpose(0, 3), base.view(torch.bfloat16), base):
+        assert bytes(T.view(t)) == bytes(by_fields(t)), (t.shape, t.stride(), t.dtype)
+    for i in range(T._PACKS_MAX + 10):
+        T.view(base[: 1 + i % 2, :, :, : 1 + i % 5].reshape(-1)[i % 7:])
+        assert len(T._packs) <= T._PACKS_MAX
     assert bytes(T.view(None)) == bytes(L.absent())
     x0, y0, pos, inv = cases[3], cases[4], cases[1], None
     nested = L.LlamaMiddleInputs(x0=by_fields(x0), y0=by_fields(y0),
