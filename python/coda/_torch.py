@@ -1,11 +1,12 @@
 """torch tensors as coda_tensor descriptors: dtype and device mapping, the stream, the device
 guard and workspaces. Internal to coda.ops.
 
-Descriptors are made per call (never cached: a tensor's memory, shape or strides can change
-between calls), so making them is on every call's host path: a coda_tensor is packed with
-`struct` straight into the bytes of its ctypes Structure, and a Structure made only of
-coda_tensors (the llama weights, inputs, outputs, saved and grads structs) from one buffer:
-a few times cheaper than setting each field through ctypes."""
+Descriptors are made on every call (a tensor's memory, shape or strides can change between
+calls), so making them is on every call's host path: a coda_tensor is packed with `struct`
+straight into the bytes of its ctypes Structure, and a Structure made only of coda_tensors
+(the llama weights, inputs, outputs, saved and grads structs) from one buffer: a few times
+cheaper than setting each field through ctypes. The packed bytes are looked up by exactly what
+they encode (_packs), never by the tensor."""
 
 import contextlib
 import ctypes

@@ -219,9 +219,10 @@ def middle_setup(gen, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_llama_middle_reads_the_tensors_of_each_call(device):
-    """Nothing a call is given outlives it: descriptors are made per call, and int32 positions
-    and f32 inv_freq are passed as they are (no copy). Tensors of the same shapes give their own
-    results, and an in-place change between calls is seen by the next call."""
+    """Nothing a call is given is remembered by the next one (descriptors are cached by address,
+    shape, stride, dtype and device, and int32 positions and f32 inv_freq are passed as they
+    are, with no copy): tensors of the same shapes give their own results, and an in-place
+    change between calls is seen by the next call."""
     gen = R.generator(SEED, 18)
     a, b = middle_setup(gen, device), middle_setup(gen, device)
     dx2 = R.uniform((M, D), -1, 1, gen, device=device)
