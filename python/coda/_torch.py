@@ -1,7 +1,16 @@
 """torch tensors as coda_tensor descriptors: dtype and device mapping, the stream, the device
-guard and workspaces. Internal to coda.ops."""
+guard and workspaces. Internal to coda.ops.
+
+Descriptors are made on every call (a tensor's memory, shape or strides can change between
+calls), so making them is on every call's host path: a coda_tensor is packed with `struct`
+straight into the bytes of its ctypes Structure, and a Structure made only of coda_tensors
+(the llama weights, inputs, outputs, saved and grads structs) from one buffer: a few times
+cheaper than setting each field through ctypes. The packed bytes are looked up by exactly what
+they encode (_packs), never by the tensor."""
 
 import contextlib
+import ctypes
+import struct
 
 import torch
 
@@ -13,14 +22,23 @@ _DTYPES = {
     torch.float32: L.F32,
     torch.int32: L.I32,
 }
-_Dims = L.Tensor._fields_[3][1]  # int64_t[CODA_MAX_RANK]
+
+# coda_tensor: data, dtype, rank, shape[MAX_RANK], stride[MAX_RANK], device, device_index. Native
+# alignment, as the C struct; checked against ctypes (whose layout test_lib_cpu.py checks
+# against a C compiler's) below.
+_TENSOR = struct.Struct("@Pii%dq%dqii" % (L.MAX_RANK, L.MAX_RANK))
+if _TENSOR.size != ctypes.sizeof(L.Tensor):
+    raise ImportError("coda: coda_tensor is %d bytes in ctypes, %d packed"
+                      % (ctypes.sizeof(L.Tensor), _TENSOR.size))
+_ABSENT = bytes(_TENSOR.size)  # data NULL: an absent optional tensor
+_PAD = tuple((0,) * (L.MAX_RANK - rank) for rank in range(L.MAX_RANK + 1))
+
+# (torch dtype, torch device) -> (coda dtype, coda device, device index): what view() checks
+# and maps, looked up once per dtype and device (shape-free, so it holds for any tensor).
+_where = {}
 
 
-def view(t, name="tensor"):
-    """The coda_tensor of a torch tensor (absent for None). A 0-dim tensor is a [1] vector.
-    Strides are passed as they are; coda's validation rejects what it cannot run."""
-    if t is None:
-        return L.Tensor()
+def _classify(t, name):
     dtype = _DTYPES.get(t.dtype)
     if dtype is None:
         raise L.DTypeError(
@@ -36,18 +54,100 @@ def view(t, name="tensor"):
             "%s: coda runs on CUDA (Hopper) or CPU tensors; got a %s tensor" % (name, kind),
             L.INVALID_ARGUMENT,
         )
-    shape, stride = tuple(t.shape), t.stride()
-    if len(shape) == 0:
-        shape, stride = (1,), (1,)
-    if len(shape) > L.MAX_RANK:
-        raise L.InvalidArgument("%s: rank %d > %d" % (name, len(shape), L.MAX_RANK))
-    return L.Tensor(t.data_ptr(), dtype, len(shape), _Dims(*shape), _Dims(*stride), device, index)
+    where = _where[(t.dtype, t.device)] = (dtype, device, index)
+    return where
+
+
+# Packed descriptors by everything they are made of: (data_ptr, shape, stride, dtype, device)
+# -> bytes. An entry can never be stale (it holds nothing but its key, no tensor and no
+# values), and the key costs about half of packing; the weights, the tensors a backward gets
+# back from its forward and (the caching allocator handing out the same blocks) the fresh
+# outputs hit it call after call. Cleared when full, so it stays small.
+_packs = {}
+_PACKS_MAX = 1024
+
+
+def _packed(t, name):
+    """The bytes of t's coda_tensor (see view())."""
+    if t is None:
+        return _ABSENT
+    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    packed = _packs.get(key)
+    if packed is None:
+        packed = _pack_new(t, name)
+        if len(_packs) >= _PACKS_MAX:
+            _packs.clear()
+        _packs[key] = packed
+    return packed
+
+
+def _pack_new(t, name):
+    where = _where.get((t.dtype, t.device)) or _classify(t, name)
+    shape = t.shape
+    rank = len(shape)
+    if rank == 0:
+        shape, stride, rank = (1,), (1,), 1
+    elif rank > L.MAX_RANK:
+        raise L.InvalidArgument("%s: rank %d > %d" % (name, rank, L.MAX_RANK))
+    else:
+        stride = t.stride()
+    pad = _PAD[rank]
+    return _TENSOR.pack(t.data_ptr(), where[0], rank, *shape, *pad, *stride, *pad, where[1],
+                        where[2])
+
+
+def view(t, name="tensor"):
+    """The coda_tensor of a torch tensor (absent for None). A 0-dim tensor is a [1] vector.
+    Strides are passed as they are; coda's validation rejects what it cannot run."""
+    return L.Tensor.from_buffer_copy(_packed(t, name))
+
+
+def _tensor_fields(cls, prefix=""):
+    """The dotted names of a Structure's coda_tensor fields in memory order, or None when it
+    holds anything else."""
+    names = []
+    for field, ftype in cls._fields_:
+        if ftype is L.Tensor:
+            names.append(prefix + field)
+        elif isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
+            inner = _tensor_fields(ftype, prefix + field + ".")
+            if inner is None:
+                return None
+            names.extend(inner)
+        else:
+            return None
+    return names
+
+
+_layouts = {}
+
+
+def pack(cls, *tensors):
+    """A `cls` (a ctypes Structure made only of coda_tensors, nested ones included, e.g.
+    LlamaMiddleInputs: x0, y0, rope.positions, rope.inv_freq) over `tensors` in its fields'
+    order (None: absent); errors name the field."""
+    names = _layouts.get(cls)
+    if names is None:
+        names = _tensor_fields(cls)
+        if names is None or len(names) * _TENSOR.size != ctypes.sizeof(cls):
+            raise TypeError("%s is not a struct of coda_tensors" % cls.__name__)
+        _layouts[cls] = names
+    if len(tensors) != len(names):
+        raise TypeError("%s: %d tensors for %d fields" % (cls.__name__, len(tensors), len(names)))
+    return cls.from_buffer_copy(b"".join([_packed(t, n) for t, n in zip(tensors, names)]))
+
+
+# The current stream's cudaStream_t without making a torch.cuda.Stream object (what
+# torch.cuda.current_stream() returns costs microseconds per call); torch before 2.0 lacks it.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def stream(t):
     """The current torch stream of t's device as a coda_stream_t (None on the CPU)."""
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         return None
+    if _raw_stream is not None:
+        return _raw_stream(t.get_device()) or None
     return torch.cuda.current_stream(t.device).cuda_stream or None
 
 
@@ -91,14 +191,12 @@ def workspace_view(buf, nbytes):
     words = _words(nbytes)
     if buf.numel() < words * 4:
         raise ValueError("workspace buffer of %d bytes; %d needed" % (buf.numel(), words * 4))
-    device = buf.device
-    return L.tensor(
-        buf.data_ptr(),
-        L.I32,
-        (words,),
-        device=L.DEVICE_CUDA if device.type == "cuda" else L.DEVICE_CPU,
-        device_index=(device.index or 0) if device.type == "cuda" else 0,
-    )
+    if buf.is_cuda:
+        device, index = L.DEVICE_CUDA, buf.get_device()
+    else:
+        device, index = L.DEVICE_CPU, 0
+    return L.Tensor.from_buffer_copy(_TENSOR.pack(buf.data_ptr(), L.I32, 1, words, *_PAD[1], 1,
+                                                  *_PAD[1], device, index))
 
 
 _llama_ws = {}

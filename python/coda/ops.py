@@ -118,11 +118,6 @@ def _qkv_width(n_heads, n_kv_heads, head_dim):
     return (n_heads + 2 * n_kv_heads) * head_dim
 
 
-def _rope(positions, inv_freq):
-    return L.LlamaRope(positions=T.view(positions, "positions"),
-                       inv_freq=T.view(inv_freq, "inv_freq"))
-
-
 def _f32(t):
     return t.new_empty(t.shape[0], dtype=torch.float32)
 
@@ -222,6 +217,8 @@ def _dense(g, like):
     """An incoming gradient as the contiguous tensor coda reads (zeros when None)."""
     if g is None:
         return torch.zeros_like(like, memory_format=torch.contiguous_format)
+    if g.dtype == like.dtype and g.is_contiguous():
+        return g  # what .to().contiguous() returns, without two calls through the dispatcher
     return g.to(like.dtype).contiguous()
 
 
@@ -391,10 +388,10 @@ def _first_forward_impl(
     qkv = x.new_empty((m, _qkv_width(n_heads, n_kv_heads, head_dim)))
     rstd = _f32(x)
     cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
-    w = L.LlamaFirstWeights(attn_norm=T.view(attn_norm, "attn_norm"), w_qkv=T.view(w_qkv, "w_qkv"))
-    inputs = L.LlamaFirstInputs(x=T.view(x, "x"), rope=_rope(positions, inv_freq))
-    outputs = L.LlamaFirstOutputs(qkv=T.view(qkv))
-    saved = L.LlamaFirstSaved(rstd=T.view(rstd))
+    w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
+    inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
+    outputs = T.pack(L.LlamaFirstOutputs, qkv)
+    saved = T.pack(L.LlamaFirstSaved, rstd)
     _run_layer("first", False, cfg, m, x, w, inputs, outputs, saved)
     return qkv, rstd
 
@@ -423,15 +420,11 @@ def _first_backward_impl(
     d_attn_norm = torch.empty_like(attn_norm, memory_format=torch.contiguous_format)
     d_w_qkv = torch.empty_like(w_qkv, memory_format=torch.contiguous_format)
     cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
-    w = L.LlamaFirstWeights(attn_norm=T.view(attn_norm, "attn_norm"), w_qkv=T.view(w_qkv, "w_qkv"))
-    inputs = L.LlamaFirstInputs(x=T.view(x, "x"), rope=_rope(positions, inv_freq))
-    outputs = L.LlamaFirstOutputs(qkv=T.view(qkv, "qkv"))
-    saved = L.LlamaFirstSaved(rstd=T.view(rstd, "rstd"))
-    grads = L.LlamaFirstGrads(
-        dx=T.view(dx),
-        dqkv=T.view(dqkv, "dqkv"),
-        dweights=L.LlamaFirstWeights(attn_norm=T.view(d_attn_norm), w_qkv=T.view(d_w_qkv)),
-    )
+    w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
+    inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
+    outputs = T.pack(L.LlamaFirstOutputs, qkv)
+    saved = T.pack(L.LlamaFirstSaved, rstd)
+    grads = T.pack(L.LlamaFirstGrads, dx, dqkv, d_attn_norm, d_w_qkv)
     _run_layer("first", True, cfg, m, x, w, inputs, outputs, saved, grads)
     return dx, d_attn_norm, d_w_qkv
 
@@ -472,20 +465,10 @@ _FIRST_FWD = _define(
 
 def _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions,
                     inv_freq, x2, qkv, x1, z1, r1, r2):
-    weights = L.LlamaMiddleWeights(
-        w_out=T.view(w_out, "w_out"),
-        ffn_norm=T.view(ffn_norm, "ffn_norm"),
-        w_gate_up=T.view(w_gate_up, "w_gate_up"),
-        w_down=T.view(w_down, "w_down"),
-        attn_norm=T.view(attn_norm, "attn_norm"),
-        w_qkv=T.view(w_qkv, "w_qkv"),
-    )
-    inputs = L.LlamaMiddleInputs(x0=T.view(x0, "x0"), y0=T.view(y0, "y0"),
-                                 rope=_rope(positions, inv_freq))
-    outputs = L.LlamaMiddleOutputs(x2=T.view(x2, "x2"), qkv=T.view(qkv, "qkv"))
-    saved = L.LlamaMiddleSaved(x1=T.view(x1, "x1"), z1=T.view(z1, "z1"), r1=T.view(r1, "r1"),
-                               r2=T.view(r2, "r2"))
-    return weights, inputs, outputs, saved
+    return (T.pack(L.LlamaMiddleWeights, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv),
+            T.pack(L.LlamaMiddleInputs, x0, y0, positions, inv_freq),
+            T.pack(L.LlamaMiddleOutputs, x2, qkv),
+            T.pack(L.LlamaMiddleSaved, x1, z1, r1, r2))
 
 
 def _middle_forward_impl(
@@ -562,12 +545,7 @@ def _middle_backward_impl(
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
                                                 x1, z1, r1, r2)
-    grads = L.LlamaMiddleGrads(
-        dx=T.view(dx, "dx2"),
-        dqkv=T.view(dqkv, "dqkv"),
-        dy0=T.view(dy0),
-        dweights=L.LlamaMiddleWeights(*(T.view(t) for t in dw)),
-    )
+    grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, dy0, *dw)
     _run_layer("middle", True, cfg, m, x0, w, inputs, outputs, saved, grads)
     return (dx, dy0, *dw)
 
@@ -607,22 +585,9 @@ _MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forw
 
 def _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head,
                   x1, z1, r1, x2, r2, dlogits, grad_scale, zeta):
-    weights = L.LlamaLastWeights(
-        w_out=T.view(w_out, "w_out"),
-        ffn_norm=T.view(ffn_norm, "ffn_norm"),
-        w_gate_up=T.view(w_gate_up, "w_gate_up"),
-        w_down=T.view(w_down, "w_down"),
-        final_norm=T.view(final_norm, "final_norm"),
-        lm_head=T.view(lm_head, "lm_head"),
-    )
-    inputs = L.LlamaLastInputs(x0=T.view(x0, "x0"), y0=T.view(y0, "y0"),
-                               targets=T.view(targets, "targets"))
-    saved = L.LlamaLastSaved(
-        x1=T.view(x1, "x1"), z1=T.view(z1, "z1"), r1=T.view(r1, "r1"), x2=T.view(x2, "x2"),
-        r2=T.view(r2, "r2"), dlogits=T.view(dlogits, "dlogits"),
-        grad_scale=T.view(grad_scale, "grad_scale"), zeta=T.view(zeta, "zeta"),
-    )
-    return weights, inputs, saved
+    return (T.pack(L.LlamaLastWeights, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head),
+            T.pack(L.LlamaLastInputs, x0, y0, targets),
+            T.pack(L.LlamaLastSaved, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta))
 
 
 def _last_forward_impl(
@@ -652,8 +617,7 @@ def _last_forward_impl(
     w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
                                      final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
                                      grad_scale, zeta)
-    outputs = L.LlamaLastOutputs(loss=T.view(loss),
-                                 logits=T.view(logits) if return_logits else L.Tensor())
+    outputs = T.pack(L.LlamaLastOutputs, loss, logits if return_logits else None)
     _run_layer("last", False, cfg, m, x0, w, inputs, outputs, saved)
     return out
 
@@ -718,7 +682,7 @@ def _last_backward_impl(
         dloss=L.scalar(1.0, T.view(dloss, "dloss")),
         dx=T.view(dx),
         dy0=T.view(dy0),
-        dweights=L.LlamaLastWeights(*(T.view(t) for t in dw)),
+        dweights=T.pack(L.LlamaLastWeights, *dw),
     )
     _run_layer("last", True, cfg, m, x0, w, inputs, None, saved, grads)
     return (dx, dy0, *dw)
@@ -797,11 +761,19 @@ def _weights(weights, names):
     return weights
 
 
+# Both are called on every layer call and usually get what they return: then they return it
+# without the reshape / to() calls through the dispatcher (same values, same memory).
+
+
 def _positions(positions, like):
+    if positions.dtype == torch.int32 and positions.dim() == 1 and positions.device == like.device:
+        return positions
     return positions.reshape(-1).to(device=like.device, dtype=torch.int32)
 
 
 def _inv_freq(inv_freq, like):
+    if inv_freq.dtype == torch.float32 and inv_freq.device == like.device:
+        return inv_freq
     return inv_freq.to(device=like.device, dtype=torch.float32)
 
 

@@ -207,6 +207,95 @@ def test_llama_middle(device):
               ctx("middle layer"))
 
 
+def middle_setup(gen, device):
+    x0 = R.uniform((M, D), -1, 1, gen, device=device)
+    y0 = R.uniform((M, H * HD), -1, 1, gen, device=device)
+    w = mlp_weights(gen, device)
+    w["attn_norm"] = R.norm_weight(D, gen, device=device)
+    w["w_qkv"] = R.weight(QKV, D, gen, device=device)
+    positions, inv_freq = rope_inputs(gen, device)
+    return x0, y0, w, positions.to(torch.int32), inv_freq
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_middle_reads_the_tensors_of_each_call(device):
+    """Nothing a call is given is remembered by the next one (descriptors are cached by address,
+    shape, stride, dtype and device, and int32 positions and f32 inv_freq are passed as they
+    are, with no copy): tensors of the same shapes give their own results, and an in-place
+    change between calls is seen by the next call."""
+    gen = R.generator(SEED, 18)
+    a, b = middle_setup(gen, device), middle_setup(gen, device)
+    dx2 = R.uniform((M, D), -1, 1, gen, device=device)
+    dqkv = R.uniform((M, QKV), -1, 1, gen, device=device)
+
+    def run(x0, y0, w, positions, inv_freq):
+        ls = leaves([x0, y0] + [w[n] for n in ops.MIDDLE_WEIGHTS])
+        outs = ops.llama_middle(ls[0], ls[1], tuple(ls[2:]), positions, inv_freq, BLOCK)
+        return [*outs, *torch.autograd.grad(outs, ls, (dx2, dqkv))]
+
+    def fresh(x0, y0, w, positions, inv_freq):  # the same values in memory of their own
+        return run(x0.clone(), y0.clone(), {k: v.clone() for k, v in w.items()},
+                   positions.clone(), inv_freq.clone())
+
+    def same(got, want, what):
+        assert len(got) == len(want)
+        for i, (g, e) in enumerate(zip(got, want)):
+            assert torch.equal(g, e), "%s: output %d differs %s" % (what, i, ctx(""))
+
+    first_a, first_b = run(*a), run(*b)
+    assert not torch.equal(first_a[0], first_b[0])
+    same(first_b, fresh(*b), "b after a")
+    same(run(*a), first_a, "a again")
+    x0, y0, w, positions, inv_freq = a
+    w["w_down"].mul_(-0.5)
+    x0.add_(0.25)
+    positions.add_(7)
+    inv_freq.mul_(0.5)
+    changed = run(*a)
+    assert not torch.equal(changed[0], first_a[0])
+    same(changed, fresh(*a), "a changed in place")
+
+
+def test_descriptors_match_field_by_field():
+    """coda._torch packs descriptors with struct: the bytes ctypes builds field by field."""
+    from coda import _lib as L
+    from coda import _torch as T
+
+    base = torch.arange(2 * 3 * 4 * 5, dtype=torch.float16).reshape(2, 3, 4, 5)
+    cases = [torch.tensor(3.0), torch.zeros(5, dtype=torch.int32),
+             torch.zeros(3, 4, dtype=torch.bfloat16).t(), base[:, 1], base, torch.zeros(0, 8)]
+    codes = {torch.float32: L.F32, torch.float16: L.F16, torch.bfloat16: L.BF16,
+             torch.int32: L.I32}
+
+    def by_fields(t):
+        if t.dim() == 0:
+            return L.tensor(t.data_ptr(), codes[t.dtype], (1,), (1,))
+        return L.tensor(t.data_ptr(), codes[t.dtype], t.shape, t.stride())
+
+    for t in cases:
+        assert bytes(T.view(t)) == bytes(by_fields(t)), t.shape
+    # Packed descriptors are cached by (data_ptr, shape, stride, dtype, device): one address
+    # seen with other shapes, strides or dtypes gets its own, and the cache stays bounded.
+    for t in (base.reshape(-1), base.transpose(0, 3), base.view(torch.bfloat16), base):
+        assert bytes(T.view(t)) == bytes(by_fields(t)), (t.shape, t.stride(), t.dtype)
+    for i in range(T._PACKS_MAX + 10):
+        T.view(base[: 1 + i % 2, :, :, : 1 + i % 5].reshape(-1)[i % 7:])
+        assert len(T._packs) <= T._PACKS_MAX
+    assert bytes(T.view(None)) == bytes(L.absent())
+    x0, y0, pos, inv = cases[3], cases[4], cases[1], None
+    nested = L.LlamaMiddleInputs(x0=by_fields(x0), y0=by_fields(y0),
+                                 rope=L.LlamaRope(positions=by_fields(pos), inv_freq=L.absent()))
+    assert bytes(T.pack(L.LlamaMiddleInputs, x0, y0, pos, inv)) == bytes(nested)
+    buf = torch.empty(64, dtype=torch.uint8)
+    assert bytes(T.workspace_view(buf, 37)) == bytes(L.tensor(buf.data_ptr(), L.I32, (10,)))
+    with pytest.raises(TypeError, match="rope.positions"):
+        T.pack(L.LlamaMiddleInputs, x0, y0, pos.double(), inv)
+    with pytest.raises(ValueError, match="dweights.w_qkv: rank 5"):
+        T.pack(L.LlamaMiddleGrads, *(cases * 2)[:8], torch.zeros(1, 1, 1, 1, 1))
+    with pytest.raises(TypeError):  # not a struct of coda_tensors
+        T.pack(L.LlamaLastGrads, *(cases * 2)[:9])
+
+
 def last_setup(gen, device):
     x0 = R.uniform((M, D), -1, 1, gen, device=device)
     y0 = R.uniform((M, H * HD), -1, 1, gen, device=device)

@@ -1,0 +1,122 @@
+"""Host time coda.ops.llama_middle spends issuing a pass, measured without a GPU.
+
+The Python work around coda's C calls (the dispatcher or the eager bypass, autograd, the
+descriptors, the workspace queries, the allocations) is the same on the CPU backend as on CUDA,
+only the kernels differ. So this runs the benchmark's coda and native block sides
+(coda.bench.sides: the same forward / backward code the GPU numbers come from) on CPU tensors
+with libcoda's two llama_middle entry points replaced by no-ops (--stub, the default), and
+reports the median wall time of fwd, bwd and fwd+bwd per side: coda's minus native's is the
+integration's own host time. --real calls the CPU kernels instead (then the kernels dominate);
+--cprofile prints where coda's fwd+bwd spends it.
+
+    python3 tools/host_overhead.py [--shape tiny|1b] [--tokens 128] [--iters 2000]
+"""
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "python"))
+
+import torch  # noqa: E402
+
+from coda import _lib as L  # noqa: E402
+from coda.bench import runner, sides  # noqa: E402
+
+STUBBED = ("coda_llama_middle_forward", "coda_llama_middle_backward")
+
+
+class _Stubbed:
+    """The loaded library, but the stubbed entry points return CODA_OK without running."""
+
+    def __init__(self, lib):
+        self._lib = lib
+
+    def __getattr__(self, name):
+        if name in STUBBED:
+            return lambda *args: L.OK
+        return getattr(self._lib, name)
+
+
+def _median_ms(fn, side, iters):
+    times = []
+    for _ in range(iters):
+        side.zero_grad()
+        prepare = getattr(side, "prepare", None)
+        if prepare is not None:
+            prepare()
+        times.append(fn())
+    return statistics.median(times) * 1e3
+
+
+def _passes(side, iters):
+    def fwd():
+        t0 = time.perf_counter()
+        side.forward()
+        return time.perf_counter() - t0
+
+    def bwd():
+        state = side.forward()
+        t0 = time.perf_counter()
+        side.backward(state)
+        return time.perf_counter() - t0
+
+    def both():
+        t0 = time.perf_counter()
+        side.backward(side.forward())
+        return time.perf_counter() - t0
+
+    return {name: _median_ms(fn, side, iters) for name, fn in
+            (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both))}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="tiny", choices=sorted(runner.SHAPES))
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--iters", type=int, default=2000)
+    p.add_argument("--real", action="store_true", help="run the CPU kernels (no stub)")
+    p.add_argument("--bypass", action="store_true", help="coda.ops.set_eager_bypass(True)")
+    p.add_argument("--cprofile", action="store_true", help="profile coda's fwd+bwd")
+    args = p.parse_args()
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    cfg = runner.RefConfig(num_hidden_layers=1, **runner.SHAPES[args.shape])
+    ref = sides.build_reference_block(cfg, attention=False, device="cpu")
+    inputs = sides.BlockInputs(cfg, args.tokens, 1, attention=False, device="cpu")
+    coda_side = sides.CodaBlockSide(ref, inputs)
+    native_side = sides.NativeBlockSide(coda_side)
+    if args.bypass:
+        import coda.ops
+
+        coda.ops.set_eager_bypass(True)
+    if not args.real:
+        L._lib = _Stubbed(L.load())
+
+    print("torch %s, shape %s, %d tokens, %s, %d iterations (median ms)"
+          % (torch.__version__, args.shape, args.tokens,
+             "CPU kernels" if args.real else "C calls stubbed", args.iters))
+    results = {}
+    for name, side in (("coda", coda_side), ("native", native_side)):
+        _passes(side, max(10, args.iters // 10))  # warm-up
+        results[name] = _passes(side, args.iters)
+        print("  %-7s %s" % (name, "  ".join("%s %.4f" % kv for kv in results[name].items())))
+    print("  coda - native: %s" % "  ".join(
+        "%s %+.4f" % (k, results["coda"][k] - results["native"][k]) for k in results["coda"]))
+
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.iters):
+            coda_side.zero_grad()
+            coda_side.backward(coda_side.forward())
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()
