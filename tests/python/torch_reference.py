@@ -284,3 +284,139 @@ def assert_no_weight_copies(model, seen):
     layers = model.model.layers
     assert seen["w_qkv"] == [layer.self_attn.q_proj.weight.data_ptr() for layer in layers]
     assert seen["gate_up"] == [layer.mlp.gate_proj.weight.data_ptr() for layer in layers]
+
+
+# ---- the model tests' gradients, step by step (test_models.py; docs/reliability.md says why)
+
+
+def record_chain(monkeypatch, ops, models):
+    """Record each step of coda's layer loop (models.run_layers) as the forward and backward
+    run it: every llama_first / llama_middle / llama_last call and every attention between
+    them, with the tensors it read and, once the backward has run, the gradient that reached
+    each of its inputs and outputs. -> the list of steps, in forward order: dicts with "kind",
+    "inputs" (tensors, weights apart), "input_ids" (their id()s: the embedding output feeds two
+    calls), "weights", "outputs", "args" (the rest of the call) and "grads" ({"in": [...],
+    "out": [...]}, None where nothing arrived: an input's is the total of all its uses)."""
+    steps = []
+
+    def hooked(tensors, slots):
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                t.register_hook(lambda g, i=i: slots.__setitem__(i, g.detach().clone()))
+
+    def step(kind, inputs, weights, outputs, args):
+        s = {"kind": kind, "inputs": [t.detach() for t in inputs], "weights": list(weights),
+             "input_ids": [id(t) for t in inputs], "sources": list(inputs),  # ids stay unique
+             "outputs": [t.detach() for t in outputs], "args": args,
+             "grads": {"in": [None] * len(inputs), "out": [None] * len(outputs)}}
+        hooked(inputs, s["grads"]["in"])
+        hooked(outputs, s["grads"]["out"])
+        steps.append(s)
+
+    first, middle, last, attend = ops.llama_first, ops.llama_middle, ops.llama_last, models._attend
+
+    def first_(x, weights, positions, inv_freq, config):
+        qkv = first(x, weights, positions, inv_freq, config)
+        step("first", [x], weights, [qkv], (positions, inv_freq, config))
+        return qkv
+
+    def middle_(x0, y0, weights, positions, inv_freq, config):
+        x2, qkv = middle(x0, y0, weights, positions, inv_freq, config)
+        step("middle", [x0, y0], weights, [x2, qkv], (positions, inv_freq, config))
+        return x2, qkv
+
+    def last_(x0, y0, targets, weights, config, **kw):
+        loss, logits = last(x0, y0, targets, weights, config, **kw)
+        step("last", [x0, y0], weights, [loss], (targets, config, kw))
+        return loss, logits
+
+    def attend_(qkv, batch, seq, block, padding):
+        y = attend(qkv, batch, seq, block, padding)
+        step("attention", [qkv], (), [y], (batch, seq, block))
+        return y
+
+    monkeypatch.setattr(ops, "llama_first", first_)
+    monkeypatch.setattr(ops, "llama_middle", middle_)
+    monkeypatch.setattr(ops, "llama_last", last_)
+    monkeypatch.setattr(models, "_attend", attend_)
+    return steps
+
+
+def _textbook_step(s, dtype, key_mask, names):
+    """The textbook (unfused) form of one recorded step on fp32 copies (dtype float32) or the
+    16-bit tensors as coda's step read them (None), driven backward by the gradients coda's
+    chain handed that step. -> {name: gradient} for the step's inputs ("d in0", "d in1") and
+    weights (names: the weights' parameter names)."""
+    inputs = [t.detach().clone().to(dtype or t.dtype).requires_grad_() for t in s["inputs"]]
+    weights = [w.detach().clone().to(dtype or w.dtype).requires_grad_() for w in s["weights"]]
+    if s["kind"] == "first":
+        positions, inv_freq, block = s["args"]
+        outs = [first(*inputs, *weights, positions, inv_freq, block)]
+    elif s["kind"] == "middle":
+        positions, inv_freq, block = s["args"]
+        outs = list(middle(*inputs, *weights, positions, inv_freq, block))
+    elif s["kind"] == "last":
+        targets, block, kw = s["args"]
+        logits = last_logits(*inputs, *weights, block)
+        outs = [cross_entropy(logits, targets, block.ignore_index, kw.get("reduction", "mean"))]
+    else:  # attention
+        batch, seq, block = s["args"]
+        h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+        q, k, v = inputs[0].view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
+        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask)
+        outs = [o.transpose(1, 2).reshape(batch * seq, h * d)]
+    # The last step's loss is the model's own: its incoming gradient is 1 (loss.backward()).
+    incoming = [torch.ones_like(o) if g is None else g.to(o.dtype)
+                for o, g in zip(outs, s["grads"]["out"])]
+    leaves = inputs + weights
+    grads = torch.autograd.grad(outs, leaves, incoming, allow_unused=True)
+    keys = ["d in%d" % i for i in range(len(inputs))] + list(names)
+    return dict(zip(keys, grads))
+
+
+def check_chain(steps, model, ids, key_mask, context=""):
+    """Hold every gradient of coda's layer loop to the section 7 rule step by step: each step
+    (a layer call, an attention) against its textbook form fed the very tensors that step read
+    and the gradients that reached its outputs; the input gradients each step handed on, every
+    layer weight's gradient, and the embedding's (the embedding backward of the gradient the
+    first call handed on, plus the LM head's where the weights are tied). model: a
+    coda.models.Llama whose backward has run."""
+    params = dict(model.named_parameters())  # a tied head is embed_tokens.weight
+    names = {id(p): n for n, p in params.items()}
+    embed = params["embed_tokens.weight"]
+    embed_ref = embed_base = None
+    uses = {}  # input tensor -> (coda's gradient, [(label, ref, base)] of every step reading it)
+    for index, s in enumerate(steps):
+        label = "%s step %d" % (s["kind"], index)
+        w_names = [names[id(w)] for w in s["weights"]]
+        ref = _textbook_step(s, torch.float32, key_mask, w_names)
+        base = _textbook_step(s, None, key_mask, w_names)
+        for i, (key, got) in enumerate(zip(s["input_ids"], s["grads"]["in"])):
+            if got is not None:
+                uses.setdefault(key, (got, []))[1].append(
+                    (label, ref["d in%d" % i], base["d in%d" % i]))
+        for w, n in zip(s["weights"], w_names):
+            if n == "embed_tokens.weight":  # tied: the head's share of the embedding's
+                embed_ref, embed_base = ref[n], base[n]
+                continue
+            check_rule("grad " + n, w.grad, ref[n], base[n], context)
+        if s["kind"] == "first":
+            dx = s["grads"]["in"][0]
+    # Each input's gradient, summed over the steps that read it as autograd sums them (the
+    # embedding output is the first call's input and the first middle call's residual x0).
+    for got, terms in uses.values():
+        ref, base = terms[0][1], terms[0][2]
+        for _, r, b in terms[1:]:
+            ref, base = ref + r, base + b
+        check_rule("d input of " + " + ".join(t[0] for t in terms), got, ref, base, context)
+    # The embedding: its backward on the gradient the first call handed on (fp32 and bf16,
+    # as the textbook's autograd accumulates a row's tokens), the tied head's share added.
+    flat = ids.reshape(-1)
+
+    def embedding_grad(dtype, head):
+        table = embed.detach().clone().to(dtype or embed.dtype).requires_grad_()
+        out = torch.nn.functional.embedding(flat, table)
+        (g,) = torch.autograd.grad(out, table, dx.to(out.dtype))
+        return g if head is None else g + head
+    check_rule("grad embed_tokens.weight", embed.grad, embedding_grad(torch.float32, embed_ref),
+               embedding_grad(None, embed_base), context)
