@@ -93,19 +93,21 @@ class DropRow(torch.autograd.Function):
 
 @pytest.mark.parametrize("mistake", ["scale", "dropped_row"])
 def test_llama_check_catches_planted_mistakes(mistake, monkeypatch):
-    """The step-by-step gradient check still fails a wrong gradient: a gamma gradient 1/64 off
-    in scale (about 3 of torch's bf16 errors of that gradient end to end; 2 of them passed the
-    old end-to-end rule), or one middle call losing a token's dqkv row (a dropped term)."""
+    """The step-by-step gradient check still fails a wrong gradient: a gamma gradient 1/32 off
+    in scale, or one middle call losing a token's dqkv row (a dropped term). At 1/64 off the
+    step check put that gradient at 1.36-1.76 of its bound over seeds 1-5, where the old
+    end-to-end rule put it at 0.69-1.21 (passing 2 of the 5): the step's own bf16 error, the
+    baseline now, is smaller than the carried error was."""
     if mistake == "scale":
         def plant(model):
-            model.layers[1].ffn_norm.grad *= 1 + 2.0 ** -6
+            model.layers[1].ffn_norm.grad *= 1 + 2.0 ** -5
         match = "grad layers.1.ffn_norm"
     else:
         middle = ops.llama_middle
 
         def dropping(x0, y0, weights, *args):
             x2, qkv = middle(x0, y0, weights, *args)
-            return x2, DropRow.apply(qkv, 45)  # row 1's 6th token (a token when padded)
+            return x2, DropRow.apply(qkv, 45)  # token 5 of row 1
         monkeypatch.setattr(ops, "llama_middle", dropping)
         plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
     with pytest.raises(AssertionError, match=match):
