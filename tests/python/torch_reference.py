@@ -304,8 +304,9 @@ def record_chain(monkeypatch, ops, models):
             if t.requires_grad:
                 t.register_hook(lambda g, i=i: slots.__setitem__(i, g.detach().clone()))
 
-    def step(kind, inputs, weights, outputs, args):
+    def step(kind, inputs, weights, outputs, args, saved=None):
         s = {"kind": kind, "inputs": [t.detach() for t in inputs], "weights": list(weights),
+             "saved": saved,
              "input_ids": [id(t) for t in inputs], "sources": list(inputs),  # ids stay unique
              "outputs": [t.detach() for t in outputs], "args": args,
              "grads": {"in": [None] * len(inputs), "out": [None] * len(outputs)}}
@@ -315,19 +316,46 @@ def record_chain(monkeypatch, ops, models):
 
     first, middle, last, attend = ops.llama_first, ops.llama_middle, ops.llama_last, models._attend
 
+    @torch.no_grad()
+    def forward_outputs(spec, names, *args):
+        """Every output of the call's forward op, the activations its backward reads among
+        them (the public functions return two): the same kernels on the same tensors again."""
+        return dict(zip(names, ops._run(spec, *args)))
+
+    def rope_args(positions, inv_freq, x, c):
+        return (ops._positions(positions, x), ops._inv_freq(inv_freq, x), c.n_heads,
+                c.n_kv_heads, c.head_dim, c.eps)
+
     def first_(x, weights, positions, inv_freq, config):
         qkv = first(x, weights, positions, inv_freq, config)
-        step("first", [x], weights, [qkv], (positions, inv_freq, config))
+        c = ops.block_config(config)
+        saved = forward_outputs(ops._FIRST_FWD, ("qkv", "r"), x.detach(),
+                                *[w.detach() for w in weights],
+                                *rope_args(positions, inv_freq, x, c))
+        assert torch.equal(saved["qkv"], qkv)
+        step("first", [x], weights, [qkv], (positions, inv_freq, c), saved)
         return qkv
 
     def middle_(x0, y0, weights, positions, inv_freq, config):
         x2, qkv = middle(x0, y0, weights, positions, inv_freq, config)
-        step("middle", [x0, y0], weights, [x2, qkv], (positions, inv_freq, config))
+        c = ops.block_config(config)
+        saved = forward_outputs(ops._MIDDLE_FWD, ("x2", "qkv", "x1", "z1", "r1", "r2"),
+                                x0.detach(), y0.detach(), *[w.detach() for w in weights],
+                                *rope_args(positions, inv_freq, x0, c))
+        assert torch.equal(saved["x2"], x2) and torch.equal(saved["qkv"], qkv)
+        step("middle", [x0, y0], weights, [x2, qkv], (positions, inv_freq, c), saved)
         return x2, qkv
 
     def last_(x0, y0, targets, weights, config, **kw):
         loss, logits = last(x0, y0, targets, weights, config, **kw)
-        step("last", [x0, y0], weights, [loss], (targets, config, kw))
+        c = ops.block_config(config)
+        reduction = kw.get("reduction", "mean")
+        saved = forward_outputs(
+            ops._LAST_FWD, ("loss", "logits", "x1", "z1", "r1", "x2", "r2"), x0.detach(),
+            y0.detach(), targets.reshape(-1).to(device=x0.device, dtype=torch.int32),
+            *[w.detach() for w in weights], c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
+            c.ignore_index, ops._REDUCTIONS[reduction], True)
+        step("last", [x0, y0], weights, [loss], (targets, c, reduction), saved)
         return loss, logits
 
     def attend_(qkv, batch, seq, block, padding):
@@ -342,24 +370,73 @@ def record_chain(monkeypatch, ops, models):
     return steps
 
 
+class _Saved(torch.autograd.Function):
+    """The value of `saved` (an activation coda's forward stored), the gradient of `t` (the
+    textbook's own): the textbook's backward then reads what coda's backward reads."""
+
+    @staticmethod
+    def forward(ctx, t, saved):
+        return saved.to(t.dtype).reshape(t.shape).clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def _norm_saved(x, weight, rstd, eps):
+    """rms_norm with the saved rstd (coda's, from the unrounded sum of squares) as its value."""
+    dtype = x.dtype
+    h = x.float()
+    r = _Saved.apply(torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps), rstd.float())
+    return weight * (h * r).to(dtype)
+
+
+def _qkv_saved(normed, w_qkv, positions, inv_freq, block):
+    h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+    m = normed.shape[0]
+    qkv = normed @ w_qkv.t()
+    q = rope(qkv[:, : h * d].reshape(m, h, d), positions, inv_freq).reshape(m, -1)
+    k = rope(qkv[:, h * d:(h + kv) * d].reshape(m, kv, d), positions, inv_freq).reshape(m, -1)
+    return torch.cat((q, k, qkv[:, (h + kv) * d:]), dim=1)
+
+
+def _mlp_saved(x0, y0, w_out, ffn_norm, w_gate_up, w_down, sv, eps):
+    """mlp_residual with x1, the gate/up pre-activation and x2 taking coda's stored values."""
+    x1 = _Saved.apply(x0 + y0 @ w_out.t(), sv["x1"])
+    gu = _Saved.apply(_norm_saved(x1, ffn_norm, sv["r1"], eps) @ w_gate_up.t(), sv["z1"])
+    gate, up = gu[:, 0::2], gu[:, 1::2]
+    return _Saved.apply(x1 + (F.silu(gate) * up) @ w_down.t(), sv["x2"])
+
+
 def _textbook_step(s, dtype, key_mask, names):
     """The textbook (unfused) form of one recorded step on fp32 copies (dtype float32) or the
-    16-bit tensors as coda's step read them (None), driven backward by the gradients coda's
-    chain handed that step. -> {name: gradient} for the step's inputs ("d in0", "d in1") and
-    weights (names: the weights' parameter names)."""
+    16-bit tensors as coda's step read them (None), its activations taking the values coda's
+    forward stored (x1, the pre-activation, x2, the rstds, the logits: what coda's backward
+    reads; the rest, e.g. the normalized inputs, formed from them as an unfused forward forms
+    them), driven backward by the gradients coda's chain handed the step. -> {name: gradient}
+    for the step's inputs ("d in0", "d in1") and weights (names: their parameter names)."""
     inputs = [t.detach().clone().to(dtype or t.dtype).requires_grad_() for t in s["inputs"]]
     weights = [w.detach().clone().to(dtype or w.dtype).requires_grad_() for w in s["weights"]]
+    sv = s["saved"]
     if s["kind"] == "first":
         positions, inv_freq, block = s["args"]
-        outs = [first(*inputs, *weights, positions, inv_freq, block)]
+        (x,), (attn_norm, w_qkv) = inputs, weights
+        outs = [_qkv_saved(_norm_saved(x, attn_norm, sv["r"], block.eps), w_qkv, positions,
+                           inv_freq, block)]
     elif s["kind"] == "middle":
         positions, inv_freq, block = s["args"]
-        outs = list(middle(*inputs, *weights, positions, inv_freq, block))
+        w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv = weights
+        x2 = _mlp_saved(*inputs, w_out, ffn_norm, w_gate_up, w_down, sv, block.eps)
+        outs = [x2, _qkv_saved(_norm_saved(x2, attn_norm, sv["r2"], block.eps), w_qkv,
+                               positions, inv_freq, block)]
     elif s["kind"] == "last":
-        targets, block, kw = s["args"]
-        logits = last_logits(*inputs, *weights, block)
-        outs = [cross_entropy(logits, targets, block.ignore_index, kw.get("reduction", "mean"))]
-    else:  # attention
+        targets, block, reduction = s["args"]
+        w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head = weights
+        x2 = _mlp_saved(*inputs, w_out, ffn_norm, w_gate_up, w_down, sv, block.eps)
+        logits = _Saved.apply(_norm_saved(x2, final_norm, sv["r2"], block.eps) @ lm_head.t(),
+                              sv["logits"])
+        outs = [cross_entropy(logits, targets, block.ignore_index, reduction)]
+    else:  # attention: torch's own on both sides
         batch, seq, block = s["args"]
         h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
         q, k, v = inputs[0].view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
