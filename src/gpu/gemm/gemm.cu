@@ -73,8 +73,9 @@ void require_device(const char* kernel) {
 }
 
 sm90::GemmPlan default_plan(const GemmArgs& args) {
-  // The 128 x 192 kernel is compiled for bf16 inputs and output only (instances.cuh).
-  const bool narrow_compiled = args.a.dtype == DType::bf16 && args.d.dtype == DType::bf16;
+  // Whether the 128 x 192 kernel is compiled for these dtypes (instances.cuh: bf16 only).
+  const bool narrow_compiled =
+      bool(find_launcher(args.layout, args.a.dtype, args.d.dtype, sm90::KernelId::wide192));
   return sm90::choose_plan(args.m(), args.n(), args.k(), current_device_sms(), narrow_compiled);
 }
 
