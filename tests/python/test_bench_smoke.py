@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 
 import pytest
 
@@ -349,3 +350,44 @@ def test_bench_gate_up_layout_is_coda_s():
     assert torch.equal(ours, coda.ops.interleave_gate_up(torch.cat([gate, up])))
     g, u = coda_adapter.deinterleave_gate_up(ours)
     assert torch.equal(g, gate) and torch.equal(u, up)
+
+
+class _SlowHostSide:
+    """A side whose forward spends `host_ms` of host time before one small kernel: what the
+    two timing protocols must tell apart. host_ms(i) gives repetition i's host time."""
+
+    def __init__(self, torch, host_ms):
+        self.torch, self.host_ms, self.calls = torch, host_ms, 0
+        self.x = torch.ones(1 << 20, device="cuda")
+
+    def forward(self):
+        time.sleep(self.host_ms(self.calls) / 1e3)
+        self.calls += 1
+        return self.x * 2
+
+    def backward(self, state):
+        pass
+
+    def zero_grad(self):
+        pass
+
+
+def test_host_ahead_times_the_gpu_work_alone():
+    """timing.time_pass: without host_ahead a pass's host time counts (the GPU waits for the
+    launch), with it only the GPU's work does; and a repetition whose host outlasts the sleep
+    raises rather than report a time with host time in it."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from coda.bench import timing
+
+    flush = timing.L2Flush(mib=16)
+    kw = dict(warmup=2, iters=5, flush=flush, quiescent=0)
+    exposed, _ = timing.time_pass(_SlowHostSide(torch, lambda i: 5.0), "fwd", **kw)
+    ahead, _ = timing.time_pass(_SlowHostSide(torch, lambda i: 5.0), "fwd", host_ahead=True,
+                                **kw)
+    assert exposed >= 4.5, exposed  # the 5 ms of host time, then the kernel
+    assert ahead < 1.0, ahead  # a 4 MiB multiply
+    late = _SlowHostSide(torch, lambda i: 1.0 if i < 2 else 40.0)  # warm-ups fast, then slow
+    with pytest.raises(RuntimeError, match="host_ahead"):
+        timing.time_pass(late, "fwd", host_ahead=True, **kw)

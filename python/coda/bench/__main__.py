@@ -39,6 +39,10 @@ def parse_args(argv):
                    help="torch.compile mode (default: torch's default mode)")
     p.add_argument("--coda-eager-bypass", action="store_true",
                    help="coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)")
+    p.add_argument("--host-ahead", action="store_true",
+                   help="keep the GPU busy (a sleep kernel) while the host issues each timed "
+                        "pass, so that the times are the GPU's work alone, as in a training "
+                        "loop whose host runs ahead (coda/bench/timing.py)")
     p.add_argument("--merge", action="store_true",
                    help="keep the records of other cases already in --out (same commit only): run "
                         "the cases in several commands, one results file")
@@ -80,7 +84,8 @@ def main(argv=None):
     iters = args.iters if args.iters is not None else (10 if args.quick else 20)
     opts = Opts(warmup=warmup, iters=iters, passes=passes, sides=sides,
                 check=not args.no_check, compile_mode=args.compile_mode,
-                log=lambda s: print(s, flush=True), profile=args.profile)
+                log=lambda s: print(s, flush=True), profile=args.profile,
+                host_ahead=args.host_ahead)
     # Each case compiles new graphs; keep torch.compile from giving up on recompiles (the
     # setting's name changed across releases).
     for name in ("recompile_limit", "cache_size_limit"):
@@ -119,7 +124,9 @@ def main(argv=None):
     results.update({
         "quick": bool(args.quick), "warmup": warmup, "iters": iters,
         "coda_eager_bypass": bool(args.coda_eager_bypass),
-        "timing": report.TIMING_DEFINITION, "memory": report.MEMORY_DEFINITION,
+        "host_ahead": bool(args.host_ahead),
+        "timing": report.TIMING_DEFINITION + (report.HOST_AHEAD_DEFINITION
+                                              if args.host_ahead else ""), "memory": report.MEMORY_DEFINITION,
         "native": report.NATIVE_DEFINITION,
         "cases": records,
     })

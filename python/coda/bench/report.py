@@ -33,6 +33,10 @@ TIMING_DEFINITION = (
     "the warm-up), CUDA events on the current stream, L2 flushed (256 MiB write) before each; "
     "bwd = backward alone after an untimed forward; gradients set to None before each "
     "repetition.")
+HOST_AHEAD_DEFINITION = (
+    " Host ahead (--host-ahead): a sleep kernel of twice the warm-up's longest host issue time "
+    "plus 1 ms is queued before the start event, so the host has queued the whole pass when "
+    "the GPU reaches it: the times are the GPU's work alone.")
 
 
 def repo_root():

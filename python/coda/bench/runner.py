@@ -82,10 +82,10 @@ def _error_text(e):
 
 class Opts:
     def __init__(self, warmup=3, iters=20, passes=ALL_PASSES, sides=SIDE_ORDER, check=True,
-                 compile_mode=None, log=print, device="cuda", profile=False):
+                 compile_mode=None, log=print, device="cuda", profile=False, host_ahead=False):
         self.warmup, self.iters, self.passes, self.sides = warmup, iters, tuple(passes), tuple(sides)
         self.check, self.compile_mode, self.log = check, compile_mode, log
-        self.device, self.profile = device, profile
+        self.device, self.profile, self.host_ahead = device, profile, host_ahead
 
 
 def _compile(module, opts):
@@ -170,7 +170,8 @@ def _measure(builders, opts, flush):
                     continue
                 try:
                     entry[p] = timing.time_pass(side, p, warmup=opts.warmup, iters=opts.iters,
-                                                flush=flush, quiescent=quiescent)
+                                                flush=flush, quiescent=quiescent,
+                                                host_ahead=opts.host_ahead)
                     opts.log("  %-8s %-8s %9.3f ms %10.0f MiB"
                              % (name, p, entry[p][0], entry[p][1]))
                 except Exception as e:
