@@ -374,14 +374,14 @@ class _SlowHostSide:
 
 def test_host_ahead_times_the_gpu_work_alone():
     """timing.time_pass: without host_ahead a pass's host time counts (the GPU waits for the
-    launch), with it only the GPU's work does; and a repetition whose host outlasts the sleep
+    launch), with it only the GPU's work does; and a repetition whose host outlasts the filler
     raises rather than report a time with host time in it."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from coda.bench import timing
 
-    flush = timing.L2Flush(mib=16)
+    flush = timing.L2Flush(mib=16, host_ahead=True)
     kw = dict(warmup=2, iters=5, flush=flush, quiescent=0)
     exposed, _ = timing.time_pass(_SlowHostSide(torch, lambda i: 5.0), "fwd", **kw)
     ahead, _ = timing.time_pass(_SlowHostSide(torch, lambda i: 5.0), "fwd", host_ahead=True,

@@ -40,7 +40,7 @@ def parse_args(argv):
     p.add_argument("--coda-eager-bypass", action="store_true",
                    help="coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)")
     p.add_argument("--host-ahead", action="store_true",
-                   help="keep the GPU busy (a sleep kernel) while the host issues each timed "
+                   help="keep the GPU busy (filler GEMMs) while the host issues each timed "
                         "pass, so that the times are the GPU's work alone, as in a training "
                         "loop whose host runs ahead (coda/bench/timing.py)")
     p.add_argument("--merge", action="store_true",
@@ -110,7 +110,7 @@ def main(argv=None):
     print("coda.bench on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s"
           % (meta["gpu"], meta["torch"], meta["commit"], warmup, iters, ",".join(passes)),
           flush=True)
-    flush = L2Flush()
+    flush = L2Flush(host_ahead=args.host_ahead)
     t0 = time.perf_counter()
     records = []
     for c in cases:

@@ -34,9 +34,10 @@ TIMING_DEFINITION = (
     "bwd = backward alone after an untimed forward; gradients set to None before each "
     "repetition.")
 HOST_AHEAD_DEFINITION = (
-    " Host ahead (--host-ahead): a sleep kernel of twice the warm-up's longest host issue time "
-    "plus 1 ms is queued before the start event, so the host has queued the whole pass when "
-    "the GPU reaches it: the times are the GPU's work alone.")
+    " Host ahead (--host-ahead): bf16 GEMMs lasting twice the warm-up's longest host issue time "
+    "plus 1 ms, then the flush, are queued before the start event, so the host has queued the "
+    "whole pass when the GPU reaches it (busy, at its sustained clocks): the times are the GPU's "
+    "work alone.")
 
 
 def repo_root():
