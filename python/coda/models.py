@@ -267,8 +267,9 @@ _sdpa = getattr(F, "scaled_dot_product_attention", _attention_math)
 
 def padding_keys(attention_mask, batch, seq):
     """A [B, S] padding mask (nonzero: a token) -> the key_mask attention() takes: None when
-    there is no padding (plain causal attention, SDPA's fastest path), else a bool [B, S]. Only
-    2D masks: a 4D one (a custom attention pattern) raises NotImplementedError."""
+    there is no padding (plain causal attention, SDPA's fastest path; eager calls only, see
+    below), else a bool [B, S]. Only 2D masks: a 4D one (a custom attention pattern) raises
+    NotImplementedError."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -279,9 +280,22 @@ def padding_keys(attention_mask, batch, seq):
         raise ValueError("attention_mask: expected shape %s (the inputs'); got %s"
                          % ((batch, seq), tuple(attention_mask.shape)))
     keys = attention_mask != 0
-    if bool(keys.all()):  # one host synchronization, as Hugging Face's mask creation makes
+    # Whether anything is padded is known on the mask's device only. Eager calls read it back
+    # (one host synchronization, as Hugging Face's mask creation makes) so that an all-ones
+    # mask takes the unmasked path. Under torch.compile that read is a graph break (fullgraph
+    # raises) and in a CUDA graph capture an error, so there the mask is applied as it is: an
+    # all-ones mask removes no key, only SDPA's kernel (and its rounding) differs.
+    if _tracing(keys):
+        return keys
+    if bool(keys.all()):
         return None
     return keys
+
+
+def _tracing(t):
+    """True while torch.compile traces or t's CUDA stream is being captured into a CUDA graph:
+    then nothing may wait for the device's values."""
+    return ops._compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def shift_labels(labels, ignore_index=-100):
