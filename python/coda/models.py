@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from . import ops
@@ -267,8 +268,9 @@ _sdpa = getattr(F, "scaled_dot_product_attention", _attention_math)
 
 def padding_keys(attention_mask, batch, seq):
     """A [B, S] padding mask (nonzero: a token) -> the key_mask attention() takes: None when
-    there is no padding (plain causal attention, SDPA's fastest path), else a bool [B, S]. Only
-    2D masks: a 4D one (a custom attention pattern) raises NotImplementedError."""
+    there is no padding (plain causal attention, SDPA's fastest path; eager calls only, see
+    below), else a bool [B, S]. Only 2D masks: a 4D one (a custom attention pattern) raises
+    NotImplementedError."""
     if attention_mask is None:
         return None
     if attention_mask.dim() != 2:
@@ -279,9 +281,22 @@ def padding_keys(attention_mask, batch, seq):
         raise ValueError("attention_mask: expected shape %s (the inputs'); got %s"
                          % ((batch, seq), tuple(attention_mask.shape)))
     keys = attention_mask != 0
-    if bool(keys.all()):  # one host synchronization, as Hugging Face's mask creation makes
+    # Whether anything is padded is known on the mask's device only. Eager calls read it back
+    # (one host synchronization, as Hugging Face's mask creation makes) so that an all-ones
+    # mask takes the unmasked path. Under torch.compile that read is a graph break (fullgraph
+    # raises) and in a CUDA graph capture an error, so there the mask is applied as it is: an
+    # all-ones mask removes no key, only SDPA's kernel (and its rounding) differs.
+    if _tracing(keys):
+        return keys
+    if bool(keys.all()):
         return None
     return keys
+
+
+def _tracing(t):
+    """True while torch.compile traces or t's CUDA stream is being captured into a CUDA graph:
+    then nothing may wait for the device's values."""
+    return ops._compiling() or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def shift_labels(labels, ignore_index=-100):
@@ -291,27 +306,59 @@ def shift_labels(labels, ignore_index=-100):
 
 
 def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final_norm, lm_head,
-               return_logits=False, reduction="mean", key_mask=None):
+               return_logits=False, reduction="mean", key_mask=None, checkpoint=False):
     """Embedding output x [B*S, D] -> (loss, logits or None) through coda's first, middle and
     last layers, attention between them. `layers`: a list, one dict per decoder layer with the
     coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down. key_mask: as
-    attention() takes it (None: no padding)."""
+    attention() takes it (None: no padding). checkpoint: keep only each stage's inputs for the
+    backward and recompute the rest there (torch.utils.checkpoint; the stages below)."""
     padding = _padding_mask(key_mask, seq)
-    first = layers[0]
-    qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
+
+    def first_stage(x):
+        first = layers[0]
+        qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
+        return _attend(qkv, batch, seq, block, padding)
+
+    def middle_stage(layer, following):
+        # The weights are closed over, not passed: torch.compile traces a checkpointed function
+        # whose arguments are tensors (the parameters it reads become the graph's inputs).
+        def run(x, y):
+            x, qkv = ops.llama_middle(
+                x, y,
+                (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
+                 following["attn_norm"], following["w_qkv"]),
+                positions, inv_freq, block)
+            return x, _attend(qkv, batch, seq, block, padding)
+        return run
+
+    # The stages end after an attention: the tensors crossing a boundary are then the residual
+    # stream x [M, D] and the attention output y [M, H head_dim], the least any cut between
+    # coda's calls keeps (a cut before the attention would keep qkv [M, (H + 2 KV) head_dim]).
+    # The last call is not recomputed: its backward runs first, while every stage's inputs are
+    # still held, so recomputing it (the LM head GEMM again) would not lower the peak.
+    stage = _recomputed if checkpoint else _called
+    y = stage(first_stage, x)
     for layer, following in zip(layers[:-1], layers[1:]):
-        y = _attend(qkv, batch, seq, block, padding)
-        x, qkv = ops.llama_middle(
-            x, y,
-            (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
-             following["attn_norm"], following["w_qkv"]),
-            positions, inv_freq, block)
-    y = _attend(qkv, batch, seq, block, padding)
+        x, y = stage(middle_stage(layer, following), x, y)
     last = layers[-1]
     return ops.llama_last(
         x, y, targets,
         (last["w_out"], last["ffn_norm"], last["w_gate_up"], last["w_down"], final_norm, lm_head),
         block, return_logits=return_logits, reduction=reduction)
+
+
+def _called(fn, *args):
+    return fn(*args)
+
+
+def _recomputed(fn, *args):
+    """fn(*args) under torch.utils.checkpoint: the backward recomputes fn's activations from
+    args. Non-reentrant (the one torch recommends, and the one torch.compile traces). No RNG
+    state is stashed: a stage draws no random numbers (no dropout), and reading the CUDA
+    generator's state is an error inside a CUDA graph capture. coda's kernels and SDPA's
+    forward are deterministic, so the recomputed activations are bit for bit the forward's."""
+    return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False,
+                                             preserve_rng_state=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,10 +403,20 @@ class Llama(nn.Module):
     the padded positions from the keys, as Hugging Face's does (a query with no unpadded key
     gets a zero attention output); the loss skips only targets of -100, so padded positions
     take labels -100, as with Hugging Face.
+
+    checkpoint=True (activation checkpointing): in training (model.train() and gradients on),
+    each decoder layer's coda call and the attention after it run under
+    torch.utils.checkpoint (non-reentrant), so that the forward keeps only the residual stream
+    and the attention output between layers and the backward recomputes the rest; the last
+    call (last layer, LM head, loss) is not recomputed. Loss and gradients are bit for bit
+    those without it (on CUDA, where torch's attention backward is deterministic too:
+    torch.use_deterministic_algorithms(True)). The attribute may be changed between steps.
     """
 
-    def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True):
+    def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True,
+                 checkpoint=False):
         super().__init__()
+        self.checkpoint = bool(checkpoint)
         if dtype not in (torch.bfloat16, torch.float16):
             raise TypeError("coda runs bf16 or f16 models; got dtype %s" % dtype)
         config.validate()
@@ -422,7 +479,8 @@ class Llama(nn.Module):
         loss, logits = run_layers(
             x, batch, seq, positions, targets, self.inv_freq, self.block,
             [layer.weights() for layer in self.layers], self.norm, self.lm_head_weight,
-            return_logits=want_logits, key_mask=key_mask)
+            return_logits=want_logits, key_mask=key_mask,
+            checkpoint=self.checkpoint and self.training and torch.is_grad_enabled())
         if want_logits:
             logits = logits.view(batch, seq, -1)
         if labels is None:
