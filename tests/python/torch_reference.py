@@ -377,7 +377,7 @@ def record_chain(monkeypatch, ops, models):
 
     def attend_(qkv, batch, seq, block, padding):
         y = attend(qkv, batch, seq, block, padding)
-        step("attention", [qkv], (), [y], (batch, seq, block))
+        step("attention", [qkv], (), [y], (batch, seq, block, padding, attend))
         return y
 
     monkeypatch.setattr(ops, "llama_first", first_)
@@ -463,12 +463,20 @@ def _textbook_step(s, dtype, key_mask, names):
         grads = torch.autograd.grad(logits, leaves, sv["dlogits"].to(logits.dtype))
         keys = ["d in%d" % i for i in range(len(inputs))] + list(names)
         return {k: (g.float() * scale).to(g.dtype) for k, g in zip(keys, grads)}
-    else:  # attention: torch's own on both sides
-        batch, seq, block = s["args"]
-        h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
-        q, k, v = inputs[0].view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
-        o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), key_mask)
-        outs = [o.transpose(1, 2).reshape(batch * seq, h * d)]
+    else:  # attention: torch's, outside coda
+        # The 16-bit baseline is the very attention the model ran (SDPA where torch has it),
+        # so the rule holds coda's steps, not SDPA's kernels against the textbook: on the CPU,
+        # torch 2.11's SDPA backward gave the qkv gradient 2.1x the textbook bf16 error (seed
+        # 1785069625); with torch 1.13 (no SDPA) both were the same math.
+        batch, seq, block, padding, attend = s["args"]
+        if dtype is None:
+            outs = [attend(inputs[0], batch, seq, block, padding)]
+        else:
+            h, kv, d = block.n_heads, block.n_kv_heads, block.head_dim
+            q, k, v = inputs[0].view(batch, seq, h + 2 * kv, d).split([h, kv, kv], dim=2)
+            o = causal_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                 key_mask)
+            outs = [o.transpose(1, 2).reshape(batch * seq, h * d)]
     # The last step's loss is the model's own: its incoming gradient is 1 (loss.backward()).
     incoming = [torch.ones_like(o) if g is None else g.to(o.dtype)
                 for o, g in zip(outs, s["grads"]["out"])]
