@@ -403,21 +403,6 @@ def test_padded_batch_against_the_plain_forward(device, tied, monkeypatch):
     check_padded(device, tied, monkeypatch)
 
 
-class DropRow(torch.autograd.Function):
-    """Identity forward; the backward loses row `row` of the gradient (a planted mistake)."""
-
-    @staticmethod
-    def forward(ctx, t, row):
-        ctx.row = row
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.clone()
-        g[ctx.row] = 0
-        return g, None
-
-
 @pytest.mark.parametrize("mistake", ["scale", "dropped_row", "fused_rows"])
 def test_padded_check_catches_planted_mistakes(mistake, monkeypatch):
     """The step-by-step check of a patched model still fails a wrong gradient: a Hugging Face
@@ -439,7 +424,7 @@ def test_padded_check_catches_planted_mistakes(mistake, monkeypatch):
 
         def dropping(x0, y0, weights, *args):
             x2, qkv = middle(x0, y0, weights, *args)
-            return x2, DropRow.apply(qkv, 10)
+            return x2, R.DropRow.apply(qkv, 10)
         monkeypatch.setattr(ops, "llama_middle", dropping)
         plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
     with pytest.raises(AssertionError, match=match):

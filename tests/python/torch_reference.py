@@ -393,6 +393,22 @@ def record_chain(monkeypatch, ops, models):
     return steps
 
 
+class DropRow(torch.autograd.Function):
+    """Identity forward; the backward loses row `row` of the gradient (a planted mistake for
+    the tests of check_chain)."""
+
+    @staticmethod
+    def forward(ctx, t, row):
+        ctx.row = row
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        g[ctx.row] = 0
+        return g, None
+
+
 class _Saved(torch.autograd.Function):
     """The value of `saved` (an activation coda's forward stored), the gradient of `t` (the
     textbook's own): the textbook's backward then reads what coda's backward reads."""
