@@ -3,13 +3,19 @@
 rope scaling.
 
 * from_hf / to_hf_state_dict round-trip bit for bit; the RoPE table equals HF's;
-* logits, loss and every parameter gradient of coda.from_hf(model) (bf16) against the HF
-  model in fp32, under the section 7 rule with HF in bf16 as the baseline; the weights come
-  from an fp32 model (coda and HF-bf16 round them) or from a bf16 one (all three share them);
+* logits and loss of coda.from_hf(model) (bf16) against the HF model in fp32, under the
+  section 7 rule with HF in bf16 as the baseline; the weights come from an fp32 model (coda
+  and HF-bf16 round them) or from a bf16 one (all three share them). The gradients step by
+  step (torch_reference.check_chain: each coda layer call and attention against its textbook
+  form fed the tensors it read; end to end, the rule compared two independent draws of
+  carried rounding error and failed on rare seeds, docs/reliability.md), and every HF
+  parameter's gradient (to_hf_state_dict) bit for bit the rows of the coda gradient checked;
 * patch_hf gives the coda model's results bit for bit (padded batches too), with coda reading
   the fused q/k/v tensor the HF parameters are row blocks of; save_pretrained, a fused AdamW
   step and unpatch_hf work on a patched model; on a batch padded on both sides, the patched
-  model against HF's own forward (same mask) under the section 7 rule;
+  model's loss and logits against HF's own forward (same mask) under the section 7 rule, its
+  gradients step by step as above, each HF parameter's .grad the rows of the coda gradient
+  checked; planted mistakes fail that check;
 * unsupported configs raise NotImplementedError.
 
 test_patch_hf.py checks the same patch_hf on a stand-in for the HF model without transformers.
@@ -68,7 +74,14 @@ def batch(device, vocab=512, seed_salt=52):
     return ids.to(device), labels.to(device)
 
 
-def hf_run(model, ids, labels, mask=None):
+@torch.no_grad()
+def hf_forward(model, ids, labels, mask=None):
+    """HF's own forward: (logits, loss)."""
+    out = model(input_ids=ids, labels=labels, attention_mask=mask)
+    return out.logits, out.loss
+
+
+def hf_run(model, ids, labels, mask=None):  # (tools/hf_numerics.py: HF's own gradients)
     model.zero_grad(set_to_none=True)
     out = model(input_ids=ids, labels=labels, attention_mask=mask)
     out.loss.backward()
@@ -113,11 +126,33 @@ def test_round_trip_is_exact(tied):
             assert torch.equal(value, want[name].to(torch.bfloat16)), name
 
 
+def check_forward(loss, logits, r_logits, b_logits, labels, context, r_loss=None):
+    """The loss (per token) and the logits against HF fp32, HF bf16 the baseline."""
+    targets = models.shift_labels(labels).reshape(-1)
+    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
+    R.check_loss("loss", loss, R.token_losses(flat(r_logits), targets),
+                 R.token_losses(flat(b_logits), targets), targets, context=context)
+    if r_loss is not None:  # HF's loss is what we think it is
+        assert abs(r_loss.item() - R.token_losses(flat(r_logits), targets).sum().item()
+                   / (targets != IGNORE).sum().item()) < 1e-4
+    R.check_rule("logits", logits, r_logits, b_logits, context)
+
+
+def chain_kinds(n_layers):
+    return ["first"] + ["attention", "middle"] * (n_layers - 1) + ["attention", "last"]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("source", ["fp32", "bf16"])
 @pytest.mark.parametrize("rope_scaling", [None, LLAMA3], ids=["rope", "llama3"])
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_matches_hf(device, source, rope_scaling, tied):
+def test_matches_hf(device, source, rope_scaling, tied, monkeypatch):
+    check_matches_hf(device, source, rope_scaling, tied, monkeypatch)
+
+
+def check_matches_hf(device, source, rope_scaling, tied, monkeypatch):
+    """coda.from_hf against HF: the forward end to end, the gradients step by step, and the
+    HF-named gradients (to_hf_state_dict) those checked."""
     config = hf_config(tied=tied, rope_scaling=rope_scaling)
     hf32 = hf_model(config, SEED, device)
     hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
@@ -129,23 +164,23 @@ def test_matches_hf(device, source, rope_scaling, tied):
     assert model.embed_tokens.weight.dtype == torch.bfloat16
 
     ids, labels = batch(device)
-    r_logits, r_loss, r_grads = hf_run(hf32, ids, labels)
-    b_logits, b_loss, b_grads = hf_run(hf16, ids, labels)
+    r_logits, r_loss = hf_forward(hf32, ids, labels)
+    b_logits, _ = hf_forward(hf16, ids, labels)
+    steps = R.record_chain(monkeypatch, coda.ops, models)
     loss, logits = model(ids, labels=labels, return_logits=True)
     loss.backward()
+    assert [s["kind"] for s in steps] == chain_kinds(config.num_hidden_layers)
 
-    context = "(seed %d, %s, %s weights, %s)" % (SEED, device, source,
-                                                 "tied" if tied else "untied")
-    targets = models.shift_labels(labels).reshape(-1)
-    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-    R.check_loss("loss", loss, R.token_losses(flat(r_logits), targets),
-                 R.token_losses(flat(b_logits), targets), targets, context=context)
-    assert abs(r_loss.item() - R.token_losses(flat(r_logits), targets).sum().item()
-               / (targets != IGNORE).sum().item()) < 1e-4  # HF's loss is what we think it is
-    R.check_rule("logits", logits, r_logits, b_logits, context)
-    grads = coda.to_hf_state_dict(model, grads=True)
-    for name, _ in hf32.named_parameters():
-        R.check_rule("grad " + name, grads[name], r_grads[name], b_grads[name], context)
+    context = "(seed %d, %s, %s weights, %s, %s)" % (
+        SEED, device, source, "llama3" if rope_scaling else "rope", "tied" if tied else "untied")
+    check_forward(loss, logits, r_logits, b_logits, labels, context, r_loss)
+    # The gradients step by step, not against HF's end to end: held end to end, the rule
+    # compared two independent draws of the rounding error carried back through four layers
+    # (seed 1467938813, cuda, tied: layers.3.input_layernorm at 2.2-2.4x), as test_models'
+    # comparison did (docs/reliability.md, "The model tests' gradients").
+    checked = R.check_chain(steps, model, ids, None, context)
+    R.assert_hf_gradients(coda.to_hf_state_dict(model, grads=True), hf32,
+                          R.hf_gradients(checked, model.block), context)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -192,34 +227,72 @@ def test_patch_hf_runs_coda(device, tied, monkeypatch):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_patch_hf_padded_batch_matches_hf(device, tied):
+def test_patch_hf_padded_batch_matches_hf(device, tied, monkeypatch):
     """Left and right padding, labels -100 at the pads (a collator's batch): the patched model
     against HF's own forward on the same attention_mask, fp32 the reference and bf16 the
     baseline. With left padding HF's loss counts the last pad position predicting the first
     token, whose attention reads no key: torch >= 2.5's SDPA gives it a zero output, as coda
     does."""
-    hf32 = hf_model(hf_config(tied=tied, rope_scaling=LLAMA3), SEED, device)
+    check_patched_padded(device, tied, monkeypatch)
+
+
+@pytest.mark.parametrize("mistake", ["scale", "dropped_row", "fused_rows"])
+def test_patched_check_catches_planted_mistakes(mistake, monkeypatch):
+    """The step-by-step check of a patched HF model still fails a wrong gradient: an HF
+    gamma's gradient 1/32 off in scale (a parameter coda's step read itself), one middle call
+    losing a token's dqkv row (token 20 of row 0, not padding), or one row of k_proj's
+    gradient, a view into the fused q/k/v gradient, changed after the backward."""
+    layer = lambda model: model.model.layers[1]  # noqa: E731
+    if mistake == "scale":
+        def plant(model):
+            layer(model).post_attention_layernorm.weight.grad *= 1 + 2.0 ** -5
+        match = r"grad layers\.1\.ffn_norm"
+    elif mistake == "fused_rows":
+        def plant(model):
+            layer(model).self_attn.k_proj.weight.grad[7] += 2.0 ** -6
+        match = r"grad model\.layers\.1\.self_attn\.k_proj\.weight: not the rows"
+    else:
+        middle = coda.ops.llama_middle
+
+        def dropping(x0, y0, weights, *args):
+            x2, qkv = middle(x0, y0, weights, *args)
+            return x2, R.DropRow.apply(qkv, 20)
+        monkeypatch.setattr(coda.ops, "llama_middle", dropping)
+        plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
+    with pytest.raises(AssertionError, match=match):
+        check_patched_padded("cpu", False, monkeypatch, plant)
+
+
+def check_patched_padded(device, tied, monkeypatch, plant=None):
+    """A padded batch through coda.patch_hf(HF bf16) against HF's own forward: the loss and
+    logits end to end, the gradients step by step (check_chain through the patched
+    run_layers), every HF parameter's .grad the rows of the coda gradient checked. plant(model),
+    when given, runs after the backward (a planted mistake)."""
+    config = hf_config(tied=tied, rope_scaling=LLAMA3)
+    hf32 = hf_model(config, SEED, device)
     # transformers' default; its eager path would give the rows with no key uniform weights.
     assert getattr(hf32.config, "_attn_implementation", "sdpa") == "sdpa"
     hf16 = copy.deepcopy(hf32).to(torch.bfloat16)
     ids, labels = batch(device)
     ids, labels, mask = R.pad_batch(ids, labels)
-    r_logits, r_loss, r_grads = hf_run(hf32, ids, labels, mask)
-    b_logits, b_loss, b_grads = hf_run(hf16, ids, labels, mask)
+    r_logits, _ = hf_forward(hf32, ids, labels, mask)
+    b_logits, _ = hf_forward(hf16, ids, labels, mask)
     assert torch.isfinite(r_logits).all() and torch.isfinite(b_logits).all(), (
         "HF's own forward is not finite on the padded batch (its SDPA on rows with no key)")
     patched = coda.patch_hf(copy.deepcopy(hf16))
+    steps = R.record_chain(monkeypatch, coda.ops, models)
     out = patched(input_ids=ids, labels=labels, attention_mask=mask)
     out.loss.backward()
+    if plant is not None:
+        plant(patched)
+    assert [s["kind"] for s in steps] == chain_kinds(config.num_hidden_layers)
 
-    context = "(seed %d, %s, %s, padded)" % (SEED, device, "tied" if tied else "untied")
-    targets = models.shift_labels(labels).reshape(-1)
-    flat = lambda t: t.reshape(-1, t.shape[-1])  # noqa: E731
-    R.check_loss("loss", out.loss, R.token_losses(flat(r_logits), targets),
-                 R.token_losses(flat(b_logits), targets), targets, context=context)
-    R.check_rule("logits", out.logits, r_logits, b_logits, context)
-    for name, p in patched.named_parameters():
-        R.check_rule("grad " + name, p.grad, r_grads[name], b_grads[name], context)
+    context = "(seed %d, %s, %s, padded, patched)" % (SEED, device,
+                                                      "tied" if tied else "untied")
+    check_forward(out.loss, out.logits, r_logits, b_logits, labels, context)
+    checked = R.check_chain(steps, patched, ids, mask != 0, context)
+    R.assert_hf_gradients({n: p.grad for n, p in patched.named_parameters()}, patched,
+                          R.hf_gradients(checked, patched._coda_state["block"]), context)
 
 
 @pytest.mark.parametrize("device", DEVICES)

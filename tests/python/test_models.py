@@ -71,21 +71,6 @@ def test_llama_against_plain_torch(device, tied, padded, monkeypatch):
     check_llama(device, tied, padded, monkeypatch)
 
 
-class DropRow(torch.autograd.Function):
-    """Identity forward; the backward loses row `row` of the gradient (a planted mistake)."""
-
-    @staticmethod
-    def forward(ctx, t, row):
-        ctx.row = row
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx, g):
-        g = g.clone()
-        g[ctx.row] = 0
-        return g, None
-
-
 @pytest.mark.parametrize("mistake", ["scale", "dropped_row"])
 def test_llama_check_catches_planted_mistakes(mistake, monkeypatch):
     """The step-by-step gradient check still fails a wrong gradient: a gamma gradient 1/32 off
@@ -102,7 +87,7 @@ def test_llama_check_catches_planted_mistakes(mistake, monkeypatch):
 
         def dropping(x0, y0, weights, *args):
             x2, qkv = middle(x0, y0, weights, *args)
-            return x2, DropRow.apply(qkv, 45)  # token 5 of row 1
+            return x2, R.DropRow.apply(qkv, 45)  # token 5 of row 1
         monkeypatch.setattr(ops, "llama_middle", dropping)
         plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
     with pytest.raises(AssertionError, match=match):

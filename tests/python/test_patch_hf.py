@@ -11,7 +11,9 @@ transformers model.
   deepcopy keep the fusion (or redo it) with the same results; unpatch_hf restores separate
   memory;
 * a padded batch (left and right padding) against the stand-in's own forward under the
-  section 7 rule (fp32 reference, its bf16 run the baseline).
+  section 7 rule (fp32 reference, its bf16 run the baseline): the loss and logits end to end,
+  the gradients step by step (torch_reference.check_chain), each HF parameter's gradient bit
+  for bit the rows of the coda gradient checked; planted mistakes fail that check.
 """
 
 import copy
@@ -394,23 +396,62 @@ def test_masks_coda_does_not_take():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_padded_batch_against_the_plain_forward(device, tied):
+def test_padded_batch_against_the_plain_forward(device, tied, monkeypatch):
     """Left and right padding; labels -100 at the pads (so that, as with HF, the loss counts
     the left-padded row's last pad position predicting its first token, through a zero
     attention output)."""
+    check_padded(device, tied, monkeypatch)
+
+
+@pytest.mark.parametrize("mistake", ["scale", "dropped_row", "fused_rows"])
+def test_padded_check_catches_planted_mistakes(mistake, monkeypatch):
+    """The step-by-step check of a patched model still fails a wrong gradient: a Hugging Face
+    gamma's gradient 1/32 off in scale (a parameter coda's step read itself), one middle call
+    losing a token's dqkv row (token 10 of row 0, not padding), or one row of k_proj's
+    gradient, a view into the fused q/k/v gradient, changed after the backward (the HF
+    gradients are then no longer coda's checked ones)."""
+    layer = lambda model: model.model.layers[1]  # noqa: E731
+    if mistake == "scale":
+        def plant(model):
+            layer(model).post_attention_layernorm.weight.grad *= 1 + 2.0 ** -5
+        match = r"grad layers\.1\.ffn_norm"
+    elif mistake == "fused_rows":
+        def plant(model):
+            layer(model).self_attn.k_proj.weight.grad[7] += 2.0 ** -6
+        match = r"grad model\.layers\.1\.self_attn\.k_proj\.weight: not the rows"
+    else:
+        middle = ops.llama_middle
+
+        def dropping(x0, y0, weights, *args):
+            x2, qkv = middle(x0, y0, weights, *args)
+            return x2, R.DropRow.apply(qkv, 10)
+        monkeypatch.setattr(ops, "llama_middle", dropping)
+        plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
+    with pytest.raises(AssertionError, match=match):
+        check_padded("cpu", False, monkeypatch, plant)
+
+
+def check_padded(device, tied, monkeypatch, plant=None):
+    """A padded batch through the patched stand-in against its own plain forward: the loss
+    and logits end to end (fp32 the reference, its bf16 run the baseline), the gradients step
+    by step (torch_reference.check_chain; the end-to-end rule compared two independent draws of
+    carried rounding error, docs/reliability.md, "The model tests' gradients"), and every HF
+    parameter's gradient bit for bit the rows of the coda gradient checked. plant(model), when
+    given, runs after the backward (a planted mistake)."""
     hf16 = hf_like(tied, device)
     hf32 = copy.deepcopy(hf16).float()
     ids, labels, mask = batch(device, padded=True)
+    with torch.no_grad():
+        r_logits = hf32(input_ids=ids, labels=labels, attention_mask=mask).logits
+        b_logits = hf16(input_ids=ids, labels=labels, attention_mask=mask).logits
 
-    def plain(model):
-        model.zero_grad(set_to_none=True)
-        out = model(input_ids=ids, labels=labels, attention_mask=mask)
-        out.loss.backward()
-        return out.logits.detach(), {n: p.grad for n, p in model.named_parameters()}
-
-    r_logits, r_grads = plain(hf32)
-    b_logits, b_grads = plain(hf16)
-    loss, logits, grads = step(coda.patch_hf(hf16), ids, labels, mask)
+    patched = coda.patch_hf(hf16)
+    steps = R.record_chain(monkeypatch, ops, models)
+    loss, logits, grads = step(patched, ids, labels, mask)
+    if plant is not None:
+        plant(patched)
+    assert [s["kind"] for s in steps] == (["first"] + ["attention", "middle"] * 2
+                                          + ["attention", "last"])
 
     context = "(seed %d, %s, %s)" % (SEED, device, "tied" if tied else "untied")
     targets = models.shift_labels(labels).reshape(-1)
@@ -418,5 +459,6 @@ def test_padded_batch_against_the_plain_forward(device, tied):
     R.check_loss("loss", loss, R.token_losses(flat(r_logits), targets),
                  R.token_losses(flat(b_logits), targets), targets, context=context)
     R.check_rule("logits", logits, r_logits, b_logits, context)
-    for name, g in grads.items():
-        R.check_rule("grad " + name, g, r_grads[name], b_grads[name], context)
+    checked = R.check_chain(steps, patched, ids, mask != 0, context)
+    R.assert_hf_gradients(grads, patched, R.hf_gradients(checked, patched._coda_state["block"]),
+                          context)

@@ -312,12 +312,14 @@ def record_chain(monkeypatch, ops, models):
     each of its inputs and outputs. -> the list of steps, in forward order: dicts with "kind",
     "inputs" (tensors, weights apart), "input_ids" (their id()s: the embedding output feeds two
     calls), "weights", "outputs", "args" (the rest of the call) and "grads" ({"in": [...],
-    "out": [...]}, None where nothing arrived: an input's is the total of all its uses)."""
+    "out": [...], "w": [...]}, None where nothing arrived: an input's is the total of all its
+    uses; "w" only for weights that are not leaves, e.g. a patched Hugging Face model's fused
+    w_qkv and interleaved w_gate_up, which hold no .grad of their own)."""
     steps = []
 
-    def hooked(tensors, slots):
+    def hooked(tensors, slots, leaves=True):
         for i, t in enumerate(tensors):
-            if t.requires_grad:
+            if t.requires_grad and (leaves or not t.is_leaf):
                 t.register_hook(lambda g, i=i: slots.__setitem__(i, g.detach().clone()))
 
     def step(kind, inputs, weights, outputs, args, saved=None):
@@ -325,9 +327,13 @@ def record_chain(monkeypatch, ops, models):
              "saved": saved,
              "input_ids": [id(t) for t in inputs], "sources": list(inputs),  # ids stay unique
              "outputs": [t.detach() for t in outputs], "args": args,
-             "grads": {"in": [None] * len(inputs), "out": [None] * len(outputs)}}
+             "grads": {"in": [None] * len(inputs), "out": [None] * len(outputs),
+                       "w": [None] * len(weights)}}
         hooked(inputs, s["grads"]["in"])
         hooked(outputs, s["grads"]["out"])
+        # A parameter keeps a hook for good, and a tied one's would see both uses summed: its
+        # gradient is read from its .grad instead.
+        hooked(weights, s["grads"]["w"], leaves=False)
         steps.append(s)
 
     first, middle, last, attend = ops.llama_first, ops.llama_middle, ops.llama_last, models._attend
@@ -385,6 +391,22 @@ def record_chain(monkeypatch, ops, models):
     monkeypatch.setattr(ops, "llama_last", last_)
     monkeypatch.setattr(models, "_attend", attend_)
     return steps
+
+
+class DropRow(torch.autograd.Function):
+    """Identity forward; the backward loses row `row` of the gradient (a planted mistake for
+    the tests of check_chain)."""
+
+    @staticmethod
+    def forward(ctx, t, row):
+        ctx.row = row
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        g[ctx.row] = 0
+        return g, None
 
 
 class _Saved(torch.autograd.Function):
@@ -486,32 +508,62 @@ def _textbook_step(s, dtype, key_mask, names):
     return dict(zip(keys, grads))
 
 
+_STEP_WEIGHTS = {  # the weights each call of run_layers reads, in order, and whose layer
+    "first": [(0, "attn_norm"), (0, "w_qkv")],
+    "middle": [(0, "w_out"), (0, "ffn_norm"), (0, "w_gate_up"), (0, "w_down"),
+               (1, "attn_norm"), (1, "w_qkv")],  # the next layer's
+    "last": [(0, "w_out"), (0, "ffn_norm"), (0, "w_gate_up"), (0, "w_down"), (None, "norm"),
+             (None, "lm_head")],
+}
+
+
+def step_weight_names(steps):
+    """The coda names (coda.models.Llama's parameter names: layers.<i>.<weight>, norm, lm_head)
+    of the weights each recorded step read, from the step's place in run_layers' loop: the same
+    for a coda model and for a patched Hugging Face one, whose weights have other names or are
+    not parameters at all (the fused w_qkv, the interleaved w_gate_up)."""
+    names, layer = [], 0
+    for s in steps:
+        places = _STEP_WEIGHTS.get(s["kind"], [])
+        names.append([k if i is None else "layers.%d.%s" % (layer + i, k) for i, k in places])
+        if s["kind"] == "middle":
+            layer += 1
+    return names
+
+
 def check_chain(steps, model, ids, key_mask, context=""):
     """Hold every gradient of coda's layer loop to the section 7 rule step by step: each step
     (a layer call, an attention) against its textbook form fed the very tensors that step read
     and the gradients that reached its outputs; the input gradients each step handed on, every
     layer weight's gradient, and the embedding's (the embedding backward of the gradient the
-    first call handed on, plus the LM head's where the weights are tied). model: a
-    coda.models.Llama whose backward has run."""
-    params = dict(model.named_parameters())  # a tied head is embed_tokens.weight
-    names = {id(p): n for n, p in params.items()}
-    embed = params["embed_tokens.weight"]
+    first call handed on, plus the LM head's where the weights are tied). model: a 16-bit
+    coda.models.Llama, or a patched Hugging Face LlamaForCausalLM (coda.patch_hf), whose
+    backward has run. A weight's gradient is its .grad where the step read a parameter, else
+    (a patched model's fused w_qkv and interleaved w_gate_up) the gradient record_chain saw
+    reach it. -> {coda name: the gradient checked} for every weight and "embed_tokens.weight"
+    (a tied head's share is in the embedding's), for hf_gradients."""
+    embed = getattr(model, "model", model).embed_tokens.weight  # HF: the decoder is .model
+    params = dict(model.named_parameters())  # coda's names: each must be the tensor read
+    checked = {}
     embed_ref = embed_base = None
     uses = {}  # input tensor -> (coda's gradient, [(label, ref, base)] of every step reading it)
-    for index, s in enumerate(steps):
+    for index, (s, w_names) in enumerate(zip(steps, step_weight_names(steps))):
         label = "%s step %d" % (s["kind"], index)
-        w_names = [names[id(w)] for w in s["weights"]]
         ref = _textbook_step(s, torch.float32, key_mask, w_names)
         base = _textbook_step(s, None, key_mask, w_names)
         for i, (key, got) in enumerate(zip(s["input_ids"], s["grads"]["in"])):
             if got is not None:
                 uses.setdefault(key, (got, []))[1].append(
                     (label, ref["d in%d" % i], base["d in%d" % i]))
-        for w, n in zip(s["weights"], w_names):
-            if n == "embed_tokens.weight":  # tied: the head's share of the embedding's
+        for w, n, hooked in zip(s["weights"], w_names, s["grads"]["w"]):
+            assert params.get(n, w) is w, "%s: the step read another tensor" % n
+            if w is embed:  # tied: the head's share of the embedding's
                 embed_ref, embed_base = ref[n], base[n]
                 continue
-            check_rounded_rule("grad " + n, w.grad, ref[n], base[n], context)
+            got = w.grad if w.is_leaf else hooked
+            assert got is not None, "grad %s: none reached the weight %s" % (n, context)
+            check_rounded_rule("grad " + n, got, ref[n], base[n], context)
+            checked[n] = got
         if s["kind"] == "first":
             dx = s["grads"]["in"][0]
         if s["kind"] == "last":  # dlogits = softmax(logits) - onehot, from the stored logits
@@ -546,3 +598,54 @@ def check_chain(steps, model, ids, key_mask, context=""):
     check_rounded_rule("grad embed_tokens.weight", embed.grad,
                        embedding_grad(torch.float32, embed_ref), embedding_grad(None, embed_base),
                        context)
+    checked["embed_tokens.weight"] = embed.grad
+    return checked
+
+
+_HF_NAMES = {"attn_norm": "input_layernorm.weight", "w_out": "self_attn.o_proj.weight",
+             "ffn_norm": "post_attention_layernorm.weight", "w_down": "mlp.down_proj.weight"}
+
+
+def hf_gradients(checked, block):
+    """check_chain's gradients (coda's names) under a Hugging Face LlamaForCausalLM's parameter
+    names, each HF weight's the rows of the coda tensor it is part of (coda/hf.py's mapping,
+    restated): q, k and v the consecutive row blocks of w_qkv, gate and up the even and odd
+    rows of w_gate_up (gate0, up0, gate1, ...). lm_head.weight only where the head is untied."""
+    rows = [block.n_heads * block.head_dim] + [block.n_kv_heads * block.head_dim] * 2
+    out = {"model.embed_tokens.weight": checked["embed_tokens.weight"],
+           "model.norm.weight": checked["norm"]}
+    if "lm_head" in checked:
+        out["lm_head.weight"] = checked["lm_head"]
+    for name, g in checked.items():
+        if not name.startswith("layers."):
+            continue
+        _, i, key = name.split(".")
+        prefix = "model.layers.%s." % i
+        if key == "w_qkv":
+            for proj, part in zip("qkv", g.split(rows, dim=0)):
+                out[prefix + "self_attn.%s_proj.weight" % proj] = part
+        elif key == "w_gate_up":
+            out[prefix + "mlp.gate_proj.weight"] = g[0::2]
+            out[prefix + "mlp.up_proj.weight"] = g[1::2]
+        else:
+            out[prefix + _HF_NAMES[key]] = g
+    return out
+
+
+def assert_hf_gradients(got, hf_model, want, context=""):
+    """The gradients coda gave a Hugging Face model's parameters (got: {HF name: gradient}, a
+    patched model's .grad or coda.to_hf_state_dict(model, grads=True)) are, for every
+    parameter of hf_model and nothing else, of its shape and bit for bit what check_chain held
+    to the rule (want: hf_gradients')."""
+    names = []
+    for name, p in hf_model.named_parameters():
+        names.append(name)
+        g = got.get(name)
+        assert g is not None, "grad %s: none %s" % (name, context)
+        assert g.shape == p.shape, "grad %s: shape %s, parameter %s %s" % (
+            name, tuple(g.shape), tuple(p.shape), context)
+        assert torch.equal(g, want[name].to(g.dtype)), (
+            "grad %s: not the rows of coda's gradient that check_chain checked %s"
+            % (name, context))
+    assert sorted(names) == sorted(want), "coda's gradients %s, the model's parameters %s" % (
+        sorted(set(want) - set(names)), sorted(set(names) - set(want)))
