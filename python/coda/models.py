@@ -297,6 +297,9 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
     coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down. key_mask: as
     attention() takes it (None: no padding)."""
     padding = _padding_mask(key_mask, seq)
+    # Converted once (int32 positions, f32 inv_freq on x's device), so every layer is handed, and
+    # saves for its backward, the same tensors rather than a copy of its own.
+    positions, inv_freq = ops._positions(positions, x), ops._inv_freq(inv_freq, x)
     first = layers[0]
     qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
     for layer, following in zip(layers[:-1], layers[1:]):
