@@ -280,3 +280,26 @@ def test_model_layers_share_one_copy_of_the_positions(device):
         loss = model(ids, labels=ids)
     loss.backward()
     assert len(int32) == 2, ctx("%d int32 [M] tensors saved" % len(int32))
+
+
+def test_saved_bytes_tool_smoke(tmp_path):
+    """tools/saved_bytes.py (the GPU measurement of every bench side) on the CPU backend at the
+    bench's tiny shape: its graph walk and its hooks find coda's x1, z1, r1, r2."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "tools",
+                        "saved_bytes.py")
+    spec = importlib.util.spec_from_file_location("saved_bytes", path)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    out = tmp_path / "saved.json"
+    assert tool.main(["--device", "cpu", "--shape", "tiny", "--tokens", "64", "--cases",
+                      "block-1b", "--sides", "eager,coda", "--json", str(out)]) == 0
+    records = {r["side"]: r for r in json.loads(out.read_text())["records"]}
+    d, f, m = 256, 512, 64  # coda.bench's tiny shape
+    coda = records["coda"]
+    assert coda["graph_saved"] == coda["hooks_saved"] == m * (2 * d + 4 * f + 8)
+    assert coda["outputs"] == m * 2 * (d + (4 + 2 * 2) * 64)  # x2 and qkv
+    assert records["eager"]["graph_saved"] > 0 and records["eager"]["hooks_saved"] > 0
