@@ -140,25 +140,49 @@ def _blocks(n, block):
     return (n + block - 1) // block
 
 
+def _workspace_sizes_without_a_gpu(m):
+    """llama_workspace_size of the middle and last layers, in a child process that sees no CUDA
+    device: there the GEMMs take no stream-K scratch (whose size depends on the GPU), so the
+    sizes are the carve's alone."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import json\n"
+        "from coda import _lib as L\n"  # no torch: the child starts in a fraction of a second
+        "m, d, f, h, kv, hd, v = %d, %d, %d, %d, %d, %d, %d\n"
+        "cfg = lambda vocab: L.LlamaConfig(hidden=d, intermediate=f, n_heads=h, n_kv_heads=kv,\n"
+        "                                  head_dim=hd, vocab=vocab, eps=1e-5, ignore_index=-100,\n"
+        "                                  loss_reduction=L.LOSS_MEAN)\n"
+        "print(json.dumps([L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD, cfg(0), m),\n"
+        "                  L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_BACKWARD, cfg(v), m),\n"
+        "                  L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_FORWARD, cfg(v), m)]))\n"
+    ) % (m, D, F, H, KV, HD, V)
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         stdout=subprocess.PIPE, universal_newlines=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def test_backward_workspace_is_the_high_water_mark_of_its_phases():
     """The middle and last backward's scratch: statistics that live through the call, then one
     region where B0..B2 (dz2 and the attention norm's h_hat; the last layer: the final norm's
-    h_hat), B3..B4 (dz1, y1) and B5..B6 (dz1, the ffn norm's h_hat) follow one another. On the
-    CPU backend the GEMMs take no stream-K scratch."""
+    h_hat), B3..B4 (dz1, y1) and B5..B6 (dz1, the ffn norm's h_hat) follow one another (the
+    GEMMs' stream-K scratch left out: see _workspace_sizes_without_a_gpu)."""
     m = M
+    middle, last, last_fwd = _workspace_sizes_without_a_gpu(m)
     stats = (_aligned(D * _blocks(m, L.REDUCE_BLOCK) * 4) + _aligned(m * 4)
              + _aligned(m * _blocks(F, L.STAGED_REDUCE_BLOCK) * 4))
     mlp = _aligned(m * 2 * F * 2) + max(_aligned(m * F * 2), _aligned(m * D * 2))
-    middle = L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD, _config(), m)
     assert middle <= stats + max(mlp, _aligned(m * QKV * 2) + _aligned(m * D * 2))
     # Before the phases shared memory it was their sum.
     assert middle < stats + mlp + _aligned(m * QKV * 2) + _aligned(m * D * 2)
-    last = L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_BACKWARD, _config(V), m)
     assert last <= _aligned(4) + stats + max(mlp, _aligned(m * D * 2))
     # The last forward: K5's partials and the cross-entropy's workspace over y1.
-    fwd = L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_FORWARD, _config(V), m)
     h_sumsq = _aligned(m * D * 2) + _aligned(m * _blocks(D, L.REDUCE_BLOCK) * 4)
-    assert fwd <= h_sumsq + max(_aligned(m * F * 2), _aligned(
+    assert last_fwd <= h_sumsq + max(_aligned(m * F * 2), _aligned(
         m * _blocks(V, L.STAGED_REDUCE_BLOCK) * 4) + _aligned(m * 4) + 8192)
 
 
