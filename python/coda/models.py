@@ -313,6 +313,9 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
     attention() takes it (None: no padding). checkpoint: keep only each stage's inputs for the
     backward and recompute the rest there (torch.utils.checkpoint; the stages below)."""
     padding = _padding_mask(key_mask, seq)
+    # Converted once (int32 positions, f32 inv_freq on x's device), so every layer is handed, and
+    # saves for its backward, the same tensors rather than a copy of its own.
+    positions, inv_freq = ops._positions(positions, x), ops._inv_freq(inv_freq, x)
 
     def first_stage(x):
         first = layers[0]

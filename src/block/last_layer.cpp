@@ -152,7 +152,7 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
   final_norm.dw = dw.lm_head;
   norm_backward(final_norm, accumulate, s.norm, stream);
 
-  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.norm, stream); // B3..B8
+  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
 }
 
 } // namespace coda::llama

@@ -77,7 +77,7 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
   attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
                            inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2
 
-  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.norm, stream); // B3..B8
+  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
 }
 
 } // namespace coda::llama

@@ -1,5 +1,6 @@
 #include "block/scratch.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "coda/coda.hpp"
@@ -21,13 +22,14 @@ size_t Arena::take(int64_t rows, int64_t cols, DType dtype) {
   size_t offset = 0, end = 0;
   if (__builtin_mul_overflow(rows, cols, &bytes) ||
       __builtin_mul_overflow(bytes, dtype_size(dtype), &bytes) ||
-      __builtin_add_overflow(used_, kAlignment - 1, &offset) ||
+      __builtin_add_overflow(next_, kAlignment - 1, &offset) ||
       __builtin_add_overflow(offset / kAlignment * kAlignment, size_t(bytes), &end))
     throw Error(Status::invalid_argument, "coda::llama: the workspace size overflows 64 bits (a [" +
                                               std::to_string(rows) + ", " + std::to_string(cols) +
                                               "] scratch tensor); check the config and M");
   offset = offset / kAlignment * kAlignment;
-  used_ = end;
+  next_ = end;
+  used_ = std::max(used_, end);
   return offset;
 }
 
@@ -51,22 +53,38 @@ TensorView Arena::bytes(size_t n) {
 
 namespace {
 
-NormBackwardScratch carve_norm_backward(Arena& arena, Layer layer, const Config& c, int64_t m,
-                                        DType act) {
+// What one RMSNorm backward keeps from K6 to its weight gradient, but for h_hat, which the caller
+// carves (the middle and last layers put it over a finished phase).
+NormBackwardScratch carve_norm_statistics(Arena& arena, Layer layer, const Config& c, int64_t m) {
   NormBackwardScratch s;
-  s.h_hat = arena.matrix(act, m, c.hidden);
   s.dgamma_partials = arena.matrix(DType::f32, c.hidden, num_reduce_blocks(m));
   s.zeta = arena.vector(DType::f32, m);
   if (const size_t bytes = gemm_scratch_bytes(layer, c, m)) s.gemm_workspace = arena.bytes(bytes);
   return s;
 }
 
-MlpBackwardScratch carve_mlp_backward(Arena& arena, const Config& c, int64_t m, DType act) {
-  MlpBackwardScratch s;
-  s.y1 = arena.matrix(act, m, c.intermediate);
-  s.dz1 = arena.matrix(act, m, 2 * c.intermediate);
-  s.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
-  return s;
+// The backward of a middle or last layer after its first norm backward (B3..B8), then that norm
+// backward's own h_hat, in three phases over one region:
+//   B3..B4  dz1 [M, 2F] | y1 [M, F]        (K7 writes both; dW2 reads y1: dead after B4)
+//   B5..B6  dz1 [M, 2F] | h_hat [M, D]     (K6 writes h_hat over y1; dW1 reads dz1 and h_hat)
+//   before  first [..]                      (the phase before B3: over dz1 and what follows)
+// `first` carves the earlier phase's tensors; it runs last, from the region's start. zeta
+// partials, the norm statistics and the GEMMs' scratch live through the whole call.
+template <class CarveFirst>
+void carve_mlp_backward(Arena& arena, Layer layer, const Config& c, int64_t m, DType act,
+                        NormBackwardScratch& first, MlpBackwardScratch& mlp,
+                        NormBackwardScratch& ffn, CarveFirst carve_first) {
+  first = carve_norm_statistics(arena, layer, c, m);
+  mlp.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
+  const size_t region = arena.mark();
+  mlp.dz1 = arena.matrix(act, m, 2 * c.intermediate);
+  const size_t after_dz1 = arena.mark();
+  mlp.y1 = arena.matrix(act, m, c.intermediate);
+  arena.rewind(after_dz1); // y1 is dead after B4 (dW2): the ffn norm's h_hat over it
+  ffn = first;
+  ffn.h_hat = arena.matrix(act, m, c.hidden);
+  arena.rewind(region); // the earlier phase is over before K7 (B3) writes dz1 and y1
+  carve_first();
 }
 
 } // namespace
@@ -87,15 +105,22 @@ FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m
 }
 
 FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act) {
-  FirstBackwardScratch s;
+  FirstBackwardScratch s; // one phase: rope_backward's dz, then K6's h_hat, both read by dW_qkv
   s.dz = arena.matrix(act, m, c.qkv_width());
-  s.norm = carve_norm_backward(arena, Layer::first, c, m, act);
+  s.norm = carve_norm_statistics(arena, Layer::first, c, m);
+  s.norm.h_hat = arena.matrix(act, m, c.hidden);
   return s;
 }
 
 LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act) {
   LastForwardScratch s;
-  s.mlp = carve_mlp_forward(arena, c, m, act);
+  s.mlp.h = arena.matrix(act, m, c.hidden);
+  s.mlp.sumsq = arena.matrix(DType::f32, m, num_reduce_blocks(c.hidden));
+  const size_t y1_at = arena.mark();
+  s.mlp.y1 = arena.matrix(act, m, c.intermediate);
+  // F3 (K0) is y1's last reader; K5 and the cross-entropy run after it, so their partials and
+  // workspace go over y1. h (h2) and sumsq (S2), which K5 reads, stay.
+  arena.rewind(y1_at);
   s.lse_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.vocab));
   s.target_logit = arena.vector(DType::f32, m);
   s.ce_workspace = arena.bytes(cross_entropy_workspace_size(m));
@@ -104,17 +129,20 @@ LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, 
 
 MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   MiddleBackwardScratch s;
-  s.dz2 = arena.matrix(act, m, c.qkv_width());
-  s.norm = carve_norm_backward(arena, Layer::middle, c, m, act);
-  s.mlp = carve_mlp_backward(arena, c, m, act);
+  // B0..B2 (rope_backward's dz2, K6's h_hat; dW_qkv is their last reader) over the MLP's phases.
+  carve_mlp_backward(arena, Layer::middle, c, m, act, s.norm, s.mlp, s.ffn, [&] {
+    s.dz2 = arena.matrix(act, m, c.qkv_width());
+    s.norm.h_hat = arena.matrix(act, m, c.hidden);
+  });
   return s;
 }
 
 LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   LastBackwardScratch s;
-  s.norm = carve_norm_backward(arena, Layer::last, c, m, act);
-  s.mlp = carve_mlp_backward(arena, c, m, act);
   s.alpha = arena.vector(DType::f32, 1);
+  // The final norm's K6 and dW_lm (h_hat's last reader) over the MLP's phases.
+  carve_mlp_backward(arena, Layer::last, c, m, act, s.norm, s.mlp, s.ffn,
+                     [&] { s.norm.h_hat = arena.matrix(act, m, c.hidden); });
   return s;
 }
 

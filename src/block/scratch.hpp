@@ -1,6 +1,13 @@
 // The block's scratch tensors, carved out of the caller's workspace. One carving function per
 // call describes its layout; workspace_size() runs the same function on a counting Arena, so the
 // size query and the schedule can never disagree.
+//
+// Tensors whose lifetimes do not overlap share memory: a carving function rewinds the Arena to
+// an earlier mark and carves the later phase's tensors over the earlier phase's. That is safe
+// because the block's kernels run one after another on one stream: every reader of the earlier
+// tensor has finished before the kernel that writes the later one starts. Each such overlap is
+// written next to its carve, with the step (B0..B8, coda-paper 4.5) after which the earlier
+// tensor is dead.
 #pragma once
 
 #include <cstddef>
@@ -20,7 +27,12 @@ public:
   TensorView matrix(DType dtype, int64_t rows, int64_t cols);
   TensorView vector(DType dtype, int64_t n);
   TensorView bytes(size_t n); // raw scratch for a kernel's own workspace (f32 elements)
-  size_t used() const { return used_; }
+  // Where the next tensor would start. rewind(mark) carves what follows over everything carved
+  // since `mark`: the caller guarantees those tensors are dead (in stream order) before the new
+  // ones are written.
+  size_t mark() const { return next_; }
+  void rewind(size_t mark) { next_ = mark; }
+  size_t used() const { return used_; } // bytes needed: the highest end of any tensor carved
 
 private:
   size_t take(int64_t rows, int64_t cols, DType dtype); // the offset of a new tensor
@@ -28,6 +40,7 @@ private:
   char* base_ = nullptr;
   Device device_ = Device::cpu;
   int32_t device_index_ = 0;
+  size_t next_ = 0;
   size_t used_ = 0;
 };
 
@@ -38,7 +51,9 @@ struct MlpForwardScratch {
   TensorView y1;    // [M, F] SwiGLU output
 };
 
-// One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient).
+// One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient). In the middle and
+// last layers the two norm backwards (B1 and B5) share everything but h_hat, which each takes
+// from the memory of a phase that is over by then.
 struct NormBackwardScratch {
   TensorView h_hat;           // [M, D] normalized input of the consumer GEMM
   TensorView dgamma_partials; // [D, ceil(M/128)] f32 column partials
@@ -73,13 +88,15 @@ struct LastForwardScratch {
   TensorView ce_workspace; // cross_entropy_workspace_size(M) bytes
 };
 struct MiddleBackwardScratch {
-  TensorView dz2; // [M, qkv_width]
-  NormBackwardScratch norm;
+  TensorView dz2;           // [M, qkv_width] (B0..B2)
+  NormBackwardScratch norm; // the attention norm's backward (B1, B2)
   MlpBackwardScratch mlp;
+  NormBackwardScratch ffn;  // the ffn norm's backward (B5, B6): norm's but for h_hat
 };
 struct LastBackwardScratch {
-  NormBackwardScratch norm;
+  NormBackwardScratch norm; // the final norm's backward (K6 through the LM head, dW_lm)
   MlpBackwardScratch mlp;
+  NormBackwardScratch ffn;  // the ffn norm's backward (B5, B6): norm's but for h_hat
   TensorView alpha; // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
 };
 
