@@ -344,10 +344,16 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
     layers = [_patched_layer_weights(layer, tensors, dtype, device)
               for layer, tensors in zip(base.layers, fused)]
     cast = lambda t: t.to(device=device, dtype=dtype)  # noqa: E731
+    # Hugging Face's gradient_checkpointing_enable() sets the decoder's gradient_checkpointing;
+    # coda then checkpoints its own stages, as Llama(checkpoint=True) does (non-reentrant
+    # whatever gradient_checkpointing_kwargs say: coda's stages have no reentrant form).
+    checkpoint = (bool(getattr(base, "gradient_checkpointing", False)) and self.training
+                  and torch.is_grad_enabled())
     loss, logits = run_layers(
         x, batch, seq, positions, targets, inv_freq, block, layers, cast(base.norm.weight),
         cast(self.lm_head.weight), return_logits=want_logits,
-        reduction="sum" if items is not None else "mean", key_mask=key_mask)
+        reduction="sum" if items is not None else "mean", key_mask=key_mask,
+        checkpoint=checkpoint)
     if items is not None:
         loss = loss / items
     if want_logits:
@@ -371,8 +377,10 @@ def patch_hf(hf_model, keep_logits=True, dtype=None):
     CausalLMOutputWithPast with loss (HF's shifted mean cross-entropy over labels != -100;
     sum / num_items_in_batch when given) and logits ([B, S, V] in the compute dtype; None when
     labels are given and keep_logits=False). Padded positions are left out of attention as in
-    HF; the loss skips them through their labels (-100), as HF's does. KV caches, 4D attention
-    masks and attention / hidden-state outputs raise NotImplementedError.
+    HF; the loss skips them through their labels (-100), as HF's does. After HF's
+    `gradient_checkpointing_enable()`, training steps recompute coda's layer calls in the
+    backward (coda.models.Llama's checkpoint=True; bit for bit the same gradients). KV caches,
+    4D attention masks and attention / hidden-state outputs raise NotImplementedError.
 
     dtype: the compute dtype (default the model's when bf16 or f16, else bf16: an fp32 model's
     weights are cast on the fly and receive fp32 gradients)."""

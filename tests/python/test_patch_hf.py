@@ -32,6 +32,7 @@ from coda import models, ops  # noqa: E402
 
 import torch_reference as R  # noqa: E402
 from conftest import SEED  # noqa: E402
+from test_training import count_calls, deterministic_torch  # noqa: E402
 
 DEVICES = R.device_params()
 IGNORE = -100
@@ -90,6 +91,7 @@ class Model(nn.Module):
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size)
+        self.gradient_checkpointing = False  # as LlamaModel's (gradient_checkpointing_enable)
 
 
 class CausalLM(nn.Module):
@@ -231,6 +233,35 @@ def test_patched_step_is_a_from_hf_step_without_copies(device, tied, padded, mon
         for params in R.projection_groups(layer).values():
             R.assert_row_blocks([p.grad for p in params])
     R.assert_fused(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_hf_gradient_checkpointing_recomputes_coda_calls(device, padded, monkeypatch):
+    """Hugging Face's gradient_checkpointing_enable() (the decoder's gradient_checkpointing
+    set): a patched training step recomputes the first and middle calls in the backward, as
+    Llama(checkpoint=True) does, and gives the same loss, logits and gradients bit for bit;
+    in eval mode nothing is recomputed."""
+    model = hf_like(False, device)
+    ids, labels, mask = batch(device, padded)
+    coda.patch_hf(model)
+    calls = count_calls(monkeypatch)
+    middles = model.config.num_hidden_layers - 1
+
+    def counted_step():
+        calls.clear()
+        return step(model, ids, labels, mask), dict(calls)
+
+    with deterministic_torch(device, monkeypatch):
+        want, plain = counted_step()
+        model.model.gradient_checkpointing = True
+        got, recomputed = counted_step()
+    assert plain == {"llama_first": 1, "llama_middle": middles, "llama_last": 1}
+    assert recomputed == {"llama_first": 2, "llama_middle": 2 * middles, "llama_last": 1}
+    assert_same_step(got, want)
+    model.eval()
+    _, evaluated = counted_step()
+    assert evaluated == plain
 
 
 def test_fp32_model_fuses_fp32_memory_and_gets_fp32_gradients():
