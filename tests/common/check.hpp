@@ -46,6 +46,16 @@ std::string check_against_baseline(const std::string& what, const std::vector<do
                                    const std::vector<double>& ref,
                                    const std::vector<double>& baseline, double atol = 1e-6);
 
+// While one is alive, tolerance checks are not written to CODA_TEST_ERROR_LOG: for checks a test
+// expects to fail (a planted mistake), whose shares would otherwise read as a sweep's worst.
+class UnloggedChecks {
+public:
+  UnloggedChecks();
+  ~UnloggedChecks();
+  UnloggedChecks(const UnloggedChecks&) = delete;
+  UnloggedChecks& operator=(const UnloggedChecks&) = delete;
+};
+
 // max |a - b| / max(max |b|, tiny): for fp64-vs-fp64 algebraic equivalence.
 double max_rel_error(const std::vector<double>& a, const std::vector<double>& b);
 

@@ -185,11 +185,17 @@ double ulp_of(DType dtype, double x) {
   return std::ldexp(1.0, std::ilogb(std::fmax(std::fabs(x), 1e-30)) - (bits - 1));
 }
 
-Seeds::Seeds() {
+namespace {
+std::string running_test_name() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = info ? std::string(info->test_suite_name()) + "." + info->name() : "";
-  state_ = mix(test_seed() ^ std::hash<std::string>{}(name));
+  return info ? std::string(info->test_suite_name()) + "." + info->name() : "";
 }
+} // namespace
+
+Seeds::Seeds() : Seeds(test_seed(), running_test_name()) {}
+
+Seeds::Seeds(uint64_t seed, const std::string& test)
+    : state_(mix(seed ^ std::hash<std::string>{}(test))) {}
 
 uint64_t Seeds::next() { return state_ = mix(state_); }
 

@@ -84,6 +84,9 @@ double ulp_of(DType dtype, double x);
 class Seeds {
 public:
   Seeds();
+  // The seeds the test named `test` ("Suite.Name" as gtest prints it) gets at CODA_TEST_SEED =
+  // seed: another suite's inputs replayed (a GPU test's, on the host).
+  Seeds(uint64_t seed, const std::string& test);
   uint64_t next();
 
 private:

@@ -3,7 +3,8 @@
 //  * to the fp64 reference by the tolerance rule (tests/common/check.hpp),
 //  * to the CPU backend on the same inputs: bitwise where both sum the same partials in the same
 //    order (reduce_row_partials, reduce_col_partials, grad_scale), otherwise within one ulp of a
-//    16-bit output or max |gpu - cpu| <= 2 max |unfused - cpu| + 1e-6 (cpu_parity.hpp), and
+//    16-bit output or max |gpu - cpu| <= 2 max |unfused - cpu| + 1e-6 (cpu_parity.hpp; the
+//    cross-entropy's zeta with its CPU order's allowance on top), and
 //  * to itself: every case runs twice and the second run is bitwise equal to the first (fixed
 //    reduction orders, no atomics).
 // Inputs are fresh per run, outputs poisoned with NaN and fenced by guard bytes on the device,
@@ -351,7 +352,9 @@ void expect_ce_matches(DType dtype, const ref::CrossEntropyInputs& in,
   const auto exact = ref::cross_entropy({}, in), unfused = ref::cross_entropy(lowp(dtype), in);
   expect_matches("loss", gpu.loss, cpu.loss, {exact.loss}, {unfused.loss});
   expect_matches("dlogits", gpu.dlogits, cpu.dlogits, exact.dlogits, unfused.dlogits);
-  expect_matches("zeta", gpu.zeta, cpu.zeta, exact.zeta, unfused.zeta);
+  // zeta: the CPU backend's sequential fp32 sum over V terms drifts (zeta_order_allowance).
+  expect_matches("zeta", gpu.zeta, cpu.zeta, exact.zeta, unfused.zeta, FinalRounding::counted,
+                 DType::f32, zeta_order_allowance(in, exact.dlogits));
   CODA_EXPECT_PASSES(
       check_output("grad_scale", gpu.grad_scale, exact.grad_scale, unfused.grad_scale));
   CODA_EXPECT_PASSES(
