@@ -391,3 +391,31 @@ def test_host_ahead_times_the_gpu_work_alone():
     late = _SlowHostSide(torch, lambda i: 1.0 if i < 2 else 40.0)  # warm-ups fast, then slow
     with pytest.raises(RuntimeError, match="host_ahead"):
         timing.time_pass(late, "fwd", host_ahead=True, **kw)
+
+
+def test_commit_says_when_the_tree_is_not_its_commit(tmp_path, monkeypatch):
+    """report.commit(): the short HEAD of a clean tree; "-dirty" appended once a tracked file
+    differs from it (results of such a tree are not that commit's); $CODA_COMMIT wins."""
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    pytest.importorskip("torch")  # coda.bench imports it
+    from coda.bench import report
+
+    monkeypatch.delenv("CODA_COMMIT", raising=False)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run(git + ["init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "f.txt").write_text("a\n")
+    subprocess.run(git + ["-C", str(tmp_path), "add", "f.txt"], check=True)
+    subprocess.run(git + ["-C", str(tmp_path), "commit", "-q", "-m", "one"], check=True)
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert report.commit(str(tmp_path)) == head
+    (tmp_path / "untracked.txt").write_text("x\n")  # untracked files do not count
+    assert report.commit(str(tmp_path)) == head
+    (tmp_path / "f.txt").write_text("b\n")
+    assert report.commit(str(tmp_path)) == head + "-dirty"
+    monkeypatch.setenv("CODA_COMMIT", "abc1234")
+    assert report.commit(str(tmp_path)) == "abc1234"

@@ -54,17 +54,23 @@ def default_out():
     return os.path.join("bench", "results", "torch.json")
 
 
-def commit():
+def commit(where=None):
+    """$CODA_COMMIT, else the source tree's short HEAD, with "-dirty" when tracked files differ
+    from it (the results then are not that commit's: benchmark a clean tree), else "unknown"."""
     env = os.environ.get("CODA_COMMIT")
     if env:
         return env
-    root = repo_root()
-    where = root if os.path.isdir(os.path.join(root, "bench", "results")) else os.getcwd()
+    if where is None:
+        root = repo_root()
+        where = root if os.path.isdir(os.path.join(root, "bench", "results")) else os.getcwd()
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=where,
                              capture_output=True, text=True, timeout=10)
         if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
+            status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                    cwd=where, capture_output=True, text=True, timeout=30)
+            dirty = status.returncode != 0 or bool(status.stdout.strip())
+            return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
