@@ -10,13 +10,15 @@ Ops (``torch.ops.coda.*``):
 ``llama_first_forward``        x -> qkv of layer 0 (and the saved rstd)
 ``llama_first_backward``       dqkv -> dx and the weight gradients
 ``llama_middle_forward``       (x0, y0) -> (x2, qkv) (and the saved x1, z1, r1, r2)
-``llama_middle_backward``      (dx2, dqkv) -> dx0, dy0 and the weight gradients
+``llama_middle_backward``      (dx2, dqkv) -> dx0, dy0 and the weight gradients (mutates z1)
 ``llama_last_forward``         (x0, y0, targets) -> loss [, logits] (and the saved tensors)
-``llama_last_backward``        dloss -> dx0, dy0 and the weight gradients
+``llama_last_backward``        dloss -> dx0, dy0 and the weight gradients (mutates z1)
 =============================  ===============================================================
 
 The forward ops return their outputs followed by the tensors their backward needs; those and
-the logits are non-differentiable. Weight gradients are returned (never accumulated in place):
+the logits are non-differentiable. The middle and last backward ops write d loss / d z1 over the
+saved z1 (it needs no workspace then), so each runs once per forward: a second backward through
+the same graph raises. Weight gradients are returned (never accumulated in place):
 autograd accumulates them. Each call runs on ``torch.cuda.current_stream()`` of its tensors'
 device (or synchronously on the CPU backend for CPU tensors) and takes its workspace from the
 caching allocator.
@@ -149,10 +151,10 @@ class _Spec:
 HAS_CUSTOM_OPS = hasattr(torch.library, "custom_op")
 
 
-def _define(name, impl, fake, setup=None, backward=None):
+def _define(name, impl, fake, setup=None, backward=None, mutates=()):
     op = None
     if HAS_CUSTOM_OPS:
-        definition = torch.library.custom_op("coda::" + name, mutates_args=())(impl)
+        definition = torch.library.custom_op("coda::" + name, mutates_args=mutates)(impl)
         definition.register_fake(fake)
         if backward is not None:
             definition.register_autograd(backward, setup_context=setup)
@@ -556,7 +558,23 @@ def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down,
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv))
 
 
-_MIDDLE_BWD = _define("llama_middle_backward", _middle_backward_impl, _middle_backward_fake)
+# The layer backwards write d loss / d z1 over the saved z1 (coda/block/llama.hpp, MiddleSaved):
+# declared, so that torch.compile and opcheck know the op changes it.
+_MIDDLE_BWD = _define("llama_middle_backward", _middle_backward_impl, _middle_backward_fake,
+                      mutates=("z1",))
+
+
+def _consume_saved(ctx):
+    """A layer's backward overwrites its saved z1, so it runs once per forward: a second
+    backward through the same graph (retain_graph=True) raises instead of reading gradients
+    where the pre-activation was."""
+    if getattr(ctx, "coda_consumed", False):
+        raise RuntimeError(
+            "coda: this layer's backward already ran for its forward; it overwrites the saved "
+            "gate/up pre-activation with its gradient (no workspace for the largest tensor of "
+            "the backward), so it cannot run twice. Run the forward again instead of "
+            "backward(retain_graph=True) twice.")
+    ctx.coda_consumed = True
 
 
 def _middle_setup(ctx, inputs, output):
@@ -569,6 +587,7 @@ def _middle_setup(ctx, inputs, output):
 def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     if dx2 is None and dqkv is None:
         return (None,) * 14
+    _consume_saved(ctx)
     saved = ctx.saved_tensors
     x2, qkv = saved[10], saved[11]
     grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg)
@@ -695,7 +714,8 @@ def _last_backward_fake(dloss, x0, y0, targets, w_out, ffn_norm, w_gate_up, w_do
                                     lm_head))
 
 
-_LAST_BWD = _define("llama_last_backward", _last_backward_impl, _last_backward_fake)
+_LAST_BWD = _define("llama_last_backward", _last_backward_impl, _last_backward_fake,
+                    mutates=("z1",))
 
 
 def _last_setup(ctx, inputs, output):
@@ -708,6 +728,7 @@ def _last_setup(ctx, inputs, output):
 def _last_backward(ctx, dloss, *_other_grads):
     if dloss is None:
         return (None,) * 16
+    _consume_saved(ctx)
     saved = ctx.saved_tensors
     grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg)
     dx0, dy0 = grads[0], grads[1]

@@ -228,6 +228,9 @@ Device validate(const SwigluBackwardArgs& args) {
   v.output("dpreact", args.dpreact, Elem::half, {M, exactly("2F", 2 * f)});
   v.output("zeta_partials", args.zeta_partials, Elem::f32,
            {M, staged_reduce_blocks("ceil(F/64)", f)});
+  // In place: each element's (g, u) is read before its (dg, du) is written over it, by the same
+  // thread (GPU) or step (CPU), and no other element's computation reads it.
+  v.allow_alias("dpreact", "preact");
   return v.finish();
 }
 

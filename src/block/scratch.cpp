@@ -65,9 +65,12 @@ NormBackwardScratch carve_norm_statistics(Arena& arena, Layer layer, const Confi
 
 // The backward of a middle or last layer after its first norm backward (B3..B8), then that norm
 // backward's own h_hat, in three phases over one region:
-//   B3..B4  dz1 [M, 2F] | y1 [M, F]        (K7 writes both; dW2 reads y1: dead after B4)
-//   B5..B6  dz1 [M, 2F] | h_hat [M, D]     (K6 writes h_hat over y1; dW1 reads dz1 and h_hat)
-//   before  first [..]                      (the phase before B3: over dz1 and what follows)
+//   B3..B4  y1 [M, F]        (K7 writes it; dW2 reads it: dead after B4)
+//   B5..B6  h_hat [M, D]     (K6 writes h_hat over y1; dW1 reads it)
+//   before  first [..]       (the phase before B3)
+// dz1 [M, 2F], the largest tensor of the backward, takes no scratch: K7 (B3) writes it over the
+// saved pre-activation z1, which it reads element by element before writing that element's
+// gradient (nothing after K7 reads z1), and K6 (B5) and dW1 (B6) read it there.
 // `first` carves the earlier phase's tensors; it runs last, from the region's start. zeta
 // partials, the norm statistics and the GEMMs' scratch live through the whole call.
 template <class CarveFirst>
@@ -77,13 +80,11 @@ void carve_mlp_backward(Arena& arena, Layer layer, const Config& c, int64_t m, D
   first = carve_norm_statistics(arena, layer, c, m);
   mlp.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
   const size_t region = arena.mark();
-  mlp.dz1 = arena.matrix(act, m, 2 * c.intermediate);
-  const size_t after_dz1 = arena.mark();
   mlp.y1 = arena.matrix(act, m, c.intermediate);
-  arena.rewind(after_dz1); // y1 is dead after B4 (dW2): the ffn norm's h_hat over it
+  arena.rewind(region); // y1 is dead after B4 (dW2): the ffn norm's h_hat over it
   ffn = first;
   ffn.h_hat = arena.matrix(act, m, c.hidden);
-  arena.rewind(region); // the earlier phase is over before K7 (B3) writes dz1 and y1
+  arena.rewind(region); // the earlier phase is over before K7 (B3) writes y1
   carve_first();
 }
 

@@ -69,8 +69,8 @@ size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m);
 // B3..B6 of the backward, shared by the middle and the last layer.
 struct MlpBackwardScratch {
   TensorView y1;            // [M, F] recomputed SwiGLU output
-  TensorView dz1;           // [M, 2F] gradient of the gate/up pre-activation
   TensorView zeta_partials; // [M, ceil(F/64)] f32
+  // (d loss / d z1 [M, 2F] has no scratch: K7 writes it over the saved z1, its last reader.)
 };
 
 struct FirstForwardScratch {
@@ -91,13 +91,13 @@ struct MiddleBackwardScratch {
   TensorView dz2;           // [M, qkv_width] (B0..B2)
   NormBackwardScratch norm; // the attention norm's backward (B1, B2)
   MlpBackwardScratch mlp;
-  NormBackwardScratch ffn;  // the ffn norm's backward (B5, B6): norm's but for h_hat
+  NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
 };
 struct LastBackwardScratch {
   NormBackwardScratch norm; // the final norm's backward (K6 through the LM head, dW_lm)
   MlpBackwardScratch mlp;
-  NormBackwardScratch ffn;  // the ffn norm's backward (B5, B6): norm's but for h_hat
-  TensorView alpha; // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
+  NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
+  TensorView alpha;        // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
 };
 
 // `act` is the 16-bit activation dtype of the call.

@@ -132,9 +132,9 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
   SwigluBackwardArgs k7; // B3
   k7.dx = b.dx;
   k7.w = b.w_down;
-  k7.preact = b.z1;
+  k7.preact = b.z1; // read, then overwritten with its gradient (no scratch for dz1)
   k7.act = mlp.y1;
-  k7.dpreact = mlp.dz1;
+  k7.dpreact = b.z1;
   k7.zeta_partials = mlp.zeta_partials;
   gemm_swiglu_backward(k7, stream);
 
@@ -148,7 +148,7 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                   stream); // B4
 
   NormBackward ffn; // B5, A5, B6
-  ffn.dz = mlp.dz1;
+  ffn.dz = b.z1;    // d loss / d z1, where K7 wrote it
   ffn.w = b.w_gate_up;
   ffn.x = b.x1;
   ffn.rstd = b.r1;

@@ -76,7 +76,7 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
 struct MlpBackward {
   TensorView y0;                                     // forward input
   TensorView w_out, ffn_norm, w_gate_up, w_down;     // weights
-  TensorView x1, z1, r1;                             // saved
+  TensorView x1, z1, r1;                             // saved (z1 overwritten with dz1: B3)
   TensorView dx, dy0;                                // dx in/out, dy0 out
   TensorView dw_out, dffn_norm, dw_gate_up, dw_down; // weight gradients
 };

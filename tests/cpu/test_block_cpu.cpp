@@ -262,7 +262,7 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
     const ref::MiddleForward tf = textbook({}), lf = textbook(lowp);
     check("outputs.x2", s.x2, tf.mlp.x2, lf.mlp.x2);
     check("outputs.qkv", s.qkv, tf.qkv, lf.qkv);
-    check_mlp_saved(s, tf.mlp, lf.mlp, M, F);
+    check_mlp_saved(s, s.z1, tf.mlp, lf.mlp, M, F);
     check("saved.r2", s.r2, tf.rstd2, lf.rstd2);
   }
   HostTensor y_last =
@@ -314,6 +314,8 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
          d_gate_up = make.grad(g, {2 * F, D}, false), d_down = make.grad(g, {D, F}, false),
          d_final = make.grad(g, {D}, false), d_head = make.grad(g, {V, D}, false);
     HostTensor ws = make.workspace(llama::Layer::last, llama::Pass::backward);
+    // What the backward reads, taken before it overwrites saved.z1 with its gradient.
+    const ref::MlpSaved mlp = mlp_saved(x1, z1, r1, x2, M, F);
     llama::last_backward(c, w.last(), last_in, last_saved,
                          {coda::Scalar{1.f},
                           dx.view(),
@@ -326,7 +328,6 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
     const double alpha = grad_scale.values()[0];
     Values dl = dlogits.values(), dl_lowp(dl.size());
     for (size_t i = 0; i < dl.size(); ++i) dl[i] *= alpha, dl_lowp[i] = lowp(dl[i]);
-    const ref::MlpSaved mlp = mlp_saved(x1, z1, r1, x2, M, F);
     const auto textbook = [&](const Values& d, ref::Rounding r) {
       return ref::last_backward_from_saved(rc, w.last_textbook(), last_y0, mlp, r2.values(), d, r);
     };
@@ -355,6 +356,8 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
          d_gate_up = make.grad(g, {2 * F, D}, false), d_down = make.grad(g, {D, F}, false),
          d_norm = make.grad(g, {D}, false), d_qkv = make.grad(g, {Nq, D}, false);
     HostTensor dy0 = make.output(A);
+    // What the backward reads, taken before it overwrites saved.z1 with its gradient.
+    const ref::MlpSaved mlp = mlp_saved(s.x1, s.z1, s.r1, s.x2, M, F);
     llama::middle_backward(c, w.middle(l), {x0.view(), s.y0.view(), rope.view()},
                            {s.x2.view(), s.qkv.view()},
                            {s.x1.view(), s.z1.view(), s.r1.view(), s.r2.view()},
@@ -364,7 +367,6 @@ TEST(BlockModel, FourLayersMatchTheTextbookModel) {
                             {d_out.tensor.view(), d_ffn.tensor.view(), d_gate_up.tensor.view(),
                              d_down.tensor.view(), d_norm.tensor.view(), d_qkv.tensor.view()}},
                            false, ws_mid_b.view());
-    const ref::MlpSaved mlp = mlp_saved(s.x1, s.z1, s.r1, s.x2, M, F);
     const auto textbook = [&](ref::Rounding r) {
       return ref::middle_backward_from_saved(rc, w.middle_textbook(l), rope.textbook(),
                                              s.y0.values(), mlp, s.r2.values(), dx_in,

@@ -169,17 +169,16 @@ def _workspace_sizes_without_a_gpu(m):
 def test_backward_workspace_is_the_high_water_mark_of_its_phases():
     """The middle and last backward's scratch: statistics that live through the call, then one
     region where B0..B2 (dz2 and the attention norm's h_hat; the last layer: the final norm's
-    h_hat), B3..B4 (dz1, y1) and B5..B6 (dz1, the ffn norm's h_hat) follow one another (the
-    GEMMs' stream-K scratch left out: see _workspace_sizes_without_a_gpu)."""
+    h_hat), B3..B4 (y1) and B5..B6 (the ffn norm's h_hat) follow one another; dz1 [M, 2F], the
+    largest, takes none: K7 writes it over the saved z1 (the GEMMs' stream-K scratch left out:
+    see _workspace_sizes_without_a_gpu)."""
     m = M
     middle, last, last_fwd = _workspace_sizes_without_a_gpu(m)
     stats = (_aligned(D * _blocks(m, L.REDUCE_BLOCK) * 4) + _aligned(m * 4)
              + _aligned(m * _blocks(F, L.STAGED_REDUCE_BLOCK) * 4))
-    mlp = _aligned(m * 2 * F * 2) + max(_aligned(m * F * 2), _aligned(m * D * 2))
-    assert middle <= stats + max(mlp, _aligned(m * QKV * 2) + _aligned(m * D * 2))
-    # Before the phases shared memory it was their sum.
-    assert middle < stats + mlp + _aligned(m * QKV * 2) + _aligned(m * D * 2)
-    assert last <= _aligned(4) + stats + max(mlp, _aligned(m * D * 2))
+    mlp = max(_aligned(m * F * 2), _aligned(m * D * 2))
+    assert middle == stats + max(mlp, _aligned(m * QKV * 2) + _aligned(m * D * 2))
+    assert last == _aligned(4) + stats + max(mlp, _aligned(m * D * 2))
     # The last forward: K5's partials and the cross-entropy's workspace over y1.
     h_sumsq = _aligned(m * D * 2) + _aligned(m * _blocks(D, L.REDUCE_BLOCK) * 4)
     assert last_fwd <= h_sumsq + max(_aligned(m * F * 2), _aligned(
@@ -278,6 +277,29 @@ def test_last_backward_equals_its_kernels_one_by_one(device):
     names = ["dx0", "dy0"] + ["d " + n for n in ops.LAST_WEIGHTS]
     for name, gt, e in zip(names, got, want):
         assert torch.equal(gt, e), "%s differs from the kernels one by one %s" % (name, ctx(""))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_layer_backward_consumes_its_saved_pre_activation(device):
+    """The middle and last backward write d loss / d z1 over the saved z1 (no workspace for
+    it): the first backward through a retained graph gives the gradients, a second raises
+    with what to do instead of reading gradients where the pre-activation was."""
+    gen = R.generator(SEED, 46)
+    x0, y0, w, positions, inv_freq = middle_setup(gen, device)
+    ls = _leaves([x0, y0] + [w[n] for n in ops.MIDDLE_WEIGHTS])
+    outs = ops.llama_middle(ls[0], ls[1], tuple(ls[2:]), positions, inv_freq, BLOCK)
+    seeds = (torch.ones_like(outs[0]), torch.ones_like(outs[1]))
+    first = torch.autograd.grad(outs, ls, seeds, retain_graph=True)
+    assert all(torch.isfinite(g.float()).all() for g in first)
+    with pytest.raises(RuntimeError, match="cannot run twice"):
+        torch.autograd.grad(outs, ls, seeds)
+
+    x0, y0, w, targets = last_setup(gen, device)
+    ls = _leaves([x0, y0] + [w[n] for n in ops.LAST_WEIGHTS])
+    loss, _ = ops.llama_last(ls[0], ls[1], targets.to(torch.int32), tuple(ls[2:]), BLOCK)
+    torch.autograd.grad(loss, ls, retain_graph=True)
+    with pytest.raises(RuntimeError, match="cannot run twice"):
+        torch.autograd.grad(loss, ls)
 
 
 @pytest.mark.parametrize("device", DEVICES)

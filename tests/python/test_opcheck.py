@@ -1,5 +1,6 @@
-"""torch.library.opcheck on every coda custom op: schema (no input mutated, no output aliasing
-an input), autograd registration, fake tensors (shapes, dtypes, strides as the real kernel's)
+"""torch.library.opcheck on every coda custom op: schema (no undeclared input mutation, no
+output aliasing an input; the layer backward ops declare theirs: z1, overwritten with its
+gradient), autograd registration, fake tensors (shapes, dtypes, strides as the real kernel's)
 and AOT dispatch with dynamic shapes (which also runs the backward formulas)."""
 
 import pytest

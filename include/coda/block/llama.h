@@ -68,6 +68,8 @@ typedef struct coda_llama_middle_inputs {
 typedef struct coda_llama_middle_outputs {
   coda_tensor x2, qkv;
 } coda_llama_middle_outputs;
+/* The backward overwrites z1 with d loss / d z1 (coda/block/llama.hpp, MiddleSaved): run the
+   forward again before another backward. */
 typedef struct coda_llama_middle_saved {
   coda_tensor x1, z1, r1, r2;
 } coda_llama_middle_saved;
@@ -89,6 +91,7 @@ typedef struct coda_llama_last_outputs {
   coda_tensor loss;   /* [1] f32 */
   coda_tensor logits; /* optional [M, V] */
 } coda_llama_last_outputs;
+/* The backward overwrites z1, as the middle layer's. */
 typedef struct coda_llama_last_saved {
   coda_tensor x1, z1, r1, x2, r2, dlogits, grad_scale, zeta;
 } coda_llama_last_saved;

@@ -123,9 +123,13 @@ struct MiddleOutputs {
   TensorView x2;  // [M, D] residual stream leaving layer l
   TensorView qkv; // [M, qkv_width] post-RoPE, for attention of layer l+1
 };
+// The backward consumes what the forward saved: it overwrites z1 with d loss / d z1 (the
+// backward's K7 reads each pre-activation before writing its gradient over it, and nothing after
+// it reads z1), so that the largest tensor of the backward needs no workspace. A second
+// backward needs the forward run again.
 struct MiddleSaved {
   TensorView x1; // [M, D]  residual stream after attention
-  TensorView z1; // [M, 2F] gate/up pre-activation (interleaved)
+  TensorView z1; // [M, 2F] gate/up pre-activation (interleaved); the backward overwrites it
   TensorView r1; // [M] f32 rstd of x1
   TensorView r2; // [M] f32 rstd of x2
 };
@@ -168,9 +172,9 @@ struct LastOutputs {
   TensorView logits; // optional [M, V]: a copy of the logits (otherwise they live only briefly
                      // in saved.dlogits)
 };
-struct LastSaved {
+struct LastSaved {       // consumed by the backward, as MiddleSaved
   TensorView x1;         // [M, D]
-  TensorView z1;         // [M, 2F]
+  TensorView z1;         // [M, 2F]; the backward overwrites it (MiddleSaved)
   TensorView r1;         // [M] f32
   TensorView x2;         // [M, D] residual stream before the final norm
   TensorView r2;         // [M] f32
