@@ -774,12 +774,27 @@ def _weights(weights, names):
         missing = [n for n in names if n not in weights]
         if missing:
             raise ValueError("weights: missing %s (need %s)" % (missing, ", ".join(names)))
-        return [weights[n] for n in names]
-    weights = list(weights)
-    if len(weights) != len(names):
-        raise ValueError("weights: need %d tensors (%s); got %d"
-                         % (len(names), ", ".join(names), len(weights)))
+        weights = [weights[n] for n in names]
+    else:
+        weights = list(weights)
+        if len(weights) != len(names):
+            raise ValueError("weights: need %d tensors (%s); got %d"
+                             % (len(names), ", ".join(names), len(weights)))
+    for name, w in zip(names, weights):
+        _not_sharded("weights." + name, w)
     return weights
+
+
+def _not_sharded(name, t):
+    """coda's kernels read whole, dense tensors: a DTensor (FSDP2's sharded parameters, tensor
+    parallelism) gets an error that says what to do, before torch's dispatch would report a
+    missing sharding rule. (By type name: no torch.distributed import on the call path.)"""
+    if type(t).__name__ == "DTensor":
+        raise TypeError(
+            "coda: %s is a DTensor (a sharded parameter, e.g. under FSDP2's fully_shard or "
+            "tensor parallelism); coda's kernels read whole, dense weights. Gather it first "
+            "(.full_tensor()), or shard the model so that the parameters a coda call reads are "
+            "unsharded while it runs (docs/distributed.md, FSDP2)" % name)
 
 
 # Both are called on every layer call and usually get what they return: then they return it

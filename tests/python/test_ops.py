@@ -370,6 +370,42 @@ def test_block_errors(device):
         ops.llama_first(x, (w["attn_norm"],), positions, inv_freq, BLOCK)
 
 
+class DTensor(torch.Tensor):
+    """Stands in for torch.distributed.tensor.DTensor where torch has none (coda tells it by
+    its type's name); test_sharded_weight_from_a_real_dtensor uses the real one."""
+
+
+def test_sharded_weight_is_named_with_what_to_do():
+    """A DTensor weight (FSDP2's sharded parameters) is refused before any kernel runs, by an
+    error that names the weight and says how to give coda whole tensors."""
+    gen = R.generator(SEED, 17)
+    x0, y0, w, positions, inv_freq = middle_setup(gen, "cpu")
+    w["w_down"] = torch.Tensor._make_subclass(DTensor, w["w_down"])
+    with pytest.raises(TypeError, match=r"weights\.w_down is a DTensor.*full_tensor"):
+        ops.llama_middle(x0, y0, w, positions, inv_freq, BLOCK)
+
+
+def test_sharded_weight_from_a_real_dtensor(tmp_path):
+    """The same with torch's DTensor, sharded over a one-rank gloo group on the CPU."""
+    dist = pytest.importorskip("torch.distributed")
+    tensor_api = pytest.importorskip("torch.distributed.tensor")
+    if not dist.is_available() or not hasattr(tensor_api, "distribute_tensor"):
+        pytest.skip("torch %s has no public DTensor" % torch.__version__)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    gen = R.generator(SEED, 18)
+    x0, y0, w, positions, inv_freq = middle_setup(gen, "cpu")
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "rendezvous"), rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        w["w_qkv"] = tensor_api.distribute_tensor(w["w_qkv"], mesh, [tensor_api.Shard(0)])
+        with pytest.raises(TypeError, match=r"weights\.w_qkv is a DTensor"):
+            ops.llama_middle(x0, y0, w, positions, inv_freq, BLOCK)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_gpu_head_dim_96_is_not_supported():
     if not R.sm90():
         pytest.skip("needs an sm_90 GPU")
