@@ -966,7 +966,9 @@ void fuzz_llama(Call& c) {
     w.w_qkv = c.input("w_qkv", t, {qkv, d});
     coda_llama_middle_inputs x{c.input("x0", t, {m, d}), c.input("y0", t, {m, attn}), rope()};
     coda_llama_middle_outputs o{maybe("x2", saved, t, {m, d}), maybe("qkv", saved, t, {m, qkv})};
-    coda_llama_middle_saved s{maybe("x1", saved, t, {m, d}), maybe("z1", saved, t, {m, 2 * f}),
+    // The backward overwrites z1 with its gradient (coda/block/llama.hpp, MiddleSaved).
+    const coda_tensor z1 = backward ? c.inout("z1", t, {m, 2 * f}) : c.output("z1", t, {m, 2 * f});
+    coda_llama_middle_saved s{maybe("x1", saved, t, {m, d}), z1,
                               maybe("r1", saved, CODA_F32, {m}),
                               maybe("r2", saved, CODA_F32, {m})};
     if (!backward) {
@@ -1006,7 +1008,7 @@ void fuzz_llama(Call& c) {
           [&] { return coda_llama_last_forward(&config, &w, &x, &o, &s, &ws, nullptr); });
     return;
   }
-  coda_llama_last_saved s{c.input("x1", t, {m, d}),         c.input("z1", t, {m, 2 * f}),
+  coda_llama_last_saved s{c.input("x1", t, {m, d}),         c.inout("z1", t, {m, 2 * f}),
                           c.input("r1", CODA_F32, {m}, 0.5f, 2.f), c.input("x2", t, {m, d}),
                           c.input("r2", CODA_F32, {m}, 0.5f, 2.f), c.input("dlogits", t, {m, v}),
                           c.input("grad_scale", CODA_F32, {1}), c.input("zeta", CODA_F32, {m})};
