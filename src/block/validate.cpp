@@ -86,7 +86,9 @@ int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Lay
   v.input("weights.w_gate_up", f.w_gate_up, Elem::half, {gate_up, hidden_dim(c)});
   v.input("weights.w_down", f.w_down, Elem::half, {hidden_dim(c), intermediate});
   add(v, produced, "saved.x1", f.x1, Elem::half, {tokens_dim(m), hidden_dim(c)});
-  add(v, produced, "saved.z1", f.z1, Elem::half, {tokens_dim(m), gate_up});
+  // Written by the backward too (d loss / d z1 over it): an output of both passes, so it may
+  // share memory with no other argument.
+  v.output("saved.z1", f.z1, Elem::half, {tokens_dim(m), gate_up});
   add(v, produced, "saved.r1", f.r1, Elem::f32, {tokens_dim(m)});
   return m;
 }
