@@ -236,29 +236,13 @@ def test_patch_hf_padded_batch_matches_hf(device, tied, monkeypatch):
     check_patched_padded(device, tied, monkeypatch)
 
 
-@pytest.mark.parametrize("mistake", ["scale", "dropped_row", "fused_rows"])
+@pytest.mark.parametrize("mistake", R.PATCHED_MISTAKES)
 def test_patched_check_catches_planted_mistakes(mistake, monkeypatch):
     """The step-by-step check of a patched HF model still fails a wrong gradient: an HF
     gamma's gradient 1/32 off in scale (a parameter coda's step read itself), one middle call
     losing a token's dqkv row (token 20 of row 0, not padding), or one row of k_proj's
     gradient, a view into the fused q/k/v gradient, changed after the backward."""
-    layer = lambda model: model.model.layers[1]  # noqa: E731
-    if mistake == "scale":
-        def plant(model):
-            layer(model).post_attention_layernorm.weight.grad *= 1 + 2.0 ** -5
-        match = r"grad layers\.1\.ffn_norm"
-    elif mistake == "fused_rows":
-        def plant(model):
-            layer(model).self_attn.k_proj.weight.grad[7] += 2.0 ** -6
-        match = r"grad model\.layers\.1\.self_attn\.k_proj\.weight: not the rows"
-    else:
-        middle = coda.ops.llama_middle
-
-        def dropping(x0, y0, weights, *args):
-            x2, qkv = middle(x0, y0, weights, *args)
-            return x2, R.DropRow.apply(qkv, 20)
-        monkeypatch.setattr(coda.ops, "llama_middle", dropping)
-        plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
+    plant, match = R.plant_patched_mistake(mistake, monkeypatch, coda.ops, token=20)
     with pytest.raises(AssertionError, match=match):
         check_patched_padded("cpu", False, monkeypatch, plant)
 

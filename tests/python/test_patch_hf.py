@@ -434,30 +434,14 @@ def test_padded_batch_against_the_plain_forward(device, tied, monkeypatch):
     check_padded(device, tied, monkeypatch)
 
 
-@pytest.mark.parametrize("mistake", ["scale", "dropped_row", "fused_rows"])
+@pytest.mark.parametrize("mistake", R.PATCHED_MISTAKES)
 def test_padded_check_catches_planted_mistakes(mistake, monkeypatch):
     """The step-by-step check of a patched model still fails a wrong gradient: a Hugging Face
     gamma's gradient 1/32 off in scale (a parameter coda's step read itself), one middle call
     losing a token's dqkv row (token 10 of row 0, not padding), or one row of k_proj's
     gradient, a view into the fused q/k/v gradient, changed after the backward (the HF
     gradients are then no longer coda's checked ones)."""
-    layer = lambda model: model.model.layers[1]  # noqa: E731
-    if mistake == "scale":
-        def plant(model):
-            layer(model).post_attention_layernorm.weight.grad *= 1 + 2.0 ** -5
-        match = r"grad layers\.1\.ffn_norm"
-    elif mistake == "fused_rows":
-        def plant(model):
-            layer(model).self_attn.k_proj.weight.grad[7] += 2.0 ** -6
-        match = r"grad model\.layers\.1\.self_attn\.k_proj\.weight: not the rows"
-    else:
-        middle = ops.llama_middle
-
-        def dropping(x0, y0, weights, *args):
-            x2, qkv = middle(x0, y0, weights, *args)
-            return x2, R.DropRow.apply(qkv, 10)
-        monkeypatch.setattr(ops, "llama_middle", dropping)
-        plant, match = None, r"grad layers\.0\."  # the call's own weights: the first check
+    plant, match = R.plant_patched_mistake(mistake, monkeypatch, ops, token=10)
     with pytest.raises(AssertionError, match=match):
         check_padded("cpu", False, monkeypatch, plant)
 

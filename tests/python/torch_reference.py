@@ -409,6 +409,33 @@ class DropRow(torch.autograd.Function):
         return g, None
 
 
+PATCHED_MISTAKES = ["scale", "dropped_row", "fused_rows"]
+
+
+def plant_patched_mistake(mistake, monkeypatch, ops, token):
+    """A planted mistake in a patched Hugging Face model's step, for the tests that check_chain
+    (and the HF-gradient mapping) still catches it: an HF gamma's gradient 1/32 off in scale,
+    one middle call losing dqkv row `token`, or one row of k_proj's gradient (a view into the
+    fused q/k/v gradient) changed after the backward. -> (plant(model) or None, the failure
+    message's pattern)."""
+    layer = lambda model: model.model.layers[1]  # noqa: E731
+    if mistake == "scale":
+        def plant(model):
+            layer(model).post_attention_layernorm.weight.grad *= 1 + 2.0 ** -5
+        return plant, r"grad layers\.1\.ffn_norm"
+    if mistake == "fused_rows":
+        def plant(model):
+            layer(model).self_attn.k_proj.weight.grad[7] += 2.0 ** -6
+        return plant, r"grad model\.layers\.1\.self_attn\.k_proj\.weight: not the rows"
+    middle = ops.llama_middle
+
+    def dropping(x0, y0, weights, *args):
+        x2, qkv = middle(x0, y0, weights, *args)
+        return x2, DropRow.apply(qkv, token)
+    monkeypatch.setattr(ops, "llama_middle", dropping)
+    return None, r"grad layers\.0\."  # the call's own weights: the first check
+
+
 class _Saved(torch.autograd.Function):
     """The value of `saved` (an activation coda's forward stored), the gradient of `t` (the
     textbook's own): the textbook's backward then reads what coda's backward reads."""
