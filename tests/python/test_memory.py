@@ -219,6 +219,15 @@ def _mlp_backward(dx, y0, w, x1, z1, r1):
     return dx, dy0, d
 
 
+def _expect_equal_gradients(got, dx0, dy0, d, weight_names):
+    """A layer op's gradients (autograd's order: x0, y0, then the weights) bit for bit those of
+    its kernels called one by one (dx0, dy0 and the weight gradients by name)."""
+    want = [dx0, dy0] + [d[n] for n in weight_names]
+    names = ["dx0", "dy0"] + ["d " + n for n in weight_names]
+    for name, g, e in zip(names, got, want):
+        assert torch.equal(g, e), "%s differs from the kernels one by one %s" % (name, ctx(""))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_middle_backward_equals_its_kernels_one_by_one(device):
     gen = R.generator(SEED, 44)
@@ -242,10 +251,7 @@ def test_middle_backward_equals_its_kernels_one_by_one(device):
         d_w_qkv = _wgrad(dz2, h_hat)                                                   # B2
         dx0, dy0, d = _mlp_backward(dx, y0, w, x1, z1, r1)
     d.update(attn_norm=d_attn_norm, w_qkv=d_w_qkv)
-    want = [dx0, dy0] + [d[n] for n in ops.MIDDLE_WEIGHTS]
-    names = ["dx0", "dy0"] + ["d " + n for n in ops.MIDDLE_WEIGHTS]
-    for name, g, e in zip(names, got, want):
-        assert torch.equal(g, e), "%s differs from the kernels one by one %s" % (name, ctx(""))
+    _expect_equal_gradients(got, dx0, dy0, d, ops.MIDDLE_WEIGHTS)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -273,10 +279,7 @@ def test_last_backward_equals_its_kernels_one_by_one(device):
         d_lm = _wgrad(dlogits, h_hat, alpha)
         dx0, dy0, d = _mlp_backward(dx, y0, w, x1, z1, r1)
     d.update(final_norm=d_final, lm_head=d_lm)
-    want = [dx0, dy0] + [d[n] for n in ops.LAST_WEIGHTS]
-    names = ["dx0", "dy0"] + ["d " + n for n in ops.LAST_WEIGHTS]
-    for name, gt, e in zip(names, got, want):
-        assert torch.equal(gt, e), "%s differs from the kernels one by one %s" % (name, ctx(""))
+    _expect_equal_gradients(got, dx0, dy0, d, ops.LAST_WEIGHTS)
 
 
 @pytest.mark.parametrize("device", DEVICES)
