@@ -132,7 +132,7 @@ typedef struct coda_rms_backward_args { /* K6 */
   coda_tensor dx, h_hat, dgamma_partials;
 } coda_rms_backward_args;
 
-typedef struct coda_swiglu_backward_args { /* K7 */
+typedef struct coda_swiglu_backward_args { /* K7; dpreact may alias preact */
   coda_tensor dx, w, preact;
   coda_tensor act, dpreact, zeta_partials /* [M, ceil(F / CODA_STAGED_REDUCE_BLOCK)] */;
 } coda_swiglu_backward_args;

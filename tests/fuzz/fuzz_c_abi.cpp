@@ -755,6 +755,7 @@ void fuzz_swiglu_backward(Call& c) {
   a.act = c.output("act", t, {m, f});
   a.dpreact = c.output("dpreact", t, {m, 2 * f});
   a.zeta_partials = c.output("zeta_partials", CODA_F32, {m, staged_blocks(f)});
+  c.allow_alias("dpreact", "preact"); // the block writes d loss / d z1 over z1
   c.run("coda_gemm_swiglu_backward", [&] { return coda_gemm_swiglu_backward(&a, nullptr); });
 }
 
