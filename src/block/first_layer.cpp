@@ -26,7 +26,7 @@ int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
   v.input("inputs.x", in.x, Elem::half, {api::at_least_one("M"), hidden_dim(c)});
   const int64_t m = in.x.shape[0];
   check_attention_input(v, produced, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.rstd",
-                        saved.rstd);
+                        saved.rstd, produced);
   return m;
 }
 

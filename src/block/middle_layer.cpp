@@ -1,5 +1,7 @@
 // A middle layer (coda-paper 4.2 and 4.5): from the attention output of layer l to the
 // post-RoPE QKV of layer l+1.
+#include <string>
+
 #include "block/scratch.hpp"
 #include "block/steps.hpp"
 #include "block/validate.hpp"
@@ -24,16 +26,26 @@ AttentionInput attention_input_of(const MiddleWeights& w, const MiddleOutputs& o
   return AttentionInput{out.x2, w.attn_norm, w.w_qkv, out.qkv, saved.r2};
 }
 
-// Registers the forward's tensors; returns M.
+// Registers the forward's tensors; returns M. r2 is an output of the forward and of the
+// backward's part 1 (zeta1 over it).
 int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
                               const MiddleWeights& w, const MiddleInputs& in,
-                              const MiddleOutputs& out, const MiddleSaved& saved) {
+                              const MiddleOutputs& out, const MiddleSaved& saved,
+                              Role r2_role) {
   const int64_t m =
       check_mlp_tensors(v, produced, c, Layer::middle, mlp_forward_of(w, in, out, saved));
   add(v, produced, "outputs.x2", out.x2, Elem::half, {tokens_dim(m), hidden_dim(c)});
   check_attention_input(v, produced, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.r2",
-                        saved.r2);
+                        saved.r2, r2_role);
   return m;
+}
+
+// The gradients of B0..B2 (the attention norm of layer l+1 and its QKV projection).
+void check_attention_input_part(api::Validator& v, const Config& c, int64_t m,
+                                const MiddleGrads& grads) {
+  v.input("grads.dqkv", grads.dqkv, Elem::half,
+          {tokens_dim(m), exactly("qkv_width", c.qkv_width())});
+  check_attention_input_gradients(v, c, grads.dweights.attn_norm, grads.dweights.w_qkv);
 }
 
 } // namespace
@@ -42,7 +54,8 @@ void middle_forward(const Config& config, const MiddleWeights& weights, const Mi
                     const MiddleOutputs& outputs, const MiddleSaved& saved,
                     const TensorView& workspace, Stream stream) {
   api::Validator v("coda::llama::middle_forward");
-  const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved);
+  const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved,
+                                         Role::output);
   check_workspace(v, workspace, Layer::middle, Pass::forward, config, m);
   v.finish();
 
@@ -58,26 +71,67 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
                      const MiddleOutputs& outputs, const MiddleSaved& saved,
                      const MiddleGrads& grads, bool accumulate, const TensorView& workspace,
                      Stream stream) {
-  const MiddleWeights& dw = grads.dweights;
   const MlpBackward mlp = mlp_backward_of(weights, inputs, saved, grads);
 
   api::Validator v("coda::llama::middle_backward");
-  const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved);
-  v.input("grads.dqkv", grads.dqkv, Elem::half,
-          {tokens_dim(m), exactly("qkv_width", config.qkv_width())});
+  const int64_t m =
+      check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved, Role::input);
+  check_attention_input_part(v, config, m, grads);
   check_mlp_gradients(v, config, m, mlp);
-  check_attention_input_gradients(v, config, dw.attn_norm, dw.w_qkv);
   check_workspace(v, workspace, Layer::middle, Pass::backward, config, m);
   v.finish();
 
   Arena arena(workspace);
   const MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
 
+  const MiddleWeights& dw = grads.dweights;
   const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
   attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
                            inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2
 
   mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
+}
+
+void middle_backward_part(Pass part, const Config& config, const MiddleWeights& weights,
+                          const MiddleInputs& inputs, const MiddleOutputs& outputs,
+                          const MiddleSaved& saved, const MiddleGrads& grads, bool accumulate,
+                          const TensorView& workspace, Stream stream) {
+  const MiddleWeights& dw = grads.dweights;
+  const MlpBackward mlp = mlp_backward_of(weights, inputs, saved, grads);
+  const bool first = part == Pass::backward_part1;
+
+  api::Validator v("coda::llama::middle_backward_part");
+  if (!first && part != Pass::backward_part2)
+    v.fail(Status::invalid_argument,
+           "part must be Pass::backward_part1 or backward_part2; got " + std::to_string(int(part)));
+  const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved,
+                                          first ? Role::output : Role::input);
+  v.output("grads.dx", grads.dx, Elem::half, {tokens_dim(m), hidden_dim(config)});
+  if (first) {
+    check_attention_input_part(v, config, m, grads);
+    v.output("grads.dweights.w_down", dw.w_down, Elem::half_or_f32,
+             {hidden_dim(config), exactly("intermediate", config.intermediate)});
+  } else {
+    check_gate_up_and_out_gradients(v, config, m, mlp);
+  }
+  check_workspace(v, workspace, Layer::middle, part, config, m);
+  v.finish();
+
+  Arena arena(workspace);
+  if (first) {
+    const MiddleBackwardPart1Scratch s =
+        carve_middle_backward_part1(arena, config, m, inputs.x0.dtype);
+    const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
+    attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
+                             inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2
+    // B3, A4, B4: zeta1 over r2, whose one reader (B1's K6) has run.
+    swiglu_and_down_backward(mlp, config.hidden, accumulate, s.mlp, saved.r2,
+                             s.norm.gemm_workspace, stream);
+  } else {
+    MiddleBackwardPart2Scratch s = carve_middle_backward_part2(arena, config, m, inputs.x0.dtype);
+    s.ffn.zeta = saved.r2; // zeta1, from part 1
+    gate_up_and_out_backward(mlp, accumulate, s.ffn, stream); // B5..B8
+  }
 }
 
 } // namespace coda::llama

@@ -138,6 +138,29 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
   return s;
 }
 
+MiddleBackwardPart1Scratch carve_middle_backward_part1(Arena& arena, const Config& c, int64_t m,
+                                                       DType act) {
+  MiddleBackwardPart1Scratch s;
+  s.norm = carve_norm_statistics(arena, Layer::middle, c, m);
+  s.mlp.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
+  const size_t region = arena.mark();
+  s.mlp.y1 = arena.matrix(act, m, c.intermediate);
+  arena.rewind(region); // B0..B2 are over before K7 (B3) writes y1
+  s.dz2 = arena.matrix(act, m, c.qkv_width());
+  s.norm.h_hat = arena.matrix(act, m, c.hidden);
+  return s;
+}
+
+MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
+                                                       DType act) {
+  MiddleBackwardPart2Scratch s;
+  s.ffn.dgamma_partials = arena.matrix(DType::f32, c.hidden, num_reduce_blocks(m));
+  if (const size_t bytes = gemm_scratch_bytes(Layer::middle, c, m))
+    s.ffn.gemm_workspace = arena.bytes(bytes);
+  s.ffn.h_hat = arena.matrix(act, m, c.hidden);
+  return s;
+}
+
 LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act) {
   LastBackwardScratch s;
   s.alpha = arena.vector(DType::f32, 1);

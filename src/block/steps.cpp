@@ -127,8 +127,9 @@ void attention_input_backward(const AttentionInput& f, const AttentionInputGrads
   norm_backward(attn_norm, accumulate_grads, scratch, stream);
 }
 
-void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
-                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream) {
+void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
+                              const MlpBackwardScratch& mlp, const TensorView& zeta1,
+                              const TensorView& gemm_workspace, Stream stream) {
   SwigluBackwardArgs k7; // B3
   k7.dx = b.dx;
   k7.w = b.w_down;
@@ -141,12 +142,15 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
   RowReduceArgs zeta; // A4: zeta1 = (1/D) sum_k z1 dz1, D the RMSNorm width
   zeta.partials = mlp.zeta_partials;
   zeta.scale = float(1.0 / double(hidden));
-  zeta.out = norm.zeta;
+  zeta.out = zeta1;
   reduce_row_partials(zeta, stream);
 
-  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, norm.gemm_workspace,
+  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, gemm_workspace,
                   stream); // B4
+}
 
+void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
+                              const NormBackwardScratch& norm, Stream stream) {
   NormBackward ffn; // B5, A5, B6
   ffn.dz = b.z1;    // d loss / d z1, where K7 wrote it
   ffn.w = b.w_gate_up;
@@ -168,6 +172,13 @@ void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
 
   weight_gradient(b.dx, b.y0, b.dw_out, 1.f, accumulate_grads, norm.gemm_workspace,
                   stream); // B8
+}
+
+void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
+                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream) {
+  swiglu_and_down_backward(b, hidden, accumulate_grads, mlp, norm.zeta, norm.gemm_workspace,
+                           stream);
+  gate_up_and_out_backward(b, accumulate_grads, norm, stream);
 }
 
 } // namespace coda::llama::detail

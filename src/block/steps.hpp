@@ -72,7 +72,8 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
 //   B4: dW2 (+)= dxᵀ·y1
 //   B5 K6: dx += r1 * (dz1·W1 * ffn_norm - x1 * r1 * zeta1)      A5: dffn_norm   B6: dW1
 //   B7: dy0 = dx·W0      B8: dW0 (+)= dxᵀ·y0
-// dx then holds d loss / d x0 (the residual identity).
+// dx then holds d loss / d x0 (the residual identity). The two halves run apart in the middle
+// layer's two-part backward; zeta1 passes from one to the other in `zeta1`.
 struct MlpBackward {
   TensorView y0;                                     // forward input
   TensorView w_out, ffn_norm, w_gate_up, w_down;     // weights
@@ -80,6 +81,14 @@ struct MlpBackward {
   TensorView dx, dy0;                                // dx in/out, dy0 out
   TensorView dw_out, dffn_norm, dw_gate_up, dw_down; // weight gradients
 };
+// B3, A4, B4: writes dz1 over b.z1 and zeta1 into `zeta1` ([M] f32).
+void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
+                              const MlpBackwardScratch& mlp, const TensorView& zeta1,
+                              const TensorView& gemm_workspace, Stream stream);
+// B5..B8, reading zeta1 from norm.zeta.
+void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
+                              const NormBackwardScratch& norm, Stream stream);
+// Both, with zeta1 in norm.zeta.
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                   const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream);
 

@@ -18,6 +18,13 @@ void positive(const api::Validator& v, const char* field, int64_t value, const c
                                        "); got " + std::to_string(value));
 }
 
+const char* pass_name(Pass pass) {
+  return name_of(pass, {{Pass::forward, "forward"},
+                        {Pass::backward, "backward"},
+                        {Pass::backward_part1, "backward_part1"},
+                        {Pass::backward_part2, "backward_part2"}});
+}
+
 } // namespace
 
 void check_config(const api::Validator& v, const Config& c, Layer layer) {
@@ -61,7 +68,7 @@ void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer
   v.fail(Status::invalid_argument,
          "workspace holds " + std::to_string(held) + " bytes but this call needs " +
              std::to_string(needed) + " (coda::llama::workspace_size(Layer::" + layer_name(layer) +
-             ", Pass::" + (pass == Pass::forward ? "forward" : "backward") +
+             ", Pass::" + pass_name(pass) +
              ", config, M=" + std::to_string(tokens) + "))");
 }
 
@@ -93,22 +100,29 @@ int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Lay
   return m;
 }
 
-void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b) {
+void check_gate_up_and_out_gradients(api::Validator& v, const Config& c, int64_t m,
+                                     const MlpBackward& b) {
   using api::Elem;
   const api::Dim attention = api::exactly("n_heads*head_dim", c.attention_width());
-  v.output("grads.dx", b.dx, Elem::half, {tokens_dim(m), hidden_dim(c)});
   v.output("grads.dy0", b.dy0, Elem::half, {tokens_dim(m), attention});
   v.output("grads.dweights.w_out", b.dw_out, Elem::half_or_f32, {hidden_dim(c), attention});
   v.output("grads.dweights.ffn_norm", b.dffn_norm, Elem::half_or_f32, {hidden_dim(c)});
   v.output("grads.dweights.w_gate_up", b.dw_gate_up, Elem::half_or_f32,
            {api::exactly("2*intermediate", 2 * c.intermediate), hidden_dim(c)});
+}
+
+void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b) {
+  using api::Elem;
+  v.output("grads.dx", b.dx, Elem::half, {tokens_dim(m), hidden_dim(c)});
+  check_gate_up_and_out_gradients(v, c, m, b);
   v.output("grads.dweights.w_down", b.dw_down, Elem::half_or_f32,
            {hidden_dim(c), api::exactly("intermediate", c.intermediate)});
 }
 
 void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,
                            const Rope& rope, const TensorView& attn_norm, const TensorView& w_qkv,
-                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd) {
+                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd,
+                           Role rstd_role) {
   using api::Elem;
   v.input("inputs.rope.positions", rope.positions, Elem::i32, {tokens_dim(m)});
   v.input("inputs.rope.inv_freq", rope.inv_freq, Elem::f32,
@@ -118,7 +132,7 @@ void check_attention_input(api::Validator& v, Role produced, const Config& c, in
           {api::exactly("qkv_width", c.qkv_width()), hidden_dim(c)});
   add(v, produced, "outputs.qkv", qkv, Elem::half,
       {tokens_dim(m), api::exactly("qkv_width", c.qkv_width())});
-  add(v, produced, rstd_name, rstd, Elem::f32, {tokens_dim(m)});
+  add(v, rstd_role, rstd_name, rstd, Elem::f32, {tokens_dim(m)});
 }
 
 void check_attention_input_gradients(api::Validator& v, const Config& c,

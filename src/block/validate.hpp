@@ -44,14 +44,20 @@ int64_t check_mlp_tensors(api::Validator& v, Role produced, const Config& c, Lay
 // The gradients of B3..B8 that the middle and last layers share: grads.dx, grads.dy0 and the
 // four dweights of the attention output projection and the MLP.
 void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b);
+// Those of B5..B8 (the middle backward's part 2): grads.dy0 and the dweights of w_out,
+// ffn_norm and w_gate_up.
+void check_gate_up_and_out_gradients(api::Validator& v, const Config& c, int64_t m,
+                                     const MlpBackward& b);
 
 // The attention input that the first and middle layers share: its rope tables and weights
 // ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv"), and
 // what its forward produces ("outputs.qkv" and the norm's rstd, `rstd_name`; outputs of a
-// forward, inputs of a backward).
+// forward, inputs of a backward; the rstd's role is its own: the middle backward's part 1
+// writes over it).
 void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,
                            const Rope& rope, const TensorView& attn_norm, const TensorView& w_qkv,
-                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd);
+                           const TensorView& qkv, const char* rstd_name, const TensorView& rstd,
+                           Role rstd_role);
 
 // Their weight gradients: grads.dweights.attn_norm and grads.dweights.w_qkv.
 void check_attention_input_gradients(api::Validator& v, const Config& c,

@@ -9,9 +9,16 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
   api::Validator v("coda::llama::workspace_size");
   detail::check_config(v, config, layer);
   v.at_least_one("tokens", tokens, "the tokens argument");
-  if (pass != Pass::forward && pass != Pass::backward)
+  const bool part = pass == Pass::backward_part1 || pass == Pass::backward_part2;
+  if (pass != Pass::forward && pass != Pass::backward && !part)
     v.fail(Status::invalid_argument,
-           "pass must be Pass::forward or backward; got " + std::to_string(int(pass)));
+           "pass must be Pass::forward, backward, backward_part1 or backward_part2; got " +
+               std::to_string(int(pass)));
+  if (part && layer != Layer::middle)
+    v.fail(Status::invalid_argument,
+           "Pass::backward_part1 and backward_part2 are the middle layer's (Layer::middle); got "
+           "layer " +
+               std::to_string(int(layer)));
 
   // The activation dtype does not matter here: bf16 and f16 are both 2 bytes.
   constexpr DType act = DType::bf16;
@@ -28,7 +35,12 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
     carve(detail::carve_first_forward, detail::carve_first_backward);
     break;
   case Layer::middle:
-    carve(detail::carve_mlp_forward, detail::carve_middle_backward);
+    if (pass == Pass::backward_part1)
+      detail::carve_middle_backward_part1(counter, config, tokens, act);
+    else if (pass == Pass::backward_part2)
+      detail::carve_middle_backward_part2(counter, config, tokens, act);
+    else
+      carve(detail::carve_mlp_forward, detail::carve_middle_backward);
     break;
   case Layer::last:
     carve(detail::carve_last_forward, detail::carve_last_backward);

@@ -323,14 +323,16 @@ struct MiddleResult {
   HostTensor x2, qkv, x1, z1, r1, r2, dx, dy0;
   Grad d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv;
   HostTensor z1_forward; // z1 as the forward saved it (the backward overwrites z1)
+  HostTensor r2_forward; // r2 likewise (the two-part backward leaves zeta1 over it)
 
+  // Everything the block wrote but saved.r2 (one backward keeps it, the other does not).
   std::vector<HostTensor*> all() {
     return {&x2,
             &qkv,
             &x1,
             &z1,
             &r1,
-            &r2,
+            &r2_forward,
             &dx,
             &dy0,
             &d_out.tensor,
@@ -342,7 +344,12 @@ struct MiddleResult {
   }
 };
 
-inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, bool accumulate) {
+// The middle backward as one call (middle_backward) or as its two parts (middle_backward_part),
+// each part given only its own gradients.
+enum class BackwardCalls { one, two_parts };
+
+inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, bool accumulate,
+                               BackwardCalls calls = BackwardCalls::one) {
   const llama::Config& c = make.c;
   const int64_t D = c.hidden, F = c.intermediate;
   MiddleResult r{make.output(D),
@@ -359,6 +366,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
                  make.grad(grad_dtype, {D, F}, accumulate),
                  make.grad(grad_dtype, {D}, accumulate),
                  make.grad(grad_dtype, {c.qkv_width(), D}, accumulate),
+                 HostTensor(),
                  HostTensor()};
   const auto inputs = [&] { return llama::MiddleInputs{p.x0.view(), p.y0.view(), p.rope.view()}; };
   const auto outputs = [&] { return llama::MiddleOutputs{r.x2.view(), r.qkv.view()}; };
@@ -371,6 +379,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
   // views below upload the forward's results again where a device mirror is installed).
   coda::test::sync_views();
   r.z1_forward = r.z1;
+  r.r2_forward = r.r2;
 
   const llama::MiddleGrads grads{r.dx.view(),
                                  p.dqkv.view(),
@@ -378,20 +387,39 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
                                  {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
                                   r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
                                   r.d_attn.tensor.view(), r.d_qkv.tensor.view()}};
-  HostTensor ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
-  llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
-                         ws_b.view());
+  if (calls == BackwardCalls::one) {
+    HostTensor ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
+    llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
+                           ws_b.view());
+  } else {
+    const coda::TensorView none{};
+    llama::MiddleGrads part1{grads.dx, grads.dqkv, none, {}};
+    part1.dweights.w_down = grads.dweights.w_down;
+    part1.dweights.attn_norm = grads.dweights.attn_norm;
+    part1.dweights.w_qkv = grads.dweights.w_qkv;
+    llama::MiddleGrads part2{grads.dx, none, grads.dy0, {}};
+    part2.dweights.w_out = grads.dweights.w_out;
+    part2.dweights.ffn_norm = grads.dweights.ffn_norm;
+    part2.dweights.w_gate_up = grads.dweights.w_gate_up;
+    for (auto [part, g] : {std::pair{llama::Pass::backward_part1, part1},
+                           std::pair{llama::Pass::backward_part2, part2}}) {
+      HostTensor ws = make.workspace(llama::Layer::middle, part);
+      llama::middle_backward_part(part, c, p.weights(), inputs(), outputs(), saved(), g,
+                                  accumulate, ws.view());
+    }
+  }
   coda::test::sync_views();
   return r;
 }
 
 // One middle-layer run against the textbook block (both roundings).
-inline void expect_middle_layer(Maker& make, DType grad_dtype, bool accumulate) {
+inline void expect_middle_layer(Maker& make, DType grad_dtype, bool accumulate,
+                                BackwardCalls calls = BackwardCalls::one) {
   const llama::Config& c = make.c;
   const int64_t M = make.M, D = c.hidden, F = c.intermediate;
   const ref::Rounding lowp = coda::test::lowp(make.dt);
   MiddleProblem p(make);
-  MiddleResult r = run_middle(make, p, grad_dtype, accumulate);
+  MiddleResult r = run_middle(make, p, grad_dtype, accumulate, calls);
   const ref::LlamaConfig rc = ref_config(c);
   const ref::MiddleWeights rw = p.textbook();
 
@@ -402,7 +430,7 @@ inline void expect_middle_layer(Maker& make, DType grad_dtype, bool accumulate) 
   check("outputs.x2", r.x2, tf.mlp.x2, lf.mlp.x2);
   check("outputs.qkv", r.qkv, tf.qkv, lf.qkv);
   check_mlp_saved(r, r.z1_forward, tf.mlp, lf.mlp, M, F);
-  check("saved.r2", r.r2, tf.rstd2, lf.rstd2);
+  check("saved.r2", r.r2_forward, tf.rstd2, lf.rstd2);
 
   const auto bwd = [&](ref::Rounding rr) {
     return ref::middle_backward(rc, rw, p.rope.textbook(), p.x0.values(), p.y0.values(),
@@ -427,6 +455,20 @@ TEST_P(Block, MiddleLayerIsBitwiseDeterministic) {
   MiddleResult second = run_middle(make, p, GetParam().grad_dtype, false);
   const std::vector<HostTensor*> a = first.all(), b = second.all();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+}
+
+// The two-part backward runs the one call's kernels in the same order on the same tensors: the
+// same bits, but for saved.r2, where part 1 leaves zeta1 for part 2. Accumulating, against the
+// textbook.
+TEST_P(Block, MiddleLayerInTwoPartsIsTheOneCall) {
+  MiddleProblem p(make);
+  MiddleResult one = run_middle(make, p, GetParam().grad_dtype, false, BackwardCalls::one);
+  MiddleResult two = run_middle(make, p, GetParam().grad_dtype, false, BackwardCalls::two_parts);
+  const std::vector<HostTensor*> a = one.all(), b = two.all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+  EXPECT_TRUE(same_bits(one.r2, one.r2_forward)) << "the one-call backward keeps saved.r2";
+  SCOPED_TRACE("two parts, accumulating weight gradients");
+  expect_middle_layer(make, GetParam().grad_dtype, true, BackwardCalls::two_parts);
 }
 
 // ---------------------------------------------------------------------------------------------

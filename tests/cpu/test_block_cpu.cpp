@@ -500,6 +500,57 @@ TEST_F(BlockArguments, WorkspaceSizeChecksItsArguments) {
                coda::Error); // 2^70 bytes of logits partials: an error, not a wrapped size
 }
 
+// The two-part backward: a pass that is not a part, a part missing one of its own gradients, and
+// the parts of a layer that has none are each rejected, naming what to fix, with nothing written.
+TEST_F(BlockArguments, BackwardPartsCheckTheirArguments) {
+  llama::middle_forward(make.c, p.weights(), inputs(), outputs(), saved(), workspace.view());
+  HostTensor z1_before = z1, r2_before = r2; // same_bits takes non-const tensors
+  HostTensor dx = HostTensor::of(make.dt, {make.M, 64}, p.dx2.values()), dy0 = make.output(64);
+  HostTensor d_down = HostTensor(DType::f32, {64, 96}), d_attn = HostTensor(DType::f32, {64});
+  HostTensor d_qkv = HostTensor(DType::f32, {make.c.qkv_width(), 64});
+  const Values dx_before = dx.values();
+  HostTensor ws = make.workspace(llama::Layer::middle, llama::Pass::backward_part1);
+
+  llama::MiddleGrads part1{dx.view(), p.dqkv.view(), {}, {}};
+  part1.dweights.attn_norm = d_attn.view();
+  part1.dweights.w_qkv = d_qkv.view();
+  const auto expect_rejected = [&](llama::Pass part, const llama::MiddleGrads& g,
+                                   const std::string& field) {
+    try {
+      llama::middle_backward_part(part, make.c, p.weights(), inputs(), outputs(), saved(), g,
+                                  false, ws.view());
+      ADD_FAILURE() << "accepted a call that should fail on " << field;
+    } catch (const coda::Error& e) {
+      EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(dx.values(), dx_before);
+    EXPECT_TRUE(same_bits(z1, z1_before));
+    EXPECT_TRUE(same_bits(r2, r2_before));
+  };
+  expect_rejected(llama::Pass::backward_part1, part1, "grads.dweights.w_down"); // absent
+  part1.dweights.w_down = d_down.view();
+  expect_rejected(llama::Pass::backward, part1, "part must be");
+  llama::MiddleGrads part2{dx.view(), {}, dy0.view(), {}};
+  expect_rejected(llama::Pass::backward_part2, part2, "grads.dweights.w_out");
+  part1.dy0 = dy0.view(); // the other part's gradients are not looked at
+  part1.dy0.shape[1] = 7;
+  EXPECT_NO_THROW(llama::middle_backward_part(llama::Pass::backward_part1, make.c, p.weights(),
+                                              inputs(), outputs(), saved(), part1, false,
+                                              ws.view()));
+  EXPECT_FALSE(same_bits(r2, r2_before)) << "part 1 leaves zeta1 over saved.r2";
+
+  EXPECT_THROW(llama::workspace_size(llama::Layer::last, llama::Pass::backward_part1, make.c, 16),
+               coda::Error);
+  EXPECT_THROW(llama::workspace_size(llama::Layer::first, llama::Pass::backward_part2, make.c, 16),
+               coda::Error);
+  const size_t one = llama::workspace_size(llama::Layer::middle, llama::Pass::backward, make.c, 16);
+  EXPECT_LE(llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part1, make.c, 16),
+            one);
+  EXPECT_LT(llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part2, make.c, 16),
+            one);
+}
+
 // ---------------------------------------------------------------------------------------------
 // The C ABI: the same bits as the C++ API, statuses instead of exceptions.
 
@@ -526,6 +577,11 @@ TEST_F(BlockArguments, CAbiMatchesCpp) {
   ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_MIDDLE, CODA_LLAMA_FORWARD, &config, 13, &bytes),
             CODA_OK);
   EXPECT_EQ(bytes, llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 13));
+  ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD_PART1, &config, 13,
+                                      &bytes),
+            CODA_OK);
+  EXPECT_EQ(bytes,
+            llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part1, make.c, 13));
 
   const llama::MiddleWeights w = p.weights();
   const coda_llama_middle_weights cw{c_tensor(w.w_out),     c_tensor(w.ffn_norm),
@@ -558,6 +614,10 @@ TEST_F(BlockArguments, CAbiReportsInsteadOfThrowing) {
   EXPECT_EQ(
       coda_llama_middle_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr),
       CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error()).find("is NULL"), std::string::npos);
+  EXPECT_EQ(coda_llama_middle_backward_part(CODA_LLAMA_BACKWARD_PART2, nullptr, nullptr, nullptr,
+                                            nullptr, nullptr, nullptr, 0, nullptr, nullptr),
+            CODA_INVALID_ARGUMENT);
   EXPECT_NE(std::string(coda_last_error()).find("is NULL"), std::string::npos);
 
   size_t bytes = 0;

@@ -881,21 +881,26 @@ void fuzz_size_queries(Call& c) {
   config.loss_reduction = int32_t(c.integer(0));
   const int64_t tokens = c.integer(in.dim(64));
   for (int32_t layer = -1; layer <= 3; ++layer)
-    for (int32_t pass = -1; pass <= 2; ++pass) {
+    for (int32_t pass = -1; pass <= 4; ++pass) {
       bytes = 0;
       const coda_status s = coda_llama_workspace_size(layer, pass, &config, tokens, &bytes);
       if (s < CODA_OK || s > CODA_NOT_SUPPORTED || (s != CODA_OK && *coda_last_error() == 0))
         finding("coda_llama_workspace_size: status " + std::to_string(int(s)));
-      if (s == CODA_OK && (layer < 0 || layer > 2 || pass < 0 || pass > 1))
+      // The backward's two parts are the middle layer's only.
+      const bool part = pass == CODA_LLAMA_BACKWARD_PART1 || pass == CODA_LLAMA_BACKWARD_PART2;
+      if (s == CODA_OK && (layer < 0 || layer > 2 || pass < 0 || pass > 3 ||
+                           (part && layer != CODA_LLAMA_MIDDLE)))
         finding("coda_llama_workspace_size accepted layer " + std::to_string(layer) + ", pass " +
                 std::to_string(pass));
     }
 }
 
-// The block, one layer and pass per call, on a small config.
+// The block, one layer and pass per call, on a small config; the middle layer's passes include
+// the backward's two parts.
 void fuzz_llama(Call& c) {
   Reader& in = c.in();
-  const int32_t layer = int32_t(in.byte() % 3), pass = int32_t(in.byte() % 2);
+  const int32_t layer = int32_t(in.byte() % 3);
+  const int32_t pass = int32_t(in.byte() % (layer == CODA_LLAMA_MIDDLE ? 4 : 2));
   coda_llama_config cfg{};
   cfg.n_kv_heads = int32_t(in.dim(2));
   cfg.n_heads = cfg.n_kv_heads * int32_t(in.dim(2));
@@ -919,7 +924,7 @@ void fuzz_llama(Call& c) {
   const int64_t d = cfg.hidden, f = cfg.intermediate, v = cfg.vocab;
   const int64_t attn = int64_t(cfg.n_heads) * cfg.head_dim;
   const int64_t qkv = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
-  const bool backward = pass == CODA_LLAMA_BACKWARD;
+  const bool backward = pass != CODA_LLAMA_FORWARD;
   const Role saved = backward ? Role::input : Role::output;
   const coda_tensor ws = c.workspace("workspace", ws_bytes);
   const int32_t accumulate = int32_t(in.byte() % 2);
@@ -969,26 +974,38 @@ void fuzz_llama(Call& c) {
     coda_llama_middle_outputs o{maybe("x2", saved, t, {m, d}), maybe("qkv", saved, t, {m, qkv})};
     // The backward overwrites z1 with its gradient (coda/block/llama.hpp, MiddleSaved).
     const coda_tensor z1 = backward ? c.inout("z1", t, {m, 2 * f}) : c.output("z1", t, {m, 2 * f});
+    // Part 1 of the two-part backward leaves zeta1 over r2 for part 2.
+    const coda_tensor r2 = pass == CODA_LLAMA_BACKWARD_PART1 ? c.inout("r2", CODA_F32, {m})
+                                                             : maybe("r2", saved, CODA_F32, {m});
     coda_llama_middle_saved s{maybe("x1", saved, t, {m, d}), z1,
-                              maybe("r1", saved, CODA_F32, {m}),
-                              maybe("r2", saved, CODA_F32, {m})};
+                              maybe("r1", saved, CODA_F32, {m}), r2};
     if (!backward) {
       c.run("coda_llama_middle_forward",
             [&] { return coda_llama_middle_forward(&config, &w, &x, &o, &s, &ws, nullptr); });
       return;
     }
+    // A part is given only its own gradients (the others absent, as a caller that allocates
+    // each part's just before it passes them).
+    const bool part1 = pass != CODA_LLAMA_BACKWARD_PART2, part2 = pass != CODA_LLAMA_BACKWARD_PART1;
     coda_llama_middle_grads g{};
     g.dx = c.inout("dx", t, {m, d});
-    g.dqkv = c.input("dqkv", t, {m, qkv});
-    g.dy0 = c.output("dy0", t, {m, attn});
-    g.dweights.w_out = grad("dw_out", {d, attn});
-    g.dweights.ffn_norm = grad("dffn_norm", {d});
-    g.dweights.w_gate_up = grad("dw_gate_up", {2 * f, d});
-    g.dweights.w_down = grad("dw_down", {d, f});
-    g.dweights.attn_norm = grad("dattn_norm", {d});
-    g.dweights.w_qkv = grad("dw_qkv", {qkv, d});
-    c.run("coda_llama_middle_backward", [&] {
-      return coda_llama_middle_backward(&config, &w, &x, &o, &s, &g, accumulate, &ws, nullptr);
+    if (part1) g.dqkv = c.input("dqkv", t, {m, qkv});
+    if (part2) g.dy0 = c.output("dy0", t, {m, attn});
+    if (part2) g.dweights.w_out = grad("dw_out", {d, attn});
+    if (part2) g.dweights.ffn_norm = grad("dffn_norm", {d});
+    if (part2) g.dweights.w_gate_up = grad("dw_gate_up", {2 * f, d});
+    if (part1) g.dweights.w_down = grad("dw_down", {d, f});
+    if (part1) g.dweights.attn_norm = grad("dattn_norm", {d});
+    if (part1) g.dweights.w_qkv = grad("dw_qkv", {qkv, d});
+    if (pass == CODA_LLAMA_BACKWARD) {
+      c.run("coda_llama_middle_backward", [&] {
+        return coda_llama_middle_backward(&config, &w, &x, &o, &s, &g, accumulate, &ws, nullptr);
+      });
+      return;
+    }
+    c.run("coda_llama_middle_backward_part", [&] {
+      return coda_llama_middle_backward_part(pass, &config, &w, &x, &o, &s, &g, accumulate, &ws,
+                                             nullptr);
     });
     return;
   }

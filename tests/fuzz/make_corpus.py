@@ -50,8 +50,10 @@ CASES = {
                 for (f, k) in [(0, 7)]],
     "size_queries": [[0] * 8, [0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff],
                      [0x20, 0, 0, 0, 0, 0, 0, 0]],
+    # layer, pass (the middle layer's 2 and 3: the backward's two parts), then the config
     "llama": [[layer, pass_, 1, 1, 1, 3, 3, 5, 0, 23] for layer in range(3) for pass_ in range(2)]
-             + [[layer, pass_] for layer in range(3) for pass_ in range(2)],
+             + [[layer, pass_] for layer in range(3) for pass_ in range(2)]
+             + [[1, part, 1, 1, 1, 3, 3, 5, 0, 23] for part in (2, 3)],
 }
 
 

@@ -18,7 +18,14 @@ typedef enum coda_llama_layer {
   CODA_LLAMA_LAST = 2
 } coda_llama_layer;
 
-typedef enum coda_llama_pass { CODA_LLAMA_FORWARD = 0, CODA_LLAMA_BACKWARD = 1 } coda_llama_pass;
+/* The two BACKWARD_PARTs: the middle layer's backward in two calls
+ * (coda_llama_middle_backward_part). */
+typedef enum coda_llama_pass {
+  CODA_LLAMA_FORWARD = 0,
+  CODA_LLAMA_BACKWARD = 1,
+  CODA_LLAMA_BACKWARD_PART1 = 2,
+  CODA_LLAMA_BACKWARD_PART2 = 3
+} coda_llama_pass;
 
 typedef struct coda_llama_config {
   int64_t hidden;       /* D */
@@ -68,8 +75,9 @@ typedef struct coda_llama_middle_inputs {
 typedef struct coda_llama_middle_outputs {
   coda_tensor x2, qkv;
 } coda_llama_middle_outputs;
-/* The backward overwrites z1 with d loss / d z1 (coda/block/llama.hpp, MiddleSaved): run the
-   forward again before another backward. */
+/* The backward overwrites z1 with d loss / d z1 (coda/block/llama.hpp, MiddleSaved), and the
+   first of its two parts r2 with a statistic for the second: run the forward again before
+   another backward. */
 typedef struct coda_llama_middle_saved {
   coda_tensor x1, z1, r1, r2;
 } coda_llama_middle_saved;
@@ -131,6 +139,14 @@ CODA_API coda_status coda_llama_middle_backward(
     const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,
     const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads, int32_t accumulate,
     const coda_tensor* workspace, coda_stream_t stream);
+/* The middle backward in two calls, each allocating its own gradients (coda::llama::
+ * middle_backward_part in coda/block/llama.hpp): part CODA_LLAMA_BACKWARD_PART1, then
+ * CODA_LLAMA_BACKWARD_PART2, each with a workspace of coda_llama_workspace_size(middle, part). */
+CODA_API coda_status coda_llama_middle_backward_part(
+    int32_t part, const coda_llama_config* config, const coda_llama_middle_weights* weights,
+    const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,
+    const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads,
+    int32_t accumulate, const coda_tensor* workspace, coda_stream_t stream);
 
 CODA_API coda_status coda_llama_last_forward(const coda_llama_config* config,
                                              const coda_llama_last_weights* weights,

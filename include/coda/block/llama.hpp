@@ -54,7 +54,9 @@ struct Config {
 };
 
 enum class Layer : int32_t { first = 0, middle = 1, last = 2 };
-enum class Pass : int32_t { forward = 0, backward = 1 };
+// backward_part1 and backward_part2: the middle layer's backward in two calls
+// (middle_backward_part, below).
+enum class Pass : int32_t { forward = 0, backward = 1, backward_part1 = 2, backward_part2 = 3 };
 
 // Bytes of scratch one call needs: a function of the layer, pass, config and token count and,
 // for a backward, of the current CUDA device (the GEMMs' stream-K scratch depends on its SM
@@ -131,7 +133,7 @@ struct MiddleSaved {
   TensorView x1; // [M, D]  residual stream after attention
   TensorView z1; // [M, 2F] gate/up pre-activation (interleaved); the backward overwrites it
   TensorView r1; // [M] f32 rstd of x1
-  TensorView r2; // [M] f32 rstd of x2
+  TensorView r2; // [M] f32 rstd of x2; middle_backward_part's part 1 overwrites it
 };
 struct MiddleGrads {
   TensorView dx;          // [M, D] in: d loss / d x2; out: d loss / d x0 (accumulated in place)
@@ -149,6 +151,27 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
                      const MiddleOutputs& outputs, const MiddleSaved& saved,
                      const MiddleGrads& grads, bool accumulate, const TensorView& workspace,
                      Stream stream = nullptr);
+
+// The same backward in two calls, for a caller that allocates each call's gradients just before
+// it. One call needs every gradient at once, and they are all alive where its largest scratch
+// (the recomputed SwiGLU output y1, [M, F]) is; split, the gradients of part 2 do not exist yet
+// while y1 does, and y1 is gone (with part 1's workspace) before they are allocated.
+//   part 1 (Pass::backward_part1): B0..B4. Reads grads.dqkv and grads.dx (d loss / d x2); writes
+//     grads.dx (d loss / d x1's residual part: d/d x2 plus the attention norm's backward),
+//     grads.dweights.attn_norm, .w_qkv and .w_down, d loss / d z1 over saved.z1 (as the one-call
+//     backward), and zeta1, the ffn norm's [M] f32 backward statistic, over saved.r2 (the
+//     attention norm's rstd, whose one reader, B1, has run).
+//   part 2 (Pass::backward_part2): B5..B8 from what part 1 left in grads.dx, saved.z1 and
+//     saved.r2; writes grads.dx (d loss / d x0), grads.dy0 and grads.dweights.ffn_norm, .w_gate_up
+//     and .w_out.
+// Each part reads and writes only the gradients it names; the others may be absent. Both parts
+// take the whole forward's tensors (weights, inputs, outputs, saved) as middle_backward does, and
+// each its own workspace, workspace_size(Layer::middle, part, config, M) bytes. Part 1 then part
+// 2 give bit for bit middle_backward's results.
+void middle_backward_part(Pass part, const Config& config, const MiddleWeights& weights,
+                          const MiddleInputs& inputs, const MiddleOutputs& outputs,
+                          const MiddleSaved& saved, const MiddleGrads& grads, bool accumulate,
+                          const TensorView& workspace, Stream stream = nullptr);
 
 // ---------------------------------------------------------------------------------------------
 // Last layer: the middle layer's F1..F3, then the final RMSNorm + LM head (K5) and the
