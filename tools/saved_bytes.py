@@ -239,6 +239,10 @@ def block_case(case, tokens, shape_override=None):
         # The backward's size depends on the current CUDA device (stream-K scratch).
         extra["coda_workspace_bwd"] = L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD,
                                                              c, tokens)
+        # coda.ops runs the backward in two parts, each with its own workspace.
+        for key, part in (("part1", L.LLAMA_BACKWARD_PART1), ("part2", L.LLAMA_BACKWARD_PART2)):
+            extra["coda_workspace_bwd_" + key] = L.llama_workspace_size(L.LLAMA_MIDDLE, part, c,
+                                                                         tokens)
         extra["coda_workspace_fwd"] = L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_FORWARD,
                                                              c, tokens)
     except Exception as e:

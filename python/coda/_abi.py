@@ -31,6 +31,8 @@ LLAMA_MIDDLE = 1
 LLAMA_LAST = 2
 LLAMA_FORWARD = 0
 LLAMA_BACKWARD = 1
+LLAMA_BACKWARD_PART1 = 2
+LLAMA_BACKWARD_PART2 = 3
 
 # coda/coda.h
 VERSION_MAJOR = 0
@@ -265,6 +267,9 @@ SIGNATURES = {
     "coda_llama_middle_backward": (c_int32, [POINTER(LlamaConfig), POINTER(LlamaMiddleWeights),
         POINTER(LlamaMiddleInputs), POINTER(LlamaMiddleOutputs), POINTER(LlamaMiddleSaved),
         POINTER(LlamaMiddleGrads), c_int32, POINTER(Tensor), c_void_p]),
+    "coda_llama_middle_backward_part": (c_int32, [c_int32, POINTER(LlamaConfig),
+        POINTER(LlamaMiddleWeights), POINTER(LlamaMiddleInputs), POINTER(LlamaMiddleOutputs),
+        POINTER(LlamaMiddleSaved), POINTER(LlamaMiddleGrads), c_int32, POINTER(Tensor), c_void_p]),
     "coda_llama_last_forward": (c_int32, [POINTER(LlamaConfig), POINTER(LlamaLastWeights),
         POINTER(LlamaLastInputs), POINTER(LlamaLastOutputs), POINTER(LlamaLastSaved),
         POINTER(Tensor), c_void_p]),

@@ -319,3 +319,23 @@ def llama_backward(
         args.append(ctypes.byref(outputs))
     args += [ctypes.byref(saved), ctypes.byref(grads), 1 if accumulate else 0]
     call("coda_llama_%s_backward" % layer, *args, ctypes.byref(workspace), stream)
+
+
+def llama_middle_backward_part(
+    part, config, weights, inputs, outputs, saved, grads, accumulate, workspace, stream=None
+):
+    """coda_llama_middle_backward_part: part LLAMA_BACKWARD_PART1 (B0..B4), then
+    LLAMA_BACKWARD_PART2 (B5..B8), each with its own gradients and workspace."""
+    call(
+        "coda_llama_middle_backward_part",
+        int(part),
+        ctypes.byref(config),
+        ctypes.byref(weights),
+        ctypes.byref(inputs),
+        ctypes.byref(outputs),
+        ctypes.byref(saved),
+        ctypes.byref(grads),
+        1 if accumulate else 0,
+        ctypes.byref(workspace),
+        stream,
+    )

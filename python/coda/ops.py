@@ -10,7 +10,8 @@ Ops (``torch.ops.coda.*``):
 ``llama_first_forward``        x -> qkv of layer 0 (and the saved rstd)
 ``llama_first_backward``       dqkv -> dx and the weight gradients
 ``llama_middle_forward``       (x0, y0) -> (x2, qkv) (and the saved x1, z1, r1, r2)
-``llama_middle_backward``      (dx2, dqkv) -> dx0, dy0 and the weight gradients (mutates z1)
+``llama_middle_backward``      (dx2, dqkv) -> dx0, dy0 and the weight gradients (mutates z1
+                               and r2)
 ``llama_last_forward``         (x0, y0, targets) -> loss [, logits] (and the saved tensors)
 ``llama_last_backward``        dloss -> dx0, dy0 and the weight gradients (mutates z1)
 =============================  ===============================================================
@@ -18,10 +19,11 @@ Ops (``torch.ops.coda.*``):
 The forward ops return their outputs followed by the tensors their backward needs; those and
 the logits are non-differentiable. The middle and last backward ops write d loss / d z1 over the
 saved z1 (it needs no workspace then), so each runs once per forward: a second backward through
-the same graph raises. Weight gradients are returned (never accumulated in place):
-autograd accumulates them. Each call runs on ``torch.cuda.current_stream()`` of its tensors'
-device (or synchronously on the CPU backend for CPU tensors) and takes its workspace from the
-caching allocator.
+the same graph raises. The middle backward runs as the C ABI's two parts, each part's gradients
+allocated just before it (zeta1 passes from one to the other over the saved r2). Weight
+gradients are returned (never accumulated in place): autograd accumulates them. Each call runs
+on ``torch.cuda.current_stream()`` of its tensors' device (or synchronously on the CPU backend
+for CPU tensors) and takes its workspace from the caching allocator.
 
 The functions at the bottom (``gemm``, ``llama_first``, ``llama_middle``, ``llama_last``, ...)
 are the Python-friendly entry points: they convert positions/targets, accept weights as a dict
@@ -541,15 +543,34 @@ def _middle_backward_impl(
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
     dx = dx2.clone(memory_format=torch.contiguous_format)  # in: d/d x2, out: d/d x0
-    dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
-    dw = [torch.empty_like(t, memory_format=torch.contiguous_format)
-          for t in (w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv)]
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
                                                 x1, z1, r1, r2)
-    grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, dy0, *dw)
-    _run_layer("middle", True, cfg, m, x0, w, inputs, outputs, saved, grads)
-    return (dx, dy0, *dw)
+
+    def empty(t):
+        return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    # In two parts, each part's gradients allocated just before it: the peak of one call holds
+    # every gradient beside its largest scratch (docs/python.md, "The backward's transient").
+    # Part 1 (B0..B4) leaves d/d z1 over z1 and zeta1 over r2 for part 2 (B5..B8).
+    d_down, d_attn, d_qkv = empty(w_down), empty(attn_norm), empty(w_qkv)
+    grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, None, None, None, None, d_down, d_attn, d_qkv)
+    _run_middle_backward_part(L.LLAMA_BACKWARD_PART1, cfg, m, x0, w, inputs, outputs, saved,
+                              grads)
+    dy0, d_out, d_ffn, d_gate_up = empty(y0), empty(w_out), empty(ffn_norm), empty(w_gate_up)
+    grads = T.pack(L.LlamaMiddleGrads, dx, None, dy0, d_out, d_ffn, d_gate_up, None, None, None)
+    _run_middle_backward_part(L.LLAMA_BACKWARD_PART2, cfg, m, x0, w, inputs, outputs, saved,
+                              grads)
+    return (dx, dy0, d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv)
+
+
+def _run_middle_backward_part(part, cfg, m, x, *args):
+    """One part of the middle backward (`args`: weights, inputs, outputs, saved, grads), as
+    _run_layer runs a whole call: its own workspace, freed when it returns."""
+    with T.device_guard(x.device):
+        ws, ws_desc = T.workspace(T.llama_workspace_bytes(L.LLAMA_MIDDLE, part, cfg, m, x.device),
+                                  x.device)
+        L.llama_middle_backward_part(part, cfg, *args, False, ws_desc, T.stream(x))
 
 
 def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
@@ -558,10 +579,11 @@ def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down,
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv))
 
 
-# The layer backwards write d loss / d z1 over the saved z1 (coda/block/llama.hpp, MiddleSaved):
-# declared, so that torch.compile and opcheck know the op changes it.
+# The layer backwards write d loss / d z1 over the saved z1 (coda/block/llama.hpp, MiddleSaved),
+# and the middle one's first part zeta1 over r2: declared, so that torch.compile and opcheck know
+# the op changes them.
 _MIDDLE_BWD = _define("llama_middle_backward", _middle_backward_impl, _middle_backward_fake,
-                      mutates=("z1",))
+                      mutates=("z1", "r2"))
 
 
 def _consume_saved(ctx):

@@ -158,7 +158,11 @@ def _workspace_sizes_without_a_gpu(m):
         "                                  loss_reduction=L.LOSS_MEAN)\n"
         "print(json.dumps([L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD, cfg(0), m),\n"
         "                  L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_BACKWARD, cfg(v), m),\n"
-        "                  L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_FORWARD, cfg(v), m)]))\n"
+        "                  L.llama_workspace_size(L.LLAMA_LAST, L.LLAMA_FORWARD, cfg(v), m),\n"
+        "                  L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD_PART1,\n"
+        "                                         cfg(0), m),\n"
+        "                  L.llama_workspace_size(L.LLAMA_MIDDLE, L.LLAMA_BACKWARD_PART2,\n"
+        "                                         cfg(0), m)]))\n"
     ) % (m, D, F, H, KV, HD, V)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
@@ -173,7 +177,7 @@ def test_backward_workspace_is_the_high_water_mark_of_its_phases():
     largest, takes none: K7 writes it over the saved z1 (the GEMMs' stream-K scratch left out:
     see _workspace_sizes_without_a_gpu)."""
     m = M
-    middle, last, last_fwd = _workspace_sizes_without_a_gpu(m)
+    middle, last, last_fwd, _, _ = _workspace_sizes_without_a_gpu(m)
     stats = (_aligned(D * _blocks(m, L.REDUCE_BLOCK) * 4) + _aligned(m * 4)
              + _aligned(m * _blocks(F, L.STAGED_REDUCE_BLOCK) * 4))
     mlp = max(_aligned(m * F * 2), _aligned(m * D * 2))
@@ -183,6 +187,19 @@ def test_backward_workspace_is_the_high_water_mark_of_its_phases():
     h_sumsq = _aligned(m * D * 2) + _aligned(m * _blocks(D, L.REDUCE_BLOCK) * 4)
     assert last_fwd <= h_sumsq + max(_aligned(m * F * 2), _aligned(
         m * _blocks(V, L.STAGED_REDUCE_BLOCK) * 4) + _aligned(m * 4) + 8192)
+
+
+def test_two_part_backward_workspaces_hold_only_their_phases():
+    """The middle backward's two parts (what coda.ops runs): part 1 the one call's statistics,
+    zeta partials and B0..B4's region (dz2 and h_hat, then y1); part 2 only the ffn norm's
+    dgamma partials and h_hat (zeta1 comes over the saved r2, dz1 over z1)."""
+    m = M
+    middle, _, _, part1, part2 = _workspace_sizes_without_a_gpu(m)
+    stats = (_aligned(D * _blocks(m, L.REDUCE_BLOCK) * 4) + _aligned(m * 4)
+             + _aligned(m * _blocks(F, L.STAGED_REDUCE_BLOCK) * 4))
+    assert part1 == stats + max(_aligned(m * F * 2), _aligned(m * QKV * 2) + _aligned(m * D * 2))
+    assert part2 == _aligned(D * _blocks(m, L.REDUCE_BLOCK) * 4) + _aligned(m * D * 2)
+    assert part1 <= middle and part2 < middle
 
 
 def _wgrad(dy, x, alpha=None):

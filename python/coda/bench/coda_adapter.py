@@ -97,12 +97,14 @@ class NativeMiddle:
             dx=T.view(self.dx, "dx"), dqkv=L.Tensor(), dy0=T.view(self.dy0, "dy0"),
             dweights=L.LlamaMiddleWeights(*(T.view(self.dweights[n]) for n in ops.MIDDLE_WEIGHTS)))
         self._dqkv = None
-        # One buffer for both passes, each call told the size it asks for (as coda.ops does).
+        # One buffer for every call, each told the size it asks for (as coda.ops does); the
+        # backward runs as coda.ops runs it, in its two parts.
+        self._parts = (L.LLAMA_BACKWARD_PART1, L.LLAMA_BACKWARD_PART2)
         with T.device_guard(x0.device):
             sizes = [T.llama_workspace_bytes(L.LLAMA_MIDDLE, p, self.cfg, m, x0.device)
-                     for p in (L.LLAMA_FORWARD, L.LLAMA_BACKWARD)]
+                     for p in (L.LLAMA_FORWARD,) + self._parts]
         self.workspace, _ = T.workspace(max(sizes), x0.device)
-        self.ws_fwd, self.ws_bwd = (T.workspace_view(self.workspace, n) for n in sizes)
+        self.ws_fwd, *self.ws_parts = (T.workspace_view(self.workspace, n) for n in sizes)
         self.stream = T.stream(x0)
 
     def seed_dx(self, dx2):
@@ -119,13 +121,16 @@ class NativeMiddle:
                               self.saved_c, self.ws_fwd, self.stream)
 
     def backward(self, dqkv=None):
-        """The C backward; dqkv: d/d qkv for this call alone (else the bound one). It is not
-        kept: the caller holds it through the call, and the stream orders its reuse."""
+        """The C backward (its two parts); dqkv: d/d qkv for this call alone (else the bound
+        one). It is not kept: the caller holds it through the call, and the stream orders its
+        reuse."""
         if dqkv is not None:
             self._dqkv = None
             self.grads_c.dqkv = self._T.view(dqkv, "dqkv")
-        self._L.llama_backward("middle", self.cfg, self.weights_c, self.inputs_c, self.outputs_c,
-                               self.saved_c, self.grads_c, False, self.ws_bwd, self.stream)
+        for part, ws in zip(self._parts, self.ws_parts):
+            self._L.llama_middle_backward_part(part, self.cfg, self.weights_c, self.inputs_c,
+                                               self.outputs_c, self.saved_c, self.grads_c, False,
+                                               ws, self.stream)
 
 
 def model_from_reference(ref):

@@ -20,7 +20,8 @@ MEMORY_DEFINITION = (
     "logits, workspaces and caches count; weights and inputs do not.")
 NATIVE_DEFINITION = (
     "block cases: native_ms = the same middle layer called through coda's C ABI directly "
-    "(coda._lib: coda_llama_middle_forward / _backward, no torch.library dispatch, no autograd) "
+    "(coda._lib: coda_llama_middle_forward / _backward_part, the backward in its two parts as "
+    "coda.ops runs it, no torch.library dispatch, no autograd) "
     "on the coda side's weights and the same inputs, in the same process, timed pass by pass in "
     "turn with the coda side; its outputs, saved activations, gradients and workspace are "
     "allocated once, outside the timed region, and the seed gradient of x2 is written where the "
