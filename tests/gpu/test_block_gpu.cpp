@@ -152,8 +152,9 @@ TEST(BlockGpuLlama1B, MiddleAndLastLayerMatchTheTextbookBlock) {
                     LastLayerCase{true, false, false, "mean loss, dloss value, writing gradients"});
 }
 
-// Tiny runs of every layer for compute-sanitizer (memcheck, racecheck, synccheck): the results
-// are checked against the CPU backend only loosely here (the suites above hold the numerics).
+// Tiny runs of every layer (and the middle backward's two parts) for compute-sanitizer
+// (memcheck, racecheck, synccheck): the results are checked against the CPU backend only loosely
+// here (the suites above hold the numerics).
 TEST(BlockGpuSmallForSanitizer, EveryLayerForwardAndBackward) {
   if (!coda::test::gpu_backend_available()) GTEST_SKIP() << "no sm_90 GPU";
   coda::test::Seeds seeds;
@@ -164,8 +165,11 @@ TEST(BlockGpuSmallForSanitizer, EveryLayerForwardAndBackward) {
   LastProblem lp(make, ref::Reduction::mean);
   DeviceMirror mirror;
   MiddleResult m = run_middle(make, mp, tiny.grad_dtype, true);
+  MiddleResult parts = run_middle(make, mp, tiny.grad_dtype, true, BackwardCalls::two_parts);
   LastResult l = run_last(make, lp, tiny.grad_dtype, false, {1.f, {}}, true);
   for (HostTensor* t : m.all())
+    for (double v : t->values()) ASSERT_TRUE(std::isfinite(v));
+  for (HostTensor* t : parts.all())
     for (double v : t->values()) ASSERT_TRUE(std::isfinite(v));
   for (HostTensor* t : l.all())
     for (double v : t->values()) ASSERT_TRUE(std::isfinite(v));
