@@ -599,6 +599,24 @@ def _consume_saved(ctx):
     ctx.coda_consumed = True
 
 
+def _traced(t):
+    """True while a compiler traces the code that sees t (dynamo, AOTAutograd's functional and
+    fake tensors), False for a plain eager tensor."""
+    is_functional = getattr(torch._C, "_is_functional_tensor", None)
+    return (_compiling() or type(t) is not torch.Tensor
+            or (is_functional is not None and is_functional(t)))
+
+
+def _overwritable(saved, index):
+    """The saved tensor a layer's backward op overwrites (z1, and the middle layer's r2): itself
+    when eager, which is the point (no memory for d/d z1), and a copy inside a traced graph:
+    AOTAutograd's partitioner cannot keep a forward output that the backward mutates ("Node ...
+    was invalid, but is output" from opcheck's aot_dispatch test, torch 2.11), and
+    functionalization would copy it anyway (docs/python.md, "K7 in place")."""
+    t = saved[index]
+    return t.clone() if _traced(t) else t
+
+
 def _middle_setup(ctx, inputs, output):
     x2, qkv, x1, z1, r1, r2 = output
     _grads_only(ctx, x1, z1, r1, r2)
@@ -610,8 +628,9 @@ def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     if dx2 is None and dqkv is None:
         return (None,) * 14
     _consume_saved(ctx)
-    saved = ctx.saved_tensors
+    saved = list(ctx.saved_tensors)
     x2, qkv = saved[10], saved[11]
+    saved[13], saved[15] = _overwritable(saved, 13), _overwritable(saved, 15)  # z1, r2
     grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg)
     dx0, dy0 = grads[0], grads[1]
     return (dx0, dy0, *grads[2:], None, None, None, None, None, None)
@@ -751,7 +770,8 @@ def _last_backward(ctx, dloss, *_other_grads):
     if dloss is None:
         return (None,) * 16
     _consume_saved(ctx)
-    saved = ctx.saved_tensors
+    saved = list(ctx.saved_tensors)
+    saved[10] = _overwritable(saved, 10)  # z1
     grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg)
     dx0, dy0 = grads[0], grads[1]
     # inputs: x0, y0, targets, 6 weights, 7 non-tensors

@@ -387,8 +387,11 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
                                  {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
                                   r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
                                   r.d_attn.tensor.view(), r.d_qkv.tensor.view()}};
+  // The workspaces outlive the sync below, which copies every viewed tensor back to its host
+  // memory where a device mirror is installed (device_mirror.hpp).
+  HostTensor ws_b, ws_parts[2];
   if (calls == BackwardCalls::one) {
-    HostTensor ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
+    ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
     llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
                            ws_b.view());
   } else {
@@ -401,9 +404,11 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     part2.dweights.w_out = grads.dweights.w_out;
     part2.dweights.ffn_norm = grads.dweights.ffn_norm;
     part2.dweights.w_gate_up = grads.dweights.w_gate_up;
+    int i = 0;
     for (auto [part, g] : {std::pair{llama::Pass::backward_part1, part1},
                            std::pair{llama::Pass::backward_part2, part2}}) {
-      HostTensor ws = make.workspace(llama::Layer::middle, part);
+      HostTensor& ws = ws_parts[i++];
+      ws = make.workspace(llama::Layer::middle, part);
       llama::middle_backward_part(part, c, p.weights(), inputs(), outputs(), saved(), g,
                                   accumulate, ws.view());
     }
