@@ -119,8 +119,7 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
 
   Arena arena(workspace);
   if (first) {
-    const MiddleBackwardPart1Scratch s =
-        carve_middle_backward_part1(arena, config, m, inputs.x0.dtype);
+    const MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
     const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
     attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
                              inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2

@@ -138,19 +138,6 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
   return s;
 }
 
-MiddleBackwardPart1Scratch carve_middle_backward_part1(Arena& arena, const Config& c, int64_t m,
-                                                       DType act) {
-  MiddleBackwardPart1Scratch s;
-  s.norm = carve_norm_statistics(arena, Layer::middle, c, m);
-  s.mlp.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
-  const size_t region = arena.mark();
-  s.mlp.y1 = arena.matrix(act, m, c.intermediate);
-  arena.rewind(region); // B0..B2 are over before K7 (B3) writes y1
-  s.dz2 = arena.matrix(act, m, c.qkv_width());
-  s.norm.h_hat = arena.matrix(act, m, c.hidden);
-  return s;
-}
-
 MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
                                                        DType act) {
   MiddleBackwardPart2Scratch s;

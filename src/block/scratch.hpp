@@ -93,14 +93,10 @@ struct MiddleBackwardScratch {
   MlpBackwardScratch mlp;
   NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
 };
-// The middle backward in two parts (middle_backward_part). Part 1 is the one-call backward's
-// B0..B4; part 2 has only the ffn norm's backward and the GEMMs' scratch (zeta1 comes in
-// saved.r2, from part 1).
-struct MiddleBackwardPart1Scratch {
-  TensorView dz2;           // [M, qkv_width] (B0..B2)
-  NormBackwardScratch norm; // the attention norm's backward (B1, B2)
-  MlpBackwardScratch mlp;   // B3, B4
-};
+// The middle backward in two parts (middle_backward_part). Part 1 (B0..B4) carves the one-call
+// backward's MiddleBackwardScratch and leaves its ffn norm's h_hat unused (it lies over y1's
+// region, so the size is the same); part 2 has only the ffn norm's backward and the GEMMs'
+// scratch (zeta1 comes in saved.r2, from part 1).
 struct MiddleBackwardPart2Scratch {
   NormBackwardScratch ffn; // B5, B6 (its zeta absent: saved.r2 holds zeta1)
 };
@@ -117,8 +113,6 @@ FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m
 FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act);
 LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act);
 MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act);
-MiddleBackwardPart1Scratch carve_middle_backward_part1(Arena& arena, const Config& c, int64_t m,
-                                                       DType act);
 MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
                                                        DType act);
 LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act);

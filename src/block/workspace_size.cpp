@@ -35,9 +35,7 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
     carve(detail::carve_first_forward, detail::carve_first_backward);
     break;
   case Layer::middle:
-    if (pass == Pass::backward_part1)
-      detail::carve_middle_backward_part1(counter, config, tokens, act);
-    else if (pass == Pass::backward_part2)
+    if (pass == Pass::backward_part2)
       detail::carve_middle_backward_part2(counter, config, tokens, act);
     else
       carve(detail::carve_mlp_forward, detail::carve_middle_backward);
