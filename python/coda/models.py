@@ -19,8 +19,8 @@ from torch import nn
 
 from . import ops
 
-__all__ = ["LlamaConfig", "Llama", "rope_inv_freq", "attention", "padding_keys", "shift_labels",
-           "run_layers"]
+__all__ = ["LlamaConfig", "Llama", "LlamaLayer", "AttentionInput", "Mlp", "rope_inv_freq",
+           "attention", "padding_keys", "shift_labels", "run_layers"]
 
 _ROPE_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                      "original_max_position_embeddings")
@@ -308,8 +308,10 @@ def shift_labels(labels, ignore_index=-100):
 def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final_norm, lm_head,
                return_logits=False, reduction="mean", key_mask=None, checkpoint=False):
     """Embedding output x [B*S, D] -> (loss, logits or None) through coda's first, middle and
-    last layers, attention between them. `layers`: a list, one dict per decoder layer with the
-    coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down. key_mask: as
+    last layers, attention between them. `layers`: a list, one per decoder layer, of dicts with
+    the coda-layout weights attn_norm, w_qkv, w_out, ffn_norm, w_gate_up, w_down, or of
+    LlamaLayer modules, whose submodules then run the ops (so that FSDP2's hooks on them fire:
+    Llama.fsdp_units). key_mask: as
     attention() takes it (None: no padding). checkpoint: keep only each stage's inputs for the
     backward and recompute the rest there (torch.utils.checkpoint; the stages below)."""
     padding = _padding_mask(key_mask, seq)
@@ -317,20 +319,30 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
     # saves for its backward, the same tensors rather than a copy of its own.
     positions, inv_freq = ops._positions(positions, x), ops._inv_freq(inv_freq, x)
 
+    modules = isinstance(layers[0], LlamaLayer)
+
     def first_stage(x):
         first = layers[0]
-        qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq, block)
+        if modules:
+            qkv = first.attn_input(x, positions, inv_freq, block)
+        else:
+            qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq,
+                                  block)
         return _attend(qkv, batch, seq, block, padding)
 
     def middle_stage(layer, following):
         # The weights are closed over, not passed: torch.compile traces a checkpointed function
         # whose arguments are tensors (the parameters it reads become the graph's inputs).
         def run(x, y):
-            x, qkv = ops.llama_middle(
-                x, y,
-                (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
-                 following["attn_norm"], following["w_qkv"]),
-                positions, inv_freq, block)
+            if modules:
+                x, qkv = layer.mlp(x, y, positions, inv_freq, block,
+                                   following=following.attn_input)
+            else:
+                x, qkv = ops.llama_middle(
+                    x, y,
+                    (layer["w_out"], layer["ffn_norm"], layer["w_gate_up"], layer["w_down"],
+                     following["attn_norm"], following["w_qkv"]),
+                    positions, inv_freq, block)
             return x, _attend(qkv, batch, seq, block, padding)
         return run
 
@@ -344,6 +356,9 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
     for layer, following in zip(layers[:-1], layers[1:]):
         x, y = stage(middle_stage(layer, following), x, y)
     last = layers[-1]
+    if modules:
+        return last.mlp(x, y, positions, inv_freq, block, head=(final_norm, lm_head),
+                        targets=targets, return_logits=return_logits, reduction=reduction)
     return ops.llama_last(
         x, y, targets,
         (last["w_out"], last["ffn_norm"], last["w_gate_up"], last["w_down"], final_norm, lm_head),
@@ -368,21 +383,81 @@ def _recomputed(fn, *args):
 # The module
 
 
-class LlamaLayer(nn.Module):
-    """One decoder layer's weights in coda's layout."""
+class AttentionInput(nn.Module):
+    """A decoder layer's attention input in coda's layout: the pre-attention RMSNorm weight
+    `attn_norm` and the fused [Q; K; V] projection `w_qkv`. Its forward is coda's first op
+    (layer 0); the middle op before it reads it as the following layer's (Mlp.forward)."""
 
     def __init__(self, config, device=None, dtype=None):
         super().__init__()
-        c = config
-        kw = {"device": device, "dtype": dtype}
-        d, f = c.hidden_size, c.intermediate_size
-        h, kv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        c, kw = config, {"device": device, "dtype": dtype}
+        d, h, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.attn_norm = nn.Parameter(torch.ones(d, **kw))
         self.w_qkv = nn.Parameter(torch.empty((h + 2 * kv) * hd, d, **kw))
-        self.w_out = nn.Parameter(torch.empty(d, h * hd, **kw))
+
+    def forward(self, x, positions, inv_freq, block):
+        """Layer 0's post-RoPE qkv from the embedding output x (coda.ops.llama_first)."""
+        return ops.llama_first(x, (self.attn_norm, self.w_qkv), positions, inv_freq, block)
+
+
+class Mlp(nn.Module):
+    """A decoder layer's attention output projection `w_out`, its pre-MLP RMSNorm weight
+    `ffn_norm` and its SwiGLU MLP (`w_gate_up`, gate and up rows interleaved, and `w_down`).
+    Its forward is the coda op that starts with them: the middle op, which ends with the
+    following layer's attention input, or for the last layer the last op, which ends with the
+    final norm, the LM head and the loss. An FSDP2 unit holding this module must hold what its
+    op reads beside it (Llama.fsdp_units)."""
+
+    def __init__(self, config, device=None, dtype=None):
+        super().__init__()
+        c, kw = config, {"device": device, "dtype": dtype}
+        d, f, attn = c.hidden_size, c.intermediate_size, c.num_attention_heads * c.head_dim
+        self.w_out = nn.Parameter(torch.empty(d, attn, **kw))
         self.ffn_norm = nn.Parameter(torch.ones(d, **kw))
         self.w_gate_up = nn.Parameter(torch.empty(2 * f, d, **kw))
         self.w_down = nn.Parameter(torch.empty(d, f, **kw))
+
+    def weights(self):
+        return (self.w_out, self.ffn_norm, self.w_gate_up, self.w_down)
+
+    def forward(self, x, y, positions, inv_freq, block, following=None, head=None, targets=None,
+                return_logits=False, reduction="mean"):
+        """following (an AttentionInput): the middle op, (x0, y0) -> (x2, qkv of the following
+        layer). Otherwise head = (final_norm, lm_head): the last op, -> (loss, logits or
+        None)."""
+        if following is not None:
+            return ops.llama_middle(x, y, self.weights() + (following.attn_norm, following.w_qkv),
+                                    positions, inv_freq, block)
+        return ops.llama_last(x, y, targets, self.weights() + tuple(head), block,
+                              return_logits=return_logits, reduction=reduction)
+
+
+class LlamaLayer(nn.Module):
+    """One decoder layer's weights in coda's layout, in two submodules cut where coda's ops
+    cut the layer: `attn_input` (attn_norm, w_qkv) and `mlp` (w_out, ffn_norm, w_gate_up,
+    w_down). The weights are also attributes of the layer (layer.w_qkv). A state dict that
+    names them without the submodule (an older checkpoint) still loads."""
+
+    _SUBMODULE = {"attn_norm": "attn_input", "w_qkv": "attn_input", "w_out": "mlp",
+                  "ffn_norm": "mlp", "w_gate_up": "mlp", "w_down": "mlp"}
+
+    def __init__(self, config, device=None, dtype=None):
+        super().__init__()
+        self.attn_input = AttentionInput(config, device=device, dtype=dtype)
+        self.mlp = Mlp(config, device=device, dtype=dtype)
+        self._register_load_state_dict_pre_hook(self._rename_flat_keys)
+
+    def __getattr__(self, name):
+        sub = LlamaLayer._SUBMODULE.get(name)
+        if sub is not None:
+            return getattr(super().__getattr__(sub), name)
+        return super().__getattr__(name)
+
+    def _rename_flat_keys(self, state_dict, prefix, *_):
+        for name, sub in LlamaLayer._SUBMODULE.items():
+            old = prefix + name
+            if old in state_dict:
+                state_dict[prefix + sub + "." + name] = state_dict.pop(old)
 
     def weights(self):
         return {
@@ -450,6 +525,24 @@ class Llama(nn.Module):
     def lm_head_weight(self):
         return self.embed_tokens.weight if self.lm_head is None else self.lm_head
 
+    def fsdp_units(self):
+        """The module groups to shard with FSDP2, one unit each, so that every coda op finds
+        all the weights it reads unsharded (docs/distributed.md): layer 0's attention input
+        (the first op), then for each layer its MLP with the following layer's attention input
+        (a middle op), and the last layer's MLP (the last op; the final norm, LM head and
+        embedding stay with the root)::
+
+            for unit in model.fsdp_units():
+                fully_shard(unit, mp_policy=policy)
+            fully_shard(model, mp_policy=policy)
+        """
+        layers = list(self.layers)
+        units = [[layers[0].attn_input]]
+        units += [[layer.mlp, following.attn_input]
+                  for layer, following in zip(layers[:-1], layers[1:])]
+        units.append([layers[-1].mlp])
+        return units
+
     @torch.no_grad()
     def reset_parameters(self):
         """Hugging Face's initialization: normal(0, initializer_range) weights, unit norms."""
@@ -481,7 +574,7 @@ class Llama(nn.Module):
         want_logits = return_logits or labels is None
         loss, logits = run_layers(
             x, batch, seq, positions, targets, self.inv_freq, self.block,
-            [layer.weights() for layer in self.layers], self.norm, self.lm_head_weight,
+            list(self.layers), self.norm, self.lm_head_weight,
             return_logits=want_logits, key_mask=key_mask,
             checkpoint=self.checkpoint and self.training and torch.is_grad_enabled())
         if want_logits:

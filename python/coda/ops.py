@@ -836,7 +836,9 @@ def _not_sharded(name, t):
             "coda: %s is a DTensor (a sharded parameter, e.g. under FSDP2's fully_shard or "
             "tensor parallelism); coda's kernels read whole, dense weights. Gather it first "
             "(.full_tensor()), or shard the model so that the parameters a coda call reads are "
-            "unsharded while it runs (docs/distributed.md, FSDP2)" % name)
+            "unsharded while it runs: for a coda.models.Llama, fully_shard each group of "
+            "model.fsdp_units() (not each decoder layer), then the model (docs/distributed.md, "
+            "FSDP2)" % name)
 
 
 # Both are called on every layer call and usually get what they return: then they return it

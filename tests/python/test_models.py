@@ -53,7 +53,7 @@ def reference_logits(model, ids, dtype, attention_mask=None):
     named = {n: p.detach().to(dtype or p.dtype) for n, p in model.named_parameters()}
     params = {
         "embed": named["embed_tokens.weight"],
-        "layers": [{k: named["layers.%d.%s" % (i, k)]
+        "layers": [{k: named["layers.%d.%s.%s" % (i, models.LlamaLayer._SUBMODULE[k], k)]
                     for k in ("attn_norm", "w_qkv", "w_out", "ffn_norm", "w_gate_up", "w_down")}
                    for i in range(len(model.layers))],
         "norm": named["norm"],
@@ -169,6 +169,46 @@ def test_tied_embeddings_share_one_parameter():
     assert model.lm_head is None and model.lm_head_weight is model.embed_tokens.weight
     names = [n for n, _ in model.named_parameters()]
     assert "lm_head" not in names and "embed_tokens.weight" in names
+
+
+def test_fsdp_units_hold_each_op_s_weights_and_every_layer_weight_once():
+    """Llama.fsdp_units: one group per coda op, holding exactly the weights the op reads (first:
+    layer 0's attn_norm and w_qkv; middle l: layer l's MLP and layer l+1's attention input;
+    last: layer L-1's MLP, the final norm and head staying with the root); every decoder-layer
+    parameter in one unit."""
+    model = models.Llama(small_config(num_hidden_layers=3), device="cpu")
+    units = model.fsdp_units()
+    layers = list(model.layers)
+    assert len(units) == len(layers) + 1
+    params = [{id(p) for m in unit for p in m.parameters()} for unit in units]
+    ids = lambda *ts: {id(t) for t in ts}  # noqa: E731
+    assert params[0] == ids(layers[0].attn_norm, layers[0].w_qkv)
+    for l in range(len(layers) - 1):
+        assert params[l + 1] == ids(layers[l].w_out, layers[l].ffn_norm, layers[l].w_gate_up,
+                                    layers[l].w_down, layers[l + 1].attn_norm,
+                                    layers[l + 1].w_qkv)
+    assert params[-1] == ids(*layers[-1].mlp.weights())
+    in_units = [i for p in params for i in p]
+    assert len(in_units) == len(set(in_units)) == 6 * len(layers)
+    assert set(in_units) == {id(p) for layer in layers for p in layer.parameters()}
+
+
+def test_a_state_dict_with_unprefixed_layer_names_loads():
+    """The decoder layer's weights live in its attn_input and mlp submodules; a state dict of
+    the earlier flat names (layers.N.w_qkv) loads into them."""
+    gen = torch.Generator().manual_seed(5)
+    source = models.Llama(small_config(num_hidden_layers=2), device="cpu")
+    randomize(source, gen)
+    flat = {}
+    for name, value in source.state_dict().items():
+        for sub in ("attn_input.", "mlp."):
+            name = name.replace(".%s" % sub, ".")
+        flat[name] = value
+    assert "layers.1.w_gate_up" in flat and "layers.1.mlp.w_gate_up" not in flat
+    target = models.Llama(small_config(num_hidden_layers=2), device="cpu")
+    target.load_state_dict(flat)
+    for (name, a), b in zip(source.state_dict().items(), target.state_dict().values()):
+        assert torch.equal(a, b), name
 
 
 def test_dtype_change_keeps_the_rope_table_f32():
