@@ -447,17 +447,19 @@ class LlamaLayer(nn.Module):
         self.mlp = Mlp(config, device=device, dtype=dtype)
         self._register_load_state_dict_pre_hook(self._rename_flat_keys)
 
-    def __getattr__(self, name):
-        sub = LlamaLayer._SUBMODULE.get(name)
-        if sub is not None:
-            return getattr(super().__getattr__(sub), name)
-        return super().__getattr__(name)
-
     def _rename_flat_keys(self, state_dict, prefix, *_):
         for name, sub in LlamaLayer._SUBMODULE.items():
             old = prefix + name
             if old in state_dict:
                 state_dict[prefix + sub + "." + name] = state_dict.pop(old)
+
+    # The weights as attributes of the layer (plain properties: torch.compile inlines them).
+    attn_norm = property(lambda self: self.attn_input.attn_norm)
+    w_qkv = property(lambda self: self.attn_input.w_qkv)
+    w_out = property(lambda self: self.mlp.w_out)
+    ffn_norm = property(lambda self: self.mlp.ffn_norm)
+    w_gate_up = property(lambda self: self.mlp.w_gate_up)
+    w_down = property(lambda self: self.mlp.w_down)
 
     def weights(self):
         return {
