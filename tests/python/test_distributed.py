@@ -1,8 +1,9 @@
-"""coda.models.Llama under FSDP2 (docs/distributed.md), on one rank: what the single-GPU machine
-can run of the multi-GPU issue. Sharded by Llama.fsdp_units (each coda op's weights one unit),
-a step gives the plain model's loss and gradients; sharded per decoder layer, the step is
-refused with what to write instead. Needs an sm_90 GPU and a torch whose FSDP2 takes a list of
-modules per unit (torch >= 2.6); skipped elsewhere."""
+"""coda.models.Llama under FSDP2 and DDP (docs/distributed.md), on what one machine can run of
+the multi-GPU issue. FSDP2 on one rank: sharded by Llama.fsdp_units (each coda op's weights one
+unit), a step gives the plain model's loss and gradients; sharded per decoder layer, the step is
+refused with what to write instead (an sm_90 GPU and a torch whose FSDP2 takes a list of modules
+per unit, torch >= 2.6). DDP on two CPU ranks over gloo (torch >= 2: bf16 collectives): the
+ranks' step on half a batch each is the whole batch's step. Skipped elsewhere."""
 
 import copy
 
@@ -93,3 +94,94 @@ def test_fsdp2_per_decoder_layer_is_refused_with_what_to_write(one_rank):
     ids, labels = batch(torch.Generator().manual_seed(SEED + 63), config, "cuda")
     with pytest.raises(TypeError, match=r"is a DTensor.*fsdp_units"):
         sharded(ids, labels=labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# DDP: two ranks of the CPU backend over gloo (any machine with torch.distributed)
+
+
+def _ddp_rank(rank, world, rendezvous, dtype_name, out):
+    """One DDP rank: the model of every rank alike, its own rows of the batch; saves its loss and
+    the averaged gradients DDP leaves in .grad."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method="file://%s" % rendezvous, rank=rank,
+                            world_size=world)
+    try:
+        config, model, ids, labels = _ddp_problem(dtype_name)
+        rows = ids.shape[0] // world
+        mine = slice(rank * rows, (rank + 1) * rows)
+        ddp = DistributedDataParallel(model)
+        ddp.register_comm_hook(None, _fp32_mean)
+        loss = ddp(ids[mine], labels=labels[mine])
+        loss.backward()
+        torch.save({"loss": loss.detach(),
+                    "grads": {n: p.grad for n, p in model.named_parameters()}},
+                   "%s.%d" % (out, rank))
+    finally:
+        dist.destroy_process_group()
+
+
+def _fp32_mean(_state, bucket):
+    """DDP's gradient all-reduce in fp32, as FSDP2's reduce_dtype=fp32 does (gloo's all-reduce
+    takes no bf16 before torch 2): the bucket's 16-bit gradients upcast, summed, divided by the
+    world size, rounded back once."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    work = dist.all_reduce(buffer.float().div_(dist.get_world_size()), async_op=True)
+    return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
+
+
+def _ddp_problem(dtype_name):
+    """The model and the whole batch, the same in every process. Labels without -100 (but the
+    shift's last position of each row), so that every rank's rows hold as many targets and the
+    mean of the ranks' mean losses is the whole batch's."""
+    config = small_config(num_hidden_layers=2)
+    model = models.Llama(config, device="cpu", dtype=getattr(torch, dtype_name))
+    randomize(model, torch.Generator().manual_seed(SEED + 64))
+    ids = torch.randint(0, config.vocab_size, (4, 24),
+                        generator=torch.Generator().manual_seed(SEED + 65))
+    return config, model, ids, ids.clone()
+
+
+def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
+    """DDP over two gloo ranks on the CPU backend, each on half of the rows: the mean of their
+    losses is the whole batch's loss and DDP's averaged gradients are the whole batch's, to the
+    rounding of two half-batch sums and of their 16-bit average (the gradients' dtype)."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    mp = pytest.importorskip("torch.multiprocessing")
+    if int(torch.__version__.split(".")[0]) < 2:
+        pytest.skip("gloo's collectives take no bf16 before torch 2 (DDP broadcasts the "
+                    "parameters at construction)")
+    dtype_name = "bfloat16"
+    out, world = str(tmp_path / "rank"), 2
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_ddp_rank,
+                         args=(r, world, str(tmp_path / "rendezvous"), dtype_name, out))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [p.exitcode for p in procs] == [0] * world, "a DDP rank failed"
+    ranks = [torch.load("%s.%d" % (out, r)) for r in range(world)]
+
+    _, model, ids, labels = _ddp_problem(dtype_name)
+    loss = model(ids, labels=labels)
+    loss.backward()
+    mean = sum(r["loss"].float() for r in ranks) / world
+    assert abs(mean.item() - loss.item()) <= 1e-2 * max(1.0, abs(loss.item()))
+    for name, p in model.named_parameters():
+        whole = p.grad.float()
+        for r in ranks:  # DDP leaves every rank the same averaged gradient
+            assert torch.equal(r["grads"][name], ranks[0]["grads"][name]), name
+        ddp = ranks[0]["grads"][name].float()
+        scale = whole.abs().max().item()
+        # f16 / bf16 epsilon of the largest element, a few times: two partial sums and the
+        # average each round once; a missing shard or a sum instead of a mean is O(scale).
+        eps = torch.finfo(p.dtype).eps
+        assert (ddp - whole).abs().max().item() <= 8 * eps * scale + 1e-6, name
