@@ -78,21 +78,17 @@ CODA_LLAMA_BACKWARD(middle)
 #undef CODA_LLAMA_BACKWARD
 #undef CODA_LLAMA_FORWARD
 
-coda_status coda_llama_middle_backward_part(int32_t part, const coda_llama_config* config,
-                                            const coda_llama_middle_weights* weights,
-                                            const coda_llama_middle_inputs* inputs,
-                                            const coda_llama_middle_outputs* outputs,
-                                            const coda_llama_middle_saved* saved,
-                                            const coda_llama_middle_grads* grads,
-                                            int32_t accumulate, const coda_tensor* workspace,
-                                            coda_stream_t stream) {
+coda_status coda_llama_middle_backward_part(
+    int32_t part, const coda_llama_config* config, const coda_llama_middle_weights* weights,
+    const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,
+    const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads, int32_t accumulate,
+    const coda_tensor* workspace, coda_stream_t stream) {
   const char* fn = "coda_llama_middle_backward_part";
   return guarded(fn, [&] {
-    coda::llama::middle_backward_part(coda::llama::Pass(part), arg(fn, "config", config),
-                                      arg(fn, "weights", weights), arg(fn, "inputs", inputs),
-                                      arg(fn, "outputs", outputs), arg(fn, "saved", saved),
-                                      arg(fn, "grads", grads), accumulate != 0,
-                                      arg(fn, "workspace", workspace), stream);
+    coda::llama::middle_backward_part(
+        coda::llama::Pass(part), arg(fn, "config", config), arg(fn, "weights", weights),
+        arg(fn, "inputs", inputs), arg(fn, "outputs", outputs), arg(fn, "saved", saved),
+        arg(fn, "grads", grads), accumulate != 0, arg(fn, "workspace", workspace), stream);
   });
 }
 

@@ -30,8 +30,7 @@ AttentionInput attention_input_of(const MiddleWeights& w, const MiddleOutputs& o
 // backward's part 1 (zeta1 over it).
 int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
                               const MiddleWeights& w, const MiddleInputs& in,
-                              const MiddleOutputs& out, const MiddleSaved& saved,
-                              Role r2_role) {
+                              const MiddleOutputs& out, const MiddleSaved& saved, Role r2_role) {
   const int64_t m =
       check_mlp_tensors(v, produced, c, Layer::middle, mlp_forward_of(w, in, out, saved));
   add(v, produced, "outputs.x2", out.x2, Elem::half, {tokens_dim(m), hidden_dim(c)});
@@ -48,14 +47,25 @@ void check_attention_input_part(api::Validator& v, const Config& c, int64_t m,
   check_attention_input_gradients(v, c, grads.dweights.attn_norm, grads.dweights.w_qkv);
 }
 
+// B0..B2: the attention norm of layer l+1 and its QKV projection, backward (dx accumulated).
+void attention_input_backward_of(const Config& config, const MiddleWeights& weights,
+                                 const MiddleInputs& inputs, const MiddleOutputs& outputs,
+                                 const MiddleSaved& saved, const MiddleGrads& grads,
+                                 bool accumulate, const MiddleBackwardScratch& s, Stream stream) {
+  const MiddleWeights& dw = grads.dweights;
+  const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
+  attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
+                           inputs.rope, accumulate, s.dz2, s.norm, stream);
+}
+
 } // namespace
 
 void middle_forward(const Config& config, const MiddleWeights& weights, const MiddleInputs& inputs,
                     const MiddleOutputs& outputs, const MiddleSaved& saved,
                     const TensorView& workspace, Stream stream) {
   api::Validator v("coda::llama::middle_forward");
-  const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved,
-                                         Role::output);
+  const int64_t m =
+      check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved, Role::output);
   check_workspace(v, workspace, Layer::middle, Pass::forward, config, m);
   v.finish();
 
@@ -84,11 +94,8 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
   Arena arena(workspace);
   const MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
 
-  const MiddleWeights& dw = grads.dweights;
-  const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
-  attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
-                           inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2
-
+  attention_input_backward_of(config, weights, inputs, outputs, saved, grads, accumulate, s,
+                              stream);                                // B0..B2
   mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
 }
 
@@ -96,7 +103,6 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
                           const MiddleInputs& inputs, const MiddleOutputs& outputs,
                           const MiddleSaved& saved, const MiddleGrads& grads, bool accumulate,
                           const TensorView& workspace, Stream stream) {
-  const MiddleWeights& dw = grads.dweights;
   const MlpBackward mlp = mlp_backward_of(weights, inputs, saved, grads);
   const bool first = part == Pass::backward_part1;
 
@@ -109,8 +115,7 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
   v.output("grads.dx", grads.dx, Elem::half, {tokens_dim(m), hidden_dim(config)});
   if (first) {
     check_attention_input_part(v, config, m, grads);
-    v.output("grads.dweights.w_down", dw.w_down, Elem::half_or_f32,
-             {hidden_dim(config), exactly("intermediate", config.intermediate)});
+    check_down_gradient(v, config, mlp);
   } else {
     check_gate_up_and_out_gradients(v, config, m, mlp);
   }
@@ -120,15 +125,14 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
   Arena arena(workspace);
   if (first) {
     const MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
-    const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
-    attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
-                             inputs.rope, accumulate, s.dz2, s.norm, stream); // B0..B2
+    attention_input_backward_of(config, weights, inputs, outputs, saved, grads, accumulate, s,
+                                stream); // B0..B2
     // B3, A4, B4: zeta1 over r2, whose one reader (B1's K6) has run.
-    swiglu_and_down_backward(mlp, config.hidden, accumulate, s.mlp, saved.r2,
-                             s.norm.gemm_workspace, stream);
+    swiglu_and_down_backward(mlp, config.hidden, accumulate, s.mlp, saved.r2, s.norm.gemm_workspace,
+                             stream);
   } else {
     MiddleBackwardPart2Scratch s = carve_middle_backward_part2(arena, config, m, inputs.x0.dtype);
-    s.ffn.zeta = saved.r2; // zeta1, from part 1
+    s.ffn.zeta = saved.r2;                                    // zeta1, from part 1
     gate_up_and_out_backward(mlp, accumulate, s.ffn, stream); // B5..B8
   }
 }

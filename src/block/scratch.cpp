@@ -54,11 +54,14 @@ TensorView Arena::bytes(size_t n) {
 namespace {
 
 // What one RMSNorm backward keeps from K6 to its weight gradient, but for h_hat, which the caller
-// carves (the middle and last layers put it over a finished phase).
-NormBackwardScratch carve_norm_statistics(Arena& arena, Layer layer, const Config& c, int64_t m) {
+// carves (the middle and last layers put it over a finished phase). With Zeta::provided the caller
+// provides zeta (the middle backward's part 2: zeta1 in saved.r2).
+enum class Zeta { carved, provided };
+NormBackwardScratch carve_norm_statistics(Arena& arena, Layer layer, const Config& c, int64_t m,
+                                          Zeta zeta = Zeta::carved) {
   NormBackwardScratch s;
   s.dgamma_partials = arena.matrix(DType::f32, c.hidden, num_reduce_blocks(m));
-  s.zeta = arena.vector(DType::f32, m);
+  if (zeta == Zeta::carved) s.zeta = arena.vector(DType::f32, m);
   if (const size_t bytes = gemm_scratch_bytes(layer, c, m)) s.gemm_workspace = arena.bytes(bytes);
   return s;
 }
@@ -141,9 +144,7 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
 MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
                                                        DType act) {
   MiddleBackwardPart2Scratch s;
-  s.ffn.dgamma_partials = arena.matrix(DType::f32, c.hidden, num_reduce_blocks(m));
-  if (const size_t bytes = gemm_scratch_bytes(Layer::middle, c, m))
-    s.ffn.gemm_workspace = arena.bytes(bytes);
+  s.ffn = carve_norm_statistics(arena, Layer::middle, c, m, Zeta::provided);
   s.ffn.h_hat = arena.matrix(act, m, c.hidden);
   return s;
 }

@@ -68,8 +68,7 @@ void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer
   v.fail(Status::invalid_argument,
          "workspace holds " + std::to_string(held) + " bytes but this call needs " +
              std::to_string(needed) + " (coda::llama::workspace_size(Layer::" + layer_name(layer) +
-             ", Pass::" + pass_name(pass) +
-             ", config, M=" + std::to_string(tokens) + "))");
+             ", Pass::" + pass_name(pass) + ", config, M=" + std::to_string(tokens) + "))");
 }
 
 void check_scalar(api::Validator& v, const char* value_name, const char* tensor_name,
@@ -111,12 +110,15 @@ void check_gate_up_and_out_gradients(api::Validator& v, const Config& c, int64_t
            {api::exactly("2*intermediate", 2 * c.intermediate), hidden_dim(c)});
 }
 
-void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b) {
-  using api::Elem;
-  v.output("grads.dx", b.dx, Elem::half, {tokens_dim(m), hidden_dim(c)});
-  check_gate_up_and_out_gradients(v, c, m, b);
-  v.output("grads.dweights.w_down", b.dw_down, Elem::half_or_f32,
+void check_down_gradient(api::Validator& v, const Config& c, const MlpBackward& b) {
+  v.output("grads.dweights.w_down", b.dw_down, api::Elem::half_or_f32,
            {hidden_dim(c), api::exactly("intermediate", c.intermediate)});
+}
+
+void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const MlpBackward& b) {
+  v.output("grads.dx", b.dx, api::Elem::half, {tokens_dim(m), hidden_dim(c)});
+  check_gate_up_and_out_gradients(v, c, m, b);
+  check_down_gradient(v, c, b);
 }
 
 void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,

@@ -48,6 +48,8 @@ void check_mlp_gradients(api::Validator& v, const Config& c, int64_t m, const Ml
 // ffn_norm and w_gate_up.
 void check_gate_up_and_out_gradients(api::Validator& v, const Config& c, int64_t m,
                                      const MlpBackward& b);
+// That of B4 (the middle backward's part 1): grads.dweights.w_down.
+void check_down_gradient(api::Validator& v, const Config& c, const MlpBackward& b);
 
 // The attention input that the first and middle layers share: its rope tables and weights
 // ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv"), and

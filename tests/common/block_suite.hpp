@@ -409,8 +409,8 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
                            std::pair{llama::Pass::backward_part2, part2}}) {
       HostTensor& ws = ws_parts[i++];
       ws = make.workspace(llama::Layer::middle, part);
-      llama::middle_backward_part(part, c, p.weights(), inputs(), outputs(), saved(), g,
-                                  accumulate, ws.view());
+      llama::middle_backward_part(part, c, p.weights(), inputs(), outputs(), saved(), g, accumulate,
+                                  ws.view());
     }
   }
   coda::test::sync_views();

@@ -517,8 +517,8 @@ TEST_F(BlockArguments, BackwardPartsCheckTheirArguments) {
   const auto expect_rejected = [&](llama::Pass part, const llama::MiddleGrads& g,
                                    const std::string& field) {
     try {
-      llama::middle_backward_part(part, make.c, p.weights(), inputs(), outputs(), saved(), g,
-                                  false, ws.view());
+      llama::middle_backward_part(part, make.c, p.weights(), inputs(), outputs(), saved(), g, false,
+                                  ws.view());
       ADD_FAILURE() << "accepted a call that should fail on " << field;
     } catch (const coda::Error& e) {
       EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
@@ -577,9 +577,9 @@ TEST_F(BlockArguments, CAbiMatchesCpp) {
   ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_MIDDLE, CODA_LLAMA_FORWARD, &config, 13, &bytes),
             CODA_OK);
   EXPECT_EQ(bytes, llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 13));
-  ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD_PART1, &config, 13,
-                                      &bytes),
-            CODA_OK);
+  ASSERT_EQ(
+      coda_llama_workspace_size(CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD_PART1, &config, 13, &bytes),
+      CODA_OK);
   EXPECT_EQ(bytes,
             llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part1, make.c, 13));
 

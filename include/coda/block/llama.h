@@ -145,8 +145,8 @@ CODA_API coda_status coda_llama_middle_backward(
 CODA_API coda_status coda_llama_middle_backward_part(
     int32_t part, const coda_llama_config* config, const coda_llama_middle_weights* weights,
     const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,
-    const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads,
-    int32_t accumulate, const coda_tensor* workspace, coda_stream_t stream);
+    const coda_llama_middle_saved* saved, const coda_llama_middle_grads* grads, int32_t accumulate,
+    const coda_tensor* workspace, coda_stream_t stream);
 
 CODA_API coda_status coda_llama_last_forward(const coda_llama_config* config,
                                              const coda_llama_last_weights* weights,
