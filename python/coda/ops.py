@@ -363,18 +363,20 @@ _DEINTERLEAVE = _define(
 _LAYERS = {"first": L.LLAMA_FIRST, "middle": L.LLAMA_MIDDLE, "last": L.LLAMA_LAST}
 
 
-def _run_layer(layer, backward, cfg, m, x, *args):
+def _run_layer(layer, pass_, cfg, m, x, *args):
     """One coda.llama call (`args`: weights, inputs, outputs, saved[, grads]) on x's device and
-    current stream, with a workspace of the size coda asks for (weight gradients written, not
-    accumulated: autograd accumulates)."""
+    current stream, with a workspace of the size coda asks for, freed when it returns (weight
+    gradients written, not accumulated: autograd accumulates). pass_: L.LLAMA_FORWARD,
+    LLAMA_BACKWARD, or one of the middle backward's two parts (LLAMA_BACKWARD_PART1/2)."""
     with T.device_guard(x.device):
-        n = T.llama_workspace_bytes(_LAYERS[layer], L.LLAMA_BACKWARD if backward else
-                                    L.LLAMA_FORWARD, cfg, m, x.device)
+        n = T.llama_workspace_bytes(_LAYERS[layer], pass_, cfg, m, x.device)
         ws, ws_desc = T.workspace(n, x.device)  # ws keeps the buffer alive through the call
-        if backward:
+        if pass_ == L.LLAMA_FORWARD:
+            L.llama_forward(layer, cfg, *args, ws_desc, T.stream(x))
+        elif pass_ == L.LLAMA_BACKWARD:
             L.llama_backward(layer, cfg, *args, False, ws_desc, T.stream(x))
         else:
-            L.llama_forward(layer, cfg, *args, ws_desc, T.stream(x))
+            L.llama_middle_backward_part(pass_, cfg, *args, False, ws_desc, T.stream(x))
 
 
 def _first_forward_impl(
@@ -396,7 +398,7 @@ def _first_forward_impl(
     inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
     saved = T.pack(L.LlamaFirstSaved, rstd)
-    _run_layer("first", False, cfg, m, x, w, inputs, outputs, saved)
+    _run_layer("first", L.LLAMA_FORWARD, cfg, m, x, w, inputs, outputs, saved)
     return qkv, rstd
 
 
@@ -429,7 +431,7 @@ def _first_backward_impl(
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
     saved = T.pack(L.LlamaFirstSaved, rstd)
     grads = T.pack(L.LlamaFirstGrads, dx, dqkv, d_attn_norm, d_w_qkv)
-    _run_layer("first", True, cfg, m, x, w, inputs, outputs, saved, grads)
+    _run_layer("first", L.LLAMA_BACKWARD, cfg, m, x, w, inputs, outputs, saved, grads)
     return dx, d_attn_norm, d_w_qkv
 
 
@@ -499,7 +501,7 @@ def _middle_forward_impl(
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
                                                 x1, z1, r1, r2)
-    _run_layer("middle", False, cfg, m, x0, w, inputs, outputs, saved)
+    _run_layer("middle", L.LLAMA_FORWARD, cfg, m, x0, w, inputs, outputs, saved)
     return x2, qkv, x1, z1, r1, r2
 
 
@@ -555,22 +557,12 @@ def _middle_backward_impl(
     # Part 1 (B0..B4) leaves d/d z1 over z1 and zeta1 over r2 for part 2 (B5..B8).
     d_down, d_attn, d_qkv = empty(w_down), empty(attn_norm), empty(w_qkv)
     grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, None, None, None, None, d_down, d_attn, d_qkv)
-    _run_middle_backward_part(L.LLAMA_BACKWARD_PART1, cfg, m, x0, w, inputs, outputs, saved,
-                              grads)
+    _run_layer("middle", L.LLAMA_BACKWARD_PART1, cfg, m, x0, w, inputs, outputs, saved, grads)
     dy0, d_out, d_ffn, d_gate_up = empty(y0), empty(w_out), empty(ffn_norm), empty(w_gate_up)
     grads = T.pack(L.LlamaMiddleGrads, dx, None, dy0, d_out, d_ffn, d_gate_up, None, None, None)
-    _run_middle_backward_part(L.LLAMA_BACKWARD_PART2, cfg, m, x0, w, inputs, outputs, saved,
-                              grads)
+    _run_layer("middle", L.LLAMA_BACKWARD_PART2, cfg, m, x0, w, inputs, outputs, saved, grads)
     return (dx, dy0, d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv)
 
-
-def _run_middle_backward_part(part, cfg, m, x, *args):
-    """One part of the middle backward (`args`: weights, inputs, outputs, saved, grads), as
-    _run_layer runs a whole call: its own workspace, freed when it returns."""
-    with T.device_guard(x.device):
-        ws, ws_desc = T.workspace(T.llama_workspace_bytes(L.LLAMA_MIDDLE, part, cfg, m, x.device),
-                                  x.device)
-        L.llama_middle_backward_part(part, cfg, *args, False, ws_desc, T.stream(x))
 
 
 def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
@@ -678,7 +670,7 @@ def _last_forward_impl(
                                      final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
                                      grad_scale, zeta)
     outputs = T.pack(L.LlamaLastOutputs, loss, logits if return_logits else None)
-    _run_layer("last", False, cfg, m, x0, w, inputs, outputs, saved)
+    _run_layer("last", L.LLAMA_FORWARD, cfg, m, x0, w, inputs, outputs, saved)
     return out
 
 
@@ -744,7 +736,7 @@ def _last_backward_impl(
         dy0=T.view(dy0),
         dweights=T.pack(L.LlamaLastWeights, *dw),
     )
-    _run_layer("last", True, cfg, m, x0, w, inputs, None, saved, grads)
+    _run_layer("last", L.LLAMA_BACKWARD, cfg, m, x0, w, inputs, None, saved, grads)
     return (dx, dy0, *dw)
 
 
