@@ -20,6 +20,16 @@ algorithms on, and records every step's loss (and its float32 bits), gradient no
 CUDA memory in OUT/soak.json; it exits 1 on a NaN or Inf. tools/soak.sh runs it twice from the same
 seed and compares the runs (tools/soak_compare.py: bitwise-identical losses, no growth of
 allocated memory after the first steps).
+
+    torchrun --nproc-per-node N examples/train_llama.py --fsdp   # or --ddp
+
+--fsdp and --ddp train data-parallel over torchrun's ranks (docs/distributed.md): each rank takes
+its own --batch rows of every step (the ranks' rows together are one seeded stream), the
+gradients are reduced in fp32, and rank 0 prints each side's tokens/s per GPU and the largest
+peak memory of any rank. --fsdp shards coda's model by Llama.fsdp_units() (each coda op's
+weights one unit) and the PyTorch model per decoder layer, with FSDP2's fully_shard (bf16
+parameters, fp32 reduce-scatter); --ddp wraps both in DistributedDataParallel. The logged loss
+is the mean over the ranks, the loss of the whole step's batch.
 """
 import argparse
 import json
@@ -62,7 +72,15 @@ def parse_args(argv=None):
     p.add_argument("--smooth", type=int, default=25, help="moving-average window (steps)")
     p.add_argument("--tolerance", type=float, default=0.05,
                    help="largest relative difference of the smoothed final losses")
+    p.add_argument("--fsdp", action="store_true",
+                   help="FSDP2 over torchrun's ranks (coda's model sharded by fsdp_units())")
+    p.add_argument("--ddp", action="store_true",
+                   help="DistributedDataParallel over torchrun's ranks")
     args = p.parse_args(argv)
+    if args.fsdp and args.ddp:
+        p.error("--fsdp and --ddp exclude each other: choose one way to spread the model")
+    if args.soak and (args.fsdp or args.ddp):
+        p.error("--soak runs in one process: drop --fsdp / --ddp")
     if args.steps is None:
         args.steps = 2000 if args.soak else 400
     if args.soak:
@@ -101,13 +119,16 @@ def load_corpus(root=ROOT):
 class Batches:
     """Fixed batches: the same windows, in the same order, for every side."""
 
-    def __init__(self, data, steps, batch, seq, seed, val_batches=8):
+    def __init__(self, data, steps, batch, seq, seed, val_batches=8, rank=0, world=1):
         n_val = len(data) // 20
         self.train, self.val = data[:-n_val], data[-n_val:]
         if len(self.val) <= seq + 1 or len(self.train) <= seq + 1:
             raise SystemExit("corpus too small (%d bytes) for --seq %d" % (len(data), seq))
         g = torch.Generator().manual_seed(seed)
-        self.starts = torch.randint(0, len(self.train) - seq - 1, (steps, batch), generator=g)
+        # One stream of world * batch rows a step; this rank trains on its own `batch` of them
+        # (with one rank, the same windows as ever).
+        starts = torch.randint(0, len(self.train) - seq - 1, (steps, world * batch), generator=g)
+        self.starts = starts[:, rank * batch:(rank + 1) * batch]
         self.val_starts = torch.randint(0, len(self.val) - seq - 1, (val_batches, batch),
                                         generator=g)
         self.seq = seq
@@ -121,6 +142,112 @@ class Batches:
 
     def val_batches(self, device):
         return [self._windows(self.val, s, device) for s in self.val_starts]
+
+
+# ---- ranks
+
+
+class Ranks:
+    """This process among torchrun's (RANK, WORLD_SIZE, LOCAL_RANK; one rank of its own without
+    them) and its device; the process group when --fsdp or --ddp asks for one."""
+
+    def __init__(self, args):
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.distributed = args.fsdp or args.ddp
+        device = torch.device(args.device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = device
+        if not self.distributed:
+            if self.world > 1:
+                raise SystemExit("train_llama: %d ranks but neither --fsdp nor --ddp: every rank"
+                                 " would train the same model alone" % self.world)
+            return
+        import torch.distributed as dist
+
+        if self.world == 1:  # a process group of one without torchrun's rendezvous variables
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", "29511")
+        kwargs = {}
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            kwargs["device_id"] = device  # binds NCCL's communicator to this GPU up front
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=self.rank,
+                                world_size=self.world, **kwargs)
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def mean(self, t):
+        """The mean of `t` over the ranks (gloo has no AVG: a sum, then the division)."""
+        if not self.distributed or self.world == 1:
+            return t
+        import torch.distributed as dist
+
+        t = t.clone()
+        dist.all_reduce(t)
+        return t.div_(self.world)
+
+    def max(self, value):
+        if not self.distributed or self.world == 1:
+            return value
+        import torch.distributed as dist
+
+        t = torch.tensor([float(value)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def close(self):
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _fp32_mean(_state, bucket):
+    """DDP's gradient all-reduce in fp32 (as FSDP2's reduce_dtype=fp32): the bucket's bf16
+    gradients upcast, summed, divided by the world size, rounded back once."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    work = dist.all_reduce(buffer.float().div_(dist.get_world_size()), async_op=True)
+    return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
+
+
+def spread(name, model, args, ranks):
+    """The model wrapped for --ddp or sharded for --fsdp (unchanged without either).
+
+    FSDP2 units: coda's Llama.fsdp_units(), because a coda op reads weights of two decoder
+    layers (docs/distributed.md); PyTorch's model one unit per decoder layer, as usual."""
+    if args.ddp:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [ranks.device.index] if ranks.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids)
+        ddp.register_comm_hook(None, _fp32_mean)
+        return ddp
+    if args.fsdp:
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            raise SystemExit("train_llama --fsdp: torch %s has no FSDP2 (torch.distributed.fsdp"
+                             ".fully_shard, torch >= 2.6)" % torch.__version__)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if name == "coda":
+            units = model.fsdp_units()
+        else:
+            units = [[layer] for layer in model.model.layers]
+        for unit in units:
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    return model
+
+
+def _local(t):
+    """A plain tensor of a DTensor result (FSDP2's gradient norm), else `t`."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 # ---- training
@@ -148,7 +275,7 @@ class MasterAdamW:
         for p, m in zip(self.params, self.master):
             m.grad = None if p.grad is None else p.grad.float()
             p.grad = None
-        norm = torch.nn.utils.clip_grad_norm_(self.master, self.clip)
+        norm = _local(torch.nn.utils.clip_grad_norm_(self.master, self.clip))
         self.opt.step()
         self.sched.step()
         with torch.no_grad():
@@ -196,7 +323,8 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def train(name, model, batches, args, device):
+def train(name, model, batches, args, ranks):
+    device = ranks.device
     opt = MasterAdamW(model.parameters(), args.lr, args.warmup, args.steps)
     # Each step's loss and gradient norm stay on the device (no sync per step) in buffers
     # allocated once: appended as tensors they were two new 512-byte blocks a step, which the
@@ -205,7 +333,10 @@ def train(name, model, batches, args, device):
     norms = torch.empty(args.steps, device=device, dtype=torch.float32)
     allocated = []
     cuda = device.type == "cuda"
-    bar = progress(range(args.steps), args.steps, "%-5s" % name)
+    steps = range(args.steps)
+    bar = progress(steps, args.steps, "%-5s" % name) if ranks.main else steps
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
     _sync(device)
     t0 = time.perf_counter()
     for step in bar:
@@ -216,7 +347,7 @@ def train(name, model, batches, args, device):
         losses[step] = loss.detach()
         if cuda:  # the caching allocator's count of live tensor bytes, after the step
             allocated.append(torch.cuda.memory_allocated(device))
-        if step % 10 == 0 or step == args.steps - 1:
+        if ranks.main and (step % 10 == 0 or step == args.steps - 1):
             bar.set_postfix_str("loss %.4f" % losses[step].item())
     _sync(device)
     seconds = time.perf_counter() - t0
@@ -224,12 +355,20 @@ def train(name, model, batches, args, device):
         bar.close()
     with torch.no_grad():
         val = [model(ids, labels=ids).float().item() for ids in batches.val_batches(device)]
-    loss32 = losses.cpu()
+    peak = ranks.max(torch.cuda.max_memory_allocated(device) if cuda else 0)
+    loss32 = ranks.mean(losses).cpu()  # the whole step's loss: every rank's rows weigh alike
     losses = [float(x) for x in loss32]
-    tokens = args.steps * args.batch * args.seq
-    print("%-5s %d steps in %.1f s (%.0f tokens/s), final loss %.4f, held-out loss %.4f"
-          % (name, args.steps, seconds, tokens / seconds, losses[-1], sum(val) / len(val)))
-    out = {"loss": losses, "val_loss": sum(val) / len(val), "seconds": seconds}
+    tokens = args.steps * args.batch * args.seq  # this rank's
+    if ranks.main:
+        per_gpu = " per GPU over %d ranks" % ranks.world if ranks.distributed else ""
+        print("%-5s %d steps in %.1f s (%.0f tokens/s%s), final loss %.4f, held-out loss %.4f%s"
+              % (name, args.steps, seconds, tokens / seconds, per_gpu, losses[-1],
+                 sum(val) / len(val),
+                 ", peak memory %.0f MiB%s" % (peak / 2**20, " (largest rank)" if per_gpu else "")
+                 if cuda else ""))
+    out = {"loss": losses, "val_loss": sum(val) / len(val), "seconds": seconds,
+           "tokens_per_s_per_gpu": tokens / seconds, "peak_mib": peak / 2**20 if cuda else None,
+           "world_size": ranks.world}
     if args.soak:
         out.update(
             loss_bits=["%08x" % (int(b) & 0xFFFFFFFF) for b in loss32.view(torch.int32).tolist()],
@@ -318,10 +457,19 @@ def plot(curves, smooth_window, path, title):
 
 def main(argv=None):
     args = parse_args(argv)
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         print("train_llama: no CUDA device (coda's GPU kernels need an H100/H200)", file=sys.stderr)
         return 2
+    ranks = Ranks(args)
+    try:
+        return run(args, ranks)
+    finally:
+        ranks.close()
+
+
+def run(args, ranks):
+    device = ranks.device
+    say = print if ranks.main else (lambda *a, **k: None)
     from coda.bench import coda_adapter
     from coda.bench.reference import RefConfig, ReferenceLlama, init_weights
 
@@ -340,10 +488,11 @@ def main(argv=None):
         sdpa.__enter__()
     data = load_corpus()
     corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
-    print("corpus: %d files, %d bytes (%.1f epochs of the training split over %d steps)"
+    say("corpus: %d files, %d bytes (%.1f epochs of the training split over %d steps)"
           % (len(corpus_files()), len(data),
              args.steps * args.batch * args.seq / (len(data) * 0.95), args.steps))
-    batches = Batches(corpus, args.steps, args.batch, args.seq, args.seed)
+    batches = Batches(corpus, args.steps, args.batch, args.seq, args.seed, rank=ranks.rank,
+                      world=ranks.world)
 
     cfg = RefConfig(hidden_size=args.hidden, intermediate_size=args.mlp,
                     num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
@@ -352,10 +501,12 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     reference = init_weights(ReferenceLlama(cfg, device=device, dtype=torch.bfloat16), args.seed)
     n_params = sum(p.numel() for p in reference.parameters())
-    print("model: %d layers, hidden %d, MLP %d, %d/%d heads of %d, vocab 256: %.1fM parameters;"
-          " batch %d x %d bytes, %d steps"
+    say("model: %d layers, hidden %d, MLP %d, %d/%d heads of %d, vocab 256: %.1fM parameters;"
+          " batch %d x %d bytes%s, %d steps"
           % (args.layers, args.hidden, args.mlp, args.heads, args.kv_heads, args.head_dim,
-             n_params / 1e6, args.batch, args.seq, args.steps))
+             n_params / 1e6, args.batch, args.seq,
+             " per rank, %d ranks (%s)" % (ranks.world, "FSDP2" if args.fsdp else "DDP")
+             if ranks.distributed else "", args.steps))
 
     # Both models start from the reference's initial weights: coda's converted from them
     # before any training step, PyTorch's the reference itself.
@@ -367,12 +518,16 @@ def main(argv=None):
     curves = {}
     for name in ("torch", "coda"):
         if name in models:
-            curves[name] = train(name, models[name], batches, args, device)
+            curves[name] = train(name, spread(name, models[name], args, ranks), batches, args,
+                                 ranks)
 
     if args.soak:
         return 0 if soak_report(curves["coda"], args, device, cfg) else 1
+    return compare(curves, args, cfg, device, say, ranks.main)
 
-    os.makedirs(args.out, exist_ok=True)
+
+def compare(curves, args, cfg, device, say, write):
+    """Checks that the sides' curves agree; rank 0 writes OUT/loss.json and OUT/loss.png."""
     summary = {"config": cfg.to_dict(), "args": vars(args)}
     agree = True
     if "torch" in curves and "coda" in curves:
@@ -386,15 +541,18 @@ def main(argv=None):
         agree = final <= args.tolerance and val_rel <= args.tolerance
         summary.update(first_step_abs_diff=first, final_smoothed_rel_diff=final,
                        max_smoothed_rel_diff=max(rel), held_out_rel_diff=val_rel, agree=agree)
-        print("first-step loss: torch %.5f, coda %.5f (difference %.2e: same weights, same batch)"
-              % (curves["torch"]["loss"][0], curves["coda"]["loss"][0], first))
-        print("smoothed loss (window %d): final torch %.4f, coda %.4f, relative difference %.3f;"
-              " largest over the run %.3f (at step %d)"
-              % (args.smooth, b[-1], a[-1], final, max(rel), rel.index(max(rel)) + 1))
-        print("held-out loss: torch %.4f, coda %.4f, relative difference %.3f"
-              % (curves["torch"]["val_loss"], curves["coda"]["val_loss"], val_rel))
-        print("curves %s (tolerance %.3f)" % ("AGREE" if agree else "DISAGREE", args.tolerance))
+        say("first-step loss: torch %.5f, coda %.5f (difference %.2e: same weights, same batch)"
+            % (curves["torch"]["loss"][0], curves["coda"]["loss"][0], first))
+        say("smoothed loss (window %d): final torch %.4f, coda %.4f, relative difference %.3f;"
+            " largest over the run %.3f (at step %d)"
+            % (args.smooth, b[-1], a[-1], final, max(rel), rel.index(max(rel)) + 1))
+        say("held-out loss: torch %.4f, coda %.4f, relative difference %.3f"
+            % (curves["torch"]["val_loss"], curves["coda"]["val_loss"], val_rel))
+        say("curves %s (tolerance %.3f)" % ("AGREE" if agree else "DISAGREE", args.tolerance))
     summary.update({name: c for name, c in curves.items()})
+    if not write:
+        return 0 if agree else 1
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "loss.json"), "w") as f:
         json.dump(summary, f, indent=1)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)

@@ -3,7 +3,8 @@ the multi-GPU issue. FSDP2 on one rank: sharded by Llama.fsdp_units (each coda o
 unit), a step gives the plain model's loss and gradients; sharded per decoder layer, the step is
 refused with what to write instead (an sm_90 GPU and a torch whose FSDP2 takes a list of modules
 per unit, torch >= 2.6). DDP on two CPU ranks over gloo (torch >= 2: bf16 collectives): the
-ranks' step on half a batch each is the whole batch's step. Skipped elsewhere."""
+ranks' step on half a batch each is the whole batch's step. examples/train_llama.py runs under
+torchrun with --fsdp and with --ddp (a GPU). Skipped elsewhere."""
 
 import copy
 
@@ -185,3 +186,36 @@ def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
         # average each round once; a missing shard or a sum instead of a mean is O(scale).
         eps = torch.finfo(p.dtype).eps
         assert (ddp - whole).abs().max().item() <= 8 * eps * scale + 1e-6, name
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch: examples/train_llama.py under torchrun (one rank per GPU of this machine)
+
+
+@pytest.mark.parametrize("mode", ["fsdp", "ddp"])
+def test_train_llama_runs_under_torchrun(mode, tmp_path):
+    """torchrun --nproc-per-node N examples/train_llama.py --fsdp / --ddp (N = this machine's
+    GPUs, at most 2): both sides train a few steps of a small model on their data shards, the
+    script's own check finds their curves agreeing (the same initial weights and batches), and
+    rank 0 alone reports each side's tokens/s per GPU and peak memory."""
+    import os
+    import subprocess
+    import sys
+
+    _fsdp2()
+    ranks = min(2, torch.cuda.device_count())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(root, "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+           "--master-port", "29517", os.path.join(root, "examples", "train_llama.py"),
+           "--" + mode, "--steps", "12", "--warmup", "4", "--layers", "2", "--batch", "2",
+           "--seq", "128", "--hidden", "256", "--mlp", "512", "--heads", "4", "--kv-heads", "2",
+           "--smooth", "4", "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "tokens/s per GPU over" in line]
+    assert len(lines) == 2, done.stdout  # one line a side, from rank 0 only
+    assert all(("over %d ranks" % ranks) in line and "peak memory" in line for line in lines)
+    assert "curves AGREE" in done.stdout
+    assert (tmp_path / "out" / "loss.json").exists()
