@@ -219,3 +219,38 @@ def test_train_llama_runs_under_torchrun(mode, tmp_path):
     assert all(("over %d ranks" % ranks) in line and "peak memory" in line for line in lines)
     assert "curves AGREE" in done.stdout
     assert (tmp_path / "out" / "loss.json").exists()
+
+
+def test_distributed_benchmark_writes_its_results(tmp_path):
+    """torchrun ... -m coda.bench.distributed on a tiny model (one rank per GPU, at most 2):
+    the results name every field of the issue's schema, coda's and torch.compile's losses on
+    the same weights and tokens agree, and the ratios are printed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    _fsdp2()
+    ranks = min(2, torch.cuda.device_count())
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(root, "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    out = tmp_path / "distributed.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+           "--master-port", "29519", "-m", "coda.bench.distributed", "--shape", "tiny",
+           "--layers", "2", "--tokens", "1024", "--warmup", "1", "--iters", "2",
+           "--out", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["world_size"] == ranks and results["gpu"] and results["commit"]
+    assert [c["mode"] for c in results["cases"]] == ["fsdp2", "ddp"]
+    for c in results["cases"]:
+        for key in ("model", "tokens_per_gpu", "coda_tokens_per_s_per_gpu",
+                    "single_gpu_tokens_per_s", "torch_compile_tokens_per_s_per_gpu",
+                    "peak_mib_per_gpu", "single_gpu_peak_mib"):
+            assert c[key], (c["mode"], key)
+        assert c["tokens_per_gpu"] == 1024
+        # The same weights and tokens on both sides; bf16 arithmetic apart.
+        assert abs(c["coda_loss"] - c["torch_compile_loss"]) <= 0.02 * c["torch_compile_loss"]
+    assert "/ single GPU" in done.stdout and "/ torch.compile" in done.stdout
