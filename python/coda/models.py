@@ -305,6 +305,19 @@ def shift_labels(labels, ignore_index=-100):
     return F.pad(labels[:, 1:], (0, 1), value=ignore_index)
 
 
+class Rope:
+    """RoPE's positions (int32) and frequencies (f32) as the layer modules' forward takes them:
+    an object, not tensors, because FSDP2 casts the floating-point tensors among a unit's
+    forward arguments to its MixedPrecisionPolicy's param_dtype (cast_forward_inputs, on by
+    default), which would round the frequencies to bf16 and move every rotation (the first
+    FSDP2 run on the H100, 57f4a19: the loss 6.5045 against the plain model's 6.5043)."""
+
+    __slots__ = ("positions", "inv_freq")
+
+    def __init__(self, positions, inv_freq):
+        self.positions, self.inv_freq = positions, inv_freq
+
+
 def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final_norm, lm_head,
                return_logits=False, reduction="mean", key_mask=None, checkpoint=False):
     """Embedding output x [B*S, D] -> (loss, logits or None) through coda's first, middle and
@@ -318,13 +331,14 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
     # Converted once (int32 positions, f32 inv_freq on x's device), so every layer is handed, and
     # saves for its backward, the same tensors rather than a copy of its own.
     positions, inv_freq = ops._positions(positions, x), ops._inv_freq(inv_freq, x)
+    rope = Rope(positions, inv_freq)
 
     modules = isinstance(layers[0], LlamaLayer)
 
     def first_stage(x):
         first = layers[0]
         if modules:
-            qkv = first.attn_input(x, positions, inv_freq, block)
+            qkv = first.attn_input(x, rope, block)
         else:
             qkv = ops.llama_first(x, (first["attn_norm"], first["w_qkv"]), positions, inv_freq,
                                   block)
@@ -335,8 +349,7 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
         # whose arguments are tensors (the parameters it reads become the graph's inputs).
         def run(x, y):
             if modules:
-                x, qkv = layer.mlp(x, y, positions, inv_freq, block,
-                                   following=following.attn_input)
+                x, qkv = layer.mlp(x, y, rope, block, following=following.attn_input)
             else:
                 x, qkv = ops.llama_middle(
                     x, y,
@@ -357,7 +370,7 @@ def run_layers(x, batch, seq, positions, targets, inv_freq, block, layers, final
         x, y = stage(middle_stage(layer, following), x, y)
     last = layers[-1]
     if modules:
-        return last.mlp(x, y, positions, inv_freq, block, head=(final_norm, lm_head),
+        return last.mlp(x, y, rope, block, head=(final_norm, lm_head),
                         targets=targets, return_logits=return_logits, reduction=reduction)
     return ops.llama_last(
         x, y, targets,
@@ -395,9 +408,10 @@ class AttentionInput(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(d, **kw))
         self.w_qkv = nn.Parameter(torch.empty((h + 2 * kv) * hd, d, **kw))
 
-    def forward(self, x, positions, inv_freq, block):
+    def forward(self, x, rope, block):
         """Layer 0's post-RoPE qkv from the embedding output x (coda.ops.llama_first)."""
-        return ops.llama_first(x, (self.attn_norm, self.w_qkv), positions, inv_freq, block)
+        return ops.llama_first(x, (self.attn_norm, self.w_qkv), rope.positions, rope.inv_freq,
+                               block)
 
 
 class Mlp(nn.Module):
@@ -420,14 +434,14 @@ class Mlp(nn.Module):
     def weights(self):
         return (self.w_out, self.ffn_norm, self.w_gate_up, self.w_down)
 
-    def forward(self, x, y, positions, inv_freq, block, following=None, head=None, targets=None,
+    def forward(self, x, y, rope, block, following=None, head=None, targets=None,
                 return_logits=False, reduction="mean"):
         """following (an AttentionInput): the middle op, (x0, y0) -> (x2, qkv of the following
         layer). Otherwise head = (final_norm, lm_head): the last op, -> (loss, logits or
         None)."""
         if following is not None:
             return ops.llama_middle(x, y, self.weights() + (following.attn_norm, following.w_qkv),
-                                    positions, inv_freq, block)
+                                    rope.positions, rope.inv_freq, block)
         return ops.llama_last(x, y, targets, self.weights() + tuple(head), block,
                               return_logits=return_logits, reduction=reduction)
 

@@ -531,10 +531,19 @@ struct LastResult {
   }
 };
 
+// The loss gradient of a last-layer run: a value, times a [1] f32 tensor where one is given. The
+// tensor's view is taken after the forward's sync_views(), which frees the device mirrors of the
+// views taken before it (a view taken by the caller was freed memory by the backward, and its
+// address the next mirror's: "grads.dx overlaps grads.dloss.tensor", H100, 57f4a19).
+struct Dloss {
+  float value;
+  HostTensor* tensor = nullptr;
+};
+
 // with_logits: also write the logits to outputs.logits (otherwise they only pass through
 // saved.dlogits, which the cross-entropy overwrites in place).
 inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate,
-                           coda::Scalar dloss, bool with_logits) {
+                           Dloss dloss, bool with_logits) {
   const llama::Config& c = make.c;
   const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
   LastResult r{HostTensor(DType::f32, {1}),
@@ -568,7 +577,9 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
   coda::test::sync_views();
   r.z1_forward = r.z1;
 
-  const llama::LastGrads grads{dloss,
+  const coda::Scalar dloss_arg{dloss.value,
+                               dloss.tensor != nullptr ? dloss.tensor->view() : coda::TensorView{}};
+  const llama::LastGrads grads{dloss_arg,
                                r.dx.view(),
                                r.dy0.view(),
                                {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
@@ -643,8 +654,7 @@ inline void expect_last_layer(Maker& make, DType grad_dtype, const LastLayerCase
   LastProblem p(make, mean ? ref::Reduction::mean : ref::Reduction::sum);
   const float dloss = 0.75f;
   HostTensor quarter = HostTensor::of(DType::f32, {1}, {0.25});
-  const coda::Scalar dloss_arg =
-      k.dloss_tensor ? coda::Scalar{3.f, quarter.view()} : coda::Scalar{dloss};
+  const Dloss dloss_arg = k.dloss_tensor ? Dloss{3.f, &quarter} : Dloss{dloss};
   LastResult r = run_last(make, p, grad_dtype, accumulate, dloss_arg, true);
 
   const ref::LlamaConfig rc = ref_config(c);
@@ -695,8 +705,8 @@ TEST_P(Block, LastLayerDlossTensor) {
     LastResult by_value = run_last(make, p, g, false, {0.7f, {}}, false);
     HostTensor dloss = HostTensor::of(DType::f32, {1}, {double(0.7f)});
     HostTensor half = HostTensor::of(DType::f32, {1}, {0.5});
-    LastResult by_tensor = run_last(make, p, g, false, {1.f, dloss.view()}, false);
-    LastResult by_both = run_last(make, p, g, false, {1.4f, half.view()}, false);
+    LastResult by_tensor = run_last(make, p, g, false, {1.f, &dloss}, false);
+    LastResult by_both = run_last(make, p, g, false, {1.4f, &half}, false);
     const std::vector<HostTensor*> a = by_value.all(), b = by_tensor.all(), d = by_both.all();
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i << ", dloss = 1 * [0.7]";

@@ -113,12 +113,17 @@ def _ddp_rank(rank, world, rendezvous, dtype_name, out):
         config, model, ids, labels = _ddp_problem(dtype_name)
         rows = ids.shape[0] // world
         mine = slice(rank * rows, (rank + 1) * rows)
+        # This rank's own step without DDP, so that a failure says which half is wrong: the
+        # halves' arithmetic (their mean is not the whole batch's) or DDP's reduction.
+        alone = copy.deepcopy(model)
+        alone(ids[mine], labels=labels[mine]).backward()
         ddp = DistributedDataParallel(model)
         ddp.register_comm_hook(None, _fp32_mean)
         loss = ddp(ids[mine], labels=labels[mine])
         loss.backward()
         torch.save({"loss": loss.detach(),
-                    "grads": {n: p.grad for n, p in model.named_parameters()}},
+                    "grads": {n: p.grad for n, p in model.named_parameters()},
+                    "own": {n: p.grad for n, p in alone.named_parameters()}},
                    "%s.%d" % (out, rank))
     finally:
         dist.destroy_process_group()
@@ -181,11 +186,16 @@ def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
         for r in ranks:  # DDP leaves every rank the same averaged gradient
             assert torch.equal(r["grads"][name], ranks[0]["grads"][name]), name
         ddp = ranks[0]["grads"][name].float()
+        own = sum(r["own"][name].float() for r in ranks) / world
         scale = whole.abs().max().item()
         # f16 / bf16 epsilon of the largest element, a few times: two partial sums and the
         # average each round once; a missing shard or a sum instead of a mean is O(scale).
         eps = torch.finfo(p.dtype).eps
-        assert (ddp - whole).abs().max().item() <= 8 * eps * scale + 1e-6, name
+        bound = 8 * eps * scale + 1e-6
+        assert (own - whole).abs().max().item() <= bound, \
+            "%s: the mean of the ranks' own half-batch gradients is not the whole batch's" % name
+        assert (ddp - own).abs().max().item() <= bound, \
+            "%s: DDP's reduced gradient is not the mean of the ranks' own" % name
 
 
 # ---------------------------------------------------------------------------------------------
