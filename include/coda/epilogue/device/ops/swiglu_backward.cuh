@@ -239,6 +239,10 @@ private:
   }
 
   // This thread's 8 container pairs of the subtile at (row0, col0) into `to` (zero past the edges).
+  // ld.global.cs (`__ldcs`: coherent, evict-first; PTX ISA, "Data Movement and Conversion
+  // Instructions: ld"): the block's backward writes dpreact over preact, so preact is not
+  // read-only while the kernel runs, which the non-coherent `.nc` path (`__ldg`) requires; each
+  // container is read once. Same speed as `__ldg` (docs/epilogue.md, experiments).
   __device__ static void load(const Ctx& c, int32_t row0, int32_t col0, uint2 (&to)[8]) {
     const Params& p = c.params;
     const Lanes lanes(c.wg.thread, row0, col0);
@@ -246,15 +250,16 @@ private:
     if (interior(row0, col0, p)) {
 #pragma unroll
       for (int i = 0; i < 16; i += 2)
-        to[i / 2] = __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)));
+        to[i / 2] = __ldcs(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)));
       return;
     }
     const Edges edges(lanes, p);
 #pragma unroll
     for (int i = 0; i < 16; i += 2)
-      to[i / 2] = edges.in(i)
-                      ? __ldg(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
-                      : make_uint2(0u, 0u);
+      to[i / 2] =
+          edges.in(i)
+              ? __ldcs(reinterpret_cast<const uint2*>(in + Lanes::offset(i, p.preact_stride)))
+              : make_uint2(0u, 0u);
   }
 };
 
