@@ -101,7 +101,7 @@ def test_fsdp2_per_decoder_layer_is_refused_with_what_to_write(one_rank):
 # DDP: two ranks of the CPU backend over gloo (any machine with torch.distributed)
 
 
-def _ddp_rank(rank, world, rendezvous, dtype_name, out):
+def _ddp_rank(rank, world, rendezvous, dtype_name, seed, out):
     """One DDP rank: the model of every rank alike, its own rows of the batch; saves its loss and
     the averaged gradients DDP leaves in .grad."""
     import torch.distributed as dist
@@ -110,7 +110,7 @@ def _ddp_rank(rank, world, rendezvous, dtype_name, out):
     dist.init_process_group("gloo", init_method="file://%s" % rendezvous, rank=rank,
                             world_size=world)
     try:
-        config, model, ids, labels = _ddp_problem(dtype_name)
+        config, model, ids, labels = _ddp_problem(dtype_name, seed)
         rows = ids.shape[0] // world
         mine = slice(rank * rows, (rank + 1) * rows)
         # This rank's own step without DDP, so that a failure says which half is wrong: the
@@ -140,15 +140,17 @@ def _fp32_mean(_state, bucket):
     return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
 
 
-def _ddp_problem(dtype_name):
-    """The model and the whole batch, the same in every process. Labels without -100 (but the
+def _ddp_problem(dtype_name, seed):
+    """The model and the whole batch, the same in every process given the same seed (passed to
+    the ranks: a spawned process imports conftest afresh, and without CODA_TEST_SEED draws a seed
+    of its own; the first GPU run, 57f4a19, compared two other models' gradients). Labels without -100 (but the
     shift's last position of each row), so that every rank's rows hold as many targets and the
     mean of the ranks' mean losses is the whole batch's."""
     config = small_config(num_hidden_layers=2)
     model = models.Llama(config, device="cpu", dtype=getattr(torch, dtype_name))
-    randomize(model, torch.Generator().manual_seed(SEED + 64))
+    randomize(model, torch.Generator().manual_seed(seed + 64))
     ids = torch.randint(0, config.vocab_size, (4, 24),
-                        generator=torch.Generator().manual_seed(SEED + 65))
+                        generator=torch.Generator().manual_seed(seed + 65))
     return config, model, ids, ids.clone()
 
 
@@ -167,7 +169,7 @@ def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
     out, world = str(tmp_path / "rank"), 2
     ctx = mp.get_context("spawn")
     procs = [ctx.Process(target=_ddp_rank,
-                         args=(r, world, str(tmp_path / "rendezvous"), dtype_name, out))
+                         args=(r, world, str(tmp_path / "rendezvous"), dtype_name, SEED, out))
              for r in range(world)]
     for p in procs:
         p.start()
@@ -176,7 +178,7 @@ def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
     assert [p.exitcode for p in procs] == [0] * world, "a DDP rank failed"
     ranks = [torch.load("%s.%d" % (out, r)) for r in range(world)]
 
-    _, model, ids, labels = _ddp_problem(dtype_name)
+    _, model, ids, labels = _ddp_problem(dtype_name, SEED)
     loss = model(ids, labels=labels)
     loss.backward()
     mean = sum(r["loss"].float() for r in ranks) / world
