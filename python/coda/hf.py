@@ -301,6 +301,20 @@ def _output_class():
         return types.SimpleNamespace
 
 
+def _refuse_sharded(base):
+    """A patched model whose parameters FSDP2 (or tensor parallelism) made DTensors: its coda
+    calls read the weights of two decoder layers without calling their modules, so FSDP2's
+    hooks would not gather them (docs/distributed.md, FSDP2), and the fused q/k/v memory would
+    alias FSDP2's own buffers. Say what works instead, before any weight is read."""
+    weight = base.layers[0].self_attn.q_proj.weight
+    if type(weight).__name__ == "DTensor":
+        raise NotImplementedError(
+            "coda.patch_hf: this model's parameters are DTensors (sharded, e.g. by FSDP2's "
+            "fully_shard), which a patched Hugging Face model does not run on yet. Convert it "
+            "instead: model = coda.from_hf(hf_model), then fully_shard each group of "
+            "model.fsdp_units() and the model (docs/distributed.md, FSDP2)")
+
+
 def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
                   past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
                   output_attentions=None, output_hidden_states=None, return_dict=None,
@@ -313,6 +327,7 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
         raise NotImplementedError(
             "coda's patched forward does not return attentions or hidden states")
     base = self.model
+    _refuse_sharded(base)
     dtype = state["dtype"]
     if inputs_embeds is None:
         inputs_embeds = base.embed_tokens(input_ids)

@@ -477,3 +477,20 @@ def check_padded(device, tied, monkeypatch, plant=None):
     checked = R.check_chain(steps, patched, ids, mask != 0, context)
     R.assert_hf_gradients(grads, patched, R.hf_gradients(checked, patched._coda_state["block"]),
                           context)
+
+
+class DTensor(torch.Tensor):
+    """A stand-in named like torch.distributed's DTensor: coda tells them apart by type name
+    (no torch.distributed import on the call path)."""
+
+
+def test_sharded_parameters_are_refused_with_what_to_do():
+    """A patched model whose parameters are DTensors (FSDP2's fully_shard) raises before any
+    weight is read, naming coda.from_hf and fsdp_units; test_distributed runs real FSDP2."""
+    model = coda.patch_hf(hf_like())
+    layer = model.model.layers[0].self_attn
+    layer.q_proj.weight = nn.Parameter(
+        torch.Tensor._make_subclass(DTensor, layer.q_proj.weight.detach()))
+    ids, labels, _ = batch("cpu")
+    with pytest.raises(NotImplementedError, match=r"DTensors.*coda\.from_hf.*fsdp_units"):
+        model(input_ids=ids, labels=labels)
