@@ -144,113 +144,12 @@ class Batches:
         return [self._windows(self.val, s, device) for s in self.val_starts]
 
 
-# ---- ranks
-
-
-class Ranks:
-    """This process among torchrun's (RANK, WORLD_SIZE, LOCAL_RANK; one rank of its own without
-    them) and its device; the process group when --fsdp or --ddp asks for one."""
-
-    def __init__(self, args):
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.distributed = args.fsdp or args.ddp
-        device = torch.device(args.device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        self.device = device
-        if not self.distributed:
-            if self.world > 1:
-                raise SystemExit("train_llama: %d ranks but neither --fsdp nor --ddp: every rank"
-                                 " would train the same model alone" % self.world)
-            return
-        import torch.distributed as dist
-
-        if self.world == 1:  # a process group of one without torchrun's rendezvous variables
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29511")
-        kwargs = {}
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-            kwargs["device_id"] = device  # binds NCCL's communicator to this GPU up front
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=self.rank,
-                                world_size=self.world, **kwargs)
-
-    @property
-    def main(self):
-        return self.rank == 0
-
-    def mean(self, t):
-        """The mean of `t` over the ranks (gloo has no AVG: a sum, then the division)."""
-        if not self.distributed or self.world == 1:
-            return t
-        import torch.distributed as dist
-
-        t = t.clone()
-        dist.all_reduce(t)
-        return t.div_(self.world)
-
-    def max(self, value):
-        if not self.distributed or self.world == 1:
-            return value
-        import torch.distributed as dist
-
-        t = torch.tensor([float(value)], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    def close(self):
-        if self.distributed:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-def _fp32_mean(_state, bucket):
-    """DDP's gradient all-reduce in fp32 (as FSDP2's reduce_dtype=fp32): the bucket's bf16
-    gradients upcast, summed, divided by the world size, rounded back once."""
-    import torch.distributed as dist
-
-    buffer = bucket.buffer()
-    work = dist.all_reduce(buffer.float().div_(dist.get_world_size()), async_op=True)
-    return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
-
-
-def spread(name, model, args, ranks):
-    """The model wrapped for --ddp or sharded for --fsdp (unchanged without either).
-
-    FSDP2 units: coda's Llama.fsdp_units(), because a coda op reads weights of two decoder
-    layers (docs/distributed.md); PyTorch's model one unit per decoder layer, as usual."""
-    if args.ddp:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [ranks.device.index] if ranks.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids)
-        ddp.register_comm_hook(None, _fp32_mean)
-        return ddp
-    if args.fsdp:
-        try:
-            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        except ImportError:
-            raise SystemExit("train_llama --fsdp: torch %s has no FSDP2 (torch.distributed.fsdp"
-                             ".fully_shard, torch >= 2.6)" % torch.__version__)
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if name == "coda":
-            units = model.fsdp_units()
-        else:
-            units = [[layer] for layer in model.model.layers]
-        for unit in units:
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-    return model
+# ---- training
 
 
 def _local(t):
     """A plain tensor of a DTensor result (FSDP2's gradient norm), else `t`."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-# ---- training
 
 
 class MasterAdamW:
@@ -460,7 +359,9 @@ def main(argv=None):
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         print("train_llama: no CUDA device (coda's GPU kernels need an H100/H200)", file=sys.stderr)
         return 2
-    ranks = Ranks(args)
+    from coda.bench.distributed import Ranks
+
+    ranks = Ranks(args.device, distributed=args.fsdp or args.ddp)
     try:
         return run(args, ranks)
     finally:
@@ -469,8 +370,10 @@ def main(argv=None):
 
 def run(args, ranks):
     device = ranks.device
+    mode = "fsdp2" if args.fsdp else "ddp" if args.ddp else None
     say = print if ranks.main else (lambda *a, **k: None)
     from coda.bench import coda_adapter
+    from coda.bench.distributed import spread
     from coda.bench.reference import RefConfig, ReferenceLlama, init_weights
 
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -518,8 +421,9 @@ def run(args, ranks):
     curves = {}
     for name in ("torch", "coda"):
         if name in models:
-            curves[name] = train(name, spread(name, models[name], args, ranks), batches, args,
-                                 ranks)
+            # FSDP2: coda's model by its fsdp_units(), PyTorch's per decoder layer.
+            model = spread(models[name], mode, device)
+            curves[name] = train(name, model, batches, args, ranks)
 
     if args.soak:
         return 0 if soak_report(curves["coda"], args, device, cfg) else 1

@@ -105,7 +105,8 @@ def _ddp_rank(rank, world, rendezvous, dtype_name, seed, out):
     """One DDP rank: the model of every rank alike, its own rows of the batch; saves its loss and
     the averaged gradients DDP leaves in .grad."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+
+    from coda.bench.distributed import spread
 
     dist.init_process_group("gloo", init_method="file://%s" % rendezvous, rank=rank,
                             world_size=world)
@@ -117,8 +118,7 @@ def _ddp_rank(rank, world, rendezvous, dtype_name, seed, out):
         # halves' arithmetic (their mean is not the whole batch's) or DDP's reduction.
         alone = copy.deepcopy(model)
         alone(ids[mine], labels=labels[mine]).backward()
-        ddp = DistributedDataParallel(model)
-        ddp.register_comm_hook(None, _fp32_mean)
+        ddp = spread(model, "ddp", torch.device("cpu"))  # DDP, the fp32 all-reduce hook
         loss = ddp(ids[mine], labels=labels[mine])
         loss.backward()
         torch.save({"loss": loss.detach(),
@@ -129,23 +129,12 @@ def _ddp_rank(rank, world, rendezvous, dtype_name, seed, out):
         dist.destroy_process_group()
 
 
-def _fp32_mean(_state, bucket):
-    """DDP's gradient all-reduce in fp32, as FSDP2's reduce_dtype=fp32 does (gloo's all-reduce
-    takes no bf16 before torch 2): the bucket's 16-bit gradients upcast, summed, divided by the
-    world size, rounded back once."""
-    import torch.distributed as dist
-
-    buffer = bucket.buffer()
-    work = dist.all_reduce(buffer.float().div_(dist.get_world_size()), async_op=True)
-    return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
-
-
 def _ddp_problem(dtype_name, seed):
     """The model and the whole batch, the same in every process given the same seed (passed to
     the ranks: a spawned process imports conftest afresh, and without CODA_TEST_SEED draws a seed
-    of its own; the first GPU run, 57f4a19, compared two other models' gradients). Labels without -100 (but the
-    shift's last position of each row), so that every rank's rows hold as many targets and the
-    mean of the ranks' mean losses is the whole batch's."""
+    of its own; the first GPU run, 57f4a19, compared two other models' gradients). Labels
+    without -100 (but the shift's last position of each row), so that every rank's rows hold as
+    many targets and the mean of the ranks' mean losses is the whole batch's."""
     config = small_config(num_hidden_layers=2)
     model = models.Llama(config, device="cpu", dtype=getattr(torch, dtype_name))
     randomize(model, torch.Generator().manual_seed(seed + 64))

@@ -60,36 +60,77 @@ def parse_args(argv):
     return args
 
 
-class Group:
-    """torchrun's process group (NCCL, a GPU per rank); one rank of its own without torchrun."""
+class Ranks:
+    """This process among torchrun's (RANK, WORLD_SIZE, LOCAL_RANK; one rank of its own without
+    them), its device, and the process group when `distributed` (NCCL on a GPU, gloo on the
+    CPU). examples/train_llama.py and this benchmark share it."""
 
-    def __init__(self):
+    def __init__(self, device, distributed=True):
         import torch
-        import torch.distributed as dist
 
         self.rank = int(os.environ.get("RANK", "0"))
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(self.device)
-        if self.world == 1:
+        self.distributed = distributed
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        self.device = device
+        if not distributed:
+            if self.world > 1:
+                raise SystemExit("%d ranks but no data-parallel mode (--fsdp or --ddp): every "
+                                 "rank would train the same model alone" % self.world)
+            return
+        import torch.distributed as dist
+
+        if self.world == 1:  # a process group of one without torchrun's rendezvous variables
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", "29513")
-        dist.init_process_group("nccl", rank=self.rank, world_size=self.world,
-                                device_id=self.device)
-        self.dist = dist
+            os.environ.setdefault("MASTER_PORT", "29511")
+        kwargs = {}
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            kwargs["device_id"] = device  # binds NCCL's communicator to this GPU up front
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=self.rank,
+                                world_size=self.world, **kwargs)
+
+    @property
+    def main(self):
+        return self.rank == 0
+
+    def _many(self):
+        return self.distributed and self.world > 1
 
     def barrier(self):
-        self.dist.barrier(device_ids=[self.device.index])
+        if self._many():
+            import torch.distributed as dist
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            dist.barrier(device_ids=ids)
+
+    def mean(self, t):
+        """The mean of `t` over the ranks (gloo has no AVG: a sum, then the division)."""
+        if not self._many():
+            return t
+        import torch.distributed as dist
+
+        t = t.clone()
+        dist.all_reduce(t)
+        return t.div_(self.world)
 
     def max(self, value):
+        if not self._many():
+            return float(value)
         import torch
+        import torch.distributed as dist
 
         t = torch.tensor([float(value)], device=self.device)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
     def close(self):
-        self.dist.destroy_process_group()
+        if self.distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
 class Alone:
@@ -102,13 +143,47 @@ class Alone:
         return float(value)
 
 
-def _fp32_mean(_state, bucket):
-    """DDP's all-reduce in fp32, as FSDP2's reduce_dtype: upcast, sum, divide, round once."""
+def fp32_mean(_state, bucket):
+    """A DDP communication hook: the gradient all-reduce in fp32, as FSDP2's
+    reduce_dtype=fp32 (the bucket's 16-bit gradients upcast, summed, divided by the world size,
+    rounded back once)."""
     import torch.distributed as dist
 
     buffer = bucket.buffer()
     work = dist.all_reduce(buffer.float().div_(dist.get_world_size()), async_op=True)
     return work.get_future().then(lambda f: buffer.copy_(f.value()[0]))
+
+
+def spread(model, mode, device):
+    """The model for data-parallel training: unchanged (mode None), wrapped in DDP with the fp32
+    hook ("ddp"), or sharded by FSDP2 ("fsdp2": bf16 parameters, fp32 reduce-scatter). FSDP2
+    units: coda's Llama.fsdp_units(), because a coda op reads weights of two decoder layers
+    (docs/distributed.md); a PyTorch Llama one unit per decoder layer, as usual."""
+    import torch
+
+    if mode == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        model = DistributedDataParallel(model, device_ids=ids)
+        model.register_comm_hook(None, fp32_mean)
+    elif mode == "fsdp2":
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError:
+            raise ImportError("torch %s has no FSDP2 (torch.distributed.fsdp.fully_shard, "
+                              "torch >= 2.6)" % torch.__version__) from None
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if hasattr(model, "fsdp_units"):
+            units = model.fsdp_units()
+        else:
+            units = [[layer] for layer in model.model.layers]
+        for unit in units:
+            fully_shard(unit, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+    elif mode is not None:
+        raise ValueError("mode must be None, 'ddp' or 'fsdp2'; got %r" % (mode,))
+    return model
 
 
 def build(side, cfg, device):
@@ -129,31 +204,9 @@ def build(side, cfg, device):
     return model
 
 
-def wrap(side, model, mode, device):
-    """(module to train, callable to run): unwrapped (mode None), DDP, or FSDP2; compiled for
-    the compile side."""
-    import torch
-
-    if mode == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        model = DistributedDataParallel(model, device_ids=[device.index])
-        model.register_comm_hook(None, _fp32_mean)
-    elif mode == "fsdp2":
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        units = (model.fsdp_units() if side == "coda"
-                 else [[layer] for layer in model.model.layers])
-        for unit in units:
-            fully_shard(unit, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
-    return model, (torch.compile(model) if side == "compile" else model)
-
-
 def time_steps(group, model, fn, inputs, warmup, iters, flush):
     """(slowest rank's median step ms, largest rank's peak MiB, this rank's last loss);
-    `group` lines the ranks up and takes the maxima (Group, or Alone)."""
+    `group` lines the ranks up and takes the maxima (Ranks, or Alone)."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -191,7 +244,7 @@ def main(argv=None):
     from .sides import ModelInputs
     from .timing import L2Flush
 
-    group = Group()
+    group = Ranks("cuda")
     try:
         cfg = make_config(args.shape, layers=args.layers)
         inputs = ModelInputs(cfg, args.tokens, 1, device=group.device, seed=1 + group.rank)
@@ -202,7 +255,8 @@ def main(argv=None):
 
         def measure(side, mode, ranks=group):
             model = build(side, cfg, group.device)
-            module, fn = wrap(side, model, mode, group.device)
+            module = spread(model, mode, group.device)
+            fn = torch.compile(module) if side == "compile" else module
             ms, peak, loss = time_steps(ranks, module, fn, inputs, args.warmup, args.iters, flush)
             del model, module, fn
             gc.collect()
