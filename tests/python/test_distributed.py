@@ -7,6 +7,7 @@ ranks' step on half a batch each is the whole batch's step. examples/train_llama
 torchrun with --fsdp and with --ddp (a GPU). Skipped elsewhere."""
 
 import copy
+import os
 
 import pytest
 
@@ -17,6 +18,8 @@ from coda import models  # noqa: E402
 import torch_reference as R  # noqa: E402
 from conftest import SEED  # noqa: E402
 from test_models import batch, randomize, small_config  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _fsdp2():
@@ -193,28 +196,34 @@ def test_ddp_two_ranks_give_the_whole_batch_step(tmp_path):
 # The launch: examples/train_llama.py under torchrun (one rank per GPU of this machine)
 
 
+def _torchrun(port, *args):
+    """(ranks, finished process) of `torchrun --nproc-per-node N ... args` with this source
+    tree's python/ on the path, N = this machine's GPUs, at most 2; fails with its output."""
+    import subprocess
+    import sys
+
+    ranks = min(2, torch.cuda.device_count())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [os.path.join(ROOT, "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
+           "--master-port", str(port), *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return ranks, done
+
+
 @pytest.mark.parametrize("mode", ["fsdp", "ddp"])
 def test_train_llama_runs_under_torchrun(mode, tmp_path):
     """torchrun --nproc-per-node N examples/train_llama.py --fsdp / --ddp (N = this machine's
     GPUs, at most 2): both sides train a few steps of a small model on their data shards, the
     script's own check finds their curves agreeing (the same initial weights and batches), and
     rank 0 alone reports each side's tokens/s per GPU and peak memory."""
-    import os
-    import subprocess
-    import sys
-
     _fsdp2()
-    ranks = min(2, torch.cuda.device_count())
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(root, "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-           "--master-port", "29517", os.path.join(root, "examples", "train_llama.py"),
-           "--" + mode, "--steps", "12", "--warmup", "4", "--layers", "2", "--batch", "2",
-           "--seq", "128", "--hidden", "256", "--mlp", "512", "--heads", "4", "--kv-heads", "2",
-           "--smooth", "4", "--out", str(tmp_path / "out")]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks, done = _torchrun(
+        29517, os.path.join(ROOT, "examples", "train_llama.py"), "--" + mode, "--steps", "12",
+        "--warmup", "4", "--layers", "2", "--batch", "2", "--seq", "128", "--hidden", "256",
+        "--mlp", "512", "--heads", "4", "--kv-heads", "2", "--smooth", "4",
+        "--out", str(tmp_path / "out"))
     lines = [line for line in done.stdout.splitlines() if "tokens/s per GPU over" in line]
     assert len(lines) == 2, done.stdout  # one line a side, from rank 0 only
     assert all(("over %d ranks" % ranks) in line and "peak memory" in line for line in lines)
@@ -227,22 +236,12 @@ def test_distributed_benchmark_writes_its_results(tmp_path):
     the results name every field of the issue's schema, coda's and torch.compile's losses on
     the same weights and tokens agree, and the ratios are printed."""
     import json
-    import os
-    import subprocess
-    import sys
 
     _fsdp2()
-    ranks = min(2, torch.cuda.device_count())
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [os.path.join(root, "python")] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
     out = tmp_path / "distributed.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
-           "--master-port", "29519", "-m", "coda.bench.distributed", "--shape", "tiny",
-           "--layers", "2", "--tokens", "1024", "--warmup", "1", "--iters", "2",
-           "--out", str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ranks, done = _torchrun(29519, "-m", "coda.bench.distributed", "--shape", "tiny", "--layers",
+                            "2", "--tokens", "1024", "--warmup", "1", "--iters", "2", "--out",
+                            str(out))
     results = json.loads(out.read_text())
     assert results["world_size"] == ranks and results["gpu"] and results["commit"]
     assert [c["mode"] for c in results["cases"]] == ["fsdp2", "ddp"]
