@@ -37,10 +37,23 @@ DeviceMirror::DeviceMirror() : previous_(set_view_hook(this)) {}
 DeviceMirror::~DeviceMirror() {
   set_view_hook(previous_);
   release();
+  for (void* d : retired_) cudaFree(d);
 }
 
 void DeviceMirror::release() {
   for (const Copy& c : copies_) cudaFree(c.device);
+  copies_.clear();
+}
+
+// A view taken before a sync and used after it would otherwise address freed memory, which the
+// next upload may reuse (two such bugs: block_suite.hpp's Dloss, and a view aliasing a later
+// copy as "grads.dx overlaps grads.dloss.tensor"). Poisoned and kept, a stale input reads NaN
+// and a stale output's results never reach the host: the test fails where the mistake is.
+void DeviceMirror::retire() {
+  for (const Copy& c : copies_) {
+    check(cudaMemset(c.device, 0xFF, c.bytes), "poison"); // NaN in f32, bf16 and f16
+    retired_.push_back(c.device);
+  }
   copies_.clear();
 }
 
@@ -65,7 +78,7 @@ void DeviceMirror::sync() {
   check(cudaDeviceSynchronize(), "the GPU calls");
   for (const Copy& c : copies_)
     check(cudaMemcpy(c.host, c.device, c.bytes, cudaMemcpyDeviceToHost), "download");
-  release();
+  retire();
 }
 
 #else
@@ -76,6 +89,7 @@ DeviceMirror::DeviceMirror() : previous_(nullptr) {
 }
 DeviceMirror::~DeviceMirror() = default;
 void DeviceMirror::release() {}
+void DeviceMirror::retire() {}
 TensorView DeviceMirror::view(HostTensor&, const TensorView& host) { return host; }
 void DeviceMirror::sync() {}
 

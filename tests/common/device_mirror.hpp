@@ -1,8 +1,10 @@
 // Runs a test written against HostTensor on the GPU backend: while a DeviceMirror is alive,
 // HostTensor::view() returns a device copy of the tensor (uploaded at its first view, NaN poison
 // included), and sync() (coda::test::sync_views()) copies every mirrored tensor back and forgets
-// the copies. Copies are keyed by host address, so a run of calls between two syncs must not
-// destroy a viewed tensor and view another at its address.
+// the copies: each is then filled with 0xFF bytes (NaN in every float type) and kept until the
+// mirror dies, so a view taken before a sync and used after it fails its test instead of
+// reaching memory a later copy reuses. Copies are keyed by host address, so a run of calls
+// between two syncs must not destroy a viewed tensor and view another at its address.
 #pragma once
 
 #include <cstddef>
@@ -23,17 +25,19 @@ public:
   DeviceMirror& operator=(const DeviceMirror&) = delete;
 
   TensorView view(HostTensor& tensor, const TensorView& host) override;
-  // Waits for the device, copies every mirrored tensor back, then frees the copies.
+  // Waits for the device, copies every mirrored tensor back, then poisons and retires the copies.
   void sync() override;
 
 private:
   void release();
+  void retire();
   struct Copy {
     void* host;
     void* device;
     size_t bytes;
   };
   std::vector<Copy> copies_;
+  std::vector<void*> retired_; // poisoned copies of earlier syncs, freed with the mirror
   ViewHook* previous_;
 };
 
