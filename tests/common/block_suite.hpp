@@ -532,9 +532,10 @@ struct LastResult {
 };
 
 // The loss gradient of a last-layer run: a value, times a [1] f32 tensor where one is given. The
-// tensor's view is taken after the forward's sync_views(), which frees the device mirrors of the
+// tensor's view is taken after the forward's sync_views(), which retires the device copies of the
 // views taken before it (a view taken by the caller was freed memory by the backward, and its
-// address the next mirror's: "grads.dx overlaps grads.dloss.tensor", H100, 57f4a19).
+// address the next copy's: "grads.dx overlaps grads.dloss.tensor", H100, 57f4a19; since then a
+// retired copy is NaN-poisoned and kept, device_mirror.hpp).
 struct Dloss {
   float value;
   HostTensor* tensor = nullptr;
