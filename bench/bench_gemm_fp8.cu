@@ -29,18 +29,20 @@
 // coda runs on each of its tiles, forced (gpu::gemm_fp8_with_tile), interleaved with the rest:
 // "coda_ms" the 128 x 128 tile (the kernel every earlier coda_ms measured), "coda_tile192_ms"
 // the 128 x 192 tile with its halves' overlapped promotion, "coda_tile192_one_partial_ms" the
-// 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"). Each 192-column D must
-// equal the 128 x 128 one bit for bit (the same promotions in the same order): a case where it
+// 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"), "coda_staged_ms" the
+// 128 x 128 tile's consumers on the staged schedule (the epilogue in a fourth warpgroup, under
+// the next tile's MMAs; sm90::Fp8Tile::n128_staged). Each of those Ds must equal the 128 x 128
+// one bit for bit (the same promotions in the same order, rounded once to bf16): a case where it
 // does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
 // null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
 // The tile gemm_fp8 itself would run (its heuristic, sm90::choose_fp8_tile) is printed per case.
 //
 // Prints a table (TFLOP/s = 2 M N K / t of each side; cublas_blockscaled_ms / coda_ms and
 // cublas_bf16_ms / coda_ms, above 1 where coda is faster; coda_ms / coda_tile192_ms, above 1
-// where the 192-column tile is faster) and the geometric means of those ratios over the 24 block
-// GEMMs, and writes
+// where the 192-column tile is faster; coda_ms / coda_staged_ms likewise) and the geometric means
+// of those ratios over the 24 block GEMMs, and writes
 //   {"gpu", "date", "commit", "runs", "tensorwise_fast_accum", "cases": [{"name", "layout", "m",
-//    "n", "k", "coda_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
+//    "n", "k", "coda_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms", "coda_staged_ms",
 //    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
 //    "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
@@ -283,8 +285,9 @@ struct Result {
   double coda_ms = NAN, block_ms = NAN, tensor_ms = NAN, bf16_ms = NAN; // NaN: not timed
   // coda's 128 x 192 tiles (coda_ms: its 128 x 128 one), and which one gemm_fp8 would pick.
   double tile192_ms = NAN, tile192_one_partial_ms = NAN;
+  double staged_ms = NAN; // the 128 x 128 tile on the staged schedule
   coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
-  bool tiles_bitwise = true; // both 192-column Ds equal the 128 x 128 one bit for bit
+  bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
   double coda_wgrad_form_ms = NAN;
   bool agree = false;
@@ -312,7 +315,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
       d_bf16(size_t(m * n * 2));
   Buffer a16(size_t(m * k * 2)), b16(size_t(n * k * 2)), ones(2 * sizeof(float));
   Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
-  Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2));
+  Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2)),
+      d_staged(size_t(m * n * 2));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
@@ -344,10 +348,11 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   coda::gemm_fp8(wgrad_form, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
   r.picked = coda::gpu::gemm_fp8_tile(args);
-  coda::Fp8GemmArgs tile192 = args, tile192_one = args;
+  coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args;
   tile192.d = bench::view(d_tile192, coda::DType::bf16, m, n);
   tile192_one.d = bench::view(d_tile192_one, coda::DType::bf16, m, n);
-  for (const Buffer* d : {&d_tile192, &d_tile192_one})
+  staged.d = bench::view(d_staged, coda::DType::bf16, m, n);
+  for (const Buffer* d : {&d_tile192, &d_tile192_one, &d_staged})
     check(cudaMemsetAsync(d->p, 0xff, d->bytes, s), "poison D");
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
@@ -429,6 +434,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   auto run_tile192_one = [&] {
     coda::gpu::gemm_fp8_with_tile(tile192_one, Fp8Tile::n192_one_partial, s);
   };
+  auto run_staged = [&] { coda::gpu::gemm_fp8_with_tile(staged, Fp8Tile::n128_staged, s); };
   auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
   auto run_block = [&] { block.run(a.p, b.p, d_block.p, s); };
   auto run_tensor = [&] { tensor.run(a.p, b.p, d_tensor.p, s); };
@@ -437,6 +443,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     run_coda();
     run_tile192();
     run_tile192_one();
+    run_staged();
     run_wgrad_form();
     if (block_ready) run_block();
     if (tensor.ok()) run_tensor();
@@ -445,11 +452,13 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_coda, t_tile192, t_tile192_one, t_block, t_tensor, t_bf16, t_wgrad_form;
+  std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_block, t_tensor, t_bf16,
+      t_wgrad_form;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
     timer.timed(run_tile192, t_tile192);
     timer.timed(run_tile192_one, t_tile192_one);
+    timer.timed(run_staged, t_staged);
     timer.timed(run_wgrad_form, t_wgrad_form);
     if (block_ready) timer.timed(run_block, t_block);
     if (tensor.ok()) timer.timed(run_tensor, t_tensor);
@@ -458,12 +467,20 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   r.coda_ms = bench::median(t_coda);
   r.tile192_ms = bench::median(t_tile192);
   r.tile192_one_partial_ms = bench::median(t_tile192_one);
+  r.staged_ms = bench::median(t_staged);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
 
-  // The 192-column tiles' D against the 128 x 128 one's, after the timed runs.
-  const std::pair<const Buffer*, double Result::*> kTiles[] = {
-      {&d_tile192, &Result::tile192_ms}, {&d_tile192_one, &Result::tile192_one_partial_ms}};
-  for (const auto& [d, ms] : kTiles) {
+  // The other tiles' D against the 128 x 128 one's, after the timed runs.
+  using Time = double Result::*;
+  struct OtherTile {
+    const Buffer* d;
+    Time ms;
+    const char* name;
+  };
+  const OtherTile kTiles[] = {{&d_tile192, &Result::tile192_ms, "n192"},
+                              {&d_tile192_one, &Result::tile192_one_partial_ms, "n192_one_partial"},
+                              {&d_staged, &Result::staged_ms, "n128_staged"}};
+  for (const auto& [d, ms, name] : kTiles) {
     const int64_t differ = differences(d->p, d_coda.p, m * n, s);
     if (differ == 0) continue;
     r.tiles_bitwise = false;
@@ -471,12 +488,11 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     const bool same_product = err < kAgreeTolerance;
     std::printf("  TILE MISMATCH %s: %s's D differs from the 128 x 128 tile's in %lld of %lld "
                 "elements (max rel err %.3e)%s\n",
-                c.name.c_str(), ms == &Result::tile192_ms ? "n192" : "n192_one_partial",
-                (long long)differ, (long long)(m * n), err,
+                c.name.c_str(), name, (long long)differ, (long long)(m * n), err,
                 same_product ? "" : ": another product, its time null");
     if (!same_product) r.*ms = NAN;
   }
-  std::printf("  gemm_fp8's tile: %s; the 192-column Ds %s the 128 x 128 one's\n",
+  std::printf("  gemm_fp8's tile: %s; the other tiles' Ds %s the 128 x 128 one's\n",
               coda::sm90::fp8_tile_name(r.picked),
               r.tiles_bitwise ? "equal, bit for bit," : "differ from");
   r.block_ms = bench::median(t_block); // NaN where empty
@@ -556,13 +572,13 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof(text), "-");
       return std::string(text);
     };
-    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s  %4s  %9s  %s\n",
+    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %4s  %9s  %s\n",
                 "case", "M", "N", "K", "coda TF/s", "192 TF/s", "blockwise", "tensor", "bf16",
-                "block/coda", "bf16/coda", "128/192", "128/192a", "pick", "rel err",
+                "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "pick", "rel err",
                 "scale layout");
     for (const Result& r : results)
       std::printf(
-          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s  %4s  %9s  %s\n",
+          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %4s  %9s  %s\n",
           r.c.name.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
           cell(tflops(r.c, r.tile192_ms), "%.1f").c_str(),
@@ -572,10 +588,12 @@ int main(int argc, char** argv) {
           cell(r.block_ms / r.coda_ms, "%.3f").c_str(), cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(),
           cell(r.coda_ms / r.tile192_ms, "%.3f").c_str(),
           cell(r.coda_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
+          cell(r.coda_ms / r.staged_ms, "%.3f").c_str(),
           r.picked == coda::sm90::Fp8Tile::n192 ? "192" : "128",
           cell(r.max_rel_err, "%.2e").c_str(), r.agree ? r.scale_layout.c_str() : "MISMATCH");
     std::printf("(128/192: coda_ms / coda_tile192_ms; 128/192a: coda_ms / "
-                "coda_tile192_one_partial_ms; pick: gemm_fp8's tile)\n");
+                "coda_tile192_one_partial_ms; 128/stg: coda_ms / coda_staged_ms; pick: gemm_fp8's "
+                "tile)\n");
     // Geometric means over the block GEMMs (not the squares) of num / den where both are timed.
     const auto geomean = [&](auto num, auto den, const char* what) {
       double log_sum = 0, worst = INFINITY;
@@ -609,11 +627,14 @@ int main(int argc, char** argv) {
             "cublas_blockscaled_ms/coda_tile192_one_partial_ms");
     geomean(coda, field(&Result::tile192_ms), "coda_ms/coda_tile192_ms");
     geomean(coda, field(&Result::tile192_one_partial_ms), "coda_ms/coda_tile192_one_partial_ms");
+    geomean(coda, field(&Result::staged_ms), "coda_ms/coda_staged_ms");
+    geomean(field(&Result::block_ms), field(&Result::staged_ms),
+            "cublas_blockscaled_ms/coda_staged_ms");
     geomean(field(&Result::block_ms), picked, "cublas_blockscaled_ms/(gemm_fp8's pick)");
     int tile_mismatches = 0;
     for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
     if (tile_mismatches > 0)
-      std::printf("%d case(s) where a 192-column tile's D differs from the 128 x 128 one's\n",
+      std::printf("%d case(s) where another tile's D differs from the 128 x 128 one's\n",
                   tile_mismatches);
     int mismatches = 0;
     for (const Result& r : results) mismatches += !r.agree;
@@ -632,16 +653,18 @@ int main(int argc, char** argv) {
           f,
           "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
           "%lld, \"coda_ms\": %s, \"coda_tile192_ms\": %s, "
-          "\"coda_tile192_one_partial_ms\": %s, \"cublas_blockscaled_ms\": %s, "
+          "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
+          "\"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
           "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
           "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
           r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile192_ms, "%.5f").c_str(),
           json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
-          json_number(r.block_ms, "%.5f").c_str(), json_number(r.tensor_ms, "%.5f").c_str(),
-          json_number(r.bf16_ms, "%.5f").c_str(), json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
-          r.agree ? "true" : "false", json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
+          json_number(r.staged_ms, "%.5f").c_str(), json_number(r.block_ms, "%.5f").c_str(),
+          json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),
+          json_number(r.coda_wgrad_form_ms, "%.5f").c_str(), r.agree ? "true" : "false",
+          json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
           i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);

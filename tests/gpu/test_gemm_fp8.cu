@@ -204,6 +204,48 @@ TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
   for (double v : c.d.values()) ASSERT_TRUE(std::isnan(v)) << "d was written";
 }
 
+// The 128 x 128 tile's consumers on the staged schedule (sm90::Fp8Tile::n128_staged, a study
+// kernel): each rounds its 64 x 128 to bf16 into the staged tile and a fourth warpgroup stores
+// it, so D must be the cooperative kernel's bit for bit (check_shape); M and N ragged against
+// the tile, K from one short block to many, more tiles than a wave (kShapes).
+class GpuFp8GemmStaged : public testing::TestWithParam<Shape> {};
+TEST_P(GpuFp8GemmStaged, MatchesTheReferenceTheCpuBackendAndTheCooperativeKernel) {
+  CODA_REQUIRE_SM90();
+  check_shape(GetParam(), {}, Fp8Tile::n128_staged);
+}
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmStaged, testing::ValuesIn(kShapes),
+                         [](const testing::TestParamInfo<Shape>& info) {
+                           return label(info.param);
+                         });
+
+// Its staged tile holds the rounded bf16 result: an f32 d, a d accumulated into and B scaled by
+// rows are not_supported, and nothing is written.
+TEST(GpuFp8GemmStaged, RefusesOtherForms) {
+  CODA_REQUIRE_SM90();
+  const Fp8GemmCase::Options kForms[] = {{Fp8BScaling::blocks, DType::f32, false},
+                                         {Fp8BScaling::blocks, DType::bf16, true},
+                                         {Fp8BScaling::rows, DType::bf16, false}};
+  for (const Fp8GemmCase::Options& o : kForms) {
+    SCOPED_TRACE(label(o));
+    Seeds seeds;
+    Fp8GemmCase c(129, 264, 256, seeds, o);
+    const std::vector<double> before = c.d.values();
+    DeviceFp8 dev(c);
+    try {
+      gpu::gemm_fp8_with_tile(dev.args(), Fp8Tile::n128_staged, nullptr);
+      ADD_FAILURE() << "n128_staged ran";
+    } catch (const Error& e) {
+      EXPECT_EQ(int(e.status()), int(Status::not_supported)) << e.what();
+    }
+    synchronize_ok();
+    EXPECT_TRUE(dev.d.copy_back());
+    const std::vector<double> after = c.d.values();
+    for (size_t i = 0; i < after.size(); ++i)
+      ASSERT_TRUE(after[i] == before[i] || (std::isnan(after[i]) && std::isnan(before[i])))
+          << "d was written at " << i;
+  }
+}
+
 // The other forms of the call on ragged shapes: B scaled by rows (the weight gradient's b), an
 // fp32 d, and d accumulated into (the weight gradient over micro-batches), each with its kernel.
 TEST(GpuFp8GemmForms, MatchTheReferenceAndTheCpuBackend) {
@@ -329,6 +371,14 @@ TEST(GpuFp8GemmSmallForSanitizer, Tile192RaggedTiles) {
   check_shape({257, 264, 400}, {}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {Fp8BScaling::blocks, DType::f32, true}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial);
+}
+
+// The staged 128 x 128 kernel (three tiles along N, two along M, the last ragged in both): its
+// hand-over through the staged tile and the fourth warpgroup's stores under the sanitizers.
+TEST(GpuFp8GemmSmallForSanitizer, StagedRaggedTiles) {
+  CODA_REQUIRE_SM90();
+  check_shape({1, 8, 16}, {}, Fp8Tile::n128_staged);
+  check_shape({257, 264, 400}, {}, Fp8Tile::n128_staged);
 }
 
 // Host side of the kernel (no GPU needed): the operands' tensor maps (the stored shapes, one

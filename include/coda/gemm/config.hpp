@@ -91,12 +91,20 @@ struct GemmConfig {
   // ptxas caps at 65536 / kThreads in steps of 8: 168 for 384 threads), not the SM's 64K
   // registers: a split above it leaves setmaxnreg.inc waiting forever (staged_wide with
   // 96 / 208 = 65536 hung).
+  //  - staged with FP8 operands (gemm_fp8's n128_staged study tile): 128 x (24 + 2 x 232 + 24)
+  //    = 65536. The FP8 consumers hold the promoted sum and two partials (192 registers at 128
+  //    columns, fp8_mainloop.cuh) as in the cooperative kernel's 232; the epilogue warpgroup of
+  //    a plain staged store (no ops after the Stage) and the producer fit 24 each (ptxas, sm_90a,
+  //    2026-12-06: 0 spills; with 208 / 216 / 224 for the consumers 280 / 124 / 28 bytes).
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
+  static constexpr bool kStagedFp8 = kSchedule == Schedule::staged && kOperandBytes == 1;
   static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
+                                            : kStagedFp8         ? 24
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
   static constexpr int kConsumerRegisters = kEpilogueInProducer  ? 192
+                                            : kStagedFp8         ? 232
                                             : kStaged            ? 176
                                             : kHeavyAccumulators ? 240
                                                                  : 232;

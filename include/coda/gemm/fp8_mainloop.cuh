@@ -55,8 +55,9 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
                 "a k-block is one scale block: one promotion per k-block");
   static_assert(Config::kTileN == 128 || Config::kTileN == 192,
                 "128 or 192 columns: the promoted sum and its partials fit the consumers");
-  static_assert(Config::kSchedule == Schedule::cooperative,
-                "the promotion runs in the consumers: the cooperative schedule");
+  static_assert(Config::kSchedule == Schedule::cooperative || Config::kSchedule == Schedule::staged,
+                "the promotion runs in the two consumer warpgroups of one tile: the cooperative "
+                "schedule, or the staged one, whose consumers then hand the tile over");
   static constexpr bool kBRows = kBScaling == Fp8BScaling::rows;
   static constexpr int kTileN = Config::kTileN;
   // The partials (mma_tile): two in turn with the overlapped promotion (not by rows: its

@@ -131,15 +131,26 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
 //   n128:             128 x 128, two full-width partials in turn (the overlapped promotion);
 //   n192:             128 x 192, a partial for each 96-column half of the tile, in turn;
 //   n192_one_partial: 128 x 192 with one partial, each k-block waiting for its own batch: a study
-//                     kernel (does the halves' overlap pay for their second read of A?).
+//                     kernel (does the halves' overlap pay for their second read of A?);
+//   n128_staged:      n128's consumers on the staged schedule: they round the tile to bf16 into
+//                     shared memory and start the next one while a fourth warpgroup stores it
+//                     (a study kernel: is the epilogue, exposed at FP8 speed, what the 128 x 128
+//                     kernel loses to cuBLASLt?). A bf16 D, not accumulated into.
 // The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
-// the by-columns promotion's shuffles; not compiled at 192).
-enum class Fp8Tile : int32_t { automatic = 0, n128 = 1, n192 = 2, n192_one_partial = 3 };
+// the by-columns promotion's shuffles; not compiled at 192), and so does n128_staged.
+enum class Fp8Tile : int32_t {
+  automatic = 0,
+  n128 = 1,
+  n192 = 2,
+  n192_one_partial = 3,
+  n128_staged = 4
+};
 constexpr const char* fp8_tile_name(Fp8Tile t) {
   return name_of(t, {{Fp8Tile::automatic, "automatic"},
                      {Fp8Tile::n128, "n128"},
                      {Fp8Tile::n192, "n192"},
-                     {Fp8Tile::n192_one_partial, "n192_one_partial"}});
+                     {Fp8Tile::n192_one_partial, "n192_one_partial"},
+                     {Fp8Tile::n128_staged, "n128_staged"}});
 }
 
 // The tile gpu::gemm_fp8 runs when not told: 128 x 128. The 128 x 192 forms were predicted

@@ -197,8 +197,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                           gridDim.x / Config::kClusterM);
         for (WorkItem item; work.next(item);)
           Mainloop::load_tile(params.mainloop, smem.mainloop, pipe, st,
-                              tile_of<Config>(params.scheduler, item.unit, cta_rank),
-                              item.k_begin, item.k_end, item.k_rotation, cta_rank);
+                              tile_of<Config>(params.scheduler, item.unit, cta_rank), item.k_begin,
+                              item.k_end, item.k_rotation, cta_rank);
       }
       __syncwarp();
     } else if constexpr (Config::kEpilogueInProducer) {
@@ -211,6 +211,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (Config::kStaged) {
       if constexpr (Config::kEpilogueRegisters > 65536 / Config::kThreads) // above the entry's
         arch::setmaxnreg_inc<Config::kEpilogueRegisters>();
+      else if constexpr (Config::kEpilogueRegisters < 65536 / Config::kThreads) // FP8's split
+        arch::setmaxnreg_dec<Config::kEpilogueRegisters>();
       run_epilogue<Config>(params, smem, cta_rank);
     }
   }

@@ -34,10 +34,26 @@ template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream str
   Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
 }
 
+// The staged study kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
+void run_staged(const Fp8GemmArgs& args, Stream stream) {
+  using Kernel = fp8::staged::Kernel;
+  const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
+  typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
+  Kernel::Main::set_scales(mainloop, args.a_scales, args.b_scales, args.m(), args.n());
+  typename fp8::staged::Epilogue::Params epilogue{};
+  epilogue::device::get<1>(epilogue) = fp8::staged::Store::params("d", args.d);
+  sm90::GemmPlan plan; // no stream-K: as run() says
+  plan.stream_k = sm90::StreamKMode::off;
+  plan.defer_stores = false;
+  Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
+}
+
 template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stream) {
   if (args.b_scaling == Fp8BScaling::rows)
     return run<fp8::Kernel<Fp8BScaling::rows, OutT>, OutT>(args, stream);
   switch (tile) {
+  case sm90::Fp8Tile::n128_staged:
+    return run_staged(args, stream);
   case sm90::Fp8Tile::n192:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192>, OutT>(args, stream);
   case sm90::Fp8Tile::n192_one_partial:
@@ -62,6 +78,10 @@ void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stre
     throw Error(Status::not_supported,
                 std::string("gemm_fp8: the ") + sm90::fp8_tile_name(tile) +
                     " tile takes B scaled by blocks; B scaled by rows runs the 128 x 128 tile");
+  if (tile == sm90::Fp8Tile::n128_staged && (args.d.dtype != DType::bf16 || args.accumulate))
+    throw Error(Status::not_supported,
+                "gemm_fp8: the n128_staged tile writes a bf16 d and does not accumulate into it "
+                "(its staged tile holds the rounded result)");
   if (tile == sm90::Fp8Tile::automatic) tile = gemm_fp8_tile(args);
   if (args.d.dtype == DType::f32)
     run_tile<float>(args, tile, stream);

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "coda/core/fp8.hpp"
+#include "coda/epilogue/device/epilogue.cuh"
 #include "coda/gemm/fp8_mainloop.cuh"
 #include "coda/gemm/launch.cuh"
 #include "coda/gemm/linear_epilogue.cuh"
@@ -43,5 +44,30 @@ template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapProm
 using Kernel =
     sm90::GemmKernel<Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
                      sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion>>;
+
+// The staged study form (Fp8Tile::n128_staged; sm90::Fp8Tile says why): the same consumers and
+// overlapped promotion on the staged schedule, each consumer warpgroup rounding its 64 x 128 to
+// bf16 into the 32 KB staged tile and starting the next tile, the fourth warpgroup storing it in
+// place by TMA (the plain staged GEMM's list, gpu/gemm/instances.cuh, without alpha). As many
+// stages as fit beside the staged tile.
+namespace staged {
+namespace dev = coda::epilogue::device;
+using Shape = dev::TileShape<1, 128, 128, /*staged=*/true>;
+using Store = dev::TileStore<Shape, bf16, /*reduce_add=*/false, /*in_place=*/true>;
+using Epilogue = dev::FusedEpilogue<Shape, dev::Stage<bf16>, Store>;
+template <int kStages>
+using ConfigAt = sm90::GemmConfig<128, 128, kStages, 2, sm90::Schedule::staged, /*bytes=*/1>;
+template <int kStages>
+using MainloopAt = sm90::Fp8Mainloop<ConfigAt<kStages>, Fp8BScaling::blocks, true>;
+template <int kStages = 8> constexpr int stages() {
+  if constexpr (kStages <= 2 || sizeof(sm90::KernelSharedStorage<MainloopAt<kStages>, Epilogue>) <=
+                                    sm90::kMaxSharedBytes)
+    return kStages;
+  else
+    return stages<kStages - 1>();
+}
+using Kernel =
+    sm90::GemmKernel<ConfigAt<stages()>, GemmLayout::fwd, e4m3, Epilogue, MainloopAt<stages()>>;
+} // namespace staged
 
 } // namespace coda::gpu::fp8
