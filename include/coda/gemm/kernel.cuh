@@ -211,7 +211,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
     if constexpr (Config::kStaged) {
       if constexpr (Config::kEpilogueRegisters > 65536 / Config::kThreads) // above the entry's
         arch::setmaxnreg_inc<Config::kEpilogueRegisters>();
-      else if constexpr (Config::kEpilogueRegisters < 65536 / Config::kThreads) // FP8's split
+      else if constexpr (Config::kEpilogueWarpgroups > 0 &&
+                         Config::kEpilogueRegisters < 65536 / Config::kThreads) // FP8's split
         arch::setmaxnreg_dec<Config::kEpilogueRegisters>();
       run_epilogue<Config>(params, smem, cta_rank);
     }
