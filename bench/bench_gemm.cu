@@ -119,6 +119,7 @@ const Variant kVariants[] = {
     {"pingpong_wide", study_plan_no_sk<KernelId::pingpong_wide>}, // ping-pong: no stream-K
     {"staged_wide", study_plan<KernelId::staged_wide>},
     {"staged_wide_no_sk", study_plan_no_sk<KernelId::staged_wide>},
+    {"staged128", study_plan<KernelId::staged128>},
 };
 constexpr int kNumVariants = int(sizeof(kVariants) / sizeof(kVariants[0]));
 

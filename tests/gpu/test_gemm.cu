@@ -99,10 +99,10 @@ const sm90::GemmPlan kNotDeferred =
     forced(sm90::KernelId::wide, sm90::StreamKMode::off, /*defer=*/false);
 const sm90::GemmPlan kStaged = forced(sm90::KernelId::staged, sm90::StreamKMode::automatic);
 // The kernels of the schedule study (bf16 in and out only): heuristic.hpp's KernelId.
-constexpr sm90::KernelId kStudyKernels[] = {sm90::KernelId::wide_3stages, sm90::KernelId::wide192,
-                                            sm90::KernelId::staged, sm90::KernelId::staged192,
-                                            sm90::KernelId::pingpong_wide,
-                                            sm90::KernelId::staged_wide};
+constexpr sm90::KernelId kStudyKernels[] = {
+    sm90::KernelId::wide_3stages, sm90::KernelId::wide192,       sm90::KernelId::staged,
+    sm90::KernelId::staged192,    sm90::KernelId::pingpong_wide, sm90::KernelId::staged_wide,
+    sm90::KernelId::staged128};
 
 ref::Layout ref_layout(GemmLayout l) {
   return l == GemmLayout::fwd     ? ref::Layout::fwd

@@ -37,6 +37,8 @@ enum class KernelId : int32_t {
   staged192 = 6,
   pingpong_wide = 7,
   staged_wide = 8, // 128 x 256 staged, the epilogue in the producer warpgroup, 3 stages
+  staged128 = 9,   // 128 x 128 staged, 5 stages: the floor of K0 on a staged tile that holds whole
+                   // 128-column reduction blocks (docs/epilogue.md)
 };
 constexpr const char* kernel_name(KernelId id) {
   return name_of(id, {{KernelId::wide, "wide"},
@@ -46,7 +48,8 @@ constexpr const char* kernel_name(KernelId id) {
                       {KernelId::staged, "staged"},
                       {KernelId::staged192, "staged192"},
                       {KernelId::pingpong_wide, "pingpong_wide"},
-                      {KernelId::staged_wide, "staged_wide"}});
+                      {KernelId::staged_wide, "staged_wide"},
+                      {KernelId::staged128, "staged128"}});
 }
 
 // Stages fill what the epilogue leaves of 227 KB; fp32 outputs double the epilogue buffers.
@@ -88,7 +91,7 @@ inline int32_t choose_group_m(int64_t units_m, int64_t clusters, int64_t unit_ro
 }
 
 constexpr int64_t tile_n_of(KernelId id) {
-  return id == KernelId::pingpong                               ? 128
+  return id == KernelId::pingpong || id == KernelId::staged128  ? 128
          : id == KernelId::wide192 || id == KernelId::staged192 ? 192
                                                                 : 256;
 }

@@ -98,6 +98,8 @@ GemmLauncher launcher_for(sm90::KernelId kernel) {
     return study_launcher<GemmConfig<128, 256, 3, 2, Schedule::staged_wide>, kLayout, InT, OutT>();
   case KernelId::pingpong_wide:
     return study_launcher<GemmConfig<64, 256, 4, 2, Schedule::pingpong>, kLayout, InT, OutT>();
+  case KernelId::staged128:
+    return study_launcher<GemmConfig<128, 128, 5, 2, Schedule::staged>, kLayout, InT, OutT>();
   }
   return {};
 }
