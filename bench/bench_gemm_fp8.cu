@@ -27,7 +27,8 @@
 // configuration for which cuBLASLt's heuristic has no algorithm is null too, and said so.
 //
 // coda runs on each of its tiles, forced (gpu::gemm_fp8_with_tile), interleaved with the rest:
-// "coda_ms" the 128 x 128 tile (the kernel every earlier coda_ms measured), "coda_tile192_ms"
+// "coda_tile128_ms" the cooperative 128 x 128 tile (what "coda_ms" measured before 2026-12-06),
+// "coda_tile192_ms"
 // the 128 x 192 tile with its halves' overlapped promotion, "coda_tile192_one_partial_ms" the
 // 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"), "coda_staged_ms" the
 // 128 x 128 tile's consumers on the staged schedule (the epilogue in a fourth warpgroup, under
@@ -35,14 +36,17 @@
 // one bit for bit (the same promotions in the same order, rounded once to bf16): a case where it
 // does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
 // null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
-// The tile gemm_fp8 itself would run (its heuristic, sm90::choose_fp8_tile) is printed per case.
+// The tile gemm_fp8 itself runs (its heuristic, sm90::choose_fp8_tile) is printed per case, and
+// "coda_ms" is that tile's time: what a call of gemm_fp8 costs.
 //
 // Prints a table (TFLOP/s = 2 M N K / t of each side; cublas_blockscaled_ms / coda_ms and
-// cublas_bf16_ms / coda_ms, above 1 where coda is faster; coda_ms / coda_tile192_ms, above 1
-// where the 192-column tile is faster; coda_ms / coda_staged_ms likewise) and the geometric means
-// of those ratios over the 24 block GEMMs, and writes
+// cublas_bf16_ms / coda_ms, above 1 where coda is faster; coda_tile128_ms / coda_tile192_ms,
+// above 1 where the 192-column tile is faster than the cooperative 128 x 128 one;
+// coda_tile128_ms / coda_staged_ms likewise) and the geometric means of those ratios over the 24
+// block GEMMs, and writes
 //   {"gpu", "date", "commit", "runs", "tensorwise_fast_accum", "cases": [{"name", "layout", "m",
-//    "n", "k", "coda_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms", "coda_staged_ms",
+//    "n", "k", "coda_ms", "coda_tile128_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
+//    "coda_staged_ms",
 //    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
 //    "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
@@ -283,8 +287,8 @@ private:
 struct Result {
   bench::GemmCase c;
   double coda_ms = NAN, block_ms = NAN, tensor_ms = NAN, bf16_ms = NAN; // NaN: not timed
-  // coda's 128 x 192 tiles (coda_ms: its 128 x 128 one), and which one gemm_fp8 would pick.
-  double tile192_ms = NAN, tile192_one_partial_ms = NAN;
+  // coda on each tile, and which one gemm_fp8 picks (coda_ms is that one's time).
+  double tile128_ms = NAN, tile192_ms = NAN, tile192_one_partial_ms = NAN;
   double staged_ms = NAN; // the 128 x 128 tile on the staged schedule
   coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
   bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
@@ -464,7 +468,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     if (tensor.ok()) timer.timed(run_tensor, t_tensor);
     if (bf16) timer.timed(run_bf16, t_bf16);
   }
-  r.coda_ms = bench::median(t_coda);
+  r.tile128_ms = bench::median(t_coda);
   r.tile192_ms = bench::median(t_tile192);
   r.tile192_one_partial_ms = bench::median(t_tile192_one);
   r.staged_ms = bench::median(t_staged);
@@ -492,6 +496,19 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
                 same_product ? "" : ": another product, its time null");
     if (!same_product) r.*ms = NAN;
   }
+  switch (r.picked) { // the default's time, after the check above (a differing tile is null)
+  case coda::sm90::Fp8Tile::n192:
+    r.coda_ms = r.tile192_ms;
+    break;
+  case coda::sm90::Fp8Tile::n192_one_partial:
+    r.coda_ms = r.tile192_one_partial_ms;
+    break;
+  case coda::sm90::Fp8Tile::n128_staged:
+    r.coda_ms = r.staged_ms;
+    break;
+  default:
+    r.coda_ms = r.tile128_ms;
+  }
   std::printf("  gemm_fp8's tile: %s; the other tiles' Ds %s the 128 x 128 one's\n",
               coda::sm90::fp8_tile_name(r.picked),
               r.tiles_bitwise ? "equal, bit for bit," : "differ from");
@@ -512,6 +529,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     }
   }
   return r;
+}
+
+const char* pick_name(coda::sm90::Fp8Tile t) {
+  using coda::sm90::Fp8Tile;
+  return t == Fp8Tile::n192               ? "192"
+         : t == Fp8Tile::n192_one_partial ? "192a"
+         : t == Fp8Tile::n128_staged      ? "stg"
+                                          : "128";
 }
 
 double tflops(const bench::GemmCase& c, double ms) {
@@ -586,14 +611,13 @@ int main(int argc, char** argv) {
           cell(tflops(r.c, r.tensor_ms), "%.1f").c_str(),
           cell(tflops(r.c, r.bf16_ms), "%.1f").c_str(),
           cell(r.block_ms / r.coda_ms, "%.3f").c_str(), cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(),
-          cell(r.coda_ms / r.tile192_ms, "%.3f").c_str(),
-          cell(r.coda_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
-          cell(r.coda_ms / r.staged_ms, "%.3f").c_str(),
-          r.picked == coda::sm90::Fp8Tile::n192 ? "192" : "128",
+          cell(r.tile128_ms / r.tile192_ms, "%.3f").c_str(),
+          cell(r.tile128_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
+          cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(), pick_name(r.picked),
           cell(r.max_rel_err, "%.2e").c_str(), r.agree ? r.scale_layout.c_str() : "MISMATCH");
-    std::printf("(128/192: coda_ms / coda_tile192_ms; 128/192a: coda_ms / "
-                "coda_tile192_one_partial_ms; 128/stg: coda_ms / coda_staged_ms; pick: gemm_fp8's "
-                "tile)\n");
+    std::printf("(128/192: coda_tile128_ms / coda_tile192_ms; 128/192a: coda_tile128_ms / "
+                "coda_tile192_one_partial_ms; 128/stg: coda_tile128_ms / coda_staged_ms; pick: "
+                "gemm_fp8's tile, whose time coda TF/s and the ratios over coda are)\n");
     // Geometric means over the block GEMMs (not the squares) of num / den where both are timed.
     const auto geomean = [&](auto num, auto den, const char* what) {
       double log_sum = 0, worst = INFINITY;
@@ -612,11 +636,8 @@ int main(int argc, char** argv) {
                     std::exp(log_sum / count), worst);
     };
     const auto field = [](double Result::*f) { return [f](const Result& r) { return r.*f; }; };
-    // What gemm_fp8 runs: its heuristic's tile.
-    const auto picked = [](const Result& r) {
-      return r.picked == coda::sm90::Fp8Tile::n192 ? r.tile192_ms : r.coda_ms;
-    };
-    const auto coda = field(&Result::coda_ms);
+    const auto coda = field(&Result::coda_ms); // gemm_fp8's tile
+    const auto tile128 = field(&Result::tile128_ms);
     geomean(field(&Result::block_ms), coda, "cublas_blockscaled_ms/coda_ms");
     geomean(field(&Result::tensor_ms), coda, "cublas_tensorwise_ms/coda_ms");
     geomean(field(&Result::bf16_ms), coda, "cublas_bf16_ms/coda_ms");
@@ -625,12 +646,13 @@ int main(int argc, char** argv) {
             "cublas_blockscaled_ms/coda_tile192_ms");
     geomean(field(&Result::block_ms), field(&Result::tile192_one_partial_ms),
             "cublas_blockscaled_ms/coda_tile192_one_partial_ms");
-    geomean(coda, field(&Result::tile192_ms), "coda_ms/coda_tile192_ms");
-    geomean(coda, field(&Result::tile192_one_partial_ms), "coda_ms/coda_tile192_one_partial_ms");
-    geomean(coda, field(&Result::staged_ms), "coda_ms/coda_staged_ms");
+    geomean(field(&Result::block_ms), tile128, "cublas_blockscaled_ms/coda_tile128_ms");
+    geomean(tile128, field(&Result::tile192_ms), "coda_tile128_ms/coda_tile192_ms");
+    geomean(tile128, field(&Result::tile192_one_partial_ms),
+            "coda_tile128_ms/coda_tile192_one_partial_ms");
+    geomean(tile128, field(&Result::staged_ms), "coda_tile128_ms/coda_staged_ms");
     geomean(field(&Result::block_ms), field(&Result::staged_ms),
             "cublas_blockscaled_ms/coda_staged_ms");
-    geomean(field(&Result::block_ms), picked, "cublas_blockscaled_ms/(gemm_fp8's pick)");
     int tile_mismatches = 0;
     for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
     if (tile_mismatches > 0)
@@ -652,14 +674,15 @@ int main(int argc, char** argv) {
       std::fprintf(
           f,
           "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
-          "%lld, \"coda_ms\": %s, \"coda_tile192_ms\": %s, "
+          "%lld, \"coda_ms\": %s, \"coda_tile128_ms\": %s, \"coda_tile192_ms\": %s, "
           "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
           "\"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
           "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
           "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
           r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
-          json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile192_ms, "%.5f").c_str(),
+          json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile128_ms, "%.5f").c_str(),
+          json_number(r.tile192_ms, "%.5f").c_str(),
           json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
           json_number(r.staged_ms, "%.5f").c_str(), json_number(r.block_ms, "%.5f").c_str(),
           json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),

@@ -511,12 +511,18 @@ TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
   check_operand_boxes_and_k_blocks<gpu::fp8::Kernel<Fp8BScaling::blocks, float, 192, false>>();
 }
 
-// The tile heuristic (no GPU needed): the 128 x 128 tile wherever it is not forced, the 192-column
-// forms having measured slower on every benchmarked shape (heuristic.hpp).
+// The tile heuristic (no GPU needed): the 128 x 128 tile wherever it is not forced, on the staged
+// schedule where it applies (B by blocks, a bf16 D not accumulated into), the 192-column forms
+// having measured slower on every benchmarked shape (heuristic.hpp).
 TEST(Fp8GemmHost, TileHeuristic) {
-  for (Fp8BScaling b : {Fp8BScaling::blocks, Fp8BScaling::rows})
-    for (int64_t n : {8, 2048, 3072, 4096, 28672})
-      EXPECT_EQ(sm90::choose_fp8_tile(8192, n, b, 66), Fp8Tile::n128) << n;
+  for (int64_t n : {8, 2048, 3072, 4096, 28672}) {
+    EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::blocks, true, 66), Fp8Tile::n128_staged)
+        << n;
+    EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::blocks, false, 66), Fp8Tile::n128) << n;
+    for (bool bf16_store : {false, true})
+      EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::rows, bf16_store, 66), Fp8Tile::n128)
+          << n;
+  }
 }
 
 } // namespace

@@ -136,9 +136,9 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
 //   n192_one_partial: 128 x 192 with one partial, each k-block waiting for its own batch: a study
 //                     kernel (does the halves' overlap pay for their second read of A?);
 //   n128_staged:      n128's consumers on the staged schedule: they round the tile to bf16 into
-//                     shared memory and start the next one while a fourth warpgroup stores it
-//                     (a study kernel: is the epilogue, exposed at FP8 speed, what the 128 x 128
-//                     kernel loses to cuBLASLt?). A bf16 D, not accumulated into.
+//                     shared memory and start the next one while a fourth warpgroup stores it,
+//                     so the epilogue runs under the next tile's MMAs. A bf16 D, not accumulated
+//                     into.
 // The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
 // the by-columns promotion's shuffles; not compiled at 192), and so does n128_staged.
 enum class Fp8Tile : int32_t {
@@ -156,14 +156,19 @@ constexpr const char* fp8_tile_name(Fp8Tile t) {
                      {Fp8Tile::n128_staged, "n128_staged"}});
 }
 
-// The tile gpu::gemm_fp8 runs when not told: 128 x 128. The 128 x 192 forms were predicted
-// ~1.12x faster (half again the MMAs per k-block behind the same fixed costs) and measured
-// slower on all 26 benchmarked shapes (H100, 2026-12-05, bench_gemm_fp8 at db56bf5: the halves
-// form 0.55-0.84 of the 128 tile's speed, geomean 0.74; one partial 0.60-0.90, geomean 0.81;
-// docs/fp8.md), so they run only when forced (gpu::gemm_fp8_with_tile), as study kernels.
-inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, int64_t clusters) {
-  (void)m, (void)n, (void)b_scaling, (void)clusters;
-  return Fp8Tile::n128;
+// The tile gpu::gemm_fp8 runs when not told: 128 x 128, on the staged schedule wherever it
+// applies (B scaled by blocks, a bf16 D not accumulated into: `bf16_store`), cooperative
+// elsewhere. The staged form measured faster on all 26 benchmarked shapes (H100, 2026-12-06,
+// bench_gemm_fp8 at 2199664: 1.046-1.155x the cooperative kernel, geomean 1.085 over the 24 block
+// GEMMs, most where K is short; docs/fp8.md, "The staged 128 x 128 tile"). The 128 x 192 forms
+// were predicted ~1.12x faster (half again the MMAs per k-block behind the same fixed costs) and
+// measured slower on all 26 (H100, 2026-12-05, db56bf5: the halves form 0.55-0.84 of the 128
+// tile's speed, geomean 0.74; one partial 0.60-0.90, geomean 0.81), so they run only when forced
+// (gpu::gemm_fp8_with_tile), as study kernels.
+inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, bool bf16_store,
+                               int64_t clusters) {
+  (void)m, (void)n, (void)clusters;
+  return b_scaling == Fp8BScaling::blocks && bf16_store ? Fp8Tile::n128_staged : Fp8Tile::n128;
 }
 
 // The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.
