@@ -662,6 +662,20 @@ TEST(GemmHost, HeuristicSpreadsTheLastWave) {
   EXPECT_EQ(sm90::plan_stream_k(132, 66, 64).workers, 0); // whole rounds
 }
 
+// The fused kernels' defaults, which heuristic.hpp records beside the measurements that chose
+// them: K4 by its head size (a 192-column tile holds whole heads of 64 only), K6 by its rounding
+// contract (the staged_wide hand-over rounds g), the rest by kernel.
+TEST(GemmHost, FusedKernelSchedules) {
+  using sm90::FusedKernel, sm90::Schedule;
+  EXPECT_EQ(sm90::fused_schedule(FusedKernel::k0), Schedule::cooperative);
+  for (FusedKernel k : {FusedKernel::k1, FusedKernel::k2, FusedKernel::k5, FusedKernel::k7})
+    EXPECT_EQ(sm90::fused_schedule(k), Schedule::staged) << int(k);
+  EXPECT_EQ(sm90::fused_schedule(FusedKernel::k4, 64), Schedule::staged);
+  EXPECT_EQ(sm90::fused_schedule(FusedKernel::k4, 128), Schedule::cooperative);
+  EXPECT_EQ(sm90::fused_schedule(FusedKernel::k6, 0, true), Schedule::staged_wide);
+  EXPECT_EQ(sm90::fused_schedule(FusedKernel::k6, 0, false), Schedule::cooperative);
+}
+
 // The epilogue reads a 32-column subtile s of a wgmma block as registers [16 s, 16 s + 16) laid
 // out as a 32-column accumulator: check that against the 256-column map.
 TEST(GemmHost, SubtileRegistersFollowTheNarrowMap) {

@@ -129,6 +129,39 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
   return plan;
 }
 
+// ---- The fused kernels' schedules (src/gpu/fused; docs/epilogue.md), chosen here beside the plain
+// GEMM's plan so that one file holds every kernel choice. Each named kernel's default, the faster
+// one measured (bench_fused, docs/PERFORMANCE.md), which set_fused_schedule may override:
+//   K0:      cooperative. No staged variant: its sum-of-squares partials are 128 columns wide, a
+//            192-column tile holds one and a half (and the 128 x 128 staged floor is 0.88-0.92 of
+//            cuBLASLt at K0's Llama-1B shapes, gemm-worklog step 16).
+//   K1, K2 (and K2g), K5, K7: staged (128 x 192, the epilogue in a fourth warpgroup).
+//   K4:      staged with head_dim 64 (a 192-column tile holds 3 heads; with its rstd partials in
+//            registers 1.113-1.118x the plain GEMM against the cooperative 1.133-1.145x, H200,
+//            f672385); cooperative with 128 (a 192-column tile cuts its heads).
+//   K6:      staged_wide where its gradient is rounded (`rounded_gradient`: K from
+//            kRmsBackwardRoundedGradientMinK, the rounding the staged tile's hand-over makes part
+//            of its contract), cooperative below (the strip warps need about that much mainloop
+//            per tile: 1B K = 3072 1.226 against cooperative 1.297, 765784c).
+enum class FusedKernel : int32_t { k0, k1, k2, k4, k5, k6, k7 };
+inline Schedule fused_schedule(FusedKernel kernel, int32_t head_dim = 0,
+                               bool rounded_gradient = false) {
+  switch (kernel) {
+  case FusedKernel::k0:
+    return Schedule::cooperative;
+  case FusedKernel::k4:
+    return head_dim == 64 ? Schedule::staged : Schedule::cooperative;
+  case FusedKernel::k6:
+    return rounded_gradient ? Schedule::staged_wide : Schedule::cooperative;
+  case FusedKernel::k1:
+  case FusedKernel::k2:
+  case FusedKernel::k5:
+  case FusedKernel::k7:
+    return Schedule::staged;
+  }
+  return Schedule::cooperative;
+}
+
 // ---- The FP8 GEMM's tiles (gpu::gemm_fp8; docs/fp8.md, "The 128 x 192 tile"), cooperative with
 // clusters of 2 along M like the kernels above:
 //   n128:             128 x 128, two full-width partials in turn (the overlapped promotion);

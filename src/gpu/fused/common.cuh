@@ -8,6 +8,7 @@
 
 #include "coda/core/error.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
+#include "coda/gemm/heuristic.hpp"
 #include "coda/kernels/op_lists.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/fused/kernels.hpp"
@@ -18,6 +19,22 @@ namespace dev = coda::epilogue::device;
 
 // The schedule a kernel whose default is `kernel_default` runs now (set_fused_schedule).
 FusedSchedule schedule_for(FusedSchedule kernel_default);
+
+// A named kernel's default (sm90::fused_schedule, heuristic.hpp: where every kernel choice is
+// made) as the FusedSchedule the helpers below take: K6's staged_wide is its staged variant.
+inline FusedSchedule default_schedule(sm90::FusedKernel kernel, int32_t head_dim = 0,
+                                      bool rounded_gradient = false) {
+  switch (sm90::fused_schedule(kernel, head_dim, rounded_gradient)) {
+  case sm90::Schedule::cooperative:
+    return FusedSchedule::cooperative;
+  case sm90::Schedule::pingpong:
+    return FusedSchedule::pingpong;
+  case sm90::Schedule::staged:
+  case sm90::Schedule::staged_wide:
+    return FusedSchedule::staged;
+  }
+  return FusedSchedule::cooperative;
+}
 
 // f(dev::CooperativeShape{}), f(dev::PingpongShape{}) or (kStaged: the kernel has a staged
 // variant) f(dev::StagedShape{}), by schedule_for(kernel_default); a kernel without a staged

@@ -24,7 +24,7 @@ template <class Shape, class T> void run_residual_rms(const ResidualRmsArgs& arg
 void gemm_residual_rms(const ResidualRmsArgs& args, Stream stream) {
   fused::require_device("gemm_residual_rms");
   fused::with_half_type(args.a.dtype, [&](auto t) {
-    fused::with_schedule<false>(FusedSchedule::cooperative, [&](auto shape) {
+    fused::with_schedule<false>(fused::default_schedule(sm90::FusedKernel::k0), [&](auto shape) {
       fused::run_residual_rms<decltype(shape), decltype(t)>(args, stream);
     });
   });

@@ -29,7 +29,8 @@ void set_fused_schedule(FusedSchedule schedule) { fused::g_schedule = schedule; 
 
 void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::require_device("gemm_rms_scale");
-  fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+  const FusedSchedule schedule = fused::default_schedule(sm90::FusedKernel::k1);
+  fused::with_rstd_variant(args.a.dtype, schedule, [&](auto t, auto shape, auto p) {
     fused::run_rms_scale<decltype(shape), decltype(t), decltype(p)::value>(args, stream);
   });
 }

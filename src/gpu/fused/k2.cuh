@@ -45,7 +45,7 @@ void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
   with_half_type(args.a.dtype, [&](auto t) {
     // Staged (4 stages with the partials in registers; with them in shared memory at the
     // Llama-8B width, 3 stages measured 1.31x the plain GEMM against the cooperative 1.15x).
-    with_schedule<true>(FusedSchedule::staged, [&](auto shape) {
+    with_schedule<true>(default_schedule(sm90::FusedKernel::k2), [&](auto shape) {
       using Shape = decltype(shape);
       using T = decltype(t);
       if constexpr (Shape::kStaged)

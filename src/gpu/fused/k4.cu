@@ -60,17 +60,16 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
       else
         fused::run_rms_rope_fp8<decltype(t), 128>(args, stream);
     });
-  // head_dim 64 defaults to staged (a 192-column tile holds 3 heads): with its rstd partials in
-  // registers it measured 1.113-1.118x the plain GEMM against the cooperative 1.133-1.145x (H200,
-  // two runs at f672385; 1.166 against 1.141 with the partials in shared memory, ce21d40). 128
-  // has no staged variant (a 192-column tile cuts its heads): cooperative.
+  // head_dim 64 has a staged variant (a 192-column tile holds 3 heads), 128 none (it would cut
+  // its heads); which runs by default: sm90::fused_schedule.
+  const FusedSchedule schedule = fused::default_schedule(sm90::FusedKernel::k4, head_dim);
   if (head_dim == 64)
-    fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+    fused::with_rstd_variant(args.a.dtype, schedule, [&](auto t, auto shape, auto p) {
       fused::run_rms_rope<decltype(shape), decltype(t), 64, decltype(p)::value>(args, stream);
     });
   else
     fused::with_half_type(args.a.dtype, [&](auto t) {
-      fused::with_schedule<false>(FusedSchedule::cooperative, [&](auto shape) {
+      fused::with_schedule<false>(schedule, [&](auto shape) {
         fused::run_rms_rope<decltype(shape), decltype(t), 128, 32>(args, stream);
       });
     });

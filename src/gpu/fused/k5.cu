@@ -30,7 +30,8 @@ void gemm_rms_lse(const RmsLseArgs& args, Stream stream) {
   fused::require_device("gemm_rms_lse");
   // Staged by default (H200, bench_fused: 1.26x the plain GEMM at Llama-1B against ping-pong's
   // 1.52x, 1.07x against 1.25x at Llama-8B).
-  fused::with_rstd_variant(args.a.dtype, FusedSchedule::staged, [&](auto t, auto shape, auto p) {
+  const FusedSchedule schedule = fused::default_schedule(sm90::FusedKernel::k5);
+  fused::with_rstd_variant(args.a.dtype, schedule, [&](auto t, auto shape, auto p) {
     fused::run_rms_lse<decltype(shape), decltype(t), decltype(p)::value>(args, stream);
   });
 }

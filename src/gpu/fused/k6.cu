@@ -107,9 +107,8 @@ void run_staged_wide(const RmsBackwardArgs& args, Stream stream) {
 
 void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_rms_backward");
-  const FusedSchedule by_k = args.dz.shape[1] >= kRmsBackwardRoundedGradientMinK
-                                 ? FusedSchedule::staged
-                                 : FusedSchedule::cooperative;
+  const FusedSchedule by_k = fused::default_schedule(
+      sm90::FusedKernel::k6, 0, args.dz.shape[1] >= kRmsBackwardRoundedGradientMinK);
   const bool staged_wide = fused::schedule_for(by_k) == FusedSchedule::staged;
   fused::with_half_type(args.dz.dtype, [&](auto t) {
     using T = decltype(t);

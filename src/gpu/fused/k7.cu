@@ -58,7 +58,7 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
 // H200. The cooperative variant is not built (see the file comment): forcing cooperative runs
 // the staged kernel.
 template <class F> void with_k7_schedule(F&& f) {
-  if (schedule_for(FusedSchedule::staged) == FusedSchedule::pingpong)
+  if (schedule_for(default_schedule(sm90::FusedKernel::k7)) == FusedSchedule::pingpong)
     return f(dev::PingpongShape{});
   f(dev::StagedShape{});
 }

@@ -17,15 +17,11 @@ namespace coda::gpu {
 //   staged:      128 x 192 tiles whose accumulators the consumers hand over in shared memory
 //                (rounded to the call's 16-bit type), the epilogue in a fourth warpgroup during
 //                the next tile's MMAs (docs/epilogue.md, "The staged schedule").
-// `automatic` takes each kernel's default, the faster one measured (docs/PERFORMANCE.md): staged
-// for K1, K2, K5 and K4 with head_dim 64; cooperative for K0 and K4 with head_dim 128 (a
-// 192-column tile cuts its heads). K0 has no staged variant (its sum-of-squares partials are 128
-// columns wide, a 192-column tile holds one and a half): forcing staged runs its default. The
-// others force one, so that benchmarks and tests can compare them. Process-wide, not thread-safe.
-// The backward kernels: K6 runs cooperative below K = 3072 and the staged_wide schedule's
-// 128 x 256 tile from there (forced staged: staged_wide; fused/k6.cu); K7 runs ping-pong or
-// staged (staged by default at every K; forcing cooperative runs its default; fused/k7.cu says
-// why).
+// `automatic` takes each kernel's default, the faster one measured: sm90::fused_schedule
+// (coda/gemm/heuristic.hpp, beside the plain GEMM's choice, with the numbers behind each). A
+// forced schedule a kernel has no variant for runs its default (K0 and K4 with head_dim 128 have
+// no staged one; K7 no cooperative one); forced staged is K6's staged_wide. Forcing lets
+// benchmarks and tests compare the variants. Process-wide, not thread-safe.
 enum class FusedSchedule : int { automatic = 0, cooperative = 1, pingpong = 2, staged = 3 };
 void set_fused_schedule(FusedSchedule schedule);
 
