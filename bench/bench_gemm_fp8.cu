@@ -48,10 +48,13 @@
 //    "n", "k", "coda_ms", "coda_tile128_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
 //    "coda_staged_ms",
 //    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
-//    "agree", "max_rel_err", "scale_layout"}]}
+//    "coda_wgrad_blocks_ms", "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
 // "coda_wgrad_form_ms": coda on the same shape in the weight gradient's form, B scaled by rows
-// and an f32 D added into, the cost of its per-column promotion and fp32 read-modify-write).
+// and an f32 D added into, the cost of its per-column promotion and fp32 read-modify-write;
+// "coda_wgrad_blocks_ms": the same f32 D added into with B scaled by 128 x 128 blocks, as a
+// recipe that quantized the weight gradient's second operand by blocks would run it: the f32
+// read-modify-write alone, without the per-column promotion).
 // coda's output is not checked against a reference here: tests/gpu/test_gemm_fp8.cu does that;
 // agreement with cuBLASLt is this benchmark's check.
 #include <algorithm>
@@ -294,6 +297,7 @@ struct Result {
   bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
   double coda_wgrad_form_ms = NAN;
+  double coda_wgrad_blocks_ms = NAN; // the same with B scaled by blocks (the recipe's choice)
   bool agree = false;
   double max_rel_err = NAN; // the chosen layout pair's; the smallest tried where none agrees
   std::string scale_layout; // "a:<layout>,b:<layout>" (a: activations, b: weight); "": none
@@ -350,6 +354,10 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   wgrad_form.d = bench::view(d_f32, coda::DType::f32, m, n);
   wgrad_form.accumulate = true;
   coda::gemm_fp8(wgrad_form, s);
+  coda::Fp8GemmArgs wgrad_blocks = args; // B by blocks, into the same f32 D
+  wgrad_blocks.d = wgrad_form.d;
+  wgrad_blocks.accumulate = true;
+  coda::gemm_fp8(wgrad_blocks, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
   r.picked = coda::gpu::gemm_fp8_tile(args);
   coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args;
@@ -440,6 +448,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   };
   auto run_staged = [&] { coda::gpu::gemm_fp8_with_tile(staged, Fp8Tile::n128_staged, s); };
   auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
+  auto run_wgrad_blocks = [&] { coda::gpu::gemm_fp8(wgrad_blocks, s); };
   auto run_block = [&] { block.run(a.p, b.p, d_block.p, s); };
   auto run_tensor = [&] { tensor.run(a.p, b.p, d_tensor.p, s); };
   auto run_bf16 = [&] { bf16->run(a16.p, b16.p, d_bf16.p, s); };
@@ -449,6 +458,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     run_tile192_one();
     run_staged();
     run_wgrad_form();
+    run_wgrad_blocks();
     if (block_ready) run_block();
     if (tensor.ok()) run_tensor();
     if (bf16) run_bf16();
@@ -457,13 +467,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
 
   bench::Timer timer = ctx.timer();
   std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_block, t_tensor, t_bf16,
-      t_wgrad_form;
+      t_wgrad_form, t_wgrad_blocks;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
     timer.timed(run_tile192, t_tile192);
     timer.timed(run_tile192_one, t_tile192_one);
     timer.timed(run_staged, t_staged);
     timer.timed(run_wgrad_form, t_wgrad_form);
+    timer.timed(run_wgrad_blocks, t_wgrad_blocks);
     if (block_ready) timer.timed(run_block, t_block);
     if (tensor.ok()) timer.timed(run_tensor, t_tensor);
     if (bf16) timer.timed(run_bf16, t_bf16);
@@ -473,6 +484,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   r.tile192_one_partial_ms = bench::median(t_tile192_one);
   r.staged_ms = bench::median(t_staged);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
+  r.coda_wgrad_blocks_ms = bench::median(t_wgrad_blocks);
 
   // The other tiles' D against the 128 x 128 one's, after the timed runs.
   using Time = double Result::*;
@@ -642,6 +654,8 @@ int main(int argc, char** argv) {
     geomean(field(&Result::tensor_ms), coda, "cublas_tensorwise_ms/coda_ms");
     geomean(field(&Result::bf16_ms), coda, "cublas_bf16_ms/coda_ms");
     geomean(field(&Result::coda_wgrad_form_ms), coda, "coda_wgrad_form_ms/coda_ms");
+    geomean(field(&Result::coda_wgrad_form_ms), field(&Result::coda_wgrad_blocks_ms),
+            "coda_wgrad_form_ms/coda_wgrad_blocks_ms");
     geomean(field(&Result::block_ms), field(&Result::tile192_ms),
             "cublas_blockscaled_ms/coda_tile192_ms");
     geomean(field(&Result::block_ms), field(&Result::tile192_one_partial_ms),
@@ -678,7 +692,7 @@ int main(int argc, char** argv) {
           "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
           "\"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
-          "\"coda_wgrad_form_ms\": %s, \"agree\": %s, "
+          "\"coda_wgrad_form_ms\": %s, \"coda_wgrad_blocks_ms\": %s, \"agree\": %s, "
           "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
           r.c.name.c_str(), r.c.layout_name, (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile128_ms, "%.5f").c_str(),
@@ -686,7 +700,8 @@ int main(int argc, char** argv) {
           json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
           json_number(r.staged_ms, "%.5f").c_str(), json_number(r.block_ms, "%.5f").c_str(),
           json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),
-          json_number(r.coda_wgrad_form_ms, "%.5f").c_str(), r.agree ? "true" : "false",
+          json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
+          json_number(r.coda_wgrad_blocks_ms, "%.5f").c_str(), r.agree ? "true" : "false",
           json_number(r.max_rel_err, "%.3e").c_str(), layout.c_str(),
           i + 1 < results.size() ? "," : "");
     }
