@@ -12,8 +12,9 @@
 #   torch            python -m coda.bench --out $OUT/torch.json (about 330 s on an H200)
 #   bench:NAME       bench/<NAME> (bench_gemm, bench_fused, bench_block, bench_gemm_fp8) --out
 #                    $OUT/<NAME>.json
-#   sweep:FILTER:FIRST:N   tools/seed_sweep.sh FILTER N --first FIRST --gpu (JOBS=7); a filter
-#                    holding ':' is fine (the last two fields are FIRST and N)
+#   sweep:FILTER:FIRST:N   tools/seed_sweep.sh FILTER N --first FIRST --gpu (JOBS=7) with a
+#                    deadline inside the call's (a cut range reports the seeds that finished); a
+#                    filter holding ':' is fine (the last two fields are FIRST and N)
 # DEADLINE (seconds from the start, default 580) bounds the whole call; BUILD defaults to /root/b,
 # which a warm machine keeps between calls (a later call may skip `build`).
 set -uo pipefail
@@ -66,8 +67,9 @@ for step in "$@"; do
   sweep:*)
     spec=${step#sweep:}; n=${spec##*:}; spec=${spec%:*}; first=${spec##*:}; filter=${spec%:*}
     log="sweep-$first.log"
+    # (its own deadline a little inside the call's, so a cut range still reports its seeds)
     run "sweep $filter $first+$n" "$log" tools/seed_sweep.sh \
-      "$filter" "$n" --first "$first" --gpu
+      "$filter" "$n" --first "$first" --gpu --deadline $(($(left) - 8))
     grep -E 'seed sweep|fail [1-9]|failing|no failing' "$OUT/$log" | head ;;
   *) echo "unknown step $step" >&2 ;;
   esac

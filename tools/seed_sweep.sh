@@ -2,23 +2,27 @@
 # Runs one gtest suite over N consecutive seeds and reports the failing ones and how much of its
 # tolerance each output used (max |out - ref| over 2 max |baseline - ref| + atol, atol = 1e-6
 # unless the test says otherwise: a test fails above 1).
-#   tools/seed_sweep.sh SUITE N [--first S] [--gpu] [--log FILE]
+#   tools/seed_sweep.sh SUITE N [--first S] [--gpu] [--log FILE] [--deadline SECONDS]
 #     SUITE  a gtest filter, e.g. 'Kernels/RmsLse.*' or 'Kernels/*:Cpu/*'
 #     N      the number of seeds: S, S+1, ..., S+N-1 (default S = 1)
 #     --gpu  the GPU suite (coda_gpu_tests) instead of the CPU one
+#     --deadline  stop the test processes after SECONDS and report what finished (also on
+#            SIGTERM or SIGINT, e.g. from `timeout`): a cut sweep keeps its completed seeds
+#            instead of losing them all; it exits 124 then (1 where a seed failed)
 #   BUILD_DIR=... (default build) names the build folder; JOBS=... the parallel processes.
 # One failing seed replays with CODA_TEST_SEED=<seed> <binary> --gtest_filter=<test>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[[ $# -ge 2 ]] || { sed -n '2,10p' "$0"; exit 2; }
+[[ $# -ge 2 ]] || { sed -n '2,13p' "$0"; exit 2; }
 suite=$1 n=$2
 shift 2
-first=1 binary=coda_cpu_tests log=""
+first=1 binary=coda_cpu_tests log="" deadline=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --first) first=$2; shift 2 ;;
     --gpu) binary=coda_gpu_tests; shift ;;
     --log) log=$2; shift 2 ;;
+    --deadline) deadline=$2; shift 2 ;;
     *) echo "seed_sweep.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -28,6 +32,9 @@ exe=$build/tests/$binary
 jobs=${JOBS:-$(nproc)}
 [[ -n $log ]] || log=$(mktemp /tmp/seed_sweep.XXXXXX)
 : > "$log"
+
+# Tests a seed runs (a seed with fewer results was cut short by a deadline).
+per_seed_tests=$("$exe" --gtest_filter="$suite" --gtest_list_tests | grep -c '^  ' || true)
 
 # The seeds in `jobs` contiguous chunks, one process each (--gtest_repeat: iteration i runs
 # seed first + i).
@@ -40,14 +47,37 @@ for (( start = first; start < first + n; start += chunk )); do
     > "$log.$start.out" 2>&1 &
   pids+=($!)
 done
+# A deadline or a signal stops the processes; the results their finished tests logged stay.
+interrupted=0
+stop() {
+  interrupted=1
+  kill "${pids[@]}" 2>/dev/null || true
+}
+trap stop TERM INT
+if (( deadline > 0 )); then
+  while (( SECONDS < deadline )) && kill -0 "${pids[@]}" 2>/dev/null; do sleep 1; done
+  kill -0 "${pids[@]}" 2>/dev/null && stop
+fi
 status=0
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-cat "$log".*[0-9] > "$log" && rm -f "$log".*[0-9]
+for pid in "${pids[@]}"; do
+  # (wait returns early when a trapped signal arrives: wait again for the process itself)
+  while true; do
+    wait "$pid" && break
+    kill -0 "$pid" 2>/dev/null && continue
+    status=1
+    break
+  done
+done
+trap - TERM INT
+(( interrupted )) && status=0 # the killed processes' exit codes are not failures
+cat "$log".*[0-9] > "$log" 2>/dev/null; rm -f "$log".*[0-9]
 
 rc=0
-python3 - "$log" "$suite" "$first" "$n" <<'PY' || rc=$?
+python3 - "$log" "$suite" "$first" "$n" "$interrupted" "$per_seed_tests" <<'PY' || rc=$?
 import collections, sys
 log, suite, first, n = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+interrupted, per_seed_tests = sys.argv[5] == "1", int(sys.argv[6])
+per_seed = collections.Counter()
 results = collections.defaultdict(lambda: collections.Counter())
 failing = collections.defaultdict(list)
 use = {}  # (test suite, output) -> [max use, seed, test, count, sum of use]
@@ -56,6 +86,7 @@ for line in open(log):
     if f[0] == "result":
         _, test, seed, result = f
         results[test.split(".")[0]][result] += 1
+        per_seed[int(seed)] += 1
         if result == "fail":
             failing[test].append(int(seed))
     elif f[0] == "check":
@@ -68,6 +99,12 @@ for line in open(log):
         e[3] += 1
         e[4] += u
 print("seed sweep: %s, seeds %d..%d" % (suite, first, first + n - 1))
+if interrupted:
+    # A seed ran every test when it has a result for each (the processes' last seeds may not).
+    done = sorted(s for s, c in per_seed.items() if c >= per_seed_tests)
+    print("INTERRUPTED (deadline or signal): %d of %d seeds ran all %d tests: %s; %d cut short"
+          % (len(done), n, per_seed_tests, " ".join(map(str, done)) or "none",
+             sum(1 for c in per_seed.values() if c < per_seed_tests)))
 for s in sorted(results):
     c = results[s]
     print("  %-40s pass %d, fail %d, skip %d" % (s, c["pass"], c["fail"], c["skip"]))
@@ -84,4 +121,6 @@ if failing:
 print("no failing seed")
 PY
 [[ $rc -eq 0 && $status -eq 0 ]] && rm -f "$log".*.out || echo "gtest output: $log.*.out"
-exit $(( rc || status ))
+(( rc || status )) && exit 1
+(( interrupted )) && exit 124
+exit 0
