@@ -491,14 +491,15 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   // The other tiles' D against the 128 x 128 one's, after the timed runs.
   using Time = double Result::*;
   struct OtherTile {
+    Fp8Tile tile;
     const Buffer* d;
     Time ms;
-    const char* name;
   };
-  const OtherTile kTiles[] = {{&d_tile192, &Result::tile192_ms, "n192"},
-                              {&d_tile192_one, &Result::tile192_one_partial_ms, "n192_one_partial"},
-                              {&d_staged, &Result::staged_ms, "n128_staged"}};
-  for (const auto& [d, ms, name] : kTiles) {
+  const OtherTile kTiles[] = {
+      {Fp8Tile::n192, &d_tile192, &Result::tile192_ms},
+      {Fp8Tile::n192_one_partial, &d_tile192_one, &Result::tile192_one_partial_ms},
+      {Fp8Tile::n128_staged, &d_staged, &Result::staged_ms}};
+  for (const auto& [tile, d, ms] : kTiles) {
     const int64_t differ = differences(d->p, d_coda.p, m * n, s);
     if (differ == 0) continue;
     r.tiles_bitwise = false;
@@ -506,23 +507,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     const bool same_product = err < kAgreeTolerance;
     std::printf("  TILE MISMATCH %s: %s's D differs from the 128 x 128 tile's in %lld of %lld "
                 "elements (max rel err %.3e)%s\n",
-                c.name.c_str(), name, (long long)differ, (long long)(m * n), err,
-                same_product ? "" : ": another product, its time null");
+                c.name.c_str(), coda::sm90::fp8_tile_name(tile), (long long)differ,
+                (long long)(m * n), err, same_product ? "" : ": another product, its time null");
     if (!same_product) r.*ms = NAN;
   }
-  switch (r.picked) { // the default's time, after the check above (a differing tile is null)
-  case coda::sm90::Fp8Tile::n192:
-    r.coda_ms = r.tile192_ms;
-    break;
-  case coda::sm90::Fp8Tile::n192_one_partial:
-    r.coda_ms = r.tile192_one_partial_ms;
-    break;
-  case coda::sm90::Fp8Tile::n128_staged:
-    r.coda_ms = r.staged_ms;
-    break;
-  default:
-    r.coda_ms = r.tile128_ms;
-  }
+  // The default's time, after the check above (a differing tile is null).
+  r.coda_ms = r.tile128_ms;
+  for (const auto& [tile, d, ms] : kTiles)
+    if (tile == r.picked) r.coda_ms = r.*ms;
   std::printf("  gemm_fp8's tile: %s; the other tiles' Ds %s the 128 x 128 one's\n",
               coda::sm90::fp8_tile_name(r.picked),
               r.tiles_bitwise ? "equal, bit for bit," : "differ from");
@@ -543,14 +535,6 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     }
   }
   return r;
-}
-
-const char* pick_name(coda::sm90::Fp8Tile t) {
-  using coda::sm90::Fp8Tile;
-  return t == Fp8Tile::n192               ? "192"
-         : t == Fp8Tile::n192_one_partial ? "192a"
-         : t == Fp8Tile::n128_staged      ? "stg"
-                                          : "128";
 }
 
 double tflops(const bench::GemmCase& c, double ms) {
@@ -611,13 +595,13 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof(text), "-");
       return std::string(text);
     };
-    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %4s  %9s  %s\n",
+    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %-16s  %9s  %s\n",
                 "case", "M", "N", "K", "coda TF/s", "192 TF/s", "blockwise", "tensor", "bf16",
                 "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "pick", "rel err",
                 "scale layout");
     for (const Result& r : results)
       std::printf(
-          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %4s  %9s  %s\n",
+          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %-16s  %9s  %s\n",
           r.c.name.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
           cell(tflops(r.c, r.tile192_ms), "%.1f").c_str(),
@@ -627,7 +611,7 @@ int main(int argc, char** argv) {
           cell(r.block_ms / r.coda_ms, "%.3f").c_str(), cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(),
           cell(r.tile128_ms / r.tile192_ms, "%.3f").c_str(),
           cell(r.tile128_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
-          cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(), pick_name(r.picked),
+          cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(), coda::sm90::fp8_tile_name(r.picked),
           cell(r.max_rel_err, "%.2e").c_str(), r.agree ? r.scale_layout.c_str() : "MISMATCH");
     std::printf("(128/192: coda_tile128_ms / coda_tile192_ms; 128/192a: coda_tile128_ms / "
                 "coda_tile192_one_partial_ms; 128/stg: coda_tile128_ms / coda_staged_ms; pick: "

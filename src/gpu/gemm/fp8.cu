@@ -10,12 +10,24 @@
 namespace coda::gpu {
 namespace {
 
-template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream stream) {
-  using Epi = fp8::Epilogue<OutT>;
+// Kernel on the call's operands and block scales with `epilogue`'s parameters.
+// NOTE: no stream-K (no workspace, and the plan says so): the FP8 consumer reads the scales of
+// k-blocks in the order k_begin, k_begin + 1, ..., which a stream-K piece's rotated loads
+// would not follow.
+template <class Kernel, class EpilogueParams>
+void launch(const Fp8GemmArgs& args, const EpilogueParams& epilogue, Stream stream) {
   const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
   typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
   Kernel::Main::set_scales(mainloop, args.a_scales, args.b_scales, args.m(), args.n());
+  sm90::GemmPlan plan;
+  plan.stream_k = sm90::StreamKMode::off;
+  plan.defer_stores = false;
+  Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
+}
 
+// The register epilogue: D (bf16 or f32) stored by TMA, its old value added when accumulating.
+template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream stream) {
+  using Epi = fp8::Epilogue<OutT>;
   typename Epi::Params epilogue{};
   epilogue.d = Epi::output_map("d", args.d, args.m(), args.n());
   epilogue.c = epilogue.d; // accumulate: C is D itself, read before each subtile is stored
@@ -24,28 +36,20 @@ template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream str
   epilogue.load_c = args.accumulate ? 1 : 0;
   epilogue.defer_stores = 0;
   epilogue.alpha_tensor = nullptr;
-
-  // NOTE: no stream-K (no workspace, and the plan says so): the FP8 consumer reads the scales of
-  // k-blocks in the order k_begin, k_begin + 1, ..., which a stream-K piece's rotated loads
-  // would not follow.
-  sm90::GemmPlan plan;
-  plan.stream_k = sm90::StreamKMode::off;
-  plan.defer_stores = false;
-  Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
+  launch<Kernel>(args, epilogue, stream);
 }
 
-// The staged study kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
+// The staged kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
 void run_staged(const Fp8GemmArgs& args, Stream stream) {
-  using Kernel = fp8::staged::Kernel;
-  const typename Kernel::Problem problem{args.m(), args.n(), args.k()};
-  typename Kernel::Main::Params mainloop = Kernel::mainloop_params(args.a, args.b, problem);
-  Kernel::Main::set_scales(mainloop, args.a_scales, args.b_scales, args.m(), args.n());
   typename fp8::staged::Epilogue::Params epilogue{};
   epilogue::device::get<1>(epilogue) = fp8::staged::Store::params("d", args.d);
-  sm90::GemmPlan plan; // no stream-K: as run() says
-  plan.stream_k = sm90::StreamKMode::off;
-  plan.defer_stores = false;
-  Kernel::run(mainloop, problem, epilogue, plan, TensorView{}, stream);
+  launch<fp8::staged::Kernel>(args, epilogue, stream);
+}
+
+// Where the staged tile applies: its staged tile holds the result rounded to bf16, so the call's
+// d is bf16 and not accumulated into.
+bool stores_rounded_d(const Fp8GemmArgs& args) {
+  return args.d.dtype == DType::bf16 && !args.accumulate;
 }
 
 template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stream) {
@@ -78,7 +82,7 @@ void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stre
     throw Error(Status::not_supported,
                 std::string("gemm_fp8: the ") + sm90::fp8_tile_name(tile) +
                     " tile takes B scaled by blocks; B scaled by rows runs the 128 x 128 tile");
-  if (tile == sm90::Fp8Tile::n128_staged && (args.d.dtype != DType::bf16 || args.accumulate))
+  if (tile == sm90::Fp8Tile::n128_staged && !stores_rounded_d(args))
     throw Error(Status::not_supported,
                 "gemm_fp8: the n128_staged tile writes a bf16 d and does not accumulate into it "
                 "(its staged tile holds the rounded result)");
@@ -91,8 +95,7 @@ void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stre
 
 sm90::Fp8Tile gemm_fp8_tile(const Fp8GemmArgs& args) {
   // (The clusters that fit at once are the same for every tile: one CTA per SM.)
-  return sm90::choose_fp8_tile(args.m(), args.n(), args.b_scaling,
-                               args.d.dtype == DType::bf16 && !args.accumulate,
+  return sm90::choose_fp8_tile(args.m(), args.n(), args.b_scaling, stores_rounded_d(args),
                                fp8::Kernel<Fp8BScaling::blocks, bf16>::max_active_clusters());
 }
 
