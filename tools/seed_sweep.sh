@@ -60,16 +60,16 @@ if (( deadline > 0 )); then
 fi
 status=0
 for pid in "${pids[@]}"; do
-  # (wait returns early when a trapped signal arrives: wait again for the process itself)
+  # (wait returns early when a trapped signal arrives: wait again until the process is gone)
   while true; do
-    wait "$pid" && break
-    kill -0 "$pid" 2>/dev/null && continue
-    status=1
-    break
+    code=0
+    wait "$pid" || code=$?
+    kill -0 "$pid" 2>/dev/null || break
   done
+  # A process stop() killed ends with SIGTERM (143): not a failure; a crash still is.
+  (( code == 0 || (interrupted && code == 143) )) || status=1
 done
 trap - TERM INT
-(( interrupted )) && status=0 # the killed processes' exit codes are not failures
 cat "$log".*[0-9] > "$log" 2>/dev/null || true # (none where no test logged)
 rm -f "$log".*[0-9]
 
