@@ -101,14 +101,18 @@ struct RmsGatedOutputs {
 };
 RmsGatedOutputs rms_gated(Rounding r, const NormedGemmInputs& in, double (*activation)(double));
 
+// The gates' activations in fp64.
+inline double silu(double g) { return g * (1 / (1 + std::exp(-g))); }
+inline double gelu(double g) { return g / 2 * (1 + std::erf(g / std::numbers::sqrt2)); }
+
 // K2 gemm_rms_swiglu: activation silu(g) = g * sigmoid(g).
 inline RmsGatedOutputs rms_swiglu(Rounding r, const NormedGemmInputs& in) {
-  return rms_gated(r, in, [](double g) { return g * (1 / (1 + std::exp(-g))); });
+  return rms_gated(r, in, silu);
 }
 
 // K2g gemm_rms_geglu: activation gelu(g) = g / 2 * (1 + erf(g / sqrt 2)).
 inline RmsGatedOutputs rms_geglu(Rounding r, const NormedGemmInputs& in) {
-  return rms_gated(r, in, [](double g) { return g / 2 * (1 + std::erf(g / std::numbers::sqrt2)); });
+  return rms_gated(r, in, gelu);
 }
 
 // Per-token rotary embedding of a fused [Q | K | V] projection (ops.hpp: rope_forward).

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -227,6 +228,46 @@ std::string check_rounded_output(const std::string& name, const HostTensor& out,
     got[i] = std::abs(d) <= h ? exact[i] : got[i] - std::copysign(h, d); // NaN stays NaN
   }
   return check_against_baseline(name + " (less half an ulp of its dtype)", got, exact, unfused);
+}
+
+std::string check_gate_of_stored(const std::string& name, const HostTensor& act,
+                                 const HostTensor& preact, double (*activation)(double)) {
+  if (!act.guard_intact()) return name + ": the call wrote past the end of the output";
+  const std::vector<double> got = act.values(), z = preact.values();
+  if (z.size() != 2 * got.size()) return name + ": preact is not twice act's size";
+  // The smallest step of the 16-bit type (its subnormals'): ulp_of follows the exponent below.
+  const bool f16 = act.dtype() == DType::f16;
+  const double smallest = f16 ? 0x1p-24 : 0x1p-133;
+  const double largest = f16 ? 65504.0 : 0x1.fep127; // the largest finite value
+  // Each element's error beyond its half ulp as a share of the fp32 allowance, held to 1 by the
+  // one rule, whose log line (tools/seed_sweep.sh) so reports how much of the allowance the
+  // evaluation used; the rounding's half ulp is reached by some element of most tensors.
+  std::vector<double> share(got.size()), zero(got.size(), 0.0), half(got.size(), 0.5);
+  size_t worst = 0;
+  double expected_at_worst = 0, bound_at_worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = z[2 * i], u = z[2 * i + 1], expected = activation(g) * u;
+    const double rounding =
+        std::max(ulp_of(act.dtype(), std::max(std::abs(expected), std::abs(got[i]))), smallest) / 2;
+    const double evaluation = 0x1p-20 * (1 + std::abs(g)) * std::abs(g) * std::abs(u) + 1e-300;
+    // A value past the type's range is stored as an infinity of its sign.
+    const bool overflowed = std::isinf(got[i]) && std::isfinite(expected) &&
+                            std::signbit(got[i]) == std::signbit(expected) &&
+                            std::abs(expected) >= largest;
+    const double beyond = std::abs(got[i] - expected) - rounding; // NaN stays NaN
+    share[i] = overflowed || beyond <= 0 ? 0 : beyond / evaluation;
+    if (i == 0 || !(share[i] <= share[worst]))
+      worst = i, expected_at_worst = expected, bound_at_worst = rounding + evaluation;
+  }
+  std::string failed = check_against_baseline(
+      name + " vs the gate of the stored preact (less half an ulp of its dtype)", share, zero, half,
+      0);
+  if (!failed.empty())
+    failed += "; act[" + std::to_string(worst) + "] = " + std::to_string(got[worst]) +
+              ", the gate of its stored (gate, up) = (" + std::to_string(z[2 * worst]) + ", " +
+              std::to_string(z[2 * worst + 1]) + ") " + std::to_string(expected_at_worst) +
+              ", allowed " + std::to_string(bound_at_worst);
+  return failed;
 }
 
 HostTensor sixteenths(DType dtype, int64_t rows, int64_t cols, uint64_t seed) {

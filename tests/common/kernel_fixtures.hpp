@@ -112,6 +112,20 @@ std::string check_output(const std::string& name, const HostTensor& out,
 std::string check_rounded_output(const std::string& name, const HostTensor& out,
                                  const std::vector<double>& exact,
                                  const std::vector<double>& unfused);
+// A gated activation as the K2 kernels store it, act[i] = round(Gate(z[2i], z[2i + 1])) from the
+// pre-activation z *as stored* (`preact`, the same call's output), against the fp64 gate of those
+// stored values: per element, within half an ulp of act's dtype (its one rounding) plus the fp32
+// evaluation's error, 2^-20 (1 + |g|) |g| |u|. (That covers the device's hardware exp, relative
+// 2^-21 + |g| 2^-24 in silu, and erff's 2 ulp of a value near -1 in gelu's 1 + erf, times |g| / 2;
+// math.hpp.) Why not the rule on act: z's rounding can land one ulp apart on two backends (their
+// fp32 sums differ), and the gate carries that ulp to act as |dGate/du| ulp(u), up to two ulps
+// of act; the rule's baseline, the unfused act, rounds its own z, so the two largest errors fall
+// on different elements and their ratio has a tail (a GPU act used 0.978 of the bound against
+// the CPU backend's, Gpu/FusedRmsGeglu f16_M33_N272_K4200 seed 183, H100 1b6c728). z itself is
+// held to the rule, so act is as accurate as its stored z allows, which is the unfused
+// semantics. `activation` is the fp64 one (ref::silu, ref::gelu).
+std::string check_gate_of_stored(const std::string& name, const HostTensor& act,
+                                 const HostTensor& preact, double (*activation)(double));
 // [rows, cols] multiples of 1/16 in [-1, 1]: a GEMM of them (K up to a few thousand, times a
 // scale with a short mantissa) is exact in fp32, so a gradient as a kernel stores it (rounded
 // once from the fp32 accumulator) is the same on every backend and here.

@@ -237,7 +237,7 @@ const auto kGatedCases =
 template <class GatedArgs>
 void check_rms_gated(void (*kernel)(const GatedArgs&, Stream),
                      ref::RmsGatedOutputs (*reference)(ref::Rounding, const ref::NormedGemmInputs&),
-                     DType dtype, const Shape& s) {
+                     double (*activation)(double), DType dtype, const Shape& s) {
   Seeds seeds;
   NormedInputs in(dtype, s.M, s.N, s.K, seeds);
   HostTensor cpu_pre(dtype, {s.M, s.N}), cpu_act(dtype, {s.M, s.N / 2}),
@@ -270,7 +270,9 @@ void check_rms_gated(void (*kernel)(const GatedArgs&, Stream),
     EXPECT_TRUE(pre.copy_back() && act.copy_back() && rstd.copy_back())
         << "a write past the end of an output";
     expect_matches("preact", gpu_pre, cpu_pre, exact.preact, unfused.preact);
-    expect_matches("act", gpu_act, cpu_act, exact.act, unfused.act);
+    // act from preact as stored (check_gate_of_stored); the CPU backend's act is its own
+    // preact's gate in the CPU suite, so the preacts' comparison above covers both backends.
+    CODA_EXPECT_PASSES(check_gate_of_stored("act", gpu_act, gpu_pre, activation));
     expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
   }
 }
@@ -309,7 +311,7 @@ template <class GatedArgs>
 void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
                          ref::RmsGatedOutputs (*reference)(ref::Rounding,
                                                            const ref::NormedGemmInputs&),
-                         DType dtype, const Shape& s) {
+                         double (*activation)(double), DType dtype, const Shape& s) {
   const int64_t K = (s.K + 15) / 16 * 16;
   Seeds seeds;
   // act is about z squared: f16's range holds it for blocks of 2^0, not the default 2^+-6.
@@ -355,7 +357,7 @@ void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
       gpu_rstd(DType::f32, {s.M});
   call(a.view(), as.view(), w.view(), ws.view(), p.view(), gpu_pre, gpu_act, gpu_rstd, true);
   expect_matches("preact", gpu_pre, cpu_pre, exact.preact, unfused.preact);
-  expect_matches("act", gpu_act, cpu_act, exact.act, unfused.act);
+  CODA_EXPECT_PASSES(check_gate_of_stored("act", gpu_act, gpu_pre, activation));
   expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
 }
 
@@ -365,16 +367,16 @@ TEST(FusedRmsGatedFp8, MatchesReferenceAndCpu) {
     for (const Shape& s : {Shape{1, 16, 16}, Shape{37, 272, 144}, Shape{300, 528, 272}}) {
       SCOPED_TRACE(dtype_label(dtype) + " M " + std::to_string(s.M) + " 2F " + std::to_string(s.N) +
                    " K " + std::to_string(s.K));
-      check_rms_gated_fp8(gemm_rms_swiglu, ref::rms_swiglu, dtype, s);
-      check_rms_gated_fp8(gemm_rms_geglu, ref::rms_geglu, dtype, s);
+      check_rms_gated_fp8(gemm_rms_swiglu, ref::rms_swiglu, ref::silu, dtype, s);
+      check_rms_gated_fp8(gemm_rms_geglu, ref::rms_geglu, ref::gelu, dtype, s);
     }
 }
 
 void check_rms_swiglu(DType dtype, const Shape& s) {
-  check_rms_gated(gemm_rms_swiglu, ref::rms_swiglu, dtype, s);
+  check_rms_gated(gemm_rms_swiglu, ref::rms_swiglu, ref::silu, dtype, s);
 }
 void check_rms_geglu(DType dtype, const Shape& s) {
-  check_rms_gated(gemm_rms_geglu, ref::rms_geglu, dtype, s);
+  check_rms_gated(gemm_rms_geglu, ref::rms_geglu, ref::gelu, dtype, s);
 }
 
 class FusedRmsSwiglu : public testing::TestWithParam<DtypeShape> {};
