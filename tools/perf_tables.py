@@ -138,10 +138,24 @@ def _geomean(values):
 
 def fp8_table(results):
     """bench/results/fp8.json (bench_gemm_fp8): gemm_fp8 against cuBLASLt's FP8 GEMMs and bf16.
-    Results with the 128 x 192 tiles' times (coda_tile192_ms, coda_tile192_one_partial_ms) get
-    their columns too."""
+    The other tiles' and forms' times that a result carries get a column each, as that time over
+    coda's (gemm_fp8's default tile): above 1 where the default is faster."""
     cases = results["cases"]
-    tiles = any("coda_tile192_ms" in c for c in cases)
+    # (key, column title, caption text) of the optional columns, in order.
+    optional = [
+        ("coda_wgrad_blocks_ms", "wgrad blocks / coda",
+         "wgrad blocks: the same f32 D added into with B scaled by 128 x 128 blocks (the"
+         " read-modify-write without the per-column promotion)."),
+        ("coda_tile128_ms", "cooperative 128 / coda",
+         "cooperative 128: the 128 x 128 tile on the cooperative schedule."),
+        ("coda_tile192_ms", "192 / coda",
+         "192: the 128 x 192 tile (its halves' overlapped promotion)."),
+        ("coda_tile192_one_partial_ms", "192 one partial / coda",
+         "192 one partial: the same tile promoting each k-block after its batch drains."),
+    ]
+    optional = [o for o in optional if any(c.get(o[0]) for c in cases)]
+    default = ("coda: gemm_fp8's default tile (the staged 128 x 128 tile where it applies)."
+               if any("coda_staged_ms" in c for c in cases) else "")
     lines = [
         "GPU: %s. Date: %s. Commit: `%s`. E4M3 inputs with coda's block scales (1 x 128 for A,"
         " 128 x 128 for B), fp32 accumulation promoted per 128-wide K block, bf16 output; median"
@@ -151,22 +165,18 @@ def fp8_table(results):
         " call; bf16: cuBLASLt on bf16 operands of the same shape. wgrad form: gemm_fp8 with B"
         " scaled by rows and an f32 D accumulated into (the weight gradient's GEMM)."
         % (results["gpu"], results["date"], results["commit"], results.get("runs", 50))
-        + (" coda: the 128 x 128 tile; 192: the 128 x 192 tile (its halves' overlapped"
-           " promotion), 192 one partial: the same tile promoting each k-block after its batch"
-           " drains; `coda ms / 192 ms` above 1 where the 192-column tile is faster."
-           if tiles else ""),
+        + "".join(" " + text for text in [default] + [o[2] for o in optional] if text),
         "",
         "| case | M | N | K | coda TFLOP/s | cuBLASLt block-scaled TFLOP/s | cuBLASLt bf16 TFLOP/s |"
         " block-scaled ms / coda ms | bf16 ms / coda ms | wgrad form / coda |"
-        + (" coda ms / 192 ms | coda ms / 192 one partial ms |" if tiles else "") + " rel err |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if tiles else "")
-        + "---:|",
+        + "".join(" %s |" % o[1] for o in optional) + " rel err |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(optional) + "---:|",
     ]
-    block, bf16, wgrad, t192, t192_one = [], [], [], [], []
+    block, bf16, wgrad = [], [], []
+    others = {o[0]: [] for o in optional}
     for c in cases:
         b, h = c.get("cublas_blockscaled_ms"), c.get("cublas_bf16_ms")
         w = c.get("coda_wgrad_form_ms")
-        t, t1 = c.get("coda_tile192_ms"), c.get("coda_tile192_one_partial_ms")
         block_gemm = not c["name"].startswith("square")
         if b and block_gemm:
             block.append(b / c["coda_ms"])
@@ -174,25 +184,24 @@ def fp8_table(results):
             bf16.append(h / c["coda_ms"])
         if w and block_gemm:
             wgrad.append(w / c["coda_ms"])
-        if t and block_gemm:
-            t192.append(c["coda_ms"] / t)
-        if t1 and block_gemm:
-            t192_one.append(c["coda_ms"] / t1)
-        tile_cells = ("%s | %s | " % ("%.3f" % (c["coda_ms"] / t) if t else "-",
-                                      "%.3f" % (c["coda_ms"] / t1) if t1 else "-")
-                      if tiles else "")
+        cells = ""
+        for key, _, _ in optional:
+            t = c.get(key)
+            if t and block_gemm:
+                others[key].append(t / c["coda_ms"])
+            cells += "%s | " % ("%.3f" % (t / c["coda_ms"]) if t else "-")
         lines.append("| %s | %d | %d | %d | %.1f | %s | %s | %s | %s | %s | %s%s |" % (
             c["name"], c["m"], c["n"], c["k"], tflops(c, c["coda_ms"]),
             "%.1f" % tflops(c, b) if b else "-", "%.1f" % tflops(c, h) if h else "-",
             "%.3f" % (b / c["coda_ms"]) if b else "-", "%.3f" % (h / c["coda_ms"]) if h else "-",
-            "%.3f" % (w / c["coda_ms"]) if w else "-", tile_cells,
+            "%.3f" % (w / c["coda_ms"]) if w else "-", cells,
             "%.1e" % c["max_rel_err"] if c.get("max_rel_err") is not None else "-"))
     lines += ["", "Over the %d block GEMMs: cuBLASLt block-scaled / coda %.3f geomean (minimum"
-              " %.3f; the target is >= 0.95), cuBLASLt bf16 / coda %.3f, wgrad form / coda %.3f."
+              " %.3f; the target is >= 0.95), cuBLASLt bf16 / coda %.3f, wgrad form / coda %.3f"
               % (len(block), _geomean(block), min(block) if block else float("nan"),
                  _geomean(bf16), _geomean(wgrad))
-              + (" coda ms / 192 ms %.3f geomean, coda ms / 192 one partial ms %.3f."
-                 % (_geomean(t192), _geomean(t192_one)) if tiles else "")]
+              + "".join(", %s %.3f" % (title, _geomean(others[key]))
+                        for key, title, _ in optional) + "."]
     return "\n".join(lines)
 
 
