@@ -154,7 +154,13 @@ ResidualRmsOutputs residual_rms(Rounding r, const ResidualRmsInputs& in) {
   expect_size("residual_rms", "residual", in.residual, M * N);
   expect_size("residual_rms", "gamma", in.gamma, N);
   ResidualRmsOutputs out;
-  out.out = matmul(r, Layout::fwd, M, N, in.K, in.a, in.w);
+  if (!r.exact() && !in.product.empty()) {
+    expect_size("residual_rms", "product", in.product, M * N);
+    out.out.resize(at(M * N));
+    for (size_t i = 0; i < out.out.size(); ++i) out.out[i] = r(in.product[i]);
+  } else {
+    out.out = matmul(r, Layout::fwd, M, N, in.K, in.a, in.w);
+  }
   add(r, M * N, out.out.data(), in.residual.data(), out.out.data());
   const std::vector<double>& x = out.out;
   out.out_scaled.resize(at(M * N));

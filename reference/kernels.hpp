@@ -60,6 +60,9 @@ struct ResidualRmsInputs {
   std::vector<double> residual; // [M, N]
   std::vector<double> gamma;    // [N]
   int64_t block = kPartialBlock;
+  // Empty, or a · wᵀ [M, N] as a hardware GEMM computed it (NormedGemmInputs::product): the
+  // rounded paths round it once in place of their fp32 sum.
+  std::vector<double> product = {};
 };
 struct ResidualRmsOutputs {
   std::vector<double> out, out_scaled; // [M, N]

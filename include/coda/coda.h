@@ -87,12 +87,14 @@ typedef struct coda_quantize_activation_fp8_args { /* coda_quantize_activation_f
 typedef struct coda_residual_rms_args { /* K0; out may alias residual */
   coda_tensor a, w, residual, gamma;
   coda_tensor out, out_scaled, sumsq_partials;
+  coda_tensor a_scales, w_scales; /* with a and w CODA_E4M3: coda_gemm_fp8's scales; else absent */
 } coda_residual_rms_args;
 
 typedef struct coda_rms_scale_args { /* K1 */
   coda_tensor a, w, sumsq_partials;
   float eps;
   coda_tensor out, rstd_out;
+  coda_tensor a_scales, w_scales; /* with a and w CODA_E4M3: coda_gemm_fp8's scales; else absent */
 } coda_rms_scale_args;
 
 typedef struct coda_rms_swiglu_args { /* K2 */

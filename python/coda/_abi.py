@@ -160,12 +160,13 @@ class QuantizeActivationFp8Args(Structure):  # coda_quantize_activation_fp8_args
 
 class ResidualRmsArgs(Structure):  # coda_residual_rms_args, C++ coda::ResidualRmsArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("residual", Tensor), ("gamma", Tensor),
-        ("out", Tensor), ("out_scaled", Tensor), ("sumsq_partials", Tensor)]
+        ("out", Tensor), ("out_scaled", Tensor), ("sumsq_partials", Tensor), ("a_scales", Tensor),
+        ("w_scales", Tensor)]
 
 
 class RmsScaleArgs(Structure):  # coda_rms_scale_args, C++ coda::RmsScaleArgs
     _fields_ = [("a", Tensor), ("w", Tensor), ("sumsq_partials", Tensor), ("eps", c_float),
-        ("out", Tensor), ("rstd_out", Tensor)]
+        ("out", Tensor), ("rstd_out", Tensor), ("a_scales", Tensor), ("w_scales", Tensor)]
 
 
 class RmsSwigluArgs(Structure):  # coda_rms_swiglu_args, C++ coda::RmsSwigluArgs

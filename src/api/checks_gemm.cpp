@@ -128,7 +128,7 @@ Device validate(const QuantizeActivationFp8Args& args) {
 
 Device validate(const ResidualRmsArgs& args) {
   Validator v("gemm_residual_rms");
-  const Mnk p = forward_operands(v, args.a, args.w, any("N"));
+  const Mnk p = forward_operands(v, args.a, args.w, any("N"), args.a_scales, args.w_scales);
   const Dim M = exactly("M", p.m), N = exactly("N", p.n);
   v.input("residual", args.residual, Elem::half, {M, N});
   v.input("gamma", args.gamma, Elem::half, {N});
@@ -142,7 +142,7 @@ Device validate(const ResidualRmsArgs& args) {
 
 Device validate(const RmsScaleArgs& args) {
   Validator v("gemm_rms_scale");
-  const Mnk p = forward_operands(v, args.a, args.w, any("N"));
+  const Mnk p = forward_operands(v, args.a, args.w, any("N"), args.a_scales, args.w_scales);
   normalization_inputs(v, args.sumsq_partials, args.eps, p.m);
   v.output("out", args.out, Elem::half, {exactly("M", p.m), exactly("N", p.n)});
   v.optional_output("rstd_out", args.rstd_out, Elem::f32, {exactly("M", p.m)});

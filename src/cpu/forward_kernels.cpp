@@ -37,7 +37,8 @@ void run_rms_gated(const char* kernel, const GatedArgs& args, Tile tile) {
 } // namespace
 
 void gemm_residual_rms(const ResidualRmsArgs& args, Tile tile) {
-  const FusedGemm gemm("gemm_residual_rms", GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm("gemm_residual_rms", GemmLayout::fwd, args.a, args.w, tile, args.a_scales,
+                       args.w_scales);
   gemm.require_row_partials(args.sumsq_partials, "sumsq_partials");
   kernels::ResidualRmsOps<HostOps> ops({args.residual, 1.f}, {args.out}, {args.sumsq_partials},
                                        {args.gamma}, {args.out_scaled});
@@ -45,7 +46,8 @@ void gemm_residual_rms(const ResidualRmsArgs& args, Tile tile) {
 }
 
 void gemm_rms_scale(const RmsScaleArgs& args, Tile tile) {
-  const FusedGemm gemm("gemm_rms_scale", GemmLayout::fwd, args.a, args.w, tile);
+  const FusedGemm gemm("gemm_rms_scale", GemmLayout::fwd, args.a, args.w, tile, args.a_scales,
+                       args.w_scales);
   kernels::RmsScaleOps<HostOps> ops(rstd_scale(args), {args.out.dtype}, {args.out});
   gemm.run(ops);
 }

@@ -110,9 +110,19 @@ Fp8GemmArgs Fp8GemmCase::args() {
           .accumulate = options.accumulate};
 }
 
+std::vector<double> Fp8GemmCase::a_values() const {
+  return ref::dequantize_fp8_blocks(qa, m, k, 1);
+}
+std::vector<double> Fp8GemmCase::b_values() const {
+  return ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
+}
+
+ref::NormedGemmInputs Fp8GemmCase::normed_inputs(const HostTensor& partials, float eps) const {
+  return {m, n, k, a_values(), b_values(), partials.values(), eps};
+}
+
 std::vector<double> Fp8GemmCase::exact() const {
-  const std::vector<double> da = ref::dequantize_fp8_blocks(qa, m, k, 1);
-  const std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
+  const std::vector<double> da = a_values(), db = b_values();
   std::vector<double> out(size_t(m * n));
   ref::gemm(ref::Layout::fwd, m, n, k, da.data(), db.data(), out.data());
   for (size_t i = 0; i < d_before.size(); ++i) out[i] += d_before[i];
@@ -120,8 +130,7 @@ std::vector<double> Fp8GemmCase::exact() const {
 }
 
 std::vector<double> Fp8GemmCase::unfused() const {
-  const std::vector<float> fa = to_floats(ref::dequantize_fp8_blocks(qa, m, k, 1));
-  const std::vector<float> fb = to_floats(ref::dequantize_fp8_blocks(qb, n, k, b_block_rows()));
+  const std::vector<float> fa = to_floats(a_values()), fb = to_floats(b_values());
   std::vector<float> acc(size_t(m * n));
   ref::gemm_fp32(ref::Layout::fwd, m, n, k, fa.data(), fb.data(), acc.data());
   std::vector<double> out(acc.size());
@@ -133,8 +142,7 @@ std::vector<double> Fp8GemmCase::unfused() const {
 }
 
 std::vector<double> Fp8GemmCase::magnitude() const {
-  std::vector<double> da = ref::dequantize_fp8_blocks(qa, m, k, 1);
-  std::vector<double> db = ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
+  std::vector<double> da = a_values(), db = b_values();
   for (double& v : da) v = std::fabs(v);
   for (double& v : db) v = std::fabs(v);
   std::vector<double> out(size_t(m * n));

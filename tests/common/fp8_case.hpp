@@ -10,6 +10,7 @@
 
 #include "coda/gemm/problem.hpp"
 #include "reference/fp8.hpp"
+#include "reference/kernels.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 
 namespace coda::test {
@@ -49,6 +50,11 @@ struct Fp8GemmCase {
   Fp8GemmArgs args();
   // Rows of b per scale: 128 (blocks) or 1 (rows).
   int64_t b_block_rows() const;
+  // The values the codes and scales stand for, in fp64: a [M, K], b [N, K].
+  std::vector<double> a_values() const;
+  std::vector<double> b_values() const;
+  // A normalized GEMM's inputs (K1, K2, K4: a and w = b) on those values.
+  ref::NormedGemmInputs normed_inputs(const HostTensor& partials, float eps) const;
   // fp64 GEMM of the dequantized operands (the values the codes and scales stand for, exactly),
   // plus d's old values when it accumulates.
   std::vector<double> exact() const;

@@ -393,6 +393,20 @@ const Rejection kRejections[] = {
              k4.w_scales = ar.matrix(e8m0, 3, 2);
            },
            Status::type_error, {"gemm_rms_rope: w must be e4m3; got bf16"}),
+    reject("Fp8ScalesOnlyWithE4m3OperandsK1", valid_k1,
+           [](Arena& ar, RmsScaleArgs& k1) {
+             k1.a_scales = ar.matrix(e8m0, M, 1);
+             k1.w_scales = ar.matrix(e8m0, 1, 1);
+           },
+           Status::invalid_argument,
+           {"gemm_rms_scale: a_scales and w_scales go with E4M3 operands; a is bf16"}),
+    reject("Fp8OperandsNeedTheirScalesK0", valid_k0,
+           [](Arena& ar, ResidualRmsArgs& k0) {
+             k0.a = ar.matrix(e4m3, M, 32);
+             k0.w = ar.matrix(e4m3, N, 32);
+             k0.a_scales = ar.matrix(e8m0, M, 1);
+           },
+           Status::invalid_argument, {"gemm_residual_rms: w_scales is required"}),
     reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
            Status::type_error, {"gamma must be bf16 or f16; got f32"}),
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,

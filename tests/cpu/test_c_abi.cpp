@@ -236,7 +236,9 @@ TEST(CAbi, ResidualRmsMatchesCppApi) {
                             coda_vector(in(gamma), CODA_BF16, N, host),
                             coda_matrix(c.out.data(), CODA_BF16, M, N, host),
                             coda_matrix(c.scaled.data(), CODA_BF16, M, N, host),
-                            coda_matrix(c.partials.data(), CODA_F32, M, P, host)};
+                            coda_matrix(c.partials.data(), CODA_F32, M, P, host),
+                            {}, // a_scales, w_scales: 16-bit operands
+                            {}};
   ASSERT_EQ(coda_gemm_residual_rms(&ca, nullptr), CODA_OK) << coda_last_error();
 
   EXPECT_FALSE(any_nan(cpp.out) || any_nan(cpp.scaled)) << "an output element was not written";

@@ -91,6 +91,13 @@ INSTANTIATE_TEST_SUITE_P(Kernels, Gemm,
                                           testing::Bool(), testing::Bool()),
                          gemm_name);
 
+// An FP8 case whose outputs overflow the 16-bit type would pass the rule vacuously (inf against
+// inf): the unfused outputs must be finite.
+void expect_finite(const std::vector<double>& values, const char* what) {
+  for (double v : values)
+    ASSERT_TRUE(std::isfinite(v)) << what << " overflows: the check would be vacuous";
+}
+
 // ---- K0: out = a·wᵀ + residual, out_scaled = out * gamma, row partials of out².
 
 struct ResidualRmsCase {
@@ -146,6 +153,40 @@ TEST_P(ResidualRms, OutputMayAliasResidual) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, ResidualRms, kDtypeShapes, dtype_shape_name);
+
+// Each 16-bit output type and three shapes (one k-block; ragged; several k-blocks), each with an
+// FP8 case of fresh codes and scales: f(dtype, shape, case, seeds), for K0 and K1 on E4M3
+// operands. f16 with blocks of 2^+-2, whose products stay in its range (the default 2^+-6
+// overflows it after the GEMM, where the fp64 reference does not).
+template <class F> void for_each_fp8_case(F&& f) {
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s : {Shape{1, 16, 16}, Shape{37, 272, 144}, Shape{200, 528, 272}}) {
+      SCOPED_TRACE(dtype_label(dtype) + " M " + std::to_string(s.M) + " N " + std::to_string(s.N) +
+                   " K " + std::to_string(s.K));
+      Seeds seeds;
+      Fp8GemmCase g(s.M, s.N, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+      f(dtype, s, g, seeds);
+    }
+}
+
+// K0 on E4M3 operands with gemm_fp8's block scales: against the reference on the values the
+// codes and scales stand for, the residual and gamma 16-bit as ever.
+TEST(ResidualRmsFp8, OutputsOfE4m3OperandsMatchReference) {
+  for_each_fp8_case([](DType dtype, const Shape& s, Fp8GemmCase& g, Seeds& seeds) {
+    ResidualRmsCase c(dtype, s, seeds);
+    ResidualRmsArgs args = c.args();
+    args.a = g.a.view();
+    args.w = g.b.view();
+    args.a_scales = g.a_scales.view();
+    args.w_scales = g.b_scales.view();
+    gemm_residual_rms(args);
+    ref::ResidualRmsInputs in = c.inputs(s);
+    in.a = g.a_values();
+    in.w = g.b_values();
+    expect_finite(ref::residual_rms(lowp(dtype), in).out_scaled, "the unfused out_scaled");
+    expect_residual_rms_matches(dtype, in, c.out, c.out_scaled, c.partials);
+  });
+}
 
 // ---- The normalized GEMMs K1, K2, K4, K5: z = rstd[m] * (a·wᵀ), rstd from row partials.
 
@@ -205,6 +246,28 @@ TEST_P(RmsScale, AcceptsSingleColumnPartialsWithoutRstdOut) {
 
 INSTANTIATE_TEST_SUITE_P(Kernels, RmsScale, kDtypeShapes, dtype_shape_name);
 
+// K1 on E4M3 operands with gemm_fp8's block scales, as K0's above.
+TEST(RmsScaleFp8, OutputOfE4m3OperandsMatchesReference) {
+  for_each_fp8_case([](DType dtype, const Shape& s, Fp8GemmCase& g, Seeds& seeds) {
+    HostTensor partials = random_sumsq_partials(s.M, s.K, seeds.next());
+    HostTensor out(dtype, {s.M, s.N}), rstd(DType::f32, {s.M});
+    const float eps = 1e-6f;
+    gemm_rms_scale({.a = g.a.view(),
+                    .w = g.b.view(),
+                    .sumsq_partials = partials.view(),
+                    .eps = eps,
+                    .out = out.view(),
+                    .rstd_out = rstd.view(),
+                    .a_scales = g.a_scales.view(),
+                    .w_scales = g.b_scales.view()});
+    const ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
+    const auto exact = ref::rms_scale({}, in), unfused = ref::rms_scale(lowp(dtype), in);
+    expect_finite(unfused.out, "the unfused out");
+    CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
+    CODA_EXPECT_PASSES(check_output("rstd_out", rstd, exact.rstd, unfused.rstd));
+  });
+}
+
 // K2 and K2g: the fused interleaved gate/up GEMM, N = 2F with F = 8, 136, 264, 128; each against
 // its reference (they differ in the gate's activation only).
 const Shape kGatedShapes[] = {{1, 16, 16}, {37, 272, 64}, {200, 528, 32}, {129, 256, 8}};
@@ -247,13 +310,6 @@ TEST_P(RmsGeglu, PreactivationAndActivationMatchReference) {
 }
 INSTANTIATE_TEST_SUITE_P(Kernels, RmsGeglu, kGatedCases, dtype_shape_name);
 
-// An FP8 case whose outputs overflow the 16-bit type would pass the rule vacuously (inf against
-// inf): the unfused outputs must be finite.
-void expect_finite(const std::vector<double>& values, const char* what) {
-  for (double v : values)
-    ASSERT_TRUE(std::isfinite(v)) << what << " overflows: the check would be vacuous";
-}
-
 // K2 and K2g on E4M3 operands with gemm_fp8's block scales, as K4's FP8 test below: each against
 // its reference on the values the codes and scales stand for. K a multiple of 16.
 template <class GatedArgs>
@@ -281,13 +337,7 @@ void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
               .a_scales = g.a_scales.view(),
               .w_scales = g.b_scales.view()},
              nullptr);
-      const ref::NormedGemmInputs in{s.M,
-                                     s.N,
-                                     s.K,
-                                     ref::dequantize_fp8_blocks(g.qa, s.M, s.K, 1),
-                                     ref::dequantize_fp8_blocks(g.qb, s.N, s.K, kFp8ScaleBlock),
-                                     partials.values(),
-                                     eps};
+      const ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
       const auto exact = reference({}, in), unfused = reference(lowp(dtype), in);
       expect_finite(unfused.act, "the unfused act");
       CODA_EXPECT_PASSES(check_output("preact", preact, exact.preact, unfused.preact));
@@ -407,13 +457,7 @@ TEST(RmsRopeFp8, RotatedQkvOfE4m3OperandsMatchesReference) {
                      .rstd_out = rstd.view(),
                      .a_scales = g.a_scales.view(),
                      .w_scales = g.b_scales.view()});
-      const ref::NormedGemmInputs in{rc.M,
-                                     N,
-                                     rc.K,
-                                     ref::dequantize_fp8_blocks(g.qa, rc.M, rc.K, 1),
-                                     ref::dequantize_fp8_blocks(g.qb, N, rc.K, kFp8ScaleBlock),
-                                     partials.values(),
-                                     eps};
+      const ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
       const auto exact = ref::rms_rope({}, in, table),
                  unfused = ref::rms_rope(lowp(dtype), in, table);
       expect_finite(unfused.out, "the unfused out");

@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr size_t kGuard = 64;              // guard bytes on each side of every buffer
+constexpr size_t kGuard = 64; // guard bytes on each side of every buffer
 constexpr unsigned char kGuardByte = 0xA5;
 constexpr int64_t kMaxSpanBytes = 1 << 20; // larger honest views are not generated
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -119,8 +119,8 @@ struct Tensor {
   std::string name;
   Role role;
   coda_tensor view;
-  int buffer = -1;        // index into Call::buffers_, -1 without memory
-  bool honest = true;     // its memory covers every element it addresses
+  int buffer = -1;    // index into Call::buffers_, -1 without memory
+  bool honest = true; // its memory covers every element it addresses
   bool optional = false;
 };
 
@@ -223,23 +223,36 @@ public:
   // A per-call scalar: usually `value`, else a broken one.
   float number(float value) {
     switch (mutation()) {
-    case 0: return value;
-    case 1: return NAN;
-    case 2: return INFINITY;
-    case 3: return -value - 1.f;
-    case 4: return 1e30f;
-    default: return 0.f;
+    case 0:
+      return value;
+    case 1:
+      return NAN;
+    case 2:
+      return INFINITY;
+    case 3:
+      return -value - 1.f;
+    case 4:
+      return 1e30f;
+    default:
+      return 0.f;
     }
   }
   int64_t integer(int64_t value) {
     switch (mutation()) {
-    case 0: return value;
-    case 1: return -1;
-    case 2: return 0;
-    case 3: return value + 1;
-    case 4: return int64_t(1) << 62;
-    case 5: return kInt64Max;
-    default: return std::numeric_limits<int32_t>::max();
+    case 0:
+      return value;
+    case 1:
+      return -1;
+    case 2:
+      return 0;
+    case 3:
+      return value + 1;
+    case 4:
+      return int64_t(1) << 62;
+    case 5:
+      return kInt64Max;
+    default:
+      return std::numeric_limits<int32_t>::max();
     }
   }
   int32_t integer32(int32_t value) {
@@ -281,8 +294,8 @@ public:
               " and an empty coda_last_error()");
     if (status == CODA_INTERNAL) finding(std::string(entry) + ": internal error: " + message);
     if (status == CODA_OK && has_dishonest_view())
-      finding(std::string(entry) + " accepted a view its memory cannot back (" +
-              dishonest_name() + ")");
+      finding(std::string(entry) + " accepted a view its memory cannot back (" + dishonest_name() +
+              ")");
     if (status != CODA_OK && broken_.empty())
       finding(std::string(entry) + " rejected a call with nothing broken: " + message);
     check_writes(entry, status, before, after, message);
@@ -327,8 +340,12 @@ private:
       broken_.push_back(name);
       coda_tensor& v = t.view;
       switch ((how - 200) % 9) {
-      case 0: v.dtype = int32_t(arg % 8) - 1; break; // -1 .. 6: wrong or unknown dtypes
-      case 1: v.rank = int32_t(arg % 7) - 1; break;  // -1 .. 5
+      case 0:
+        v.dtype = int32_t(arg % 8) - 1;
+        break; // -1 .. 6: wrong or unknown dtypes
+      case 1:
+        v.rank = int32_t(arg % 7) - 1;
+        break; // -1 .. 5
       case 2: {
         const int i = v.rank > 0 ? arg % v.rank : 0;
         const int64_t extremes[] = {0, -1, 1, int64_t(1) << 31, int64_t(1) << 62, kInt64Max};
@@ -336,18 +353,29 @@ private:
         break;
       }
       case 3: // a padded, unaligned, zero or huge row pitch; or a non-unit inner stride
-        if (v.rank == 2 && arg % 4 == 0) v.stride[1] = 2;
+        if (v.rank == 2 && arg % 4 == 0)
+          v.stride[1] = 2;
         else if (v.rank >= 1) {
           const int64_t pitches[] = {v.stride[0] + 1 + arg % 16, 0, int64_t(1) << 62, -8,
                                      kInt64Max - 7};
           v.stride[0] = pitches[(arg >> 2) % 5];
         }
         break;
-      case 4: misalign = 1 + arg % 15; break;
-      case 5: v.data = nullptr; break;
-      case 6: v.device = arg % 2 ? CODA_DEVICE_CUDA : 2 + arg % 5, v.device_index = arg % 3; break;
-      case 7: alias_of = tensors_.empty() ? -1 : int(arg % tensors_.size()); break;
-      case 8: v.rank = 2, v.shape[0] = 1 + arg % 4, v.stride[0] = v.shape[1]; break;
+      case 4:
+        misalign = 1 + arg % 15;
+        break;
+      case 5:
+        v.data = nullptr;
+        break;
+      case 6:
+        v.device = arg % 2 ? CODA_DEVICE_CUDA : 2 + arg % 5, v.device_index = arg % 3;
+        break;
+      case 7:
+        alias_of = tensors_.empty() ? -1 : int(arg % tensors_.size());
+        break;
+      case 8:
+        v.rank = 2, v.shape[0] = 1 + arg % 4, v.stride[0] = v.shape[1];
+        break;
       }
     }
     const bool null_data = (how >= 200 && (how - 200) % 9 == 5);
@@ -618,13 +646,39 @@ void fuzz_quantize_activation_fp8(Call& c) {
   c.run("coda_quantize_activation_fp8", [&] { return coda_quantize_activation_fp8(&a, nullptr); });
 }
 
+// The E4M3 form of a forward kernel's operands (docs/fp8.md): codes a [m, K] and w [n, K] with
+// gemm_fp8's block scales, K rounded up to a multiple of 16 (the rules'; k_rounded).
+struct Operands {
+  coda_tensor a, w, a_scales, w_scales;
+};
+int64_t k_rounded(int64_t k) { return (k + 15) / 16 * 16; }
+Operands fp8_operands(Call& c, int64_t m, int64_t n, int64_t k) {
+  k = k_rounded(k);
+  const int64_t k_blocks = (k + 127) / 128;
+  Operands x;
+  x.a = c.input("a", CODA_E4M3, {m, k});
+  x.w = c.input("w", CODA_E4M3, {n, k});
+  x.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
+  x.w_scales = c.input("w_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
+  return x;
+}
+// Either form: a form byte after the dimensions picks the E4M3 one (bit 0), so the inputs written
+// before it still read as the 16-bit form.
+Operands operands(Call& c, int64_t m, int64_t n, int64_t k, int32_t half) {
+  if (c.in().byte() & 1) return fp8_operands(c, m, n, k);
+  return {c.input("a", half, {m, k}), c.input("w", half, {n, k}), {}, {}};
+}
+
 void fuzz_residual_rms(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(20), k = in.dim8(8);
   const int32_t t = c.half();
+  const Operands x = operands(c, m, n, k, t);
   coda_residual_rms_args a{};
-  a.a = c.input("a", t, {m, k});
-  a.w = c.input("w", t, {n, k});
+  a.a = x.a;
+  a.w = x.w;
+  a.a_scales = x.a_scales;
+  a.w_scales = x.w_scales;
   a.residual = c.input("residual", t, {m, n});
   a.gamma = c.input("gamma", t, {n});
   a.out = c.output("out", t, {m, n});
@@ -649,23 +703,17 @@ Normed normed(Call& c, int64_t m, int64_t n, int64_t k) {
   return x;
 }
 
-// The E4M3 form of a normalized forward kernel's operands (K2, K2g, K4; docs/fp8.md): codes a
-// [m, K] and w [n, K] with gemm_fp8's block scales, K rounded up to a multiple of 16 (the rules'),
-// the partials and eps as normed()'s. A form byte after the dimensions picks it (bit 0), so the
-// inputs written before it still read as the 16-bit form.
+// The normalized forward kernels' operands in either form (the form byte as operands()'), the
+// partials and eps as normed()'s.
 struct Fp8Normed : Normed {
   coda_tensor a_scales, w_scales;
 };
 Fp8Normed normed_or_fp8(Call& c, int64_t m, int64_t n, int64_t k) {
   if (!(c.in().byte() & 1)) return Fp8Normed{normed(c, m, n, k), {}, {}};
-  k = (k + 15) / 16 * 16;
-  const int64_t k_blocks = (k + 127) / 128;
+  const Operands o = fp8_operands(c, m, n, k);
   Fp8Normed x;
-  x.a = c.input("a", CODA_E4M3, {m, k});
-  x.w = c.input("w", CODA_E4M3, {n, k});
-  x.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
-  x.w_scales = c.input("w_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
-  x.partials = c.input("sumsq_partials", CODA_F32, {m, 1 + (k - 1) / 128}, 0.5f, 4.f);
+  x.a = o.a, x.w = o.w, x.a_scales = o.a_scales, x.w_scales = o.w_scales;
+  x.partials = c.input("sumsq_partials", CODA_F32, {m, 1 + (k_rounded(k) - 1) / 128}, 0.5f, 4.f);
   x.eps = c.number(1e-5f);
   return x;
 }
@@ -673,8 +721,8 @@ Fp8Normed normed_or_fp8(Call& c, int64_t m, int64_t n, int64_t k) {
 void fuzz_rms_scale(Call& c) {
   Reader& in = c.in();
   const int64_t m = in.dim(40), n = in.dim8(8), k = in.dim8(8);
-  const Normed x = normed(c, m, n, k);
-  coda_rms_scale_args a{x.a, x.w, x.partials, x.eps, {}, {}};
+  const Fp8Normed x = normed_or_fp8(c, m, n, k);
+  coda_rms_scale_args a{x.a, x.w, x.partials, x.eps, {}, {}, x.a_scales, x.w_scales};
   a.out = c.output("out", c.half(), {m, n});
   a.rstd_out = c.optional("rstd_out", Role::output, CODA_F32, {m}, true);
   c.run("coda_gemm_rms_scale", [&] { return coda_gemm_rms_scale(&a, nullptr); });
@@ -865,8 +913,8 @@ void fuzz_size_queries(Call& c) {
   size_t bytes = 0;
   const coda_status status = coda_cross_entropy_workspace_size(m, &bytes);
   if (status == CODA_OK && (m < 0 || bytes < size_t(m) * 8 || bytes > size_t(m) * 8 + 512))
-    finding("coda_cross_entropy_workspace_size(" + std::to_string(m) + ") = " +
-            std::to_string(bytes) + " bytes: less than 8 bytes a row");
+    finding("coda_cross_entropy_workspace_size(" + std::to_string(m) +
+            ") = " + std::to_string(bytes) + " bytes: less than 8 bytes a row");
   if (status != CODA_OK && m >= 0 && m < (int64_t(1) << 60))
     finding("coda_cross_entropy_workspace_size(" + std::to_string(m) + ") failed");
   coda_llama_config config{};
@@ -888,8 +936,8 @@ void fuzz_size_queries(Call& c) {
         finding("coda_llama_workspace_size: status " + std::to_string(int(s)));
       // The backward's two parts are the middle layer's only.
       const bool part = pass == CODA_LLAMA_BACKWARD_PART1 || pass == CODA_LLAMA_BACKWARD_PART2;
-      if (s == CODA_OK && (layer < 0 || layer > 2 || pass < 0 || pass > 3 ||
-                           (part && layer != CODA_LLAMA_MIDDLE)))
+      if (s == CODA_OK &&
+          (layer < 0 || layer > 2 || pass < 0 || pass > 3 || (part && layer != CODA_LLAMA_MIDDLE)))
         finding("coda_llama_workspace_size accepted layer " + std::to_string(layer) + ", pass " +
                 std::to_string(pass));
     }
@@ -951,7 +999,8 @@ void fuzz_llama(Call& c) {
             [&] { return coda_llama_first_forward(&config, &w, &x, &o, &s, &ws, nullptr); });
       return;
     }
-    coda_llama_first_grads g{c.inout("dx", t, {m, d}), c.input("dqkv", t, {m, qkv}),
+    coda_llama_first_grads g{c.inout("dx", t, {m, d}),
+                             c.input("dqkv", t, {m, qkv}),
                              {grad("dattn_norm", {d}), grad("dw_qkv", {qkv, d})}};
     c.run("coda_llama_first_backward", [&] {
       return coda_llama_first_backward(&config, &w, &x, &o, &s, &g, accumulate, &ws, nullptr);
@@ -977,8 +1026,8 @@ void fuzz_llama(Call& c) {
     // Part 1 of the two-part backward leaves zeta1 over r2 for part 2.
     const coda_tensor r2 = pass == CODA_LLAMA_BACKWARD_PART1 ? c.inout("r2", CODA_F32, {m})
                                                              : maybe("r2", saved, CODA_F32, {m});
-    coda_llama_middle_saved s{maybe("x1", saved, t, {m, d}), z1,
-                              maybe("r1", saved, CODA_F32, {m}), r2};
+    coda_llama_middle_saved s{maybe("x1", saved, t, {m, d}), z1, maybe("r1", saved, CODA_F32, {m}),
+                              r2};
     if (!backward) {
       c.run("coda_llama_middle_forward",
             [&] { return coda_llama_middle_forward(&config, &w, &x, &o, &s, &ws, nullptr); });
@@ -1018,18 +1067,26 @@ void fuzz_llama(Call& c) {
   if (!backward) {
     coda_llama_last_outputs o{c.output("loss", CODA_F32, {1}),
                               c.optional("logits", Role::output, t, {m, v})};
-    coda_llama_last_saved s{c.output("x1", t, {m, d}),         c.output("z1", t, {m, 2 * f}),
-                            c.output("r1", CODA_F32, {m}),     c.output("x2", t, {m, d}),
-                            c.output("r2", CODA_F32, {m}),     c.output("dlogits", t, {m, v}),
-                            c.output("grad_scale", CODA_F32, {1}), c.output("zeta", CODA_F32, {m})};
+    coda_llama_last_saved s{c.output("x1", t, {m, d}),
+                            c.output("z1", t, {m, 2 * f}),
+                            c.output("r1", CODA_F32, {m}),
+                            c.output("x2", t, {m, d}),
+                            c.output("r2", CODA_F32, {m}),
+                            c.output("dlogits", t, {m, v}),
+                            c.output("grad_scale", CODA_F32, {1}),
+                            c.output("zeta", CODA_F32, {m})};
     c.run("coda_llama_last_forward",
           [&] { return coda_llama_last_forward(&config, &w, &x, &o, &s, &ws, nullptr); });
     return;
   }
-  coda_llama_last_saved s{c.input("x1", t, {m, d}),         c.inout("z1", t, {m, 2 * f}),
-                          c.input("r1", CODA_F32, {m}, 0.5f, 2.f), c.input("x2", t, {m, d}),
-                          c.input("r2", CODA_F32, {m}, 0.5f, 2.f), c.input("dlogits", t, {m, v}),
-                          c.input("grad_scale", CODA_F32, {1}), c.input("zeta", CODA_F32, {m})};
+  coda_llama_last_saved s{c.input("x1", t, {m, d}),
+                          c.inout("z1", t, {m, 2 * f}),
+                          c.input("r1", CODA_F32, {m}, 0.5f, 2.f),
+                          c.input("x2", t, {m, d}),
+                          c.input("r2", CODA_F32, {m}, 0.5f, 2.f),
+                          c.input("dlogits", t, {m, v}),
+                          c.input("grad_scale", CODA_F32, {1}),
+                          c.input("zeta", CODA_F32, {m})};
   coda_llama_last_grads g{};
   g.dloss = c.scalar(1.f);
   g.dx = c.output("dx", t, {m, d});

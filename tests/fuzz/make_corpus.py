@@ -34,9 +34,11 @@ CASES = {
     # the transposed copy (the byte after x's three, codes' two and scales' two drops codes_t, and
     # scales_t with it)
     "quantize_activation_fp8": [[0, 0, 0, 0], [18, 2, 18, 0], [12, 1, 8, 5] + [0] * 7 + [3]],
-    "residual_rms": [[0, 0, 0], [36, 17, 3]],
-    "rms_scale": [[0, 0, 0], [36, 5, 7]],
-    # K2, K2g, K4: the dimensions, then the form byte (1: E4M3 operands with block scales)
+    # K0: the dimensions, the 16-bit type's byte, then the form byte (1: E4M3 operands with
+    # block scales)
+    "residual_rms": [[0, 0, 0], [36, 17, 3], [36, 17, 3, 0, 1]],
+    # K1, K2, K2g, K4: the dimensions, then the form byte
+    "rms_scale": [[0, 0, 0], [36, 5, 7], [36, 5, 7, 1]],
     "rms_swiglu": [[0, 0, 0], [36, 3, 5], [36, 3, 5, 1]],
     "rms_geglu": [[0, 0, 0], [36, 3, 5], [36, 3, 5, 1]],
     "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0], [1, 1, 1, 29, 5, 1]],

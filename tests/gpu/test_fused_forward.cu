@@ -341,13 +341,7 @@ void check_rms_gated_fp8(void (*kernel)(const GatedArgs&, Stream),
       cpu_rstd(DType::f32, {s.M});
   call(g.a.view(), g.a_scales.view(), g.b.view(), g.b_scales.view(), partials.view(), cpu_pre,
        cpu_act, cpu_rstd, false);
-  const ref::NormedGemmInputs in{s.M,
-                                 s.N,
-                                 K,
-                                 ref::dequantize_fp8_blocks(g.qa, s.M, K, 1),
-                                 ref::dequantize_fp8_blocks(g.qb, s.N, K, kFp8ScaleBlock),
-                                 partials.values(),
-                                 eps};
+  const ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
   DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials);
   ref::NormedGemmInputs on_fp8 = in;
   on_fp8.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
@@ -369,6 +363,119 @@ TEST(FusedRmsGatedFp8, MatchesReferenceAndCpu) {
                    " K " + std::to_string(s.K));
       check_rms_gated_fp8(gemm_rms_swiglu, ref::rms_swiglu, ref::silu, dtype, s);
       check_rms_gated_fp8(gemm_rms_geglu, ref::rms_geglu, ref::gelu, dtype, s);
+    }
+}
+
+// K0 and K1 on E4M3 operands, as K2's above: against the reference on the dequantized operands
+// (the unfused path from gemm_fp8's product) and against the CPU backend. K a multiple of 16; f16
+// with blocks of 2^+-2, whose products stay in its range (the default 2^+-6 overflows it).
+Fp8GemmCase fp8_case(DType dtype, const Shape& s, Seeds& seeds) {
+  return Fp8GemmCase(s.M, s.N, (s.K + 15) / 16 * 16, seeds,
+                     {.max_binade = dtype == DType::f16 ? 2 : 6});
+}
+
+void check_residual_rms_fp8(DType dtype, const Shape& s) {
+  Seeds seeds;
+  Fp8GemmCase g = fp8_case(dtype, s, seeds);
+  HostTensor residual = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
+  HostTensor gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
+  struct Outputs {
+    HostTensor out, out_scaled, partials;
+  };
+  const auto outputs = [&] {
+    return Outputs{HostTensor(dtype, {s.M, s.N}), HostTensor(dtype, {s.M, s.N}),
+                   HostTensor(DType::f32, {s.M, ref::partial_blocks(s.N)})};
+  };
+  Outputs cpu = outputs();
+  gemm_residual_rms({.a = g.a.view(),
+                     .w = g.b.view(),
+                     .residual = residual.view(),
+                     .gamma = gamma.view(),
+                     .out = cpu.out.view(),
+                     .out_scaled = cpu.out_scaled.view(),
+                     .sumsq_partials = cpu.partials.view(),
+                     .a_scales = g.a_scales.view(),
+                     .w_scales = g.b_scales.view()});
+  DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), r(residual), gm(gamma);
+  ref::ResidualRmsInputs in{g.m,           g.n, g.k, g.a_values(), g.b_values(), residual.values(),
+                            gamma.values()};
+  const auto exact = ref::residual_rms({}, in);
+  in.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
+  const auto unfused = ref::residual_rms(lowp(dtype), in);
+  for (double v : unfused.out_scaled) ASSERT_TRUE(std::isfinite(v)) << "a vacuous check";
+  Outputs gpu = outputs();
+  DeviceTensor out(gpu.out), out_scaled(gpu.out_scaled), partials(gpu.partials);
+  gemm_residual_rms({.a = a.view(),
+                     .w = w.view(),
+                     .residual = r.view(),
+                     .gamma = gm.view(),
+                     .out = out.view(),
+                     .out_scaled = out_scaled.view(),
+                     .sumsq_partials = partials.view(),
+                     .a_scales = as.view(),
+                     .w_scales = ws.view()});
+  synchronize_ok();
+  EXPECT_TRUE(out.copy_back() && out_scaled.copy_back() && partials.copy_back())
+      << "a write past the end of an output";
+  expect_matches("out", gpu.out, cpu.out, exact.out, unfused.out);
+  expect_matches("out_scaled", gpu.out_scaled, cpu.out_scaled, exact.out_scaled,
+                 unfused.out_scaled);
+  expect_matches("sumsq_partials", gpu.partials, cpu.partials, exact.sumsq_partials,
+                 unfused.sumsq_partials);
+}
+
+void check_rms_scale_fp8(DType dtype, const Shape& s) {
+  Seeds seeds;
+  Fp8GemmCase g = fp8_case(dtype, s, seeds);
+  HostTensor partials = random_sumsq_partials(g.m, g.k, seeds.next());
+  const float eps = 1e-6f;
+  HostTensor cpu_out(dtype, {s.M, s.N}), cpu_rstd(DType::f32, {s.M});
+  gemm_rms_scale({.a = g.a.view(),
+                  .w = g.b.view(),
+                  .sumsq_partials = partials.view(),
+                  .eps = eps,
+                  .out = cpu_out.view(),
+                  .rstd_out = cpu_rstd.view(),
+                  .a_scales = g.a_scales.view(),
+                  .w_scales = g.b_scales.view()});
+  DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials);
+  ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
+  const auto exact = ref::rms_scale({}, in);
+  in.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
+  const auto unfused = ref::rms_scale(lowp(dtype), in);
+  for (double v : unfused.out) ASSERT_TRUE(std::isfinite(v)) << "a vacuous check";
+  HostTensor gpu_out(dtype, {s.M, s.N}), gpu_rstd(DType::f32, {s.M});
+  DeviceTensor out(gpu_out), rstd(gpu_rstd);
+  gemm_rms_scale({.a = a.view(),
+                  .w = w.view(),
+                  .sumsq_partials = p.view(),
+                  .eps = eps,
+                  .out = out.view(),
+                  .rstd_out = rstd.view(),
+                  .a_scales = as.view(),
+                  .w_scales = ws.view()});
+  synchronize_ok();
+  EXPECT_TRUE(out.copy_back() && rstd.copy_back()) << "a write past the end of an output";
+  expect_matches("out", gpu_out, cpu_out, exact.out, unfused.out);
+  expect_matches("rstd_out", gpu_rstd, cpu_rstd, exact.rstd, unfused.rstd);
+}
+
+// Ragged M and N against the 128 x 128 tile, K from one k-block to several with a tail.
+TEST(FusedResidualRmsFp8, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s :
+         {Shape{1, 16, 16}, Shape{37, 136, 144}, Shape{300, 528, 272}, Shape{2176, 2048, 128}}) {
+      SCOPED_TRACE(dtype_label(dtype) + "_" + label(s));
+      check_residual_rms_fp8(dtype, s);
+    }
+}
+TEST(FusedRmsScaleFp8, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s : {Shape{1, 16, 16}, Shape{37, 136, 144}, Shape{300, 528, 4224}}) {
+      SCOPED_TRACE(dtype_label(dtype) + "_" + label(s));
+      check_rms_scale_fp8(dtype, s);
     }
 }
 
@@ -495,13 +602,7 @@ void check_rms_rope_fp8(DType dtype, const RopeCase& rc) {
   gemm_rms_rope(args(g.a.view(), g.a_scales.view(), g.b.view(), g.b_scales.view(), partials.view(),
                      {positions.view(), inv_freq.view(), rc.n_q_heads, rc.n_kv_heads, rc.head_dim},
                      cpu_out.view(), cpu_rstd.view()));
-  const ref::NormedGemmInputs in{rc.M,
-                                 N,
-                                 K,
-                                 ref::dequantize_fp8_blocks(g.qa, rc.M, K, 1),
-                                 ref::dequantize_fp8_blocks(g.qb, N, K, kFp8ScaleBlock),
-                                 partials.values(),
-                                 eps};
+  const ref::NormedGemmInputs in = g.normed_inputs(partials, eps);
   DeviceTensor a(g.a), as(g.a_scales), w(g.b), ws(g.b_scales), p(partials), pos(positions),
       freq(inv_freq);
   ref::NormedGemmInputs on_fp8 = in;

@@ -58,6 +58,7 @@ struct RopeSpec {
 struct ResidualRmsArgs {
   TensorView a, w, residual, gamma;
   TensorView out, out_scaled, sumsq_partials;
+  TensorView a_scales = {}, w_scales = {}; // E4M3 operands: as K4's (RmsRopeArgs)
 };
 
 // K1: out = round(rstd[m] * acc), acc = a · wᵀ, rstd[m] = rsqrt(sum_b partials[m, b] / K + eps).
@@ -67,6 +68,7 @@ struct RmsScaleArgs {
   TensorView a, w, sumsq_partials;
   float eps = 1e-6f;
   TensorView out, rstd_out;
+  TensorView a_scales = {}, w_scales = {}; // E4M3 operands: as K4's (RmsRopeArgs)
 };
 
 // K2: z = round(rstd[m] * (a · wᵀ)) with w the fused interleaved gate/up weight [2F, K] (z in the
