@@ -248,7 +248,10 @@ RmsBackwardOutputs rms_backward(Rounding r, const RmsBackwardInputs& in) {
   // this reference once did, models a path the kernel never takes, and the two paths' errors
   // differ at random by more than the 2x rule allows on small outputs (141 of 24000 runs of
   // Kernels/RmsBackward, all M = 1, N = 8; 2026-12-04).
-  std::vector<double> g = fp32_accumulated(r, M, N, in.K, in.dz, in.w, Layout::dgrad);
+  std::vector<double> g = !r.exact() && !in.product.empty()
+                              ? in.product
+                              : fp32_accumulated(r, M, N, in.K, in.dz, in.w, Layout::dgrad);
+  if (!in.product.empty()) expect_size("rms_backward", "product", in.product, M * N);
   scale(r, M * N, in.alpha, g.data(), g.data());
   RmsBackwardOutputs out;
   out.dx.resize(at(M * N));

@@ -168,6 +168,9 @@ struct RmsBackwardInputs {
   bool accumulate = false;
   std::vector<double> dx_in; // [M, N] when accumulate
   int64_t block = kPartialBlock;
+  // Empty, or dz · w [M, N] as a hardware GEMM computed it (NormedGemmInputs::product), used by
+  // the rounded paths in place of their fp32 sum.
+  std::vector<double> product = {};
 };
 struct RmsBackwardOutputs {
   std::vector<double> dx, h_hat;       // [M, N]

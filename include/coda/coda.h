@@ -132,6 +132,8 @@ typedef struct coda_rms_backward_args { /* K6 */
   coda_scalar alpha;
   int32_t accumulate; /* nonzero: dx += result */
   coda_tensor dx, h_hat, dgamma_partials;
+  coda_tensor dz_scales, w_scales; /* with dz and w CODA_E4M3 (w the weight's transposed codes
+                                      [N, K], coda_quantize_weight_fp8's codes_t): their scales */
 } coda_rms_backward_args;
 
 typedef struct coda_swiglu_backward_args { /* K7; dpreact may alias preact */

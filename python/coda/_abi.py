@@ -196,7 +196,7 @@ class RmsLseArgs(Structure):  # coda_rms_lse_args, C++ coda::RmsLseArgs
 class RmsBackwardArgs(Structure):  # coda_rms_backward_args, C++ coda::RmsBackwardArgs
     _fields_ = [("dz", Tensor), ("w", Tensor), ("x", Tensor), ("rstd", Tensor), ("zeta", Tensor),
         ("gamma", Tensor), ("alpha", Scalar), ("accumulate", c_int32), ("dx", Tensor),
-        ("h_hat", Tensor), ("dgamma_partials", Tensor)]
+        ("h_hat", Tensor), ("dgamma_partials", Tensor), ("dz_scales", Tensor), ("w_scales", Tensor)]
 
 
 class SwigluBackwardArgs(Structure):  # coda_swiglu_backward_args, C++ coda::SwigluBackwardArgs

@@ -203,7 +203,8 @@ Device validate(const RmsLseArgs& args) {
 
 Device validate(const RmsBackwardArgs& args) {
   Validator v("gemm_rms_backward");
-  const Mnk p = backward_operands(v, "dz", args.dz, args.w, "N");
+  const Mnk p = backward_operands(v, "dz", "dz_scales", args.dz, args.w, "N", args.dz_scales,
+                                  args.w_scales);
   const int64_t m = p.m, n = p.n;
   const Dim M = exactly("M", m), N = exactly("N", n);
   v.input("x", args.x, Elem::half, {M, N});

@@ -20,26 +20,42 @@ Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim
   return {m, w.shape[0], k};
 }
 
-Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim,
-                     const TensorView& a_scales, const TensorView& w_scales) {
+namespace {
+
+// E4M3 operands in gemm_fp8's form (a [M, K] named a_name, w [N, K], K a multiple of 16) with
+// their block scales; false, after refusing any scale, when a is not E4M3.
+bool fp8_operands(Validator& v, const char* a_name, const char* a_scales_name, const TensorView& a,
+                  const TensorView& w, Dim n_dim, const TensorView& a_scales,
+                  const TensorView& w_scales, Mnk& p) {
   if (a.dtype != DType::e4m3) {
     if (a_scales.data != nullptr || w_scales.data != nullptr)
-      v.fail(Status::invalid_argument,
-             std::string("a_scales and w_scales go with E4M3 operands; a is ") +
-                 dtype_name(a.dtype) + " (pass them absent, or a and w as e4m3)");
-    return forward_operands(v, a, w, n_dim);
+      v.fail(Status::invalid_argument, std::string(a_scales_name) +
+                                           " and w_scales go with E4M3 operands; " + a_name +
+                                           " is " + dtype_name(a.dtype) +
+                                           " (pass them absent, or " + a_name + " and w as e4m3)");
+    return false;
   }
-  v.input("a", a, Elem::e4m3, {any("M"), any("K")});
+  v.input(a_name, a, Elem::e4m3, {any("M"), any("K")});
   const int64_t m = a.shape[0], k = a.shape[1];
-  v.at_least_one("M", m, "a");
-  v.gemm_dim("K", k, "a", /*multiple=*/16); // 1-byte codes: 16-byte rows are 16 of them
+  v.at_least_one("M", m, a_name);
+  v.gemm_dim("K", k, a_name, /*multiple=*/16); // 1-byte codes: 16-byte rows are 16 of them
   v.input("w", w, Elem::e4m3, {n_dim, exactly("K", k)});
   const int64_t n = w.shape[0];
   const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(k));
-  v.input("a_scales", a_scales, Elem::e8m0, {exactly("M", m), k_blocks});
+  v.input(a_scales_name, a_scales, Elem::e8m0, {exactly("M", m), k_blocks});
   v.input("w_scales", w_scales, Elem::e8m0,
           {exactly("ceil(N/128)", num_fp8_scale_blocks(n)), k_blocks});
-  return {m, n, k};
+  p = {m, n, k};
+  return true;
+}
+
+} // namespace
+
+Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim n_dim,
+                     const TensorView& a_scales, const TensorView& w_scales) {
+  Mnk p{};
+  if (fp8_operands(v, "a", "a_scales", a, w, n_dim, a_scales, w_scales, p)) return p;
+  return forward_operands(v, a, w, n_dim);
 }
 
 Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,
@@ -49,6 +65,16 @@ Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& gra
   const int64_t n = w.shape[1];
   v.gemm_dim(n_name, n, "w");
   return {m, n, k};
+}
+
+Mnk backward_operands(Validator& v, const char* grad_name, const char* grad_scales_name,
+                      const TensorView& grad, const TensorView& w, const char* n_name,
+                      const TensorView& grad_scales, const TensorView& w_scales) {
+  Mnk p{};
+  if (!fp8_operands(v, grad_name, grad_scales_name, grad, w, any(n_name), grad_scales, w_scales, p))
+    return backward_operands(v, grad_name, grad, w, n_name);
+  v.gemm_dim(n_name, p.n, "w");
+  return p;
 }
 
 void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m) {

@@ -45,6 +45,13 @@ Mnk forward_operands(Validator& v, const TensorView& a, const TensorView& w, Dim
 // named `n_name`: M >= 1, and K and N GEMM dimensions. Both names must be string literals.
 Mnk backward_operands(Validator& v, const char* grad_name, const TensorView& grad,
                       const TensorView& w, const char* n_name);
+// The same for a kernel that also takes E4M3 operands (docs/fp8.md), which are gemm_fp8's in its
+// forward form whatever the layout: grad [M, K] as e4m3 codes with `grad_scales_name`
+// [M, ceil(K/128)], and w the weight's transposed codes [N, K] (quantize_weight_fp8's codes_t)
+// with w_scales [ceil(N/128), ceil(K/128)]; otherwise the 16-bit rules above, and no scales.
+Mnk backward_operands(Validator& v, const char* grad_name, const char* grad_scales_name,
+                      const TensorView& grad, const TensorView& w, const char* n_name,
+                      const TensorView& grad_scales, const TensorView& w_scales);
 
 // The RMSNorm statistics a consumer kernel reads: sumsq_partials [M, P >= 1] f32, eps >= 0.
 void normalization_inputs(Validator& v, const TensorView& sumsq_partials, float eps, int64_t m);

@@ -17,7 +17,8 @@ void run_rms_backward(const FusedGemm& gemm, const OpArgs&... op_args) {
 } // namespace
 
 void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
-  const FusedGemm gemm("gemm_rms_backward", GemmLayout::dgrad, args.dz, args.w, tile);
+  const FusedGemm gemm("gemm_rms_backward", GemmLayout::dgrad, args.dz, args.w, tile,
+                       args.dz_scales, args.w_scales);
   gemm.require_col_partials(args.dgamma_partials, "dgamma_partials");
   const ep::ScaleByScalar::Args alpha{args.alpha.value, args.alpha.tensor};
   const ep::RoundTo::Args rounded{args.dx.dtype};
@@ -27,8 +28,9 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
   const ep::ResidualAdd::Args existing{args.dx, 1.f}; // read once, rounded once by the store
   const ep::TileStore::Args dx{args.dx};
   // From K = kRmsBackwardRoundedGradientMinK g is rounded to the 16-bit type (the GPU's
-  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32.
-  const bool round = gemm.k >= kRmsBackwardRoundedGradientMinK;
+  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32, and
+  // at every K on E4M3 operands (the GPU's FP8 tile hands nothing over).
+  const bool round = args.dz.dtype != DType::e4m3 && gemm.k >= kRmsBackwardRoundedGradientMinK;
   if (round && args.accumulate)
     run_rms_backward<true, true>(gemm, alpha, rounded, norm, existing, dx);
   else if (round)

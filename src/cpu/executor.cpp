@@ -91,8 +91,9 @@ std::variant<GemmMainloop, Fp8GemmMainloop> mainloop_for(GemmLayout layout, cons
 FusedGemm::FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a,
                      const TensorView& w, Tile tile, const TensorView& a_scales,
                      const TensorView& w_scales)
-    : m(a.shape[0]), n(layout == GemmLayout::dgrad ? w.shape[1] : w.shape[0]), k(a.shape[1]),
-      kernel_(kernel), tile_(checked_tile(tile, kernel)),
+    : m(a.shape[0]),
+      n(layout == GemmLayout::dgrad && a.dtype != DType::e4m3 ? w.shape[1] : w.shape[0]),
+      k(a.shape[1]), kernel_(kernel), tile_(checked_tile(tile, kernel)),
       mainloop_(mainloop_for(layout, a, w, m, n, k, a_scales, w_scales)) {}
 
 void FusedGemm::require_row_partials(const TensorView& partials, const char* name) const {

@@ -124,8 +124,9 @@ template <class... Ops> struct OpChain {
 // N]), [m, n] in tiles of checked_tile(tile); run() runs an op list on it.
 class FusedGemm {
 public:
-  // For E4M3 a and w (the forward layout), a_scales and w_scales are gemm_fp8's block scales and
-  // acc is Fp8GemmMainloop's; otherwise they are absent and acc is GemmMainloop's.
+  // For E4M3 a and w, a_scales and w_scales are gemm_fp8's block scales and acc is
+  // Fp8GemmMainloop's, a · wᵀ with w [N, K] whatever the layout (a dgrad kernel's w is then the
+  // weight's transposed copy); otherwise they are absent and acc is GemmMainloop's.
   FusedGemm(const char* kernel, GemmLayout layout, const TensorView& a, const TensorView& w,
             Tile tile, const TensorView& a_scales = {}, const TensorView& w_scales = {});
 

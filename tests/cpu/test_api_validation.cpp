@@ -407,6 +407,18 @@ const Rejection kRejections[] = {
              k0.a_scales = ar.matrix(e8m0, M, 1);
            },
            Status::invalid_argument, {"gemm_residual_rms: w_scales is required"}),
+    reject("Fp8ScalesOnlyWithE4m3OperandsK6", valid_k6,
+           [](Arena& ar, RmsBackwardArgs& k6) { k6.dz_scales = ar.matrix(e8m0, M, 1); },
+           Status::invalid_argument,
+           {"gemm_rms_backward: dz_scales and w_scales go with E4M3 operands; dz is bf16"}),
+    reject("Fp8WeightOfK6IsTheTransposedCopy", valid_k6,
+           [](Arena& ar, RmsBackwardArgs& k6) {
+             k6.dz = ar.matrix(e4m3, M, 32);
+             k6.dz_scales = ar.matrix(e8m0, M, 1);
+             k6.w = ar.matrix(e4m3, 32, N); // as the 16-bit form stores it: [K, N]
+             k6.w_scales = ar.matrix(e8m0, 1, 1);
+           },
+           Status::invalid_argument, {"gemm_rms_backward: w must have shape [N, K]"}),
     reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
            Status::type_error, {"gamma must be bf16 or f16; got f32"}),
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,

@@ -13,6 +13,7 @@
 #include "reference/gemm.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 
 namespace coda::test {
@@ -105,6 +106,54 @@ INSTANTIATE_TEST_SUITE_P(Kernels, RmsBackward,
                                   (std::get<2>(info.param) ? "_accumulate" : "_overwrite") +
                                   (std::get<3>(info.param) ? "_alpha_tensor" : "_alpha_value");
                          });
+
+// K6 on E4M3 operands (docs/fp8.md): dz as codes with row-block scales and w the weight's
+// transposed copy [N, K] with 128 x 128 block scales (gemm_fp8's forward form), g fp32 at every
+// K; against the reference on the values they stand for (w back in [K, N]). f16 with blocks of
+// 2^+-2, whose products stay in its range.
+TEST(RmsBackwardFp8, OutputsOfE4m3OperandsMatchReference) {
+  for (DType dtype : kHalfTypes)
+    for (const bool accumulate : {false, true})
+      for (const Shape& s : {Shape{1, 8, 16}, Shape{37, 136, 144}, Shape{200, 264, 272}}) {
+        SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + (accumulate ? "_accumulate" : ""));
+        Seeds seeds;
+        Fp8GemmCase g(s.M, s.N, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+        auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
+        auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
+        auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
+        auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
+        HostTensor dx = accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
+                                   : HostTensor(dtype, {s.M, s.N});
+        HostTensor h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
+        const std::vector<double> dx_in = accumulate ? dx.values() : std::vector<double>{};
+        gemm_rms_backward({.dz = g.a.view(),
+                           .w = g.b.view(),
+                           .x = x.view(),
+                           .rstd = rstd.view(),
+                           .zeta = zeta.view(),
+                           .gamma = gamma.view(),
+                           .alpha = Scalar{0.46875f, {}},
+                           .accumulate = accumulate,
+                           .dx = dx.view(),
+                           .h_hat = h_hat.view(),
+                           .dgamma_partials = partials.view(),
+                           .dz_scales = g.a_scales.view(),
+                           .w_scales = g.b_scales.view()});
+        const std::vector<double> w_t = g.b_values(); // [N, K]
+        std::vector<double> w(w_t.size());
+        for (int64_t k = 0; k < s.K; ++k)
+          for (int64_t n = 0; n < s.N; ++n) w[size_t(k * s.N + n)] = w_t[size_t(n * s.K + k)];
+        const ref::RmsBackwardInputs in{
+            s.M,        s.N,           s.K,           g.a_values(),   w,
+            x.values(), rstd.values(), zeta.values(), gamma.values(), 0.46875,
+            accumulate, dx_in};
+        const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
+        CODA_EXPECT_PASSES(check_output("dx", dx, exact.dx, unfused.dx));
+        CODA_EXPECT_PASSES(check_output("h_hat", h_hat, exact.h_hat, unfused.h_hat));
+        CODA_EXPECT_PASSES(check_output("dgamma_partials", partials, exact.dgamma_partials,
+                                        unfused.dgamma_partials));
+      }
+}
 
 // ---- K7: recomputed act, interleaved dpreact, row partials of g dg + u du over j.
 

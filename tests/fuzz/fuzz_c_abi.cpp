@@ -652,13 +652,14 @@ struct Operands {
   coda_tensor a, w, a_scales, w_scales;
 };
 int64_t k_rounded(int64_t k) { return (k + 15) / 16 * 16; }
-Operands fp8_operands(Call& c, int64_t m, int64_t n, int64_t k) {
+Operands fp8_operands(Call& c, int64_t m, int64_t n, int64_t k, const char* a_name = "a",
+                      const char* a_scales_name = "a_scales") {
   k = k_rounded(k);
   const int64_t k_blocks = (k + 127) / 128;
   Operands x;
-  x.a = c.input("a", CODA_E4M3, {m, k});
+  x.a = c.input(a_name, CODA_E4M3, {m, k});
   x.w = c.input("w", CODA_E4M3, {n, k});
-  x.a_scales = c.input("a_scales", CODA_E8M0, {m, k_blocks});
+  x.a_scales = c.input(a_scales_name, CODA_E8M0, {m, k_blocks});
   x.w_scales = c.input("w_scales", CODA_E8M0, {(n + 127) / 128, k_blocks});
   return x;
 }
@@ -778,8 +779,13 @@ void fuzz_rms_backward(Call& c) {
   const int64_t m = in.dim(40), n = in.dim8(8), k = in.dim8(8);
   const int32_t t = c.half();
   coda_rms_backward_args a{};
-  a.dz = c.input("dz", t, {m, k});
-  a.w = c.input("w", t, {k, n});
+  if (in.byte() & 1) { // the E4M3 form (a form byte after the 16-bit type's): w [N, K]
+    const Operands x = fp8_operands(c, m, n, k, "dz", "dz_scales");
+    a.dz = x.a, a.w = x.w, a.dz_scales = x.a_scales, a.w_scales = x.w_scales;
+  } else {
+    a.dz = c.input("dz", t, {m, k});
+    a.w = c.input("w", t, {k, n});
+  }
   a.x = c.input("x", t, {m, n});
   a.rstd = c.input("rstd", CODA_F32, {m}, 0.5f, 2.f);
   a.zeta = c.input("zeta", CODA_F32, {m});

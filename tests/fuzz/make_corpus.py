@@ -43,7 +43,8 @@ CASES = {
     "rms_geglu": [[0, 0, 0], [36, 3, 5], [36, 3, 5, 1]],
     "rms_rope": [[0, 0, 0, 0, 0, 0], [1, 1, 1, 29, 5, 0], [1, 1, 1, 29, 5, 1]],
     "rms_lse": [[0, 0, 0], [29, 39, 5]],
-    "rms_backward": [[0, 0, 0], [36, 7, 5]],
+    # K6: the dimensions, the 16-bit type's byte, then the form byte (1: E4M3, w [N, K])
+    "rms_backward": [[0, 0, 0], [36, 7, 5], [36, 7, 5, 0, 1]],
     "swiglu_backward": [[0, 0, 0], [36, 3, 7]],
     "reductions": [[m, p, n, case] for case in range(4) for (m, p, n) in [(0, 0, 0), (59, 4, 19)]],
     "rope_backward": [[0, 0, 3, 0], [1, 1, 7, 29]],

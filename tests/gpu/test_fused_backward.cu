@@ -24,9 +24,11 @@
 #include "gpu/fused/kernels.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 #include "tests/common/kernel_fixtures.hpp"
 #include "tests/gpu/cpu_parity.hpp"
 #include "tests/gpu/device_tensor.hpp"
+#include "tests/gpu/fp8_product.hpp"
 #include "tests/gpu/gpu_fixtures.hpp"
 
 namespace coda::test {
@@ -168,6 +170,63 @@ void check_rms_backward(DType dtype, const Shape& s, const RmsBackwardOptions& o
                                       unfused.dgamma_partials));
     }
   }
+}
+
+// K6 on E4M3 operands (docs/fp8.md): dz as codes with row-block scales, w the weight's transposed
+// copy [N, K] with 128 x 128 block scales, on the FP8 mainloop's 128 x 128 tile, g fp32 at every
+// K. Against the reference on the values the codes stand for (the unfused path from gemm_fp8's
+// product) and against the CPU backend. f16 with blocks of 2^+-2 (K0's reason, forward suite).
+void check_rms_backward_fp8(DType dtype, const Shape& s, const RmsBackwardOptions& o) {
+  Seeds seeds;
+  Fp8GemmCase g(s.M, s.N, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+  const RmsBackwardCase inputs(dtype, s, o.accumulate, seeds); // its dz and w unused
+  const auto run = [&](RmsBackwardCase& c, DeviceRmsBackward* d, const TensorView& dz,
+                       const TensorView& dz_scales, const TensorView& w,
+                       const TensorView& w_scales) {
+    RmsBackwardArgs a;
+    if (d != nullptr) {
+      a = d->args(o);
+    } else {
+      a.x = c.x.view(), a.rstd = c.rstd.view(), a.zeta = c.zeta.view(), a.gamma = c.gamma.view();
+      a.alpha = alpha_of(o, c.alpha_t.view()), a.accumulate = o.accumulate, a.dx = c.dx.view();
+      a.h_hat = c.h_hat.view(), a.dgamma_partials = c.partials.view();
+    }
+    a.dz = dz, a.dz_scales = dz_scales, a.w = w, a.w_scales = w_scales;
+    gemm_rms_backward(a);
+  };
+  RmsBackwardCase cpu = inputs;
+  run(cpu, nullptr, g.a.view(), g.a_scales.view(), g.b.view(), g.b_scales.view());
+  ref::RmsBackwardInputs in = inputs.inputs(s, o.accumulate);
+  in.dz = g.a_values();
+  const std::vector<double> w_t = g.b_values(); // [N, K]; the reference's w is [K, N]
+  for (int64_t k = 0; k < s.K; ++k)
+    for (int64_t n = 0; n < s.N; ++n) in.w[size_t(k * s.N + n)] = w_t[size_t(n * s.K + k)];
+  const auto exact = ref::rms_backward({}, in);
+  DeviceTensor dz(g.a), dz_scales(g.a_scales), w(g.b), w_scales(g.b_scales);
+  in.product = fp8_product(g, dz.view(), dz_scales.view(), w.view(), w_scales.view());
+  const auto unfused = ref::rms_backward(lowp(dtype), in);
+  RmsBackwardCase gpu = inputs;
+  DeviceRmsBackward d(gpu);
+  run(gpu, &d, dz.view(), dz_scales.view(), w.view(), w_scales.view());
+  synchronize_ok();
+  EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back())
+      << "a write past the end of an output";
+  expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx);
+  expect_matches("h_hat", gpu.h_hat, cpu.h_hat, exact.h_hat, unfused.h_hat);
+  expect_matches("dgamma_partials", gpu.partials, cpu.partials, exact.dgamma_partials,
+                 unfused.dgamma_partials);
+}
+
+// Ragged M and N against the 128 x 128 tile and the 128-row reduction blocks; K from one
+// k-block to many (past kRmsBackwardRoundedGradientMinK: g still fp32).
+TEST(FusedRmsBackwardFp8, MatchesReferenceAndCpu) {
+  CODA_REQUIRE_SM90();
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s : {Shape{1, 8, 16}, Shape{129, 136, 144}, Shape{300, 520, 3200}})
+      for (const RmsBackwardOptions o : {RmsBackwardOptions{false, false}, {true, true}}) {
+        SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + "_" + label(o));
+        check_rms_backward_fp8(dtype, s, o);
+      }
 }
 
 // Ragged M (1, 129, 1000) against the 128-row tiles and reduction blocks, N (8, 136, 264, 520,

@@ -132,11 +132,16 @@ struct RmsLseArgs {
 //   gradient dgamma_partials: column partials of g * xh      [N, ceil(M / kReduceBlock)]
 // zeta[m] = (1/N) sum_k z[m, k] dz[m, k] over the consumer's output (see rope_backward, K7, CE).
 inline constexpr int64_t kRmsBackwardRoundedGradientMinK = 3072;
+// E4M3 operands (docs/fp8.md), gemm_fp8's in its forward form: dz as codes with dz_scales
+// [M, ceil(K/128)], and w then the weight's transposed codes [N, K] (quantize_weight_fp8's
+// codes_t) with w_scales its scales_t [ceil(N/128), ceil(K/128)]; g stays fp32 at every K (the
+// FP8 tile hands nothing over).
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
   Scalar alpha;
   Bool32 accumulate = true; // a bool held as the C ABI's int32_t (coda/core/bool32.hpp)
   TensorView dx, h_hat, dgamma_partials;
+  TensorView dz_scales = {}, w_scales = {};
 };
 
 // K7: the SwiGLU backward in the down projection's input-gradient GEMM.

@@ -32,16 +32,17 @@ namespace {
 
 using Shape = dev::CooperativeShape;
 
-// K6's device ops on the cooperative schedule: an x ring of 4 slots, or with the dx ring of an
-// accumulating call, both of 2 (see the file comment).
-template <class T, bool kAccumulate> struct CooperativeOps : DeviceOps<Shape, T> {
+// K6's device ops on the cooperative schedule (S: its 128 x 256 tile, or the FP8 mainloop's
+// 128 x 128): an x ring of 4 slots, or with the dx ring of an accumulating call, both of 2 (see
+// the file comment).
+template <class T, bool kAccumulate, class S = Shape> struct CooperativeOps : DeviceOps<S, T> {
   static constexpr int kSlots = kAccumulate ? 2 : 4;
-  using RmsNormBackward = dev::RmsNormBackward<Shape, T, kSlots>;
-  using ResidualAdd = dev::ResidualAdd<Shape, T, kSlots>;
+  using RmsNormBackward = dev::RmsNormBackward<S, T, kSlots>;
+  using ResidualAdd = dev::ResidualAdd<S, T, kSlots>;
 };
-template <class T, bool kAccumulate>
+template <class T, bool kAccumulate, class S = Shape>
 using CooperativeEpilogue =
-    kernels::RmsBackwardOps<CooperativeOps<T, kAccumulate>, /*rounded=*/false, kAccumulate>;
+    kernels::RmsBackwardOps<CooperativeOps<T, kAccumulate, S>, /*rounded=*/false, kAccumulate>;
 
 // The rounded list (kernels::RmsBackwardOps<F, true, kAccumulate>) on the staged_wide schedule is
 // the GPU's own: there three warps take the staged tile's 16-row strips in turn, so the ops after
@@ -65,9 +66,10 @@ static_assert(Gemm<StagedWideEpilogue<bf16, true>, bf16>::Config::kStages == 3 &
               "K6's strip buffers leave room for the staged_wide schedule's 3 stages");
 
 // Column partials [N, ceil(M / kReduceBlock)] of an [M, N] output.
-dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorView& partials,
-                                                                   int64_t rows) {
-  dev::ReduceOverM<Shape, epilogue::Sum>::Params p;
+template <class S = Shape>
+typename dev::ReduceOverM<S, epilogue::Sum>::Params col_partials_params(const TensorView& partials,
+                                                                        int64_t rows) {
+  typename dev::ReduceOverM<S, epilogue::Sum>::Params p;
   p.partials = partials.ptr<float>();
   p.stride = partials.stride[0];
   p.rows = int32_t(rows);
@@ -76,20 +78,39 @@ dev::ReduceOverM<Shape, epilogue::Sum>::Params col_partials_params(const TensorV
   return p;
 }
 
-template <class T, bool kAccumulate>
-void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
-  using Ops = CooperativeOps<T, kAccumulate>;
-  using L = Launch<CooperativeEpilogue<T, kAccumulate>, T, GemmLayout::dgrad>;
+// The cooperative list's Params in list order, for launch(params...).
+template <class T, bool kAccumulate, class S, class Launcher>
+void with_cooperative_params(const RmsBackwardArgs& args, Launcher&& launch) {
+  using Ops = CooperativeOps<T, kAccumulate, S>;
   const auto alpha = Ops::ScaleByScalar::params(args.alpha);
-  const auto norm =
-      Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat);
-  const auto dgamma = col_partials_params(args.dgamma_partials, args.dz.shape[0]);
+  using Norm = typename Ops::template AuxReduce<typename Ops::RmsNormBackward,
+                                                typename Ops::template ReduceOverM<epilogue::Sum>>;
+  const typename Norm::Params norm{
+      Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat),
+      col_partials_params<S>(args.dgamma_partials, args.dz.shape[0])};
   const auto dx = Ops::TileStore::params("dx", args.dx);
   if constexpr (kAccumulate)
-    L::run(args.dz, args.w, stream, alpha, {norm, dgamma}, Ops::ResidualAdd::params(args.dx, 1.f),
-           dx);
+    launch(alpha, norm, Ops::ResidualAdd::params(args.dx, 1.f), dx);
   else
-    L::run(args.dz, args.w, stream, alpha, {norm, dgamma}, dx);
+    launch(alpha, norm, dx);
+}
+
+template <class T, bool kAccumulate>
+void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
+  with_cooperative_params<T, kAccumulate, Shape>(args, [&](const auto&... params) {
+    Launch<CooperativeEpilogue<T, kAccumulate>, T, GemmLayout::dgrad>::run(args.dz, args.w, stream,
+                                                                           params...);
+  });
+}
+
+// E4M3 dz and w (w the weight's transposed codes, RmsBackwardArgs): the cooperative list on the
+// FP8 mainloop's tile (Fp8Shape, 128 x 128: its 128 rows one dgamma reduction block) in the
+// forward form, g fp32 as on the cooperative schedule.
+template <class T, bool kAccumulate> void run_fp8(const RmsBackwardArgs& args, Stream stream) {
+  with_cooperative_params<T, kAccumulate, dev::Fp8Shape>(args, [&](const auto&... params) {
+    Launch<CooperativeEpilogue<T, kAccumulate, dev::Fp8Shape>, e4m3>::run_fp8(
+        args.dz, args.dz_scales, args.w, args.w_scales, stream, params...);
+  });
 }
 
 template <class T, bool kAccumulate>
@@ -107,6 +128,12 @@ void run_staged_wide(const RmsBackwardArgs& args, Stream stream) {
 
 void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_rms_backward");
+  if (args.dz.dtype == DType::e4m3)
+    return fused::with_half_type(args.dx.dtype, [&](auto t) {
+      using T = decltype(t);
+      if (args.accumulate) return fused::run_fp8<T, true>(args, stream);
+      fused::run_fp8<T, false>(args, stream);
+    });
   const FusedSchedule by_k = fused::default_schedule(
       sm90::FusedKernel::k6, 0, args.dz.shape[1] >= kRmsBackwardRoundedGradientMinK);
   const bool staged_wide = fused::schedule_for(by_k) == FusedSchedule::staged;

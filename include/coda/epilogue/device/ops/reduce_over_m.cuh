@@ -28,7 +28,10 @@ template <class Shape, template <class> class Reduction> struct ReduceOverM : Op
   static constexpr int kThreads = Shape::kWarpgroups * arch::kWarpgroupSize;
   static_assert(Shape::kWarpgroups * Shape::kRows == kReduceBlock && Shape::kBlocks == 1,
                 "a tile's warpgroups share one reduction block of rows (the cooperative tile)");
-  static_assert(Shape::kCols == kThreads, "one column per thread of the tile in end_tile");
+  // One column per thread of the tile in end_tile: every thread of a 256-column tile, the first
+  // half of a 128-column one (the FP8 mainloop's; the others only meet).
+  static_assert(Shape::kCols == kThreads || 2 * Shape::kCols == kThreads,
+                "one column per thread of the tile in end_tile, or per thread of the first half");
 
   struct Params {
     float* partials = nullptr; // [cols, blocks], row stride `stride`
@@ -70,14 +73,16 @@ template <class Shape, template <class> class Reduction> struct ReduceOverM : Op
   __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
     meet(c);
     const int col = c.wg.index * arch::kWarpgroupSize + c.wg.thread;
-    State s = R::identity();
+    if (col < Shape::kCols) {
+      State s = R::identity();
 #pragma unroll
-    for (int w = 0; w < Shape::kWarpgroups; ++w)
+      for (int w = 0; w < Shape::kWarpgroups; ++w)
 #pragma unroll
-      for (int warp = 0; warp < kWarps; ++warp) s = R::merge(s, c.smem.warp_states[w][warp][col]);
-    const int32_t n = tile.col0 + col, block = tile.row0 / int32_t(kReduceBlock);
-    if (n < c.params.cols && block < c.params.blocks)
-      c.params.partials[int64_t(n) * c.params.stride + block] = R::finish(s);
+        for (int warp = 0; warp < kWarps; ++warp) s = R::merge(s, c.smem.warp_states[w][warp][col]);
+      const int32_t n = tile.col0 + col, block = tile.row0 / int32_t(kReduceBlock);
+      if (n < c.params.cols && block < c.params.blocks)
+        c.params.partials[int64_t(n) * c.params.stride + block] = R::finish(s);
+    }
     meet(c); // everyone has read the states before the next tile writes them
   }
 
