@@ -94,17 +94,22 @@ std::vector<double> fp32_accumulated(Rounding r, int64_t M, int64_t N, int64_t K
   gemm_fp32(layout, M, N, K, a32.data(), w32.data(), d32.data());
   return std::vector<double>(d32.begin(), d32.end());
 }
+// The rounded paths' a · w: the hardware product given in place of the sum
+// (NormedGemmInputs::product), or fp32_accumulated; the exact path always sums in fp64.
+std::vector<double> product_or_sum(Rounding r, const char* kernel,
+                                   const std::vector<double>& product, int64_t M, int64_t N,
+                                   int64_t K, const std::vector<double>& a,
+                                   const std::vector<double>& w, Layout layout = Layout::fwd) {
+  if (r.exact() || product.empty()) return fp32_accumulated(r, M, N, K, a, w, layout);
+  expect_size(kernel, "product", product, M * N);
+  return product;
+}
 NormedGemm normed_gemm(Rounding r, const char* kernel, const NormedGemmInputs& in) {
   expect_size(kernel, "a", in.a, in.M * in.K);
   expect_size(kernel, "w", in.w, in.N * in.K);
   NormedGemm out;
   out.rstd = rstd_from_partials(r, in.M, in.sumsq_partials, in.K, in.eps);
-  if (!r.exact() && !in.product.empty()) {
-    expect_size(kernel, "product", in.product, in.M * in.N);
-    out.z = in.product; // an fp32 accumulator, as fp32_accumulated's
-  } else {
-    out.z = fp32_accumulated(r, in.M, in.N, in.K, in.a, in.w);
-  }
+  out.z = product_or_sum(r, kernel, in.product, in.M, in.N, in.K, in.a, in.w);
   for (int64_t m = 0; m < in.M; ++m)
     for (int64_t n = 0; n < in.N; ++n) {
       double& z = out.z[at(m * in.N + n)];
@@ -154,13 +159,9 @@ ResidualRmsOutputs residual_rms(Rounding r, const ResidualRmsInputs& in) {
   expect_size("residual_rms", "residual", in.residual, M * N);
   expect_size("residual_rms", "gamma", in.gamma, N);
   ResidualRmsOutputs out;
-  if (!r.exact() && !in.product.empty()) {
-    expect_size("residual_rms", "product", in.product, M * N);
-    out.out.resize(at(M * N));
-    for (size_t i = 0; i < out.out.size(); ++i) out.out[i] = r(in.product[i]);
-  } else {
-    out.out = matmul(r, Layout::fwd, M, N, in.K, in.a, in.w);
-  }
+  // The GEMM's output rounded once (matmul's rounding of the same fp32 sum).
+  out.out = product_or_sum(r, "residual_rms", in.product, M, N, in.K, in.a, in.w);
+  for (double& v : out.out) v = r(v);
   add(r, M * N, out.out.data(), in.residual.data(), out.out.data());
   const std::vector<double>& x = out.out;
   out.out_scaled.resize(at(M * N));
@@ -248,10 +249,8 @@ RmsBackwardOutputs rms_backward(Rounding r, const RmsBackwardInputs& in) {
   // this reference once did, models a path the kernel never takes, and the two paths' errors
   // differ at random by more than the 2x rule allows on small outputs (141 of 24000 runs of
   // Kernels/RmsBackward, all M = 1, N = 8; 2026-12-04).
-  std::vector<double> g = !r.exact() && !in.product.empty()
-                              ? in.product
-                              : fp32_accumulated(r, M, N, in.K, in.dz, in.w, Layout::dgrad);
-  if (!in.product.empty()) expect_size("rms_backward", "product", in.product, M * N);
+  std::vector<double> g =
+      product_or_sum(r, "rms_backward", in.product, M, N, in.K, in.dz, in.w, Layout::dgrad);
   scale(r, M * N, in.alpha, g.data(), g.data());
   RmsBackwardOutputs out;
   out.dx.resize(at(M * N));

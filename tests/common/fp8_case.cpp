@@ -117,6 +117,14 @@ std::vector<double> Fp8GemmCase::b_values() const {
   return ref::dequantize_fp8_blocks(qb, n, k, b_block_rows());
 }
 
+std::vector<double> Fp8GemmCase::b_values_transposed() const {
+  const std::vector<double> b_nk = b_values();
+  std::vector<double> b_kn(b_nk.size());
+  for (int64_t kk = 0; kk < k; ++kk)
+    for (int64_t nn = 0; nn < n; ++nn) b_kn[size_t(kk * n + nn)] = b_nk[size_t(nn * k + kk)];
+  return b_kn;
+}
+
 ref::NormedGemmInputs Fp8GemmCase::normed_inputs(const HostTensor& partials, float eps) const {
   return {m, n, k, a_values(), b_values(), partials.values(), eps};
 }

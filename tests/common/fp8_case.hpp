@@ -53,6 +53,9 @@ struct Fp8GemmCase {
   // The values the codes and scales stand for, in fp64: a [M, K], b [N, K].
   std::vector<double> a_values() const;
   std::vector<double> b_values() const;
+  // b's values as [K, N]: the weight of an input-gradient kernel, whose E4M3 b is its transposed
+  // copy.
+  std::vector<double> b_values_transposed() const;
   // A normalized GEMM's inputs (K1, K2, K4: a and w = b) on those values.
   ref::NormedGemmInputs normed_inputs(const HostTensor& partials, float eps) const;
   // fp64 GEMM of the dequantized operands (the values the codes and scales stand for, exactly),

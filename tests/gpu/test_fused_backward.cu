@@ -198,9 +198,7 @@ void check_rms_backward_fp8(DType dtype, const Shape& s, const RmsBackwardOption
   run(cpu, nullptr, g.a.view(), g.a_scales.view(), g.b.view(), g.b_scales.view());
   ref::RmsBackwardInputs in = inputs.inputs(s, o.accumulate);
   in.dz = g.a_values();
-  const std::vector<double> w_t = g.b_values(); // [N, K]; the reference's w is [K, N]
-  for (int64_t k = 0; k < s.K; ++k)
-    for (int64_t n = 0; n < s.N; ++n) in.w[size_t(k * s.N + n)] = w_t[size_t(n * s.K + k)];
+  in.w = g.b_values_transposed(); // the reference's w is [K, N]
   const auto exact = ref::rms_backward({}, in);
   DeviceTensor dz(g.a), dz_scales(g.a_scales), w(g.b), w_scales(g.b_scales);
   in.product = fp8_product(g, dz.view(), dz_scales.view(), w.view(), w_scales.view());

@@ -123,6 +123,16 @@ struct Launch<dev::FusedEpilogue<Shape, Ops...>, T, kLayout> {
     dev::FusedGemm<Epi, T, kLayout>::run_fp8(a, a_scales, w, w_scales,
                                              typename Epi::Params{{params}...}, stream);
   }
+  // Either, by the operands' type T: run_fp8 for e4m3, else run (the scales absent), so that a
+  // kernel's one launch serves both forms with its Params written once.
+  static void run_operands(const TensorView& a, const TensorView& a_scales, const TensorView& w,
+                           const TensorView& w_scales, Stream stream,
+                           const typename Ops::Params&... params) {
+    if constexpr (std::is_same_v<T, e4m3>)
+      run_fp8(a, a_scales, w, w_scales, stream, params...);
+    else
+      run(a, w, stream, params...);
+  }
 };
 
 // The Params of the family Ops' ScalePerRow for a kernel normalizing a (K1, K2, K4, K5):

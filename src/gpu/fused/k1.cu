@@ -15,20 +15,14 @@ FusedSchedule schedule_for(FusedSchedule kernel_default) {
 
 namespace {
 
-template <class Shape, class T, int kPartials>
+// T the output's 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tile
+// (docs/fp8.md; Fp8Shape, cooperative 128 x 128).
+template <class Shape, class T, int kPartials, class Operand = T>
 void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kPartials>;
-  Launch<kernels::RmsScaleOps<Ops>, T>::run(args.a, args.w, stream, rstd_params<Ops>(args), {},
-                                            Ops::MainStore::params("out", args.out));
-}
-
-// E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
-// 128 x 128), T the output's 16-bit type.
-template <class T> void run_rms_scale_fp8(const RmsScaleArgs& args, Stream stream) {
-  using Ops = DeviceOps<dev::Fp8Shape, T, 32>;
-  Launch<kernels::RmsScaleOps<Ops>, e4m3>::run_fp8(args.a, args.a_scales, args.w, args.w_scales,
-                                                   stream, rstd_params<Ops>(args), {},
-                                                   Ops::MainStore::params("out", args.out));
+  Launch<kernels::RmsScaleOps<Ops>, Operand>::run_operands(
+      args.a, args.a_scales, args.w, args.w_scales, stream, rstd_params<Ops>(args), {},
+      Ops::MainStore::params("out", args.out));
 }
 
 } // namespace
@@ -39,8 +33,9 @@ void set_fused_schedule(FusedSchedule schedule) { fused::g_schedule = schedule; 
 void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::require_device("gemm_rms_scale");
   if (args.a.dtype == DType::e4m3)
-    return fused::with_half_type(
-        args.out.dtype, [&](auto t) { fused::run_rms_scale_fp8<decltype(t)>(args, stream); });
+    return fused::with_half_type(args.out.dtype, [&](auto t) {
+      fused::run_rms_scale<fused::dev::Fp8Shape, decltype(t), 32, e4m3>(args, stream);
+    });
   const FusedSchedule schedule = fused::default_schedule(sm90::FusedKernel::k1);
   fused::with_rstd_variant(args.a.dtype, schedule, [&](auto t, auto shape, auto p) {
     fused::run_rms_scale<decltype(shape), decltype(t), decltype(p)::value>(args, stream);

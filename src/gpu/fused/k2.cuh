@@ -14,21 +14,12 @@ namespace coda::gpu::fused {
 // (docs/epilogue.md). Rows with more partials than staged would read them from global memory
 // after the mainloop, so the launch takes the variant that stages them all. On the staged
 // schedule the consumers hold them in registers instead (dev::kPartialsInRegisters): 4 stages.
-template <class Shape, class T, int kStaged, class Gate, class GatedArgs>
+// T the outputs' 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tile
+// (docs/fp8.md; Fp8Shape, cooperative 128 x 128).
+template <class Shape, class T, int kStaged, class Gate, class Operand = T, class GatedArgs>
 void run_rms_gated(const GatedArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kStaged>;
-  Launch<kernels::RmsGatedOps<Ops, Gate>, T>::run(
-      args.a, args.w, stream, rstd_params<Ops>(args), {},
-      Ops::MainStore::params("preact", args.preact),
-      Ops::template GatedPairStore<Gate>::params("act", args.act));
-}
-
-// E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
-// 128 x 128), T the outputs' 16-bit type.
-template <class T, class Gate, class GatedArgs>
-void run_rms_gated_fp8(const GatedArgs& args, Stream stream) {
-  using Ops = DeviceOps<dev::Fp8Shape, T, 32>;
-  Launch<kernels::RmsGatedOps<Ops, Gate>, e4m3>::run_fp8(
+  Launch<kernels::RmsGatedOps<Ops, Gate>, Operand>::run_operands(
       args.a, args.a_scales, args.w, args.w_scales, stream, rstd_params<Ops>(args), {},
       Ops::MainStore::params("preact", args.preact),
       Ops::template GatedPairStore<Gate>::params("act", args.act));
@@ -39,8 +30,9 @@ template <class Gate, class GatedArgs>
 void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
   require_device(kernel);
   if (args.a.dtype == DType::e4m3)
-    return with_half_type(args.preact.dtype,
-                          [&](auto t) { run_rms_gated_fp8<decltype(t), Gate>(args, stream); });
+    return with_half_type(args.preact.dtype, [&](auto t) {
+      run_rms_gated<dev::Fp8Shape, decltype(t), 32, Gate, e4m3>(args, stream);
+    });
   const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   with_half_type(args.a.dtype, [&](auto t) {
     // Staged (4 stages with the partials in registers; with them in shared memory at the

@@ -19,24 +19,14 @@ struct RopeDeviceOps : DeviceOps<Shape, T, kPartials> {
   using Rope = dev::Rope<Shape, kHeadDim>;
 };
 
-template <class Shape, class T, int kHeadDim, int kPartials>
+// T the output's 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tile
+// (docs/fp8.md; Fp8Shape, cooperative 128 x 128: whole heads of 64 or 128 columns; RoPE and the
+// rstd scale in the prepass, as on the cooperative 16-bit tile).
+template <class Shape, class T, int kHeadDim, int kPartials, class Operand = T>
 void run_rms_rope(const RmsRopeArgs& args, Stream stream) {
   using Ops = RopeDeviceOps<Shape, T, kHeadDim, kPartials>;
   const RopeSpec& rope = args.rope;
-  Launch<kernels::RmsRopeOps<Ops>, T>::run(
-      args.a, args.w, stream, rstd_params<Ops>(args), {},
-      Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
-                        (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim),
-      Ops::MainStore::params("out", args.out));
-}
-
-// E4M3 a and w (docs/fp8.md): the same ops on the FP8 mainloop's tile (Fp8Shape, cooperative
-// 128 x 128: whole heads of 64 or 128 columns; RoPE and the rstd scale in the prepass, as on the
-// cooperative 16-bit tile), T the output's 16-bit type.
-template <class T, int kHeadDim> void run_rms_rope_fp8(const RmsRopeArgs& args, Stream stream) {
-  using Ops = RopeDeviceOps<dev::Fp8Shape, T, kHeadDim, 32>;
-  const RopeSpec& rope = args.rope;
-  Launch<kernels::RmsRopeOps<Ops>, e4m3>::run_fp8(
+  Launch<kernels::RmsRopeOps<Ops>, Operand>::run_operands(
       args.a, args.a_scales, args.w, args.w_scales, stream, rstd_params<Ops>(args), {},
       Ops::Rope::params(rope.positions, rope.inv_freq, args.a.shape[0],
                         (rope.n_q_heads + rope.n_kv_heads) * rope.head_dim),
@@ -56,9 +46,9 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
   if (args.a.dtype == DType::e4m3)
     return fused::with_half_type(args.out.dtype, [&](auto t) {
       if (head_dim == 64)
-        fused::run_rms_rope_fp8<decltype(t), 64>(args, stream);
+        fused::run_rms_rope<fused::dev::Fp8Shape, decltype(t), 64, 32, e4m3>(args, stream);
       else
-        fused::run_rms_rope_fp8<decltype(t), 128>(args, stream);
+        fused::run_rms_rope<fused::dev::Fp8Shape, decltype(t), 128, 32, e4m3>(args, stream);
     });
   // head_dim 64 has a staged variant (a 192-column tile holds 3 heads), 128 none (it would cut
   // its heads); which runs by default: sm90::fused_schedule.

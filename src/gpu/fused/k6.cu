@@ -78,39 +78,27 @@ typename dev::ReduceOverM<S, epilogue::Sum>::Params col_partials_params(const Te
   return p;
 }
 
-// The cooperative list's Params in list order, for launch(params...).
-template <class T, bool kAccumulate, class S, class Launcher>
-void with_cooperative_params(const RmsBackwardArgs& args, Launcher&& launch) {
+// The cooperative list on S's tile with Operand dz and w: T on the 128 x 256 tile in the dgrad
+// layout, or e4m3 (w the weight's transposed codes, RmsBackwardArgs) on the FP8 mainloop's
+// 128 x 128 tile (Fp8Shape: its 128 rows one dgamma reduction block) in the forward form, g fp32
+// either way.
+template <class T, bool kAccumulate, class S = Shape, class Operand = T>
+void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
   using Ops = CooperativeOps<T, kAccumulate, S>;
+  constexpr GemmLayout kLayout =
+      std::is_same_v<Operand, e4m3> ? GemmLayout::fwd : GemmLayout::dgrad;
+  using L = Launch<CooperativeEpilogue<T, kAccumulate, S>, Operand, kLayout>;
   const auto alpha = Ops::ScaleByScalar::params(args.alpha);
-  using Norm = typename Ops::template AuxReduce<typename Ops::RmsNormBackward,
-                                                typename Ops::template ReduceOverM<epilogue::Sum>>;
-  const typename Norm::Params norm{
-      Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat),
-      col_partials_params<S>(args.dgamma_partials, args.dz.shape[0])};
+  const auto norm =
+      Ops::RmsNormBackward::params(args.x, args.gamma, args.rstd, args.zeta, args.h_hat);
+  const auto dgamma = col_partials_params<S>(args.dgamma_partials, args.dz.shape[0]);
   const auto dx = Ops::TileStore::params("dx", args.dx);
   if constexpr (kAccumulate)
-    launch(alpha, norm, Ops::ResidualAdd::params(args.dx, 1.f), dx);
+    L::run_operands(args.dz, args.dz_scales, args.w, args.w_scales, stream, alpha, {norm, dgamma},
+                    Ops::ResidualAdd::params(args.dx, 1.f), dx);
   else
-    launch(alpha, norm, dx);
-}
-
-template <class T, bool kAccumulate>
-void run_cooperative(const RmsBackwardArgs& args, Stream stream) {
-  with_cooperative_params<T, kAccumulate, Shape>(args, [&](const auto&... params) {
-    Launch<CooperativeEpilogue<T, kAccumulate>, T, GemmLayout::dgrad>::run(args.dz, args.w, stream,
-                                                                           params...);
-  });
-}
-
-// E4M3 dz and w (w the weight's transposed codes, RmsBackwardArgs): the cooperative list on the
-// FP8 mainloop's tile (Fp8Shape, 128 x 128: its 128 rows one dgamma reduction block) in the
-// forward form, g fp32 as on the cooperative schedule.
-template <class T, bool kAccumulate> void run_fp8(const RmsBackwardArgs& args, Stream stream) {
-  with_cooperative_params<T, kAccumulate, dev::Fp8Shape>(args, [&](const auto&... params) {
-    Launch<CooperativeEpilogue<T, kAccumulate, dev::Fp8Shape>, e4m3>::run_fp8(
-        args.dz, args.dz_scales, args.w, args.w_scales, stream, params...);
-  });
+    L::run_operands(args.dz, args.dz_scales, args.w, args.w_scales, stream, alpha, {norm, dgamma},
+                    dx);
 }
 
 template <class T, bool kAccumulate>
@@ -131,8 +119,9 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Stream stream) {
   if (args.dz.dtype == DType::e4m3)
     return fused::with_half_type(args.dx.dtype, [&](auto t) {
       using T = decltype(t);
-      if (args.accumulate) return fused::run_fp8<T, true>(args, stream);
-      fused::run_fp8<T, false>(args, stream);
+      if (args.accumulate)
+        return fused::run_cooperative<T, true, fused::dev::Fp8Shape, e4m3>(args, stream);
+      fused::run_cooperative<T, false, fused::dev::Fp8Shape, e4m3>(args, stream);
     });
   const FusedSchedule by_k = fused::default_schedule(
       sm90::FusedKernel::k6, 0, args.dz.shape[1] >= kRmsBackwardRoundedGradientMinK);
