@@ -94,13 +94,13 @@ std::vector<double> fp32_accumulated(Rounding r, int64_t M, int64_t N, int64_t K
   gemm_fp32(layout, M, N, K, a32.data(), w32.data(), d32.data());
   return std::vector<double>(d32.begin(), d32.end());
 }
-// The rounded paths' a · w: the hardware product given in place of the sum
-// (NormedGemmInputs::product), or fp32_accumulated; the exact path always sums in fp64.
+// a · w: the hardware product where one is given (NormedGemmInputs::product; the exact path
+// takes it as exact), else fp32_accumulated (in fp64 on the exact path).
 std::vector<double> product_or_sum(Rounding r, const char* kernel,
                                    const std::vector<double>& product, int64_t M, int64_t N,
                                    int64_t K, const std::vector<double>& a,
                                    const std::vector<double>& w, Layout layout = Layout::fwd) {
-  if (r.exact() || product.empty()) return fp32_accumulated(r, M, N, K, a, w, layout);
+  if (product.empty()) return fp32_accumulated(r, M, N, K, a, w, layout);
   expect_size(kernel, "product", product, M * N);
   return product;
 }

@@ -61,7 +61,7 @@ struct ResidualRmsInputs {
   std::vector<double> gamma;    // [N]
   int64_t block = kPartialBlock;
   // Empty, or a · wᵀ [M, N] as a hardware GEMM computed it (NormedGemmInputs::product): the
-  // rounded paths round it once in place of their fp32 sum.
+  // rounded paths round it once in place of their fp32 sum, Rounding::none takes it as exact.
   std::vector<double> product = {};
 };
 struct ResidualRmsOutputs {
@@ -80,9 +80,10 @@ struct NormedGemmInputs {
   std::vector<double> sumsq_partials; // [M, P], any P >= 1: row partials of x² over K columns
   double eps = 1e-6;
   // Empty, or the product a · wᵀ [M, N] as a hardware GEMM computed it, used in place of the
-  // sum over K by the rounded paths (Rounding::none always sums exactly): Hopper's FP8 tensor
-  // cores sum a scale block's products with fewer bits than fp32 (docs/fp8.md), so the unfused
-  // path on FP8 operands is gemm_fp8's output, not an fp32 sum.
+  // sum over K: Hopper's FP8 tensor cores sum a scale block's products with fewer bits than fp32
+  // (docs/fp8.md), so the unfused path on FP8 operands is gemm_fp8's output, not an fp32 sum.
+  // Rounding::none takes it as exact (the exact epilogue of that product; without it, the exact
+  // sum over K).
   std::vector<double> product = {};
   int64_t partial_width() const { return M > 0 ? int64_t(sumsq_partials.size()) / M : 0; }
 };
@@ -168,8 +169,8 @@ struct RmsBackwardInputs {
   bool accumulate = false;
   std::vector<double> dx_in; // [M, N] when accumulate
   int64_t block = kPartialBlock;
-  // Empty, or dz · w [M, N] as a hardware GEMM computed it (NormedGemmInputs::product), used by
-  // the rounded paths in place of their fp32 sum.
+  // Empty, or dz · w [M, N] as a hardware GEMM computed it (NormedGemmInputs::product), used in
+  // place of the sum over K (by Rounding::none as exact).
   std::vector<double> product = {};
 };
 struct RmsBackwardOutputs {

@@ -215,6 +215,12 @@ std::string check_output(const std::string& name, const HostTensor& out,
   return check_against_baseline(name, out.values(), exact, unfused, atol);
 }
 
+double sumsq_partials_floor(const std::vector<double>& partials, int64_t block) {
+  double largest = 0;
+  for (double p : partials) largest = std::fmax(largest, std::fabs(p));
+  return double(block + 2) * 0x1p-24 * largest;
+}
+
 std::string check_rounded_output(const std::string& name, const HostTensor& out,
                                  const std::vector<double>& exact,
                                  const std::vector<double>& unfused) {

@@ -96,6 +96,15 @@ private:
 // Uniform doubles in [lo, hi) (not rounded).
 std::vector<double> random_doubles(size_t n, uint64_t seed, double lo = -1, double hi = 1);
 
+// The fp32 floor of row partials of squares that a kernel sums from unrounded fp32 values (K0's
+// sumsq_partials): each term x computed with one fp32 add, squared and summed in fp32 in any
+// order, a partial of `block` terms is within (block + 2) 2^-24 of its size (to first order,
+// Higham's gamma_n). The largest over `partials`: the atol of such a statistic's check, where
+// the unfused path's error (the rounding of its 16-bit terms) is a sum of signed terms that may
+// cancel to below the kernel's fp32 error; with one partial (M 1, N 16) nothing else bounds it.
+double sumsq_partials_floor(const std::vector<double>& partials,
+                            int64_t block = ref::kPartialBlock);
+
 // An output checked by the tolerance rule (check.hpp) after its guard bytes: empty on success.
 std::string check_output(const std::string& name, const HostTensor& out,
                          const std::vector<double>& exact, const std::vector<double>& unfused,

@@ -127,8 +127,10 @@ void expect_residual_rms_matches(DType dtype, const ref::ResidualRmsInputs& in, 
   const auto exact = ref::residual_rms({}, in), unfused = ref::residual_rms(lowp(dtype), in);
   CODA_EXPECT_PASSES(check_output("out", out, exact.out, unfused.out));
   CODA_EXPECT_PASSES(check_output("out_scaled", out_scaled, exact.out_scaled, unfused.out_scaled));
-  CODA_EXPECT_PASSES(
-      check_output("sumsq_partials", partials, exact.sumsq_partials, unfused.sumsq_partials));
+  // (fp32 of the unrounded x: the unfused path's rounding may cancel below it on one partial)
+  CODA_EXPECT_PASSES(check_output("sumsq_partials", partials, exact.sumsq_partials,
+                                  unfused.sumsq_partials,
+                                  1e-6 + sumsq_partials_floor(exact.sumsq_partials)));
 }
 
 class ResidualRms : public testing::TestWithParam<DtypeShape> {};

@@ -377,6 +377,16 @@ void check_residual_rms_fp8(DType dtype, const Shape& s) {
   in.product = fp8_product(g, a.view(), as.view(), w.view(), ws.view());
   const auto unfused = ref::residual_rms(lowp(dtype), in);
   for (double v : unfused.out_scaled) ASSERT_TRUE(std::isfinite(v)) << "a vacuous check";
+  // sumsq_partials, fp32 of the unrounded x, against the exact statistic of the mainloop's own
+  // product (fp8_product holds that product to fp64): the kernel's error is then its fp32
+  // arithmetic (sumsq_partials_floor) and the unfused path's its rounding. Against the fp64
+  // product both carry the tensor cores' error and the unfused path's rounding may cancel it:
+  // f16 M 1 N 16 K 16, seed 130 on the H100 (2026-12-06), one partial of 1731.3, the unfused path
+  // 0.001 from fp64 and the kernel 0.020 (2^-16 of it, an FP8 product's error). The CPU backend
+  // sums in fp32 (no FP8 product error), so its distance from the kernel is that error, within
+  // twice the larger of the unfused path's distances from the two.
+  const auto on_product = ref::residual_rms({}, in);
+  const double floor = sumsq_partials_floor(on_product.sumsq_partials);
   Outputs gpu = outputs();
   DeviceTensor out(gpu.out), out_scaled(gpu.out_scaled), partials(gpu.partials);
   gemm_residual_rms({.a = a.view(),
@@ -394,8 +404,11 @@ void check_residual_rms_fp8(DType dtype, const Shape& s) {
   expect_matches("out", gpu.out, cpu.out, exact.out, unfused.out);
   expect_matches("out_scaled", gpu.out_scaled, cpu.out_scaled, exact.out_scaled,
                  unfused.out_scaled);
-  expect_matches("sumsq_partials", gpu.partials, cpu.partials, exact.sumsq_partials,
-                 unfused.sumsq_partials);
+  CODA_EXPECT_PASSES(check_output("sumsq_partials", gpu.partials, on_product.sumsq_partials,
+                                  unfused.sumsq_partials, 1e-6 + floor));
+  CODA_EXPECT_PASSES(check_matches_cpu("sumsq_partials", gpu.partials, cpu.partials,
+                                       on_product.sumsq_partials, unfused.sumsq_partials,
+                                       DType::f32, 2 * floor));
 }
 
 void check_rms_scale_fp8(DType dtype, const Shape& s) {
