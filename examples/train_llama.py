@@ -278,10 +278,8 @@ def train(name, model, batches, args, ranks):
     return out
 
 
-def soak_report(curve, args, device, cfg):
-    """OUT/soak.json for tools/soak_compare.py; False when a loss or gradient norm is not finite."""
-    nonfinite = [i + 1 for i, (x, g) in enumerate(zip(curve["loss"], curve["grad_norm"]))
-                 if not (math.isfinite(x) and math.isfinite(g))]
+def provenance(device):
+    """Where a result comes from: commit, date, versions and the device, for its JSON."""
     try:
         # CODA_COMMIT names the commit where the tree has no git (the GPU machine's copy).
         commit = os.environ.get("CODA_COMMIT") or subprocess.run(
@@ -290,10 +288,17 @@ def soak_report(curve, args, device, cfg):
     except (OSError, subprocess.SubprocessError):
         commit = ""
     import coda
+    return dict(commit=commit, date=time.strftime("%Y-%m-%d", time.gmtime()),
+                torch=torch.__version__, coda=coda.__version__,
+                gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else str(device))
+
+
+def soak_report(curve, args, device, cfg):
+    """OUT/soak.json for tools/soak_compare.py; False when a loss or gradient norm is not finite."""
+    nonfinite = [i + 1 for i, (x, g) in enumerate(zip(curve["loss"], curve["grad_norm"]))
+                 if not (math.isfinite(x) and math.isfinite(g))]
     report = dict(curve, nonfinite_steps=nonfinite, steps=args.steps, seed=args.seed,
-                  commit=commit, torch=torch.__version__, coda=coda.__version__,
-                  gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else str(device),
-                  config=cfg.to_dict(), args=vars(args))
+                  **provenance(device), config=cfg.to_dict(), args=vars(args))
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "soak.json")
     with open(path, "w") as f:
@@ -432,7 +437,7 @@ def run(args, ranks):
 
 def compare(curves, args, cfg, device, say, write):
     """Checks that the sides' curves agree; rank 0 writes OUT/loss.json and OUT/loss.png."""
-    summary = {"config": cfg.to_dict(), "args": vars(args)}
+    summary = dict(provenance(device), config=cfg.to_dict(), args=vars(args))
     agree = True
     if "torch" in curves and "coda" in curves:
         a = smooth(curves["coda"]["loss"], args.smooth)

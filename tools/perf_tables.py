@@ -253,28 +253,30 @@ def torch_table(results):
                _fmt(c["coda_peak_mib"], "%.0f"), _fmt(c["eager_peak_mib"], "%.0f"),
                _fmt(c["compile_peak_mib"], "%.0f"),
                _fmt(_ratio(c["coda_peak_mib"], c["compile_peak_mib"]), "%.2f")))
-    # The issue's targets, on the fwd+bwd records.
+    # Issue 12's targets, on the fwd+bwd records: model-1b at >= 1.10x torch.compile's speed
+    # with <= 0.8x its peak memory; each block at no more than compile's peak memory.
     verdicts = []
     for c in results["cases"]:
         if c["pass"] != "fwd+bwd":
             continue
         speedup = _ratio(c["compile_ms"], c["coda_ms"])
+        memory = _ratio(c["coda_peak_mib"], c["compile_peak_mib"])
         name = "%s%s" % (c["case"], " +attn" if c.get("attention") and c["case"] != "model-1b"
                          else "")
         if c["case"] == "model-1b":
-            mem_ok = (c["coda_peak_mib"] is not None and c["compile_peak_mib"] is not None
-                      and c["coda_peak_mib"] <= c["compile_peak_mib"])
-            ok = speedup is not None and speedup >= 1.2 and mem_ok
-            verdicts.append("%s %s (%s x, memory %s; target >= 1.20 x, memory no higher)"
-                            % (name, "met" if ok else "not met", _fmt(speedup, "%.2f"),
-                               _fmt(_ratio(c["coda_peak_mib"], c["compile_peak_mib"]), "%.2f")))
+            for what, ok, text in (
+                    ("speed", speedup is not None and speedup >= 1.10,
+                     "%s x; target >= 1.10 x" % _fmt(speedup, "%.3f")),
+                    ("memory", memory is not None and memory <= 0.8,
+                     "%s x; target <= 0.80 x" % _fmt(memory, "%.2f"))):
+                verdicts.append("%s %s %s (%s)" % (name, what, "met" if ok else "not met", text))
         elif c["case"].startswith("block"):
-            ok = speedup is not None and speedup >= 1.15
-            verdicts.append("%s %s (%s x; target >= 1.15 x)"
-                            % (name, "met" if ok else "not met", _fmt(speedup, "%.2f")))
+            ok = memory is not None and memory <= 1.0
+            verdicts.append("%s memory %s (%s x; target <= 1.00 x)"
+                            % (name, "met" if ok else "not met", _fmt(memory, "%.2f")))
     if verdicts:
-        lines += ["", "Targets (fwd+bwd, torch.compile time / coda time): " + "; ".join(verdicts)
-                  + "."]
+        lines += ["", "Targets (fwd+bwd; speed: torch.compile time / coda time; memory: coda peak"
+                  " / torch.compile peak): " + "; ".join(verdicts) + "."]
     overhead = []
     for c in results["cases"]:
         ratio = _ratio(c["coda_ms"], c.get("native_ms"))
@@ -291,6 +293,39 @@ def torch_table(results):
     # The bench's plot (python -m coda.bench writes it beside the JSON).
     lines += _figure_link(os.path.join(ROOT, "bench", "results", "torch.png"),
                           "coda and eager relative to torch.compile, fwd+bwd")
+    return "\n".join(lines)
+
+
+def train_table(results):
+    """bench/results/train_llama.json (examples/train_llama.py's loss.json): the small Llama
+    trained by coda and by PyTorch from the same seed, weights and batches."""
+    args, cfg = results["args"], results["config"]
+    lines = [
+        "GPU: %s. Date: %s. Commit: `%s`. PyTorch %s. %d-layer Llama (hidden %d, MLP %d, %d query"
+        " / %d key-value heads), byte tokens of this repository, %d steps of %d x %d tokens, bf16"
+        " with fp32 master weights, AdamW; the same initial weights and batches on both sides."
+        % (results["gpu"], results["date"], results["commit"], results["torch"],
+           cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
+           cfg["num_attention_heads"], cfg["num_key_value_heads"], args["steps"], args["batch"],
+           args["seq"]),
+        "",
+        "| side | tokens/s | peak MiB | final loss | held-out loss |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in ("coda", "torch"):
+        c = results.get(name)
+        if c:
+            lines.append("| %s | %.0f | %s | %.4f | %.4f |"
+                         % (name, c["tokens_per_s_per_gpu"], _fmt(c.get("peak_mib"), "%.0f"),
+                            c["loss"][-1], c["val_loss"]))
+    if "agree" in results:
+        lines += ["", "Curves %s (tolerance %.3f, relative): first-step loss difference %.2e,"
+                  " smoothed final %.4f, largest over the run %.4f, held-out %.4f."
+                  % ("agree" if results["agree"] else "DISAGREE", args["tolerance"],
+                     results["first_step_abs_diff"], results["final_smoothed_rel_diff"],
+                     results["max_smoothed_rel_diff"], results["held_out_rel_diff"])]
+    lines += _figure_link(os.path.join(ROOT, "bench", "results", "train_llama.png"),
+                          "training loss of coda and PyTorch")
     return "\n".join(lines)
 
 
@@ -368,6 +403,7 @@ TABLES = {"gemm": ("gemm.json", gemm_table), "fused": ("fused.json", fused_table
 PLOTS = {"block": block_plot, "gemm": gemm_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 TABLES["fp8"] = ("fp8.json", fp8_table)  # bench_gemm_fp8
+TABLES["train"] = ("train_llama.json", train_table)  # examples/train_llama.py's loss.json
 
 
 def _short(commit):

@@ -52,9 +52,40 @@ def test_torch_table_renders_results():
             " | 120 | 0.83 |") in text
     # A side that did not run shows a dash, not a crash.
     assert "| block-8b | no | 8192 | fwd | - | 10.000 | 9.000 | - | - |" in text
-    assert "block-1b met (1.25 x" in text
-    assert "block-1b +attn not met (1.08 x" in text
-    assert "model-1b met (1.30 x, memory 0.95" in text
+    # Issue 12's targets: a block's peak memory no higher than compile's (100 / 120 MiB), the
+    # model at >= 1.10x compile's speed (130 / 100 ms) with <= 0.8x its memory (9000 / 9500).
+    assert "block-1b memory met (0.83 x; target <= 1.00 x)" in text
+    assert "model-1b speed met (1.300 x; target >= 1.10 x)" in text
+    assert "model-1b memory not met (0.95 x; target <= 0.80 x)" in text
+    over = json.loads(json.dumps(SYNTHETIC))
+    over["cases"][1]["coda_peak_mib"] = 121.0  # above compile's 120
+    assert "block-1b +attn memory not met (1.01 x" in _perf_tables().torch_table(over)
+
+
+TRAIN = {
+    "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234", "torch": "2.11.0",
+    "config": {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1536,
+               "num_attention_heads": 8, "num_key_value_heads": 4},
+    "args": {"steps": 3, "batch": 16, "seq": 512, "tolerance": 0.02},
+    "first_step_abs_diff": 1e-4, "final_smoothed_rel_diff": 0.003,
+    "max_smoothed_rel_diff": 0.008, "held_out_rel_diff": 0.002, "agree": True,
+    "coda": {"loss": [5.6, 4.1, 3.25], "val_loss": 3.3, "tokens_per_s_per_gpu": 500000.0,
+             "peak_mib": 1200.4},
+    "torch": {"loss": [5.6, 4.1, 3.24], "val_loss": 3.31, "tokens_per_s_per_gpu": 400000.0,
+              "peak_mib": 1500.0},
+}
+
+
+def test_train_table_renders_the_run():
+    text = _perf_tables().train_table(TRAIN)
+    assert "GPU: NVIDIA H100 80GB HBM3. Date: 2026-12-06. Commit: `abc1234`." in text
+    assert "4-layer Llama (hidden 512, MLP 1536, 8 query / 4 key-value heads)" in text
+    assert "3 steps of 16 x 512 tokens" in text
+    assert "| coda | 500000 | 1200 | 3.2500 | 3.3000 |" in text
+    assert "| torch | 400000 | 1500 | 3.2400 | 3.3100 |" in text
+    assert "Curves agree (tolerance 0.020, relative)" in text
+    failed = dict(TRAIN, agree=False)
+    assert "Curves DISAGREE" in _perf_tables().train_table(failed)
 
 
 def test_torch_table_shows_native_only_where_recorded():
