@@ -10,6 +10,8 @@
 #   suite[:FILTER]   coda_gpu_tests (a gtest filter, default all)
 #   pytest:FILES     python -m pytest on those files (comma-separated) against $BUILD's libcoda
 #   torch            python -m coda.bench --out $OUT/torch.json (about 330 s on an H200)
+#   train[:ARGS]     examples/train_llama.py ARGS (comma-separated; default its 400 steps): its
+#                    loss.json and loss.png as $OUT/train_llama.json and $OUT/train_llama.png
 #   bench:NAME       bench/<NAME> (bench_gemm, bench_fused, bench_block, bench_gemm_fp8) --out
 #                    $OUT/<NAME>.json
 #   sweep:FILTER:FIRST:N   tools/seed_sweep.sh FILTER N --first FIRST --gpu (JOBS=7) with a
@@ -60,6 +62,13 @@ for step in "$@"; do
   torch)
     run torch torch.log python -m coda.bench --out "$OUT/torch.json"
     tail -25 "$OUT/torch.log" ;;
+  train | train:*)
+    IFS=, read -r -a targs <<<"${step#train}"; targs=("${targs[@]/#:/}")
+    run train train.log python examples/train_llama.py --out "$OUT/train" ${targs[@]+"${targs[@]}"}
+    tail -6 "$OUT/train.log"
+    mv "$OUT/train/loss.json" "$OUT/train_llama.json" 2>/dev/null
+    mv "$OUT/train/loss.png" "$OUT/train_llama.png" 2>/dev/null
+    rmdir "$OUT/train" 2>/dev/null ;;
   bench:*)
     name=${step#bench:}
     run "$name" "$name.log" "$BUILD/bench/$name" --commit "$CODA_COMMIT" --out "$OUT/$name.json"
