@@ -438,6 +438,8 @@ def run(args, ranks):
 def compare(curves, args, cfg, device, say, write):
     """Checks that the sides' curves agree; rank 0 writes OUT/loss.json and OUT/loss.png."""
     summary = dict(provenance(device), config=cfg.to_dict(), args=vars(args))
+    # (the curves take the sides' names below, so the versions go by theirs)
+    summary["torch_version"], summary["coda_version"] = summary.pop("torch"), summary.pop("coda")
     agree = True
     if "torch" in curves and "coda" in curves:
         a = smooth(curves["coda"]["loss"], args.smooth)

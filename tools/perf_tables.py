@@ -301,10 +301,11 @@ def train_table(results):
     trained by coda and by PyTorch from the same seed, weights and batches."""
     args, cfg = results["args"], results["config"]
     lines = [
-        "GPU: %s. Date: %s. Commit: `%s`. PyTorch %s. %d-layer Llama (hidden %d, MLP %d, %d query"
+        "GPU: %s. Date: %s. Commit: `%s`.%s %d-layer Llama (hidden %d, MLP %d, %d query"
         " / %d key-value heads), byte tokens of this repository, %d steps of %d x %d tokens, bf16"
         " with fp32 master weights, AdamW; the same initial weights and batches on both sides."
-        % (results["gpu"], results["date"], results["commit"], results["torch"],
+        % (results["gpu"], results["date"], results["commit"],
+           " PyTorch %s." % results["torch_version"] if results.get("torch_version") else "",
            cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
            cfg["num_attention_heads"], cfg["num_key_value_heads"], args["steps"], args["batch"],
            args["seq"]),

@@ -63,7 +63,8 @@ def test_torch_table_renders_results():
 
 
 TRAIN = {
-    "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234", "torch": "2.11.0",
+    "gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234",
+    "torch_version": "2.11.0",
     "config": {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1536,
                "num_attention_heads": 8, "num_key_value_heads": 4},
     "args": {"steps": 3, "batch": 16, "seq": 512, "tolerance": 0.02},
@@ -78,7 +79,7 @@ TRAIN = {
 
 def test_train_table_renders_the_run():
     text = _perf_tables().train_table(TRAIN)
-    assert "GPU: NVIDIA H100 80GB HBM3. Date: 2026-12-06. Commit: `abc1234`." in text
+    assert "GPU: NVIDIA H100 80GB HBM3. Date: 2026-12-06. Commit: `abc1234`. PyTorch 2.11.0." in text
     assert "4-layer Llama (hidden 512, MLP 1536, 8 query / 4 key-value heads)" in text
     assert "3 steps of 16 x 512 tokens" in text
     assert "| coda | 500000 | 1200 | 3.2500 | 3.3000 |" in text
