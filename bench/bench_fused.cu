@@ -11,6 +11,15 @@
 // on each schedule forced (cooperative 128 x 256, ping-pong 128 x 128 and staged 128 x 192 tiles;
 // K6: cooperative and staged_wide 128 x 256, no ping-pong).
 //
+// Each kernel that takes E4M3 operands (K0, K1, K2, K2g, K4, K6; docs/fp8.md) runs a second case
+// ("precision": "fp8"): a and w quantized from the same bf16 inputs (quantize_activation_fp8,
+// quantize_weight_fp8; the input gradients' w is the weight's transposed copy), the fused kernel
+// on the FP8 mainloop's tile against
+//   coda_gemm: gemm_fp8 of the same shape (bf16 D), the floor of the FP8 fused kernel,
+//   cublas:    cuBLASLt's bf16 GEMM of the same shape, as in the bf16 case,
+//   unfused:   gemm_fp8 plus the bf16 case's kernels for the rest,
+//   bf16_fused: the bf16 fused kernel on the bf16 inputs, interleaved with the rest.
+//
 //   bench_fused [--commit HASH] [--out bench/results/fused.json] [--runs 50] [--filter K2]
 // (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT)
 //
@@ -51,8 +60,13 @@ struct Case {
   int64_t m, n, k;
   // fwd: acc = a · wᵀ, w [N, K]; dgrad (K6, K7): acc = a · w, w [K, N].
   coda::GemmLayout layout = coda::GemmLayout::fwd;
+  bool fp8 = false; // a and w as E4M3 codes with block scales
   bool backward() const { return layout == coda::GemmLayout::dgrad; }
+  std::string name() const { return kernel + (fp8 ? " fp8 " : " ") + model->name; }
 };
+
+// The kernels with an E4M3 operand form (K5, the LM head, stays bf16 in FP8 recipes).
+bool takes_fp8(const std::string& kernel) { return kernel != "K5" && kernel != "K7"; }
 
 std::vector<Case> bench_cases(const std::vector<Model>& models) {
   std::vector<Case> cases;
@@ -69,6 +83,13 @@ std::vector<Case> bench_cases(const std::vector<Model>& models) {
     cases.push_back({"K6", &md, kTokens, md.hidden, 2 * md.mlp, kDgrad}); // MLP-input norm
     cases.push_back({"K7", &md, kTokens, md.mlp, md.hidden, kDgrad});     // down's input gradient
   }
+  const size_t bf16_cases = cases.size();
+  for (size_t i = 0; i < bf16_cases; ++i)
+    if (takes_fp8(cases[i].kernel)) {
+      Case c = cases[i];
+      c.fp8 = true;
+      cases.push_back(c);
+    }
   return cases;
 }
 
@@ -245,6 +266,12 @@ struct Result {
   Case c;
   double coda_ms, coda_gemm_ms, cublas_ms, unfused_ms, max_rel_diff;
   double cooperative_ms, pingpong_ms, staged_ms; // the fused kernel on each schedule (forward)
+  double bf16_fused_ms;                          // FP8 cases: the bf16 kernel on the bf16 inputs
+};
+
+// A fused kernel's GEMM operands: bf16 (no scales) or E4M3 codes with their block scales.
+struct Operands {
+  coda::TensorView a, w, a_scales, w_scales;
 };
 
 Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
@@ -278,7 +305,10 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const coda::TensorView W = c.backward() ? view(w, bf16, K, N) : view(w, bf16, N, K);
   const coda::TensorView Pin = view(partials_in, f32, M, P_in);
   const float eps = 1e-5f;
-  std::function<void()> run_fused, run_rest;
+  // The fused kernel's launch on given operands (bf16, or E4M3 with scales), and the unfused
+  // path's kernels after its GEMM.
+  std::function<std::function<void()>(const Operands&)> make_fused;
+  std::function<void()> run_rest;
   const int rstd_grid = int((M + 255) / 256);
   auto unfused_rstd = [&] {
     rstd_kernel<<<rstd_grid, 256, 0, s>>>(partials_in.as<float>(), int32_t(P_in), int32_t(M),
@@ -298,21 +328,29 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   float* tl = target_logit.as<float>();
   const int64_t head_dim = md.head_dim, rotated_heads = md.q_heads + md.kv_heads;
   if (c.kernel == "K0") {
-    coda::ResidualRmsArgs args{A,
-                               W,
-                               view(residual, bf16, M, N),
-                               view(gamma, bf16, N),
-                               view(out, bf16, M, N),
-                               view(side, bf16, M, N),
-                               view(partials_out, f32, M, P_out)};
-    run_fused = [=] { coda::gpu::gemm_residual_rms(args, s); };
+    const coda::ResidualRmsArgs args{A,
+                                     W,
+                                     view(residual, bf16, M, N),
+                                     view(gamma, bf16, N),
+                                     view(out, bf16, M, N),
+                                     view(side, bf16, M, N),
+                                     view(partials_out, f32, M, P_out)};
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::ResidualRmsArgs x = args;
+      x.a = o.a, x.w = o.w, x.a_scales = o.a_scales, x.w_scales = o.w_scales;
+      return [=] { coda::gpu::gemm_residual_rms(x, s); };
+    };
     run_rest = [=] {
       residual_rms_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(
           Y, res, gam, u_out, u_side, p_out, int32_t(N));
     };
   } else if (c.kernel == "K1") {
-    coda::RmsScaleArgs args{A, W, Pin, eps, view(out, bf16, M, N), view(rstd, f32, M)};
-    run_fused = [=] { coda::gpu::gemm_rms_scale(args, s); };
+    const coda::RmsScaleArgs args{A, W, Pin, eps, view(out, bf16, M, N), view(rstd, f32, M)};
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::RmsScaleArgs x = args;
+      x.a = o.a, x.w = o.w, x.a_scales = o.a_scales, x.w_scales = o.w_scales;
+      return [=] { coda::gpu::gemm_rms_scale(x, s); };
+    };
     run_rest = [=] {
       unfused_rstd();
       row_scale_kernel<<<grid_for(M * N), 256, 0, s>>>(Y, u_rstd, u_out, N, M * N);
@@ -322,11 +360,17 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
     const coda::TensorView preact = view(out, bf16, M, N), act = view(side, bf16, M, N / 2);
     const coda::RmsSwigluArgs k2{A, W, Pin, eps, preact, act, view(rstd, f32, M)};
     const coda::RmsGegluArgs k2g{A, W, Pin, eps, preact, act, view(rstd, f32, M)};
-    run_fused = [=] {
-      if (geglu)
-        coda::gpu::gemm_rms_geglu(k2g, s);
-      else
-        coda::gpu::gemm_rms_swiglu(k2, s);
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::RmsSwigluArgs x = k2;
+      coda::RmsGegluArgs xg = k2g;
+      x.a = xg.a = o.a, x.w = xg.w = o.w;
+      x.a_scales = xg.a_scales = o.a_scales, x.w_scales = xg.w_scales = o.w_scales;
+      return [=] {
+        if (geglu)
+          coda::gpu::gemm_rms_geglu(xg, s);
+        else
+          coda::gpu::gemm_rms_swiglu(x, s);
+      };
     };
     const auto gated = geglu ? gated_kernel<Gelu> : gated_kernel<Silu>;
     run_rest = [=] {
@@ -338,8 +382,12 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   } else if (c.kernel == "K4") {
     coda::RopeSpec rope{view(positions, DType::i32, M), view(inv_freq, f32, md.head_dim / 2),
                         int32_t(md.q_heads), int32_t(md.kv_heads), int32_t(md.head_dim)};
-    coda::RmsRopeArgs args{A, W, Pin, eps, rope, view(out, bf16, M, N), view(rstd, f32, M)};
-    run_fused = [=] { coda::gpu::gemm_rms_rope(args, s); };
+    const coda::RmsRopeArgs args{A, W, Pin, eps, rope, view(out, bf16, M, N), view(rstd, f32, M)};
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::RmsRopeArgs x = args;
+      x.a = o.a, x.w = o.w, x.a_scales = o.a_scales, x.w_scales = o.w_scales;
+      return [=] { coda::gpu::gemm_rms_rope(x, s); };
+    };
     run_rest = [=] {
       unfused_rstd();
       rope_kernel<<<dim3(unsigned(M), unsigned(N / head_dim)), unsigned(head_dim / 2), 0, s>>>(
@@ -359,7 +407,11 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
     bench::fill_partials<<<64, 256, 0, s>>>(rstd_unfused.as<float>(), M, 9, 0.5f);
     const float* r6 = rstd.as<float>();
     const float* z6 = rstd_unfused.as<float>();
-    run_fused = [=] { coda::gpu::gemm_rms_backward(args, s); };
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::RmsBackwardArgs x = args;
+      x.dz = o.a, x.w = o.w, x.dz_scales = o.a_scales, x.w_scales = o.w_scales;
+      return [=] { coda::gpu::gemm_rms_backward(x, s); };
+    };
     run_rest = [=] {
       rms_backward_kernel<<<dim3(unsigned(P_out), unsigned(P_rows)), 128, 0, s>>>(
           Y, res, r6, z6, gam, u_out, u_side, p_out, int32_t(M), int32_t(N));
@@ -370,7 +422,11 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
     args.dx = A, args.w = W, args.preact = view(residual, bf16, M, 2 * N);
     args.act = view(side, bf16, M, N), args.dpreact = view(out, bf16, M, 2 * N);
     args.zeta_partials = view(partials_out, f32, M, P_out);
-    run_fused = [=] { coda::gpu::gemm_swiglu_backward(args, s); };
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::SwigluBackwardArgs x = args;
+      x.dx = o.a, x.w = o.w;
+      return [=] { coda::gpu::gemm_swiglu_backward(x, s); };
+    };
     run_rest = [=] {
       swiglu_backward_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(
           Y, reinterpret_cast<const __nv_bfloat162*>(res), u_side,
@@ -386,13 +442,47 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
                           view(partials_out, f32, M, P_out),
                           view(target_logit, f32, M),
                           view(rstd, f32, M)};
-    run_fused = [=] { coda::gpu::gemm_rms_lse(args, s); };
+    make_fused = [=](const Operands& o) -> std::function<void()> {
+      coda::RmsLseArgs x = args;
+      x.a = o.a, x.w = o.w;
+      return [=] { coda::gpu::gemm_rms_lse(x, s); };
+    };
     run_rest = [=] {
       unfused_rstd();
       lse_kernel<<<dim3(unsigned(M), unsigned(P_out)), 128, 0, s>>>(Y, u_rstd, tgt, u_out, p_out,
                                                                     tl, int32_t(N));
     };
   }
+
+  // The FP8 case's operands, quantized once from the bf16 ones: a by 1 x 128 row blocks; w by
+  // 128 x 128 blocks, the input gradients' w ([K, N] as stored) as its transposed copy [N, K].
+  const int64_t w_rows = c.backward() ? K : N, w_cols = c.backward() ? N : K;
+  const auto blocks = [](int64_t n) { return (n + 127) / 128; };
+  Buffer a8(c.fp8 ? size_t(M * K) : 0), a8_scales(c.fp8 ? size_t(M * blocks(K)) : 0),
+      w8(c.fp8 ? size_t(N * K) : 0), w8_scales(c.fp8 ? size_t(blocks(N) * blocks(K)) : 0),
+      w8_t(c.fp8 && c.backward() ? size_t(N * K) : 0),
+      w8_t_scales(c.fp8 && c.backward() ? size_t(blocks(N) * blocks(K)) : 0);
+  const Operands bf16_operands{A, W, {}, {}};
+  Operands operands = bf16_operands;
+  if (c.fp8) {
+    const DType e4m3 = DType::e4m3, e8m0 = DType::e8m0;
+    coda::QuantizeActivationFp8Args qa;
+    qa.x = A, qa.codes = view(a8, e4m3, M, K), qa.scales = view(a8_scales, e8m0, M, blocks(K));
+    coda::QuantizeWeightFp8Args qw;
+    qw.w = W, qw.codes = view(w8, e4m3, w_rows, w_cols);
+    qw.scales = view(w8_scales, e8m0, blocks(w_rows), blocks(w_cols));
+    if (c.backward()) {
+      qw.codes_t = view(w8_t, e4m3, N, K);
+      qw.scales_t = view(w8_t_scales, e8m0, blocks(N), blocks(K));
+    }
+    coda::gpu::quantize_activation_fp8(qa, s);
+    coda::gpu::quantize_weight_fp8(qw, s);
+    check(cudaStreamSynchronize(s), "quantize");
+    operands = {qa.codes, c.backward() ? qw.codes_t : qw.codes, qa.scales,
+                c.backward() ? qw.scales_t : qw.scales};
+  }
+  const std::function<void()> run_fused = make_fused(operands);
+  const std::function<void()> run_bf16_fused = make_fused(bf16_operands);
 
   coda::GemmArgs plain;
   plain.layout = c.layout;
@@ -401,11 +491,26 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const size_t gemm_ws_bytes = coda::gpu::gemm_workspace_size(plain);
   Buffer gemm_ws(gemm_ws_bytes);
   if (gemm_ws_bytes > 0) plain.workspace = view(gemm_ws, f32, int64_t(gemm_ws_bytes / 4));
+  // The FP8 case's floor: gemm_fp8 of the same operands (its forward form), bf16 D.
+  coda::Fp8GemmArgs plain_fp8;
+  plain_fp8.a = operands.a, plain_fp8.a_scales = operands.a_scales;
+  plain_fp8.b = operands.w, plain_fp8.b_scales = operands.w_scales;
+  plain_fp8.d = view(gemm_out, bf16, M, N);
+  coda::Fp8GemmArgs unfused_fp8 = plain_fp8;
+  unfused_fp8.d = view(y, bf16, M, N);
   const bench::CublasGemm cublas(ctx.lt, c.layout, M, N, K, ctx.workspace.p, ctx.kWorkspaceBytes);
-  auto run_gemm = [&] { coda::gpu::gemm(plain, s); };
+  auto run_gemm = [&] {
+    if (c.fp8)
+      coda::gpu::gemm_fp8(plain_fp8, s);
+    else
+      coda::gpu::gemm(plain, s);
+  };
   auto run_cublas = [&] { cublas.run(a.p, w.p, gemm_out.p, s); };
   auto run_unfused = [&] {
-    cublas.run(a.p, w.p, y.p, s);
+    if (c.fp8)
+      coda::gpu::gemm_fp8(unfused_fp8, s);
+    else
+      cublas.run(a.p, w.p, y.p, s);
     run_rest();
   };
   auto forced = [&](coda::gpu::FusedSchedule schedule) {
@@ -419,27 +524,34 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const std::function<void()> run_pingpong = forced(coda::gpu::FusedSchedule::pingpong);
   const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
   // Forcing a schedule a kernel lacks runs its default (K7 forced cooperative). K6 has no
-  // ping-pong variant: not timed; its staged column is the staged_wide 128 x 256 tile.
-  const bool pingpong_runs = c.kernel != "K6";
+  // ping-pong variant: not timed; its staged column is the staged_wide 128 x 256 tile. The FP8
+  // kernels have one tile (cooperative 128 x 128): no forced columns, the bf16 kernel instead.
+  const bool schedules_run = !c.fp8, pingpong_runs = schedules_run && c.kernel != "K6";
   for (int i = 0; i < 3; ++i) {
     run_fused(), run_gemm(), run_cublas(), run_unfused();
-    run_cooperative(), run_staged();
+    if (schedules_run) run_cooperative(), run_staged();
     if (pingpong_runs) run_pingpong();
+    if (c.fp8) run_bf16_fused();
   }
   check(cudaStreamSynchronize(s), "warm-up");
   check(cudaGetLastError(), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong, t_staged;
+  std::vector<float> t_fused, t_gemm, t_cublas, t_unfused, t_cooperative, t_pingpong, t_staged,
+      t_bf16_fused;
   auto timed = [&](const std::function<void()>& fn, std::vector<float>& times) {
     timer.timed(fn, times);
   };
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
     timed(run_unfused, t_unfused);
-    timed(run_cooperative, t_cooperative), timed(run_staged, t_staged);
+    if (schedules_run) timed(run_cooperative, t_cooperative), timed(run_staged, t_staged);
     if (pingpong_runs) timed(run_pingpong, t_pingpong);
+    if (c.fp8) timed(run_bf16_fused, t_bf16_fused);
   }
+  // The last timed run of the FP8 case was the bf16 kernel's: run the FP8 one again for the
+  // comparison with the unfused path below (K6 compares h_hat, which does not accumulate).
+  if (c.fp8) run_fused();
   check(cudaGetLastError(), "timed runs");
   using bench::median;
   auto median_or_none = [](const std::vector<float>& t) { return t.empty() ? -1.0 : median(t); };
@@ -454,7 +566,8 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
           diff,
           median_or_none(t_cooperative),
           median_or_none(t_pingpong),
-          median_or_none(t_staged)};
+          median_or_none(t_staged),
+          median_or_none(t_bf16_fused)};
 }
 
 } // namespace
@@ -479,22 +592,23 @@ int main(int argc, char** argv) {
                                     {"llama-8b", 4096, 14336, 32, 8, 128}};
 
     std::vector<Result> results;
-    std::printf("%-3s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s %8s  %9s\n", "", "model",
-                "M", "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm",
+    // (FP8 rows: gemm ms is gemm_fp8's; the schedule columns give bf16/fp8, the bf16 kernel's
+    // time over the FP8 kernel's, in the first.)
+    std::printf("%-3s %-4s %-9s %5s %6s %6s  %8s %8s %8s %8s  %9s %9s  %8s %8s %8s  %9s\n", "", "",
+                "model", "M", "N", "K", "fused ms", "gemm ms", "cublas", "unfused", "fused/gemm",
                 "unf/fused", "coop/gemm", "pp/gemm", "st/gemm", "rel diff");
     for (const Case& c : bench_cases(models)) {
-      const std::string name = c.kernel + " " + c.model->name;
-      if (name.find(filter) == std::string::npos) continue;
+      if (c.name().find(filter) == std::string::npos) continue;
       const Result r = bench_case(c, ctx, runs);
       results.push_back(r);
       auto over_gemm = [&](double ms) { return ms > 0 ? ms / r.coda_gemm_ms : NAN; };
-      std::printf(
-          "%-3s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f %8.3f %8.3f  "
-          "%9.2e\n",
-          c.kernel.c_str(), c.model->name, (long long)c.m, (long long)c.n, (long long)c.k,
-          r.coda_ms, r.coda_gemm_ms, r.cublas_ms, r.unfused_ms, r.coda_ms / r.coda_gemm_ms,
-          r.unfused_ms / r.coda_ms, over_gemm(r.cooperative_ms), over_gemm(r.pingpong_ms),
-          over_gemm(r.staged_ms), r.max_rel_diff);
+      const double first = c.fp8 ? r.bf16_fused_ms / r.coda_ms : over_gemm(r.cooperative_ms);
+      std::printf("%-3s %-4s %-9s %5lld %6lld %6lld  %8.4f %8.4f %8.4f %8.4f  %9.3f %9.3f  %8.3f "
+                  "%8.3f %8.3f  %9.2e\n",
+                  c.kernel.c_str(), c.fp8 ? "fp8" : "bf16", c.model->name, (long long)c.m,
+                  (long long)c.n, (long long)c.k, r.coda_ms, r.coda_gemm_ms, r.cublas_ms,
+                  r.unfused_ms, r.coda_ms / r.coda_gemm_ms, r.unfused_ms / r.coda_ms, first,
+                  over_gemm(r.pingpong_ms), over_gemm(r.staged_ms), r.max_rel_diff);
       std::fflush(stdout);
     }
 
@@ -514,6 +628,9 @@ int main(int argc, char** argv) {
                                                        {"coda_staged_ms", r.staged_ms}};
       for (const auto& [key, ms] : forced)
         if (ms > 0) std::fprintf(f, ", \"%s\": %.5f", key, ms);
+      // FP8 operands: coda_gemm_ms is gemm_fp8's, unfused_ms gemm_fp8's plus the rest.
+      if (r.c.fp8)
+        std::fprintf(f, ", \"precision\": \"fp8\", \"bf16_fused_ms\": %.5f", r.bf16_fused_ms);
       std::fprintf(f, "}%s\n", i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);

@@ -98,9 +98,39 @@ def gemm_plot(results):
     return True
 
 
+def _bf16_cases(results):
+    """The fused cases on 16-bit operands (bench_fused's FP8 cases say "precision": "fp8")."""
+    return [c for c in results["cases"] if c.get("precision", "bf16") != "fp8"]
+
+
+def fused_fp8_table(cases):
+    """bench_fused's FP8 cases: each kernel on E4M3 operands against gemm_fp8 of its shape (its
+    floor), the bf16 kernel and the unfused path (gemm_fp8 and the bf16 case's kernels)."""
+    lines = [
+        "", "With E4M3 operands (docs/fp8.md; a and w quantized from the bf16 inputs, the input"
+        " gradients' w the weight's transposed copy; the fused kernel on the FP8 mainloop's"
+        " cooperative 128 x 128 tile):", "",
+        "| kernel | model | layout | M | N | K | FP8 fused ms | fused / gemm_fp8 |"
+        " bf16 fused / FP8 fused | unfused / fused |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in cases:
+        lines.append("| %s | %s | %s | %d | %d | %d | %.3f | %.3f | %.3f | %.3f |"
+                     % (c["kernel"], c["model"], c.get("layout", "fwd"), c["m"], c["n"], c["k"],
+                        c["coda_ms"], c["coda_ms"] / c["coda_gemm_ms"],
+                        c["bf16_fused_ms"] / c["coda_ms"], c["unfused_ms"] / c["coda_ms"]))
+    over = [c["coda_ms"] / c["coda_gemm_ms"] for c in cases]
+    speedup = [c["bf16_fused_ms"] / c["coda_ms"] for c in cases]
+    lines += ["", "FP8 fused / gemm_fp8: %.3f to %.3f; the bf16 kernel's time over the FP8"
+              " kernel's: %.3f to %.3f." % (min(over), max(over), min(speedup), max(speedup))]
+    return lines
+
+
 def fused_table(results):
     # The schedule columns: each kernel forced onto each schedule it was timed on (a key missing,
     # e.g. K6 on ping-pong: "-"). K6's staged column is the staged_wide 128 x 256 tile.
+    fp8 = [c for c in results["cases"] if c.get("precision") == "fp8"]
+    results = dict(results, cases=_bf16_cases(results))
     sched = [("coda_cooperative_ms", "cooperative"), ("coda_pingpong_ms", "ping-pong"),
              ("coda_staged_ms", "staged")]
     sched = [(k, n) for k, n in sched if any(k in c for c in results["cases"])]
@@ -129,6 +159,8 @@ def fused_table(results):
         lines += ["", "Fused / plain GEMM: best %.3f, worst %.3f (target <= 1.05, aim 1.02). Faster"
                   " than the unfused path in %d of %d cases." % (min(hidden), max(hidden), faster,
                                                                 len(hidden))]
+    if fp8:
+        lines += fused_fp8_table(fp8)
     return "\n".join(lines)
 
 
@@ -431,7 +463,7 @@ def status_table(results):
     backward_text = "yes: K6 and K7 one dgrad GEMM launch each; deterministic (no float atomics)"
     if fused:
         forward, backward = {}, {}
-        for c in fused["cases"]:
+        for c in _bf16_cases(fused):
             kernels = backward if c.get("layout", "fwd") == "dgrad" else forward
             kernels.setdefault(c["kernel"], []).append(c["coda_ms"] / c["coda_gemm_ms"])
 

@@ -451,3 +451,29 @@ def test_commit_says_when_the_tree_is_not_its_commit(tmp_path, monkeypatch):
     assert report.commit(str(tmp_path)) == head + "-dirty"
     monkeypatch.setenv("CODA_COMMIT", "abc1234")
     assert report.commit(str(tmp_path)) == "abc1234"
+
+
+def _fused_case(kernel, coda, gemm, cublas, unfused, **extra):
+    return dict({"kernel": kernel, "model": "llama-1b", "layout": "fwd", "m": 8192, "n": 2048,
+                 "k": 2048, "coda_ms": coda, "coda_gemm_ms": gemm, "cublas_ms": cublas,
+                 "unfused_ms": unfused}, **extra)
+
+
+def test_fused_table_keeps_fp8_cases_apart():
+    pt = _perf_tables()
+    results = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234",
+               "cases": [_fused_case("K1", 1.05, 1.0, 1.0, 1.2, coda_cooperative_ms=1.1),
+                         _fused_case("K1", 0.63, 0.6, 1.0, 0.8, precision="fp8",
+                                     bf16_fused_ms=1.05)]}
+    text = pt.fused_table(results)
+    # The bf16 table and its summary see the bf16 case alone.
+    assert "| K1 | llama-1b | fwd | 8192 | 2048 | 2048 | 1.050 | 1.050 | 1.050 | 1.143 | 1.100 |" \
+        in text
+    assert "Fused / plain GEMM: best 1.050, worst 1.050" in text
+    assert "in 1 of 1 cases" in text
+    # The FP8 case: 0.63 ms over gemm_fp8's 0.6 (1.050), the bf16 kernel's 1.05 ms over it (1.667).
+    assert "| K1 | llama-1b | fwd | 8192 | 2048 | 2048 | 0.630 | 1.050 | 1.667 | 1.270 |" in text
+    assert "FP8 fused / gemm_fp8: 1.050 to 1.050" in text
+    # README's status row counts the bf16 kernels only.
+    status = pt.status_table({"fused": results})
+    assert "K1 1.05" in status and "0.63" not in status
