@@ -276,7 +276,10 @@ SwigluBackwardOutputs swiglu_backward(Rounding r, const SwigluBackwardInputs& in
   expect_size("swiglu_backward", "dx", in.dx, M * in.K);
   expect_size("swiglu_backward", "w", in.w, in.K * F);
   expect_size("swiglu_backward", "preact", in.preact, M * 2 * F);
-  const std::vector<double> dy = matmul(r, Layout::dgrad, M, F, in.K, in.dx, in.w);
+  // dy: the GEMM's output rounded once (matmul's rounding of the same fp32 sum).
+  std::vector<double> dy =
+      product_or_sum(r, "swiglu_backward", in.product, M, F, in.K, in.dx, in.w, Layout::dgrad);
+  for (double& v : dy) v = r(v);
   std::vector<double> gate, up;
   split_pairs(in.preact, gate, up);
   std::vector<double> dgate(gate.size()), dup(gate.size());

@@ -188,6 +188,10 @@ struct SwigluBackwardInputs {
   std::vector<double> w;      // [K, F] the down-projection weight
   std::vector<double> preact; // [M, 2F] interleaved (g0, u0, g1, u1, ...)
   int64_t block = kStagedPartialBlock;
+  // Empty, or dx · w [M, F] as a hardware GEMM computed it (NormedGemmInputs::product): the
+  // rounded paths round it once to dy in place of their fp32 sum, Rounding::none takes it as
+  // exact.
+  std::vector<double> product = {};
 };
 struct SwigluBackwardOutputs {
   std::vector<double> act;           // [M, F]

@@ -439,17 +439,22 @@ CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs&
 // its block of g dg + u du = dy (g u sig (1 + g (1 - sig)) + u s), differs from the fp64 one by
 // at most sum |d term / d dy| ulp(dy) / 2 (plus the fp32 evaluation). Over a few terms (F = 8)
 // the unfused path's own roundings can cancel, so twice its error is no bound there; this is.
+// A term is linear in dy, so a product's own error moves it by exactly |d term / d dy| times
+// that error.
 ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype) {
   const int64_t B = ref::kStagedPartialBlock, blocks = ref::partial_blocks(in.F, B);
+  const bool on_product = !in.product.empty();
   ZetaDyRounding r;
   r.blocks = blocks;
   r.half_ulp_moves.assign(size_t(in.M * blocks), 0.0);
   r.magnitude.assign(size_t(in.M * blocks), 0.0);
+  r.product_moves.assign(size_t(in.M * blocks), 0.0);
   for (int64_t m = 0; m < in.M; ++m)
     for (int64_t j = 0; j < in.F; ++j) {
-      double dy = 0;
+      double sum = 0;
       for (int64_t k = 0; k < in.K; ++k)
-        dy += in.dx[size_t(m * in.K + k)] * in.w[size_t(k * in.F + j)];
+        sum += in.dx[size_t(m * in.K + k)] * in.w[size_t(k * in.F + j)];
+      const double dy = on_product ? in.product[size_t(m * in.F + j)] : sum;
       const double g = in.preact[size_t(m * 2 * in.F + 2 * j)];
       const double u = in.preact[size_t(m * 2 * in.F + 2 * j + 1)];
       const double sig = 1 / (1 + std::exp(-g)), sw = g * sig;
@@ -458,6 +463,7 @@ ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype
       const size_t i = size_t(m * blocks + j / B);
       r.half_ulp_moves[i] += sensitivity * ulp / 2;
       r.magnitude[i] += sensitivity * std::fabs(dy);
+      r.product_moves[i] += sensitivity * std::fabs(dy - sum);
     }
   return r;
 }

@@ -212,16 +212,20 @@ CrossEntropyArgs cross_entropy_args(CrossEntropyInputs& in, CrossEntropyOutputs&
                                     LossReduction reduction);
 
 // What rounding dy to `dtype` (K7's Stage) can move each of K7's zeta partials [M, blocks]:
-// half_ulp_moves = sum over the block of |d(g dg + u du) / d dy| ulp(dy) / 2 (dy in fp64), and
-// magnitude = sum of |d term / d dy| |dy| (the scale of its fp32 evaluation).
+// half_ulp_moves = sum over the block of |d(g dg + u du) / d dy| ulp(dy) / 2 (dy in fp64, or
+// in.product where given: a hardware GEMM's dy, which the kernel rounds), and magnitude = sum of
+// |d term / d dy| |dy| (the scale of its fp32 evaluation); product_moves = sum of
+// |d term / d dy| |product - fp64 dy|, what the product's own error moves the partial (zero
+// without one).
 struct ZetaDyRounding {
   int64_t blocks = 0;
-  std::vector<double> half_ulp_moves, magnitude;
+  std::vector<double> half_ulp_moves, magnitude, product_moves;
 };
 ZetaDyRounding zeta_dy_rounding(const ref::SwigluBackwardInputs& in, DType dtype);
 
-// K7's zeta partials against the fp64 ones: within what rounding dy can move them, plus the
-// fp32 evaluation.
+// K7's zeta partials against the fp64 ones (the exact epilogue of the product's dy where
+// `rounding` was made from one): within what rounding dy can move them, plus the fp32
+// evaluation.
 void expect_zeta_within_dy_rounding(const HostTensor& partials, const std::vector<double>& exact,
                                     const ZetaDyRounding& rounding);
 
