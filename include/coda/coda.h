@@ -139,6 +139,8 @@ typedef struct coda_rms_backward_args { /* K6 */
 typedef struct coda_swiglu_backward_args { /* K7; dpreact may alias preact */
   coda_tensor dx, w, preact;
   coda_tensor act, dpreact, zeta_partials /* [M, ceil(F / CODA_STAGED_REDUCE_BLOCK)] */;
+  coda_tensor dx_scales, w_scales; /* with dx and w CODA_E4M3 (w the weight's transposed codes
+                                      [F, K], coda_quantize_weight_fp8's codes_t): their scales */
 } coda_swiglu_backward_args;
 
 typedef struct coda_rms_stats_args {

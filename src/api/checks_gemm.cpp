@@ -203,8 +203,8 @@ Device validate(const RmsLseArgs& args) {
 
 Device validate(const RmsBackwardArgs& args) {
   Validator v("gemm_rms_backward");
-  const Mnk p = backward_operands(v, "dz", "dz_scales", args.dz, args.w, "N", args.dz_scales,
-                                  args.w_scales);
+  const Mnk p =
+      backward_operands(v, "dz", "dz_scales", args.dz, args.w, "N", args.dz_scales, args.w_scales);
   const int64_t m = p.m, n = p.n;
   const Dim M = exactly("M", m), N = exactly("N", n);
   v.input("x", args.x, Elem::half, {M, N});
@@ -221,7 +221,8 @@ Device validate(const RmsBackwardArgs& args) {
 
 Device validate(const SwigluBackwardArgs& args) {
   Validator v("gemm_swiglu_backward");
-  const Mnk p = backward_operands(v, "dx", args.dx, args.w, "F");
+  const Mnk p =
+      backward_operands(v, "dx", "dx_scales", args.dx, args.w, "F", args.dx_scales, args.w_scales);
   const int64_t m = p.m, f = p.n;
   const Dim M = exactly("M", m);
   v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});

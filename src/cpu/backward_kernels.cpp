@@ -1,6 +1,7 @@
 // The backward CODA kernels K6 and K7 (coda/kernels/args.hpp has their math): their op lists
 // (coda/kernels/op_lists.hpp, the GPU's too) on the host ops, on their input-gradient GEMMs
-// (dgrad layout: acc = a · w, w [K, N]).
+// (dgrad layout: acc = a · w, w [K, N]; on E4M3 operands gemm_fp8's forward form, w the weight's
+// transposed codes [N, K]: FusedGemm).
 #include "cpu/executor.hpp"
 
 namespace coda::cpu {
@@ -42,9 +43,11 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
 }
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
-  const FusedGemm gemm("gemm_swiglu_backward", GemmLayout::dgrad, args.dx, args.w, tile);
+  const FusedGemm gemm("gemm_swiglu_backward", GemmLayout::dgrad, args.dx, args.w, tile,
+                       args.dx_scales, args.w_scales);
   gemm.require_row_partials(args.zeta_partials, "zeta_partials");
-  // dy rounded at the Stage, as an unfused dgrad stores it.
+  // dy rounded at the Stage, as an unfused dgrad stores it, on E4M3 operands too (the GPU's FP8
+  // tile rounds it there as every other schedule does).
   kernels::SwigluBackwardOps<HostOps> ops(
       {args.act.dtype}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {args.act});
   gemm.run(ops);

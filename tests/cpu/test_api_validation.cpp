@@ -419,6 +419,25 @@ const Rejection kRejections[] = {
              k6.w_scales = ar.matrix(e8m0, 1, 1);
            },
            Status::invalid_argument, {"gemm_rms_backward: w must have shape [N, K]"}),
+    reject("Fp8ScalesOnlyWithE4m3OperandsK7", valid_k7,
+           [](Arena& ar, SwigluBackwardArgs& k7) { k7.w_scales = ar.matrix(e8m0, 1, 1); },
+           Status::invalid_argument,
+           {"gemm_swiglu_backward: dx_scales and w_scales go with E4M3 operands; dx is bf16"}),
+    reject("Fp8OperandsNeedTheirScalesK7", valid_k7,
+           [](Arena& ar, SwigluBackwardArgs& k7) {
+             k7.dx = ar.matrix(e4m3, M, 32);
+             k7.w = ar.matrix(e4m3, 16, 32); // [F, K]
+             k7.w_scales = ar.matrix(e8m0, 1, 1);
+           },
+           Status::invalid_argument, {"gemm_swiglu_backward: dx_scales is required"}),
+    reject("Fp8WeightOfK7IsTheTransposedCopy", valid_k7,
+           [](Arena& ar, SwigluBackwardArgs& k7) {
+             k7.dx = ar.matrix(e4m3, M, 32);
+             k7.dx_scales = ar.matrix(e8m0, M, 1);
+             k7.w = ar.matrix(e4m3, 32, 16); // as the 16-bit form stores it: [K, F]
+             k7.w_scales = ar.matrix(e8m0, 1, 1);
+           },
+           Status::invalid_argument, {"gemm_swiglu_backward: w must have shape [F, K]"}),
     reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
            Status::type_error, {"gamma must be bf16 or f16; got f32"}),
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,

@@ -184,6 +184,40 @@ INSTANTIATE_TEST_SUITE_P(Kernels, SwigluBackward,
                                   std::to_string(s.K);
                          });
 
+// K7 on E4M3 operands (docs/fp8.md), as K6's above: dx as codes with row-block scales and w the
+// down weight's transposed copy [F, K] with 128 x 128 block scales, dy still rounded at the Stage;
+// against the reference on the values they stand for (w back in [K, F]). F = N; f16 with blocks
+// of 2^+-2, whose products stay in its range.
+TEST(SwigluBackwardFp8, OutputsOfE4m3OperandsMatchReference) {
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s : {Shape{1, 8, 16}, Shape{37, 136, 144}, Shape{200, 264, 272}}) {
+      SCOPED_TRACE(dtype_label(dtype) + "_" + label(s));
+      const int64_t F = s.N;
+      Seeds seeds;
+      Fp8GemmCase g(s.M, F, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+      auto preact = HostTensor::random(dtype, {s.M, 2 * F}, seeds.next(), -4, 4);
+      HostTensor act(dtype, {s.M, F}), dpreact(dtype, {s.M, 2 * F});
+      HostTensor zeta_partials(DType::f32, {s.M, ref::partial_blocks(F, ref::kStagedPartialBlock)});
+      gemm_swiglu_backward({.dx = g.a.view(),
+                            .w = g.b.view(),
+                            .preact = preact.view(),
+                            .act = act.view(),
+                            .dpreact = dpreact.view(),
+                            .zeta_partials = zeta_partials.view(),
+                            .dx_scales = g.a_scales.view(),
+                            .w_scales = g.b_scales.view()});
+      const ref::SwigluBackwardInputs in{
+          s.M, F, s.K, g.a_values(), g.b_values_transposed(), preact.values()};
+      const auto exact = ref::swiglu_backward({}, in);
+      const auto unfused = ref::swiglu_backward(lowp(dtype), in);
+      for (double v : unfused.dpreact) ASSERT_TRUE(std::isfinite(v)) << "a vacuous check";
+      CODA_EXPECT_PASSES(check_output("act", act, exact.act, unfused.act));
+      CODA_EXPECT_PASSES(check_output("dpreact", dpreact, exact.dpreact, unfused.dpreact));
+      expect_zeta_within_dy_rounding(zeta_partials, exact.zeta_partials,
+                                     zeta_dy_rounding(in, dtype));
+    }
+}
+
 // ---- Partials the epilogue reduces in fp32, not from rounded terms: held to the fp32 path,
 // about 10^4 times tighter than the bf16 one. K6's g xh from the fp32 g below
 // kRmsBackwardRoundedGradientMinK and from g as stored from there (args.hpp); K7's dg, du from

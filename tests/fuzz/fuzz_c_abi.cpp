@@ -803,8 +803,13 @@ void fuzz_swiglu_backward(Call& c) {
   const int64_t m = in.dim(40), f = in.dim8(4), k = in.dim8(8);
   const int32_t t = c.half();
   coda_swiglu_backward_args a{};
-  a.dx = c.input("dx", t, {m, k});
-  a.w = c.input("w", t, {k, f});
+  if (in.byte() & 1) { // the E4M3 form (a form byte after the 16-bit type's): w [F, K]
+    const Operands x = fp8_operands(c, m, f, k, "dx", "dx_scales");
+    a.dx = x.a, a.w = x.w, a.dx_scales = x.a_scales, a.w_scales = x.w_scales;
+  } else {
+    a.dx = c.input("dx", t, {m, k});
+    a.w = c.input("w", t, {k, f});
+  }
   a.preact = c.input("preact", t, {m, 2 * f}, -4.f, 4.f);
   a.act = c.output("act", t, {m, f});
   a.dpreact = c.output("dpreact", t, {m, 2 * f});

@@ -45,7 +45,8 @@ CASES = {
     "rms_lse": [[0, 0, 0], [29, 39, 5]],
     # K6: the dimensions, the 16-bit type's byte, then the form byte (1: E4M3, w [N, K])
     "rms_backward": [[0, 0, 0], [36, 7, 5], [36, 7, 5, 0, 1]],
-    "swiglu_backward": [[0, 0, 0], [36, 3, 7]],
+    # K7: the dimensions, the 16-bit type's byte, then the form byte (1: E4M3, w [F, K])
+    "swiglu_backward": [[0, 0, 0], [36, 3, 7], [36, 3, 7, 0, 1]],
     "reductions": [[m, p, n, case] for case in range(4) for (m, p, n) in [(0, 0, 0), (59, 4, 19)]],
     "rope_backward": [[0, 0, 3, 0], [1, 1, 7, 29]],
     "cross_entropy": [[0, 0], [29, 39]],

@@ -154,9 +154,14 @@ struct RmsBackwardArgs {
 //   dpreact[m, 2j + 1] = round(dy * s)
 //   zeta_partials: row partials over j of g * dg + u * du (fp32), per kStagedReduceBlock
 //                  columns                                            [M, ceil(F / 64)]
+// E4M3 operands (docs/fp8.md), gemm_fp8's in its forward form as K6's: dx as codes with
+// dx_scales [M, ceil(K/128)], and w then the weight's transposed codes [F, K]
+// (quantize_weight_fp8's codes_t) with w_scales its scales_t [ceil(F/128), ceil(K/128)]; dy is
+// still rounded to the 16-bit type before the SwiGLU backward, and every output stays 16-bit.
 struct SwigluBackwardArgs {
   TensorView dx, w, preact;
   TensorView act, dpreact, zeta_partials;
+  TensorView dx_scales = {}, w_scales = {};
 };
 
 // First-layer RMSNorm statistics (no producing GEMM): h = round(x * gamma), row partials of x^2.
