@@ -1,6 +1,7 @@
 // K7 gemm_swiglu_backward: the SwiGLU backward in the down projection's input-gradient GEMM
-// (dgrad layout: dy = round(dx · w), w [K, F]). Its op list (coda/kernels/op_lists.hpp, the CPU
-// backend's too) on the device ops:
+// (dgrad layout: dy = round(dx · w), w [K, F]; on E4M3 operands gemm_fp8's forward form, w the
+// weight's transposed codes [F, K]). Its op list (coda/kernels/op_lists.hpp, the CPU backend's
+// too) on the device ops:
 //   dy rounded to T                                    Stage (the staged schedule's hand-over)
 //   act = silu(g) u, dpreact = (dg, du) interleaved    SwigluBackward (ping-pong: preact by TMA as
 //                                                      32-bit (g, u) containers, dpreact stored
@@ -16,6 +17,10 @@
 // epilogue buffers beside the staged tile, so 4 stages. The cooperative 128 x 256 variant
 // spills a register (ptxas, 4 bytes) with its stream-K state beside the 128 accumulators, so
 // it is not built: forcing cooperative runs the default.
+// E4M3 dx and w (docs/fp8.md): the ping-pong's ops (SwigluBackward's TMA ring of 3 slots: 4
+// pipeline stages, 1 KB to spare) on the FP8 mainloop's cooperative 128 x 128 tile (Fp8Shape:
+// each warpgroup's 64 x 128 half, whose 128 columns are two zeta reduction blocks), whatever
+// the schedule; dy rounded at its Stage as on the 16-bit tiles.
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
@@ -40,16 +45,24 @@ static_assert(Gemm<dev::StagedShape, bf16>::Config::kStages == 4 &&
               "the staged K7 keeps no epilogue buffers: 4 pipeline stages");
 static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal,
               "the staged K7's epilogue runs warp-local (no warpgroup barrier per subtile)");
+template <class T> using Fp8Gemm = dev::FusedGemm<SwigluBackwardEpilogue<dev::Fp8Shape, T>, e4m3>;
+static_assert(Fp8Gemm<bf16>::Config::kStages == 4 && Fp8Gemm<f16>::Config::kStages == 4,
+              "on the FP8 tile K7's ring of 3 slots leaves room for 4 pipeline stages (4: 3)");
 
-template <class Shape, class T>
+// Shape's tile, T the outputs' 16-bit type, Operand dx's and w's: T in the dgrad layout (w
+// [K, F]), or e4m3 on Fp8Shape in the forward form (w the weight's transposed codes [F, K],
+// SwigluBackwardArgs).
+template <class Shape, class T, class Operand = T>
 void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   using Ops = SwigluBackwardDeviceOps<Shape, T>;
-  const int64_t f = args.w.shape[1];
-  Launch<kernels::SwigluBackwardOps<Ops>, T, GemmLayout::dgrad>::run(
-      args.dx, args.w, stream, {},
-      {Ops::SwigluBackward::params(args.preact, args.dpreact),
-       row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f)},
-      Ops::MainStore::params("act", args.act));
+  constexpr bool kFp8 = std::is_same_v<Operand, e4m3>;
+  const int64_t f = kFp8 ? args.w.shape[0] : args.w.shape[1];
+  Launch<kernels::SwigluBackwardOps<Ops>, Operand, kFp8 ? GemmLayout::fwd : GemmLayout::dgrad>::
+      run_operands(
+          args.dx, args.dx_scales, args.w, args.w_scales, stream, {},
+          {Ops::SwigluBackward::params(args.preact, args.dpreact),
+           row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f)},
+          Ops::MainStore::params("act", args.act));
 }
 
 // Ping-pong or staged, staged by default. With its epilogue's instruction count trimmed
@@ -68,6 +81,10 @@ template <class F> void with_k7_schedule(F&& f) {
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_swiglu_backward");
+  if (args.dx.dtype == DType::e4m3)
+    return fused::with_half_type(args.act.dtype, [&](auto t) {
+      fused::run_swiglu_backward<fused::dev::Fp8Shape, decltype(t), e4m3>(args, stream);
+    });
   fused::with_half_type(args.dx.dtype, [&](auto t) {
     fused::with_k7_schedule([&](auto shape) {
       fused::run_swiglu_backward<decltype(shape), decltype(t)>(args, stream);
