@@ -11,10 +11,10 @@
 // on each schedule forced (cooperative 128 x 256, ping-pong 128 x 128 and staged 128 x 192 tiles;
 // K6: cooperative and staged_wide 128 x 256, no ping-pong).
 //
-// Each kernel that takes E4M3 operands (K0, K1, K2, K2g, K4, K6; docs/fp8.md) runs a second case
-// ("precision": "fp8"): a and w quantized from the same bf16 inputs (quantize_activation_fp8,
-// quantize_weight_fp8; the input gradients' w is the weight's transposed copy), the fused kernel
-// on the FP8 mainloop's tile against
+// Each kernel that takes E4M3 operands (K0, K1, K2, K2g, K4, K6, K7; docs/fp8.md) runs a
+// second case ("precision": "fp8"): a and w quantized from the same bf16 inputs
+// (quantize_activation_fp8, quantize_weight_fp8; the input gradients' w is the weight's
+// transposed copy), the fused kernel on the FP8 mainloop's tile against
 //   coda_gemm: gemm_fp8 of the same shape (bf16 D), the floor of the FP8 fused kernel,
 //   cublas:    cuBLASLt's bf16 GEMM of the same shape, as in the bf16 case,
 //   unfused:   gemm_fp8 plus the bf16 case's kernels for the rest,
@@ -66,7 +66,7 @@ struct Case {
 };
 
 // The kernels with an E4M3 operand form (K5, the LM head, stays bf16 in FP8 recipes).
-bool takes_fp8(const std::string& kernel) { return kernel != "K5" && kernel != "K7"; }
+bool takes_fp8(const std::string& kernel) { return kernel != "K5"; }
 
 std::vector<Case> bench_cases(const std::vector<Model>& models) {
   std::vector<Case> cases;
@@ -424,7 +424,7 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
     args.zeta_partials = view(partials_out, f32, M, P_out);
     make_fused = [=](const Operands& o) -> std::function<void()> {
       coda::SwigluBackwardArgs x = args;
-      x.dx = o.a, x.w = o.w;
+      x.dx = o.a, x.w = o.w, x.dx_scales = o.a_scales, x.w_scales = o.w_scales;
       return [=] { coda::gpu::gemm_swiglu_backward(x, s); };
     };
     run_rest = [=] {
