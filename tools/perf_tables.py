@@ -126,6 +126,15 @@ def fused_fp8_table(cases):
     return lines
 
 
+def fused_fp8_only_table(results):
+    """bench/results/fused_fp8.json: a run of `bench_fused --filter fp8` (the FP8 cases alone)."""
+    return "\n".join([
+        "GPU: %s. Date: %s. Commit: `%s`. `bench_fused --filter fp8`: M = 8192 tokens; median of 50"
+        " runs, L2 flushed before each; every column measured in one process on the same inputs."
+        % (results["gpu"], results["date"], results["commit"])]
+        + fused_fp8_table([c for c in results["cases"] if c.get("precision") == "fp8"]))
+
+
 def fused_table(results):
     # The schedule columns: each kernel forced onto each schedule it was timed on (a key missing,
     # e.g. K6 on ping-pong: "-"). K6's staged column is the staged_wide 128 x 256 tile.
@@ -437,6 +446,7 @@ PLOTS = {"block": block_plot, "gemm": gemm_plot}
 TABLES["torch"] = ("torch.json", torch_table)  # python -m coda.bench
 TABLES["fp8"] = ("fp8.json", fp8_table)  # bench_gemm_fp8
 TABLES["train"] = ("train_llama.json", train_table)  # examples/train_llama.py's loss.json
+TABLES["fused_fp8"] = ("fused_fp8.json", fused_fp8_only_table)  # bench_fused --filter fp8
 
 
 def _short(commit):
