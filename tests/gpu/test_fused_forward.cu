@@ -42,6 +42,13 @@ std::string schedule_name(gpu::FusedSchedule s) {
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
                                               : "staged 128x192";
 }
+// The FP8 mainloop's tiles: cooperative 128 x 128 (the default) and staged 128 x 128 (forced;
+// K1, K2, K2g and K4 at head_dim 64 have it, docs/fp8.md).
+const gpu::FusedSchedule kFp8Schedules[] = {gpu::FusedSchedule::cooperative,
+                                            gpu::FusedSchedule::staged};
+std::string fp8_schedule_name(gpu::FusedSchedule s) {
+  return s == gpu::FusedSchedule::staged ? "FP8 staged 128x128" : "FP8 cooperative 128x128";
+}
 // Sets the schedule for the scope of one GPU run, then back to automatic.
 struct ScheduleScope {
   explicit ScheduleScope(gpu::FusedSchedule s) { gpu::set_fused_schedule(s); }
@@ -335,8 +342,12 @@ TEST(FusedRmsGatedFp8, MatchesReferenceAndCpu) {
     for (const Shape& s : {Shape{1, 16, 16}, Shape{37, 272, 144}, Shape{300, 528, 272}}) {
       SCOPED_TRACE(dtype_label(dtype) + " M " + std::to_string(s.M) + " 2F " + std::to_string(s.N) +
                    " K " + std::to_string(s.K));
-      check_rms_gated_fp8(gemm_rms_swiglu, ref::rms_swiglu, ref::silu, dtype, s);
-      check_rms_gated_fp8(gemm_rms_geglu, ref::rms_geglu, ref::gelu, dtype, s);
+      for (const gpu::FusedSchedule schedule : kFp8Schedules) {
+        SCOPED_TRACE(fp8_schedule_name(schedule));
+        const ScheduleScope scope(schedule);
+        check_rms_gated_fp8(gemm_rms_swiglu, ref::rms_swiglu, ref::silu, dtype, s);
+        check_rms_gated_fp8(gemm_rms_geglu, ref::rms_geglu, ref::gelu, dtype, s);
+      }
     }
 }
 
@@ -462,7 +473,11 @@ TEST(FusedRmsScaleFp8, MatchesReferenceAndCpu) {
   for (DType dtype : kHalfTypes)
     for (const Shape& s : {Shape{1, 16, 16}, Shape{37, 136, 144}, Shape{300, 528, 4224}}) {
       SCOPED_TRACE(dtype_label(dtype) + "_" + label(s));
-      check_rms_scale_fp8(dtype, s);
+      for (const gpu::FusedSchedule schedule : kFp8Schedules) {
+        SCOPED_TRACE(fp8_schedule_name(schedule));
+        const ScheduleScope scope(schedule);
+        check_rms_scale_fp8(dtype, s);
+      }
     }
 }
 
@@ -613,7 +628,11 @@ TEST(FusedRmsRopeFp8, MatchesReferenceAndCpu) {
   for (DType dtype : kHalfTypes)
     for (const RopeCase& rc : kRopeCases) {
       SCOPED_TRACE(dtype_label(dtype) + "_" + label(rc));
-      check_rms_rope_fp8(dtype, rc);
+      for (const gpu::FusedSchedule schedule : kFp8Schedules) { // (head_dim 128: cooperative)
+        SCOPED_TRACE(fp8_schedule_name(schedule));
+        const ScheduleScope scope(schedule);
+        check_rms_rope_fp8(dtype, rc);
+      }
     }
 }
 

@@ -472,7 +472,7 @@ def test_fused_table_keeps_fp8_cases_apart():
     assert "Fused / plain GEMM: best 1.050, worst 1.050" in text
     assert "in 1 of 1 cases" in text
     # The FP8 case: 0.63 ms over gemm_fp8's 0.6 (1.050), the bf16 kernel's 1.05 ms over it (1.667).
-    assert "| K1 | llama-1b | fwd | 8192 | 2048 | 2048 | 0.630 | 1.050 | 1.667 | 1.270 |" in text
+    assert "| K1 | llama-1b | fwd | 8192 | 2048 | 2048 | 0.630 | 1.050 | 1.667 | 1.270 | - |" in text
     assert "FP8 fused / gemm_fp8: 1.050 to 1.050" in text
     # README's status row counts the bf16 kernels only.
     status = pt.status_table({"fused": results})

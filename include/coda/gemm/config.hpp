@@ -35,8 +35,11 @@ constexpr Major b_major(GemmLayout layout) {
 }
 
 // kOperandBytes: the size of an A or B element, 2 (bf16, f16) or 1 (e4m3, the FP8 mainloop).
+// kFp8Partials_: the FP8 mainloop's partial sums per consumer thread (fp8_mainloop.cuh): 2 in
+// gemm_fp8 (the overlapped promotion), 1 in the fused kernels (MainloopFor); it sets the staged
+// FP8 split below and nothing else.
 template <int kTileM_, int kTileN_, int kStages_, int kClusterM_, Schedule kSchedule_,
-          int kOperandBytes_ = 2>
+          int kOperandBytes_ = 2, int kFp8Partials_ = 2>
 struct GemmConfig {
   static constexpr int kTileM = kTileM_; // rows of D per tile
   static constexpr int kTileN = kTileN_; // columns of D per tile
@@ -96,14 +99,22 @@ struct GemmConfig {
   //    columns, fp8_mainloop.cuh) as in the cooperative kernel's 232; the epilogue warpgroup of
   //    a plain staged store (no ops after the Stage) and the producer fit 24 each (ptxas, sm_90a,
   //    2026-12-06: 0 spills; with 208 / 216 / 224 for the consumers 280 / 124 / 28 bytes).
+  //  - staged with FP8 operands and one partial (the fused kernels' staged FP8 tile, 128 x 128:
+  //    64 accumulators and 64 partial sums): 128 x (24 + 2 x 192 + 104) = 65536. The consumers
+  //    hold the ops before the Stage too (the rstd partials in registers): with 184 K2 spilled
+  //    4 bytes and K4 24, with 176 44-56 (ptxas, sm_90a, 2026-12-06); the epilogue warpgroup
+  //    runs K1's, K2's and K4's ops after the Stage in 104 without spills.
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
   static constexpr bool kStagedFp8 = kSchedule == Schedule::staged && kOperandBytes == 1;
+  static constexpr bool kStagedFp8Fused = kStagedFp8 && kFp8Partials_ == 1;
   static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
+                                            : kStagedFp8Fused    ? 24
                                             : kStagedFp8         ? 24
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
   static constexpr int kConsumerRegisters = kEpilogueInProducer  ? 192
+                                            : kStagedFp8Fused    ? 192
                                             : kStagedFp8         ? 232
                                             : kStaged            ? 176
                                             : kHeavyAccumulators ? 240
@@ -112,6 +123,7 @@ struct GemmConfig {
       kSchedule == Schedule::staged ? 512 - kProducerRegisters - 2 * kConsumerRegisters : 0;
 
   static_assert(kOperandBytes == 1 || kOperandBytes == 2, "operands are 16-bit or FP8");
+  static_assert(kFp8Partials_ == 1 || kFp8Partials_ == 2, "one partial or two");
   static_assert(kTileK * kOperandBytes == 128,
                 "operand tiles are one 128-byte swizzle span deep in K");
   static_assert(kTileN == 128 || kTileN == 192 || kTileN == 256,

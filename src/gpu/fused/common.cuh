@@ -84,6 +84,17 @@ template <class Shape, class T, int kRstdPartials = 32> struct DeviceOps {
   using MainStore = fused::MainStore<Shape, T>;
 };
 
+// f(shape, std::integral_constant<int, P>{}) for a kernel on E4M3 operands whose ScalePerRow
+// finishes rstd from the row partials: the FP8 mainloop's cooperative tile (Fp8Shape, P = 32),
+// or its staged tile (Fp8StagedShape, P = dev::kPartialsInRegisters) when the staged schedule is
+// forced (set_fused_schedule; docs/fp8.md, "The fused kernels' speed": not the default until
+// measured).
+template <class F> void with_fp8_rstd_variant(F&& f) {
+  if (schedule_for(FusedSchedule::cooperative) == FusedSchedule::staged)
+    return f(dev::Fp8StagedShape{}, std::integral_constant<int, dev::kPartialsInRegisters>{});
+  f(dev::Fp8Shape{}, std::integral_constant<int, 32>{});
+}
+
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {
   gpu::with_half_type(dtype, "the fused GPU kernels", std::forward<F>(f));

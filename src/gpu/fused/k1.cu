@@ -15,8 +15,8 @@ FusedSchedule schedule_for(FusedSchedule kernel_default) {
 
 namespace {
 
-// T the output's 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tile
-// (docs/fp8.md; Fp8Shape, cooperative 128 x 128).
+// T the output's 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tiles
+// (docs/fp8.md; Fp8Shape, cooperative 128 x 128, or Fp8StagedShape).
 template <class Shape, class T, int kPartials, class Operand = T>
 void run_rms_scale(const RmsScaleArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kPartials>;
@@ -34,7 +34,9 @@ void gemm_rms_scale(const RmsScaleArgs& args, Stream stream) {
   fused::require_device("gemm_rms_scale");
   if (args.a.dtype == DType::e4m3)
     return fused::with_half_type(args.out.dtype, [&](auto t) {
-      fused::run_rms_scale<fused::dev::Fp8Shape, decltype(t), 32, e4m3>(args, stream);
+      fused::with_fp8_rstd_variant([&](auto shape, auto p) {
+        fused::run_rms_scale<decltype(shape), decltype(t), decltype(p)::value, e4m3>(args, stream);
+      });
     });
   const FusedSchedule schedule = fused::default_schedule(sm90::FusedKernel::k1);
   fused::with_rstd_variant(args.a.dtype, schedule, [&](auto t, auto shape, auto p) {

@@ -14,8 +14,8 @@ namespace coda::gpu::fused {
 // (docs/epilogue.md). Rows with more partials than staged would read them from global memory
 // after the mainloop, so the launch takes the variant that stages them all. On the staged
 // schedule the consumers hold them in registers instead (dev::kPartialsInRegisters): 4 stages.
-// T the outputs' 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tile
-// (docs/fp8.md; Fp8Shape, cooperative 128 x 128).
+// T the outputs' 16-bit type, Operand a's and w's: T, or e4m3 on the FP8 mainloop's tiles
+// (docs/fp8.md; Fp8Shape, cooperative 128 x 128, or Fp8StagedShape).
 template <class Shape, class T, int kStaged, class Gate, class Operand = T, class GatedArgs>
 void run_rms_gated(const GatedArgs& args, Stream stream) {
   using Ops = DeviceOps<Shape, T, kStaged>;
@@ -31,7 +31,9 @@ void gemm_rms_gated(const char* kernel, const GatedArgs& args, Stream stream) {
   require_device(kernel);
   if (args.a.dtype == DType::e4m3)
     return with_half_type(args.preact.dtype, [&](auto t) {
-      run_rms_gated<dev::Fp8Shape, decltype(t), 32, Gate, e4m3>(args, stream);
+      with_fp8_rstd_variant([&](auto shape, auto p) {
+        run_rms_gated<decltype(shape), decltype(t), decltype(p)::value, Gate, e4m3>(args, stream);
+      });
     });
   const bool few_partials = args.sumsq_partials.shape[1] <= 16;
   with_half_type(args.a.dtype, [&](auto t) {

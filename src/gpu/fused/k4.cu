@@ -45,10 +45,12 @@ void gemm_rms_rope(const RmsRopeArgs& args, Stream stream) {
                                            " (use the CPU backend for other head sizes)");
   if (args.a.dtype == DType::e4m3)
     return fused::with_half_type(args.out.dtype, [&](auto t) {
-      if (head_dim == 64)
-        fused::run_rms_rope<fused::dev::Fp8Shape, decltype(t), 64, 32, e4m3>(args, stream);
-      else
-        fused::run_rms_rope<fused::dev::Fp8Shape, decltype(t), 128, 32, e4m3>(args, stream);
+      if (head_dim == 128) // (cooperative only: not tried staged, whose prepass holds a head)
+        return fused::run_rms_rope<fused::dev::Fp8Shape, decltype(t), 128, 32, e4m3>(args, stream);
+      fused::with_fp8_rstd_variant([&](auto shape, auto p) {
+        fused::run_rms_rope<decltype(shape), decltype(t), 64, decltype(p)::value, e4m3>(args,
+                                                                                        stream);
+      });
     });
   // head_dim 64 has a staged variant (a 192-column tile holds 3 heads), 128 none (it would cut
   // its heads); which runs by default: sm90::fused_schedule.

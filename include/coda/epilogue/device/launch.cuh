@@ -15,6 +15,9 @@
 //     the FP8 mainloop's only tile (coda/gemm/fp8_mainloop.cuh: the partial and the promoted sum
 //     in the consumers' registers, one B scale block per tile); FusedGemm::run_fp8 takes the
 //     operands' block scales (docs/fp8.md, "The FP8 block").
+//   Fp8StagedShape (128 x 128, read by the epilogue warpgroup): the staged schedule on the FP8
+//     mainloop (one partial, as MainloopFor's): the consumers hand their 64 x 128 over as 16
+//     bits and start the next tile, the ops after the Stage run in the fourth warpgroup.
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
@@ -44,6 +47,7 @@ using PingpongShape = TileShape<2, 128, 128>;
 using StagedShape = TileShape<1, 128, 192, /*staged=*/true>;
 using StagedWideShape = TileShape<1, 128, 256, /*staged=*/true, /*epilogue warps=*/3>;
 using Fp8Shape = TileShape<2, 64, 128>;
+using Fp8StagedShape = TileShape<1, 128, 128, /*staged=*/true>;
 using FusedShape = CooperativeShape; // the default
 
 // Each shape's GEMM schedule and the most pipeline stages it may take.
@@ -57,10 +61,12 @@ template <> struct ScheduleOf<PingpongShape> : ScheduleTraits<sm90::Schedule::pi
 template <> struct ScheduleOf<StagedShape> : ScheduleTraits<sm90::Schedule::staged, 4> {};
 template <> struct ScheduleOf<StagedWideShape> : ScheduleTraits<sm90::Schedule::staged_wide, 3> {};
 template <> struct ScheduleOf<Fp8Shape> : ScheduleTraits<sm90::Schedule::cooperative, 6> {};
+template <> struct ScheduleOf<Fp8StagedShape> : ScheduleTraits<sm90::Schedule::staged, 6> {};
 
+// (One FP8 partial: the fused kernels' FP8 mainloop, MainloopFor.)
 template <class Shape, int kStages, int kOperandBytes = 2>
-using FusedConfig =
-    sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule, kOperandBytes>;
+using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule,
+                                     kOperandBytes, /*kFp8Partials=*/1>;
 
 // Dynamic shared memory of the kernel with kStages pipeline stages.
 template <class Epi, class InT, int kStages, GemmLayout kLayout = GemmLayout::fwd>
@@ -89,9 +95,10 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
   using Config = FusedConfig<Shape, fused_stages<Epi, InT, kLayout>(), int(sizeof(InT))>;
   using Kernel = sm90::GemmKernel<Config, kLayout, InT, Epi>;
   static constexpr bool kFp8 = std::is_same_v<InT, e4m3>;
-  static_assert(!kFp8 || (std::is_same_v<Shape, Fp8Shape> && kLayout == GemmLayout::fwd),
-                "E4M3 operands run on Fp8Shape, in the forward layout (both operands K-major, "
-                "as the FP8 wgmma reads them)");
+  static_assert(!kFp8 || ((std::is_same_v<Shape, Fp8Shape> ||
+                           std::is_same_v<Shape, Fp8StagedShape>)&&kLayout == GemmLayout::fwd),
+                "E4M3 operands run on Fp8Shape or Fp8StagedShape, in the forward layout (both "
+                "operands K-major, as the FP8 wgmma reads them)");
   static constexpr size_t kSharedBytes = Kernel::kSharedBytes;
   static_assert(Config::kStaged || Config::kMmaBlocksM == Shape::kBlocks,
                 "the epilogue's TileShape is the configuration's warpgroup tile");
