@@ -512,6 +512,16 @@ def status_table(results):
                      "yes: %.2fx the speed of cuBLASLt's block-scaled FP8 GEMM and %.2fx that of"
                      " its bf16 GEMM (geomeans over the %d Llama block GEMMs), at `%s`"
                      % (_geomean(ratios), _geomean(bf16), len(ratios), _short(fp8["commit"]))))
+    fused_fp8 = results.get("fused_fp8")
+    fp8_cases = [c for c in (fused_fp8 or {}).get("cases", []) if c.get("precision") == "fp8"]
+    if fp8_cases:
+        over = [c["coda_ms"] / c["coda_gemm_ms"] for c in fp8_cases]
+        slower = sum(1 for c in fp8_cases if c["bf16_fused_ms"] < c["coda_ms"])
+        rows.append(("fused kernels on E4M3 operands %s" % " ".join(
+                        sorted({c["kernel"] for c in fp8_cases})), "yes",
+                     "yes: %s the FP8 GEMM's time, slower than the bf16 kernel in %d of %d cases"
+                     " (docs/fp8.md), at `%s`"
+                     % (_range(over) + "x", slower, len(fp8_cases), _short(fused_fp8["commit"]))))
     if torch:
         model = [c for c in torch["cases"] if c["case"] == "model-1b" and c["pass"] == "fwd+bwd"]
         if model and all(model[0].get(k) for k in ("coda_ms", "eager_ms", "compile_ms")):

@@ -477,3 +477,14 @@ def test_fused_table_keeps_fp8_cases_apart():
     # README's status row counts the bf16 kernels only.
     status = pt.status_table({"fused": results})
     assert "K1 1.05" in status and "0.63" not in status
+
+
+def test_status_table_counts_the_fp8_fused_cases():
+    pt = _perf_tables()
+    fp8 = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234",
+           "cases": [_fused_case("K1", 0.63, 0.6, 1.0, 0.8, precision="fp8", bf16_fused_ms=1.05),
+                     _fused_case("K7", 0.9, 0.6, 1.0, 0.8, precision="fp8", bf16_fused_ms=0.8)]}
+    status = pt.status_table({"fused_fp8": fp8})
+    # 0.63 / 0.6 and 0.9 / 0.6: 1.05-1.50; K7's FP8 kernel (0.9 ms) slower than its bf16 (0.8).
+    assert ("| fused kernels on E4M3 operands K1 K7 | yes | yes: 1.05-1.50x the FP8 GEMM's time,"
+            " slower than the bf16 kernel in 1 of 2 cases (docs/fp8.md), at `abc1234` |") in status
