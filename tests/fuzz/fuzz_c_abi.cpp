@@ -664,10 +664,14 @@ Operands fp8_operands(Call& c, int64_t m, int64_t n, int64_t k, const char* a_na
   return x;
 }
 // Either form: a form byte after the dimensions picks the E4M3 one (bit 0), so the inputs written
-// before it still read as the 16-bit form.
-Operands operands(Call& c, int64_t m, int64_t n, int64_t k, int32_t half) {
-  if (c.in().byte() & 1) return fp8_operands(c, m, n, k);
-  return {c.input("a", half, {m, k}), c.input("w", half, {n, k}), {}, {}};
+// before it still read as the 16-bit form. An input gradient's (dgrad: K6's dz, K7's dx, named
+// by the caller) 16-bit w is [k, n]; its E4M3 form is the forward one, w the weight's transposed
+// copy [n, k].
+Operands operands(Call& c, int64_t m, int64_t n, int64_t k, int32_t half, bool dgrad = false,
+                  const char* a_name = "a", const char* a_scales_name = "a_scales") {
+  if (c.in().byte() & 1) return fp8_operands(c, m, n, k, a_name, a_scales_name);
+  const coda_tensor a = c.input(a_name, half, {m, k});
+  return {a, dgrad ? c.input("w", half, {k, n}) : c.input("w", half, {n, k}), {}, {}};
 }
 
 void fuzz_residual_rms(Call& c) {
@@ -779,13 +783,8 @@ void fuzz_rms_backward(Call& c) {
   const int64_t m = in.dim(40), n = in.dim8(8), k = in.dim8(8);
   const int32_t t = c.half();
   coda_rms_backward_args a{};
-  if (in.byte() & 1) { // the E4M3 form (a form byte after the 16-bit type's): w [N, K]
-    const Operands x = fp8_operands(c, m, n, k, "dz", "dz_scales");
-    a.dz = x.a, a.w = x.w, a.dz_scales = x.a_scales, a.w_scales = x.w_scales;
-  } else {
-    a.dz = c.input("dz", t, {m, k});
-    a.w = c.input("w", t, {k, n});
-  }
+  const Operands x = operands(c, m, n, k, t, /*dgrad=*/true, "dz", "dz_scales");
+  a.dz = x.a, a.w = x.w, a.dz_scales = x.a_scales, a.w_scales = x.w_scales;
   a.x = c.input("x", t, {m, n});
   a.rstd = c.input("rstd", CODA_F32, {m}, 0.5f, 2.f);
   a.zeta = c.input("zeta", CODA_F32, {m});
@@ -803,13 +802,8 @@ void fuzz_swiglu_backward(Call& c) {
   const int64_t m = in.dim(40), f = in.dim8(4), k = in.dim8(8);
   const int32_t t = c.half();
   coda_swiglu_backward_args a{};
-  if (in.byte() & 1) { // the E4M3 form (a form byte after the 16-bit type's): w [F, K]
-    const Operands x = fp8_operands(c, m, f, k, "dx", "dx_scales");
-    a.dx = x.a, a.w = x.w, a.dx_scales = x.a_scales, a.w_scales = x.w_scales;
-  } else {
-    a.dx = c.input("dx", t, {m, k});
-    a.w = c.input("w", t, {k, f});
-  }
+  const Operands x = operands(c, m, f, k, t, /*dgrad=*/true, "dx", "dx_scales");
+  a.dx = x.a, a.w = x.w, a.dx_scales = x.a_scales, a.w_scales = x.w_scales;
   a.preact = c.input("preact", t, {m, 2 * f}, -4.f, 4.f);
   a.act = c.output("act", t, {m, f});
   a.dpreact = c.output("dpreact", t, {m, 2 * f});
