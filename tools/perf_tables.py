@@ -98,9 +98,17 @@ def gemm_plot(results):
     return True
 
 
+def _is_fp8(case):
+    """bench_fused's FP8 cases say "precision": "fp8"; the others are on 16-bit operands."""
+    return case.get("precision") == "fp8"
+
+
 def _bf16_cases(results):
-    """The fused cases on 16-bit operands (bench_fused's FP8 cases say "precision": "fp8")."""
-    return [c for c in results["cases"] if c.get("precision", "bf16") != "fp8"]
+    return [c for c in results["cases"] if not _is_fp8(c)]
+
+
+def _fp8_cases(results):
+    return [c for c in (results or {}).get("cases", []) if _is_fp8(c)]
 
 
 def fused_fp8_table(cases):
@@ -134,13 +142,13 @@ def fused_fp8_only_table(results):
         "GPU: %s. Date: %s. Commit: `%s`. `bench_fused --filter fp8`: M = 8192 tokens; median of 50"
         " runs, L2 flushed before each; every column measured in one process on the same inputs."
         % (results["gpu"], results["date"], results["commit"])]
-        + fused_fp8_table([c for c in results["cases"] if c.get("precision") == "fp8"]))
+        + fused_fp8_table(_fp8_cases(results)))
 
 
 def fused_table(results):
     # The schedule columns: each kernel forced onto each schedule it was timed on (a key missing,
     # e.g. K6 on ping-pong: "-"). K6's staged column is the staged_wide 128 x 256 tile.
-    fp8 = [c for c in results["cases"] if c.get("precision") == "fp8"]
+    fp8 = _fp8_cases(results)
     results = dict(results, cases=_bf16_cases(results))
     sched = [("coda_cooperative_ms", "cooperative"), ("coda_pingpong_ms", "ping-pong"),
              ("coda_staged_ms", "staged")]
@@ -513,7 +521,7 @@ def status_table(results):
                      " its bf16 GEMM (geomeans over the %d Llama block GEMMs), at `%s`"
                      % (_geomean(ratios), _geomean(bf16), len(ratios), _short(fp8["commit"]))))
     fused_fp8 = results.get("fused_fp8")
-    fp8_cases = [c for c in (fused_fp8 or {}).get("cases", []) if c.get("precision") == "fp8"]
+    fp8_cases = _fp8_cases(fused_fp8)
     if fp8_cases:
         over = [c["coda_ms"] / c["coda_gemm_ms"] for c in fp8_cases]
         slower = sum(1 for c in fp8_cases if c["bf16_fused_ms"] < c["coda_ms"])

@@ -108,8 +108,7 @@ struct GemmConfig {
   static constexpr bool kStagedFp8 = kSchedule == Schedule::staged && kOperandBytes == 1;
   static constexpr bool kStagedFp8Fused = kStagedFp8 && kFp8Partials_ == 1;
   static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
-                                            : kStagedFp8Fused    ? 24
-                                            : kStagedFp8         ? 24
+                                            : kStagedFp8         ? 24 // either partial count
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
