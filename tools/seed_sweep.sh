@@ -82,8 +82,12 @@ per_seed = collections.Counter()
 results = collections.defaultdict(lambda: collections.Counter())
 failing = collections.defaultdict(list)
 use = {}  # (test suite, output) -> [max use, seed, test, count, sum of use]
+partial = 0  # lines a killed process left half-written (its last write): not results
 for line in open(log):
     f = line.rstrip("\n").split("\t")
+    if (f[0], len(f)) not in (("result", 4), ("check", 7)) or (f[0] == "result" and f[3] not in ("pass", "fail", "skip")):
+        partial += 1
+        continue
     if f[0] == "result":
         _, test, seed, result = f
         results[test.split(".")[0]][result] += 1
@@ -106,6 +110,8 @@ if interrupted:
     print("INTERRUPTED (deadline or signal): %d of %d seeds ran all %d tests: %s; %d cut short"
           % (len(done), n, per_seed_tests, " ".join(map(str, done)) or "none",
              sum(1 for c in per_seed.values() if c < per_seed_tests)))
+if partial:
+    print("skipped %d partial log line(s) (a process stopped while writing)" % partial)
 for s in sorted(results):
     c = results[s]
     print("  %-40s pass %d, fail %d, skip %d" % (s, c["pass"], c["fail"], c["skip"]))
