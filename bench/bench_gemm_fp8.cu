@@ -32,7 +32,10 @@
 // the 128 x 192 tile with its halves' overlapped promotion, "coda_tile192_one_partial_ms" the
 // 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"), "coda_staged_ms" the
 // 128 x 128 tile's consumers on the staged schedule (the epilogue in a fourth warpgroup, under
-// the next tile's MMAs; sm90::Fp8Tile::n128_staged). Each of those Ds must equal the 128 x 128
+// the next tile's MMAs; sm90::Fp8Tile::n128_staged), "coda_staged_one_partial_ms" the staged tile
+// with one partial (the fused kernels' staged FP8 consumers, their floor) and
+// "coda_staged_ordered_ms" the same with the consumer warpgroups' batches issued in turns
+// (docs/fp8.md, "The ordered issue"). Each of those Ds must equal the 128 x 128
 // one bit for bit (the same promotions in the same order, rounded once to bf16): a case where it
 // does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
 // null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
@@ -48,7 +51,7 @@
 //    "scaling", "coda_ms", "cublas_ms"}] (issue 13's schema: gemm_fp8's default tile against
 //    cuBLASLt's block-scaled GEMM on the same scales), "cases": [{"name", "layout", "m",
 //    "n", "k", "coda_ms", "coda_tile128_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
-//    "coda_staged_ms",
+//    "coda_staged_ms", "coda_staged_one_partial_ms", "coda_staged_ordered_ms",
 //    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
 //    "coda_wgrad_blocks_ms", "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
@@ -295,6 +298,9 @@ struct Result {
   // coda on each tile, and which one gemm_fp8 picks (coda_ms is that one's time).
   double tile128_ms = NAN, tile192_ms = NAN, tile192_one_partial_ms = NAN;
   double staged_ms = NAN; // the 128 x 128 tile on the staged schedule
+  // The staged tile with one partial (the fused kernels' staged FP8 consumers: their floor),
+  // and the same with the consumer warpgroups' batches issued in turns.
+  double staged_one_partial_ms = NAN, staged_ordered_ms = NAN;
   coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
   bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
@@ -326,7 +332,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   Buffer a16(size_t(m * k * 2)), b16(size_t(n * k * 2)), ones(2 * sizeof(float));
   Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
   Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2)),
-      d_staged(size_t(m * n * 2));
+      d_staged(size_t(m * n * 2)), d_staged_one(size_t(m * n * 2)),
+      d_staged_ordered(size_t(m * n * 2));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
@@ -362,11 +369,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   coda::gemm_fp8(wgrad_blocks, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
   r.picked = coda::gpu::gemm_fp8_tile(args);
-  coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args;
+  coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args, staged_one = args,
+                    staged_ordered = args;
   tile192.d = bench::view(d_tile192, coda::DType::bf16, m, n);
   tile192_one.d = bench::view(d_tile192_one, coda::DType::bf16, m, n);
   staged.d = bench::view(d_staged, coda::DType::bf16, m, n);
-  for (const Buffer* d : {&d_tile192, &d_tile192_one, &d_staged})
+  staged_one.d = bench::view(d_staged_one, coda::DType::bf16, m, n);
+  staged_ordered.d = bench::view(d_staged_ordered, coda::DType::bf16, m, n);
+  for (const Buffer* d : {&d_tile192, &d_tile192_one, &d_staged, &d_staged_one, &d_staged_ordered})
     check(cudaMemsetAsync(d->p, 0xff, d->bytes, s), "poison D");
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
@@ -449,6 +459,12 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     coda::gpu::gemm_fp8_with_tile(tile192_one, Fp8Tile::n192_one_partial, s);
   };
   auto run_staged = [&] { coda::gpu::gemm_fp8_with_tile(staged, Fp8Tile::n128_staged, s); };
+  auto run_staged_one = [&] {
+    coda::gpu::gemm_fp8_with_tile(staged_one, Fp8Tile::n128_staged_one_partial, s);
+  };
+  auto run_staged_ordered = [&] {
+    coda::gpu::gemm_fp8_with_tile(staged_ordered, Fp8Tile::n128_staged_one_partial_ordered, s);
+  };
   auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
   auto run_wgrad_blocks = [&] { coda::gpu::gemm_fp8(wgrad_blocks, s); };
   auto run_block = [&] { block.run(a.p, b.p, d_block.p, s); };
@@ -459,6 +475,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     run_tile192();
     run_tile192_one();
     run_staged();
+    run_staged_one();
+    run_staged_ordered();
     run_wgrad_form();
     run_wgrad_blocks();
     if (block_ready) run_block();
@@ -468,13 +486,15 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_block, t_tensor, t_bf16,
-      t_wgrad_form, t_wgrad_blocks;
+  std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_staged_one, t_staged_ordered,
+      t_block, t_tensor, t_bf16, t_wgrad_form, t_wgrad_blocks;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
     timer.timed(run_tile192, t_tile192);
     timer.timed(run_tile192_one, t_tile192_one);
     timer.timed(run_staged, t_staged);
+    timer.timed(run_staged_one, t_staged_one);
+    timer.timed(run_staged_ordered, t_staged_ordered);
     timer.timed(run_wgrad_form, t_wgrad_form);
     timer.timed(run_wgrad_blocks, t_wgrad_blocks);
     if (block_ready) timer.timed(run_block, t_block);
@@ -485,6 +505,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   r.tile192_ms = bench::median(t_tile192);
   r.tile192_one_partial_ms = bench::median(t_tile192_one);
   r.staged_ms = bench::median(t_staged);
+  r.staged_one_partial_ms = bench::median(t_staged_one);
+  r.staged_ordered_ms = bench::median(t_staged_ordered);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
   r.coda_wgrad_blocks_ms = bench::median(t_wgrad_blocks);
 
@@ -498,7 +520,9 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   const OtherTile kTiles[] = {
       {Fp8Tile::n192, &d_tile192, &Result::tile192_ms},
       {Fp8Tile::n192_one_partial, &d_tile192_one, &Result::tile192_one_partial_ms},
-      {Fp8Tile::n128_staged, &d_staged, &Result::staged_ms}};
+      {Fp8Tile::n128_staged, &d_staged, &Result::staged_ms},
+      {Fp8Tile::n128_staged_one_partial, &d_staged_one, &Result::staged_one_partial_ms},
+      {Fp8Tile::n128_staged_one_partial_ordered, &d_staged_ordered, &Result::staged_ordered_ms}};
   for (const auto& [tile, d, ms] : kTiles) {
     const int64_t differ = differences(d->p, d_coda.p, m * n, s);
     if (differ == 0) continue;
@@ -595,13 +619,15 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof(text), "-");
       return std::string(text);
     };
-    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %-16s  %9s  %s\n",
+    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s %8s  %-16s  "
+                "%9s  %s\n",
                 "case", "M", "N", "K", "coda TF/s", "192 TF/s", "blockwise", "tensor", "bf16",
-                "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "pick", "rel err",
-                "scale layout");
+                "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "1p/stg", "1po/stg",
+                "pick", "rel err", "scale layout");
     for (const Result& r : results)
       std::printf(
-          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s  %-16s  %9s  %s\n",
+          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s %8s  %-16s  %9s  "
+          "%s\n",
           r.c.name.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
           cell(tflops(r.c, r.tile192_ms), "%.1f").c_str(),
@@ -611,11 +637,16 @@ int main(int argc, char** argv) {
           cell(r.block_ms / r.coda_ms, "%.3f").c_str(), cell(r.bf16_ms / r.coda_ms, "%.3f").c_str(),
           cell(r.tile128_ms / r.tile192_ms, "%.3f").c_str(),
           cell(r.tile128_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
-          cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(), coda::sm90::fp8_tile_name(r.picked),
-          cell(r.max_rel_err, "%.2e").c_str(), r.agree ? r.scale_layout.c_str() : "MISMATCH");
+          cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(),
+          cell(r.staged_one_partial_ms / r.staged_ms, "%.3f").c_str(),
+          cell(r.staged_ordered_ms / r.staged_ms, "%.3f").c_str(),
+          coda::sm90::fp8_tile_name(r.picked), cell(r.max_rel_err, "%.2e").c_str(),
+          r.agree ? r.scale_layout.c_str() : "MISMATCH");
     std::printf("(128/192: coda_tile128_ms / coda_tile192_ms; 128/192a: coda_tile128_ms / "
-                "coda_tile192_one_partial_ms; 128/stg: coda_tile128_ms / coda_staged_ms; pick: "
-                "gemm_fp8's tile, whose time coda TF/s and the ratios over coda are)\n");
+                "coda_tile192_one_partial_ms; 128/stg: coda_tile128_ms / coda_staged_ms; 1p/stg: "
+                "coda_staged_one_partial_ms / coda_staged_ms; 1po/stg: coda_staged_ordered_ms / "
+                "coda_staged_ms (above 1: slower than the two partials); pick: gemm_fp8's tile, "
+                "whose time coda TF/s and the ratios over coda are)\n");
     // Geometric means over the block GEMMs (not the squares) of num / den where both are timed.
     const auto geomean = [&](auto num, auto den, const char* what) {
       double log_sum = 0, worst = INFINITY;
@@ -653,6 +684,12 @@ int main(int argc, char** argv) {
     geomean(tile128, field(&Result::staged_ms), "coda_tile128_ms/coda_staged_ms");
     geomean(field(&Result::block_ms), field(&Result::staged_ms),
             "cublas_blockscaled_ms/coda_staged_ms");
+    geomean(field(&Result::staged_one_partial_ms), field(&Result::staged_ms),
+            "coda_staged_one_partial_ms/coda_staged_ms");
+    geomean(field(&Result::staged_ordered_ms), field(&Result::staged_ms),
+            "coda_staged_ordered_ms/coda_staged_ms");
+    geomean(field(&Result::staged_one_partial_ms), field(&Result::staged_ordered_ms),
+            "coda_staged_one_partial_ms/coda_staged_ordered_ms");
     int tile_mismatches = 0;
     for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
     if (tile_mismatches > 0)
@@ -688,6 +725,7 @@ int main(int argc, char** argv) {
           "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
           "%lld, \"coda_ms\": %s, \"coda_tile128_ms\": %s, \"coda_tile192_ms\": %s, "
           "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
+          "\"coda_staged_one_partial_ms\": %s, \"coda_staged_ordered_ms\": %s, "
           "\"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
           "\"coda_wgrad_form_ms\": %s, \"coda_wgrad_blocks_ms\": %s, \"agree\": %s, "
@@ -696,7 +734,9 @@ int main(int argc, char** argv) {
           json_number(r.coda_ms, "%.5f").c_str(), json_number(r.tile128_ms, "%.5f").c_str(),
           json_number(r.tile192_ms, "%.5f").c_str(),
           json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
-          json_number(r.staged_ms, "%.5f").c_str(), json_number(r.block_ms, "%.5f").c_str(),
+          json_number(r.staged_ms, "%.5f").c_str(),
+          json_number(r.staged_one_partial_ms, "%.5f").c_str(),
+          json_number(r.staged_ordered_ms, "%.5f").c_str(), json_number(r.block_ms, "%.5f").c_str(),
           json_number(r.tensor_ms, "%.5f").c_str(), json_number(r.bf16_ms, "%.5f").c_str(),
           json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
           json_number(r.coda_wgrad_blocks_ms, "%.5f").c_str(), r.agree ? "true" : "false",

@@ -213,14 +213,19 @@ TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
   for (double v : c.d.values()) ASSERT_TRUE(std::isnan(v)) << "d was written";
 }
 
-// The 128 x 128 tile's consumers on the staged schedule (sm90::Fp8Tile::n128_staged, a study
-// kernel): each rounds its 64 x 128 to bf16 into the staged tile and a fourth warpgroup stores
-// it, so D must be the cooperative kernel's bit for bit (check_shape); M and N ragged against
-// the tile, K from one short block to many, more tiles than a wave (kShapes).
+// The 128 x 128 tile's consumers on the staged schedule (sm90::Fp8Tile::n128_staged): each
+// rounds its 64 x 128 to bf16 into the staged tile and a fourth warpgroup stores it, so D must be
+// the cooperative kernel's bit for bit (check_shape); M and N ragged against the tile, K from one
+// short block to many, more tiles than a wave (kShapes). The same for the study kernels with one
+// partial (the fused kernels' staged FP8 consumers), with and without the ordered issue: the
+// same promotions in the same order, so the same bits; the ordered issue's barriers over one
+// k-block (K 16, 128) and many, and over several tiles per CTA.
+const Fp8Tile kStagedTiles[] = {Fp8Tile::n128_staged, Fp8Tile::n128_staged_one_partial,
+                                Fp8Tile::n128_staged_one_partial_ordered};
 class GpuFp8GemmStaged : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmStaged, MatchesTheReferenceTheCpuBackendAndTheCooperativeKernel) {
   CODA_REQUIRE_SM90();
-  check_shape(GetParam(), {}, Fp8Tile::n128_staged);
+  for (Fp8Tile tile : kStagedTiles) check_shape(GetParam(), {}, tile);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmStaged, testing::ValuesIn(kShapes),
                          [](const testing::TestParamInfo<Shape>& info) {
@@ -237,7 +242,7 @@ TEST(GpuFp8GemmStaged, RefusesOtherForms) {
   for (const Fp8GemmCase::Options& o : kForms) {
     Seeds seeds;
     Fp8GemmCase c(129, 264, 256, seeds, o);
-    expect_refused(c, Fp8Tile::n128_staged);
+    for (Fp8Tile tile : kStagedTiles) expect_refused(c, tile);
   }
 }
 
@@ -370,10 +375,13 @@ TEST(GpuFp8GemmSmallForSanitizer, Tile192RaggedTiles) {
 
 // The staged 128 x 128 kernel (three tiles along N, two along M, the last ragged in both): its
 // hand-over through the staged tile and the fourth warpgroup's stores under the sanitizers.
+// The study kernels with one partial too (the ordered issue's barriers under synccheck).
 TEST(GpuFp8GemmSmallForSanitizer, StagedRaggedTiles) {
   CODA_REQUIRE_SM90();
-  check_shape({1, 8, 16}, {}, Fp8Tile::n128_staged);
-  check_shape({257, 264, 400}, {}, Fp8Tile::n128_staged);
+  for (Fp8Tile tile : kStagedTiles) {
+    check_shape({1, 8, 16}, {}, tile);
+    check_shape({257, 264, 400}, {}, tile);
+  }
 }
 
 // Host side of the kernel (no GPU needed): the operands' tensor maps (the stored shapes, one

@@ -172,21 +172,31 @@ inline Schedule fused_schedule(FusedKernel kernel, int32_t head_dim = 0,
 //                     shared memory and start the next one while a fourth warpgroup stores it,
 //                     so the epilogue runs under the next tile's MMAs. A bf16 D, not accumulated
 //                     into.
+//   n128_staged_one_partial:         n128_staged with one partial, the consumers the fused
+//                     kernels' staged FP8 tile runs (Fp8StagedShape: its register split, one
+//                     partial): their floor, a study kernel;
+//   n128_staged_one_partial_ordered: the same with the consumer warpgroups' batches issued in
+//                     turns (Fp8Mainloop's IssueTurn), a study kernel.
 // The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
-// the by-columns promotion's shuffles; not compiled at 192), and so does n128_staged.
+// the by-columns promotion's shuffles; not compiled at 192), and so do the staged ones.
 enum class Fp8Tile : int32_t {
   automatic = 0,
   n128 = 1,
   n192 = 2,
   n192_one_partial = 3,
-  n128_staged = 4
+  n128_staged = 4,
+  n128_staged_one_partial = 5,
+  n128_staged_one_partial_ordered = 6
 };
 constexpr const char* fp8_tile_name(Fp8Tile t) {
-  return name_of(t, {{Fp8Tile::automatic, "automatic"},
-                     {Fp8Tile::n128, "n128"},
-                     {Fp8Tile::n192, "n192"},
-                     {Fp8Tile::n192_one_partial, "n192_one_partial"},
-                     {Fp8Tile::n128_staged, "n128_staged"}});
+  return name_of(t,
+                 {{Fp8Tile::automatic, "automatic"},
+                  {Fp8Tile::n128, "n128"},
+                  {Fp8Tile::n192, "n192"},
+                  {Fp8Tile::n192_one_partial, "n192_one_partial"},
+                  {Fp8Tile::n128_staged, "n128_staged"},
+                  {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"},
+                  {Fp8Tile::n128_staged_one_partial_ordered, "n128_staged_one_partial_ordered"}});
 }
 
 // The tile gpu::gemm_fp8 runs when not told: 128 x 128, on the staged schedule wherever it

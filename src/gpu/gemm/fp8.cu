@@ -39,11 +39,16 @@ template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream str
   launch<Kernel>(args, epilogue, stream);
 }
 
-// The staged kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
-void run_staged(const Fp8GemmArgs& args, Stream stream) {
+// A staged kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
+template <class Kernel> void run_staged(const Fp8GemmArgs& args, Stream stream) {
   typename fp8::staged::Epilogue::Params epilogue{};
   epilogue::device::get<1>(epilogue) = fp8::staged::Store::params("d", args.d);
-  launch<fp8::staged::Kernel>(args, epilogue, stream);
+  launch<Kernel>(args, epilogue, stream);
+}
+
+bool is_staged(sm90::Fp8Tile tile) {
+  return tile == sm90::Fp8Tile::n128_staged || tile == sm90::Fp8Tile::n128_staged_one_partial ||
+         tile == sm90::Fp8Tile::n128_staged_one_partial_ordered;
 }
 
 // Where the staged tile applies: its staged tile holds the result rounded to bf16, so the call's
@@ -57,7 +62,11 @@ template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile,
     return run<fp8::Kernel<Fp8BScaling::rows, OutT>, OutT>(args, stream);
   switch (tile) {
   case sm90::Fp8Tile::n128_staged:
-    return run_staged(args, stream);
+    return run_staged<fp8::staged::Kernel>(args, stream);
+  case sm90::Fp8Tile::n128_staged_one_partial:
+    return run_staged<fp8::staged::KernelWith<1, false>>(args, stream);
+  case sm90::Fp8Tile::n128_staged_one_partial_ordered:
+    return run_staged<fp8::staged::KernelWith<1, true>>(args, stream);
   case sm90::Fp8Tile::n192:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192>, OutT>(args, stream);
   case sm90::Fp8Tile::n192_one_partial:
@@ -82,10 +91,11 @@ void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stre
     throw Error(Status::not_supported,
                 std::string("gemm_fp8: the ") + sm90::fp8_tile_name(tile) +
                     " tile takes B scaled by blocks; B scaled by rows runs the 128 x 128 tile");
-  if (tile == sm90::Fp8Tile::n128_staged && !stores_rounded_d(args))
+  if (is_staged(tile) && !stores_rounded_d(args))
     throw Error(Status::not_supported,
-                "gemm_fp8: the n128_staged tile writes a bf16 d and does not accumulate into it "
-                "(its staged tile holds the rounded result)");
+                std::string("gemm_fp8: the ") + sm90::fp8_tile_name(tile) +
+                    " tile writes a bf16 d and does not accumulate into it (its staged tile "
+                    "holds the rounded result)");
   if (tile == sm90::Fp8Tile::automatic) tile = gemm_fp8_tile(args);
   if (args.d.dtype == DType::f32)
     run_tile<float>(args, tile, stream);

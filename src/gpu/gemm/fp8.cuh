@@ -55,19 +55,28 @@ namespace dev = coda::epilogue::device;
 using Shape = dev::TileShape<1, 128, 128, /*staged=*/true>;
 using Store = dev::TileStore<Shape, bf16, /*reduce_add=*/false, /*in_place=*/true>;
 using Epilogue = dev::FusedEpilogue<Shape, dev::Stage<bf16>, Store>;
-template <int kStages>
-using ConfigAt = sm90::GemmConfig<128, 128, kStages, 2, sm90::Schedule::staged, /*bytes=*/1>;
-template <int kStages>
-using MainloopAt = sm90::Fp8Mainloop<ConfigAt<kStages>, Fp8BScaling::blocks, true>;
-template <int kStages = 8> constexpr int stages() {
-  if constexpr (kStages <= 2 || sizeof(sm90::KernelSharedStorage<MainloopAt<kStages>, Epilogue>) <=
-                                    sm90::kMaxSharedBytes)
+// kPartials: 2 (the overlapped promotion, gemm_fp8's) or 1 (the fused kernels' staged FP8
+// consumers and register split, Fp8StagedShape's: the study kernels of their floor, with or
+// without the ordered issue).
+template <int kStages, int kPartials>
+using ConfigAt =
+    sm90::GemmConfig<128, 128, kStages, 2, sm90::Schedule::staged, /*bytes=*/1, kPartials>;
+template <int kStages, int kPartials, bool kOrdered>
+using MainloopAt =
+    sm90::Fp8Mainloop<ConfigAt<kStages, kPartials>, Fp8BScaling::blocks, kPartials == 2, kOrdered>;
+template <int kPartials, bool kOrdered, int kStages = 8> constexpr int stages() {
+  if constexpr (kStages <= 2 ||
+                sizeof(sm90::KernelSharedStorage<MainloopAt<kStages, kPartials, kOrdered>,
+                                                 Epilogue>) <= sm90::kMaxSharedBytes)
     return kStages;
   else
-    return stages<kStages - 1>();
+    return stages<kPartials, kOrdered, kStages - 1>();
 }
-using Kernel =
-    sm90::GemmKernel<ConfigAt<stages()>, GemmLayout::fwd, e4m3, Epilogue, MainloopAt<stages()>>;
+template <int kPartials, bool kOrdered>
+using KernelWith =
+    sm90::GemmKernel<ConfigAt<stages<kPartials, kOrdered>(), kPartials>, GemmLayout::fwd, e4m3,
+                     Epilogue, MainloopAt<stages<kPartials, kOrdered>(), kPartials, kOrdered>>;
+using Kernel = KernelWith<2, false>;
 } // namespace staged
 
 } // namespace coda::gpu::fp8
