@@ -525,15 +525,17 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   const std::function<void()> run_staged = forced(coda::gpu::FusedSchedule::staged);
   // Forcing a schedule a kernel lacks runs its default (K7 forced cooperative). K6 has no
   // ping-pong variant: not timed; its staged column is the staged_wide 128 x 256 tile. The FP8
-  // kernels run the cooperative 128 x 128 tile by default and, forced, the staged 128 x 128 one
-  // where they have it (K1, K2, K2g, K4 at head_dim 64): its staged column; the bf16 kernel too.
+  // kernels run the staged 128 x 128 tile by default where they have it (K1, K2, K2g, K4 at
+  // head_dim 64), timed forced on it and on the cooperative 128 x 128 tile (their two columns),
+  // and the cooperative one elsewhere; the bf16 kernel too.
   const bool fp8_staged = c.fp8 && (c.kernel == "K1" || c.kernel == "K2" || c.kernel == "K2g" ||
                                     (c.kernel == "K4" && md.head_dim == 64));
   const bool schedules_run = !c.fp8, pingpong_runs = schedules_run && c.kernel != "K6";
   const bool staged_runs = schedules_run || fp8_staged;
+  const bool cooperative_runs = schedules_run || fp8_staged;
   for (int i = 0; i < 3; ++i) {
     run_fused(), run_gemm(), run_cublas(), run_unfused();
-    if (schedules_run) run_cooperative();
+    if (cooperative_runs) run_cooperative();
     if (staged_runs) run_staged();
     if (pingpong_runs) run_pingpong();
     if (c.fp8) run_bf16_fused();
@@ -550,7 +552,7 @@ Result bench_case(const Case& c, const bench::Context& ctx, int runs) {
   for (int i = 0; i < runs; ++i) {
     timed(run_fused, t_fused), timed(run_gemm, t_gemm), timed(run_cublas, t_cublas);
     timed(run_unfused, t_unfused);
-    if (schedules_run) timed(run_cooperative, t_cooperative);
+    if (cooperative_runs) timed(run_cooperative, t_cooperative);
     if (staged_runs) timed(run_staged, t_staged);
     if (pingpong_runs) timed(run_pingpong, t_pingpong);
     if (c.fp8) timed(run_bf16_fused, t_bf16_fused);

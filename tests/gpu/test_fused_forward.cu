@@ -42,8 +42,8 @@ std::string schedule_name(gpu::FusedSchedule s) {
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
                                               : "staged 128x192";
 }
-// The FP8 mainloop's tiles: cooperative 128 x 128 (the default) and staged 128 x 128 (forced;
-// K1, K2, K2g and K4 at head_dim 64 have it, docs/fp8.md).
+// The FP8 mainloop's tiles, each forced: cooperative 128 x 128 and staged 128 x 128 (the default
+// of K1, K2, K2g and K4 at head_dim 64, which have it; docs/fp8.md).
 const gpu::FusedSchedule kFp8Schedules[] = {gpu::FusedSchedule::cooperative,
                                             gpu::FusedSchedule::staged};
 std::string fp8_schedule_name(gpu::FusedSchedule s) {

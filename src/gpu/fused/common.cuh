@@ -85,12 +85,13 @@ template <class Shape, class T, int kRstdPartials = 32> struct DeviceOps {
 };
 
 // f(shape, std::integral_constant<int, P>{}) for a kernel on E4M3 operands whose ScalePerRow
-// finishes rstd from the row partials: the FP8 mainloop's cooperative tile (Fp8Shape, P = 32),
-// or its staged tile (Fp8StagedShape, P = dev::kPartialsInRegisters) when the staged schedule is
-// forced (set_fused_schedule; docs/fp8.md, "The fused kernels' speed": not the default until
-// measured).
+// finishes rstd from the row partials: the FP8 mainloop's staged tile (Fp8StagedShape,
+// P = dev::kPartialsInRegisters) by default, its cooperative tile (Fp8Shape, P = 32) when another
+// schedule is forced (set_fused_schedule). The staged tile measured faster in all seven cases
+// timed (K1, K2, K2g, K4 at head_dim 64; 3-10%, H100, 2026-12-06, 6fb950e; docs/fp8.md, "The
+// ordered issue").
 template <class F> void with_fp8_rstd_variant(F&& f) {
-  if (schedule_for(FusedSchedule::cooperative) == FusedSchedule::staged)
+  if (schedule_for(FusedSchedule::staged) == FusedSchedule::staged)
     return f(dev::Fp8StagedShape{}, std::integral_constant<int, dev::kPartialsInRegisters>{});
   f(dev::Fp8Shape{}, std::integral_constant<int, 32>{});
 }
