@@ -186,7 +186,8 @@ void expect_refused(Fp8GemmCase& c, Fp8Tile tile) {
 class GpuFp8GemmTile192 : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmTile192, MatchesTheReferenceTheCpuBackendAndThe128Tile) {
   CODA_REQUIRE_SM90();
-  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) check_shape(GetParam(), {}, tile);
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered})
+    check_shape(GetParam(), {}, tile);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmTile192, testing::ValuesIn(kTile192Shapes),
                          [](const testing::TestParamInfo<Shape>& info) {
@@ -205,11 +206,13 @@ TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
     for (const Shape& s : {Shape{127, 264, 1024}, Shape{300, 584, 528}})
       check_shape(s, o, Fp8Tile::n192);
     check_shape({127, 264, 1024}, o, Fp8Tile::n192_one_partial);
+    check_shape({127, 264, 1024}, o, Fp8Tile::n192_one_partial_ordered);
   }
 
   Seeds seeds;
   Fp8GemmCase c(129, 264, 256, seeds, {Fp8BScaling::rows, DType::bf16, false});
-  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) expect_refused(c, tile);
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered})
+    expect_refused(c, tile);
   for (double v : c.d.values()) ASSERT_TRUE(std::isnan(v)) << "d was written";
 }
 
@@ -371,6 +374,7 @@ TEST(GpuFp8GemmSmallForSanitizer, Tile192RaggedTiles) {
   check_shape({257, 264, 400}, {}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {Fp8BScaling::blocks, DType::f32, true}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial);
+  check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial_ordered);
 }
 
 // The staged 128 x 128 kernel (three tiles along N, two along M, the last ragged in both): its

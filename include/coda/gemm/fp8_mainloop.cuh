@@ -66,8 +66,8 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   static constexpr int kPartials = kOverlapPromotion && !kBRows ? 2 : 1;
   static constexpr bool kHalves = kPartials == 2 && kTileN == 192;
   using Partial = Accumulator<Config::kMmaBlocksM, kHalves ? kTileN / 2 : kTileN>;
-  static_assert(!kOrderedIssue || (kPartials == 1 && Config::kTileN == 128),
-                "the ordered issue is the one-partial 128-column loop's (IssueTurn)");
+  static_assert(!kOrderedIssue || kPartials == 1,
+                "the ordered issue is the one-partial loop's (IssueTurn)");
   static_assert(Config::kAccumulatorsPerThread +
                         kPartials * Partial::kBlocks * Partial::kRegsPerBlock <=
                     192,

@@ -71,6 +71,8 @@ template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile,
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192>, OutT>(args, stream);
   case sm90::Fp8Tile::n192_one_partial:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192, false>, OutT>(args, stream);
+  case sm90::Fp8Tile::n192_one_partial_ordered:
+    return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192, false, true>, OutT>(args, stream);
   default:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 128>, OutT>(args, stream);
   }

@@ -39,11 +39,13 @@ using Config = sm90::GemmConfig<128, kTileN, kStages<OutT, kTileN>, 2, sm90::Sch
                                 /*kOperandBytes=*/1>;
 // kOverlapPromotion: the blocks form's promotion overlaps the next batch of wgmmas (128 columns:
 // two full-width partials; 192: the halves' partials); without it, one partial (the
-// n192_one_partial study kernel). By rows the mainloop always takes one partial.
-template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapPromotion = true>
-using Kernel =
-    sm90::GemmKernel<Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
-                     sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion>>;
+// n192_one_partial study kernel; kOrdered: its batches issued in turns, n192_one_partial_ordered).
+// By rows the mainloop always takes one partial.
+template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapPromotion = true,
+          bool kOrdered = false>
+using Kernel = sm90::GemmKernel<
+    Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
+    sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion, kOrdered>>;
 
 // The staged study form (Fp8Tile::n128_staged; sm90::Fp8Tile says why): the same consumers and
 // overlapped promotion on the staged schedule, each consumer warpgroup rounding its 64 x 128 to
