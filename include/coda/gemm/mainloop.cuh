@@ -244,12 +244,10 @@ struct Fp8Mainloop;
 // The mainloop of a GEMM over operands of type InT (for e4m3, with B scaled by 128 x 128 blocks).
 // NOTE: the fused kernels' FP8 mainloop promotes each k-block before issuing the next: the ops'
 // state held across the mainloop leaves no room for a second partial (K2 and K4 spilled 8-32
-// bytes with it, sm_90a, 2026-12-05). Its two consumer warpgroups issue their batches in turns
-// (Fp8Mainloop's IssueTurn), so that each promotes while the other's batch runs (docs/fp8.md,
-// "The ordered issue").
+// bytes with it, sm_90a, 2026-12-05).
 template <class Config, GemmLayout kLayout, class InT>
-using MainloopFor = std::conditional_t<std::is_same_v<InT, e4m3>,
-                                       Fp8Mainloop<Config, Fp8BScaling::blocks, false, true>,
-                                       Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
+using MainloopFor =
+    std::conditional_t<std::is_same_v<InT, e4m3>, Fp8Mainloop<Config, Fp8BScaling::blocks, false>,
+                       Mainloop<Config, kLayout, std::is_same_v<InT, bf16>>>;
 
 } // namespace coda::sm90
