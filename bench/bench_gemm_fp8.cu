@@ -28,15 +28,15 @@
 //
 // coda runs on each of its tiles, forced (gpu::gemm_fp8_with_tile), interleaved with the rest:
 // "coda_tile128_ms" the cooperative 128 x 128 tile (what "coda_ms" measured before 2026-12-06),
-// "coda_tile192_ms"
-// the 128 x 192 tile with its halves' overlapped promotion, "coda_tile192_one_partial_ms" the
-// 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192 tile"), "coda_staged_ms" the
-// 128 x 128 tile's consumers on the staged schedule (the epilogue in a fourth warpgroup, under
-// the next tile's MMAs; sm90::Fp8Tile::n128_staged), "coda_staged_one_partial_ms" the staged tile
-// with one partial (the fused kernels' staged FP8 consumers, their floor) and
-// "coda_staged_ordered_ms" the same with the consumer warpgroups' batches issued in turns
-// (docs/fp8.md, "The ordered issue"), "coda_tile192_ordered_ms" the 128 x 192 tile with one
-// partial issued in turns. Each of those Ds must equal the 128 x 128
+// "coda_tile192_ms" the 128 x 192 tile with its halves' overlapped promotion,
+// "coda_tile192_one_partial_ms" the 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192
+// tile"), "coda_staged_ms" the 128 x 128 tile's consumers on the staged schedule (the epilogue in
+// a fourth warpgroup, under the next tile's MMAs; sm90::Fp8Tile::n128_staged),
+// "coda_staged_one_partial_ms" the staged tile with one partial (the fused kernels' staged FP8
+// consumers, their floor), "coda_staged_ordered_ms" the same with the consumer warpgroups'
+// batches issued in turns (docs/fp8.md, "The ordered issue"), "coda_tile192_ordered_ms" the
+// 128 x 192 tile with one partial issued in turns and "coda_tile192_staged_ordered_ms" that on
+// the staged schedule. Each of those Ds must equal the 128 x 128
 // one bit for bit (the same promotions in the same order, rounded once to bf16): a case where it
 // does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
 // null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
@@ -53,7 +53,7 @@
 //    cuBLASLt's block-scaled GEMM on the same scales), "cases": [{"name", "layout", "m",
 //    "n", "k", "coda_ms", "coda_tile128_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
 //    "coda_staged_ms", "coda_staged_one_partial_ms", "coda_staged_ordered_ms",
-//    "coda_tile192_ordered_ms",
+//    "coda_tile192_ordered_ms", "coda_tile192_staged_ordered_ms",
 //    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
 //    "coda_wgrad_blocks_ms", "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
@@ -303,7 +303,8 @@ struct Result {
   // The staged tile with one partial (the fused kernels' staged FP8 consumers: their floor),
   // and the same with the consumer warpgroups' batches issued in turns.
   double staged_one_partial_ms = NAN, staged_ordered_ms = NAN;
-  double tile192_ordered_ms = NAN; // the 128 x 192 tile, one partial, issued in turns
+  double tile192_ordered_ms = NAN;        // the 128 x 192 tile, one partial, issued in turns
+  double tile192_staged_ordered_ms = NAN; // the same on the staged schedule
   coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
   bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
@@ -336,7 +337,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
   Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2)),
       d_staged(size_t(m * n * 2)), d_staged_one(size_t(m * n * 2)),
-      d_staged_ordered(size_t(m * n * 2)), d_tile192_ordered(size_t(m * n * 2));
+      d_staged_ordered(size_t(m * n * 2)), d_tile192_ordered(size_t(m * n * 2)),
+      d_tile192_staged_ordered(size_t(m * n * 2));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
@@ -373,15 +375,16 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
   r.picked = coda::gpu::gemm_fp8_tile(args);
   coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args, staged_one = args,
-                    staged_ordered = args, tile192_ordered = args;
+                    staged_ordered = args, tile192_ordered = args, tile192_staged_ordered = args;
   tile192.d = bench::view(d_tile192, coda::DType::bf16, m, n);
   tile192_one.d = bench::view(d_tile192_one, coda::DType::bf16, m, n);
   staged.d = bench::view(d_staged, coda::DType::bf16, m, n);
   staged_one.d = bench::view(d_staged_one, coda::DType::bf16, m, n);
   staged_ordered.d = bench::view(d_staged_ordered, coda::DType::bf16, m, n);
   tile192_ordered.d = bench::view(d_tile192_ordered, coda::DType::bf16, m, n);
+  tile192_staged_ordered.d = bench::view(d_tile192_staged_ordered, coda::DType::bf16, m, n);
   for (const Buffer* d : {&d_tile192, &d_tile192_one, &d_staged, &d_staged_one, &d_staged_ordered,
-                          &d_tile192_ordered})
+                          &d_tile192_ordered, &d_tile192_staged_ordered})
     check(cudaMemsetAsync(d->p, 0xff, d->bytes, s), "poison D");
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
@@ -470,6 +473,10 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   auto run_tile192_ordered = [&] {
     coda::gpu::gemm_fp8_with_tile(tile192_ordered, Fp8Tile::n192_one_partial_ordered, s);
   };
+  auto run_tile192_staged_ordered = [&] {
+    coda::gpu::gemm_fp8_with_tile(tile192_staged_ordered, Fp8Tile::n192_staged_one_partial_ordered,
+                                  s);
+  };
   auto run_staged_ordered = [&] {
     coda::gpu::gemm_fp8_with_tile(staged_ordered, Fp8Tile::n128_staged_one_partial_ordered, s);
   };
@@ -486,6 +493,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     run_staged_one();
     run_staged_ordered();
     run_tile192_ordered();
+    run_tile192_staged_ordered();
     run_wgrad_form();
     run_wgrad_blocks();
     if (block_ready) run_block();
@@ -496,7 +504,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
 
   bench::Timer timer = ctx.timer();
   std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_staged_one, t_staged_ordered,
-      t_tile192_ordered, t_block, t_tensor, t_bf16, t_wgrad_form, t_wgrad_blocks;
+      t_tile192_ordered, t_tile192_staged_ordered, t_block, t_tensor, t_bf16, t_wgrad_form,
+      t_wgrad_blocks;
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
     timer.timed(run_tile192, t_tile192);
@@ -505,6 +514,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     timer.timed(run_staged_one, t_staged_one);
     timer.timed(run_staged_ordered, t_staged_ordered);
     timer.timed(run_tile192_ordered, t_tile192_ordered);
+    timer.timed(run_tile192_staged_ordered, t_tile192_staged_ordered);
     timer.timed(run_wgrad_form, t_wgrad_form);
     timer.timed(run_wgrad_blocks, t_wgrad_blocks);
     if (block_ready) timer.timed(run_block, t_block);
@@ -518,6 +528,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   r.staged_one_partial_ms = bench::median(t_staged_one);
   r.staged_ordered_ms = bench::median(t_staged_ordered);
   r.tile192_ordered_ms = bench::median(t_tile192_ordered);
+  r.tile192_staged_ordered_ms = bench::median(t_tile192_staged_ordered);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
   r.coda_wgrad_blocks_ms = bench::median(t_wgrad_blocks);
 
@@ -534,7 +545,9 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
       {Fp8Tile::n128_staged, &d_staged, &Result::staged_ms},
       {Fp8Tile::n128_staged_one_partial, &d_staged_one, &Result::staged_one_partial_ms},
       {Fp8Tile::n128_staged_one_partial_ordered, &d_staged_ordered, &Result::staged_ordered_ms},
-      {Fp8Tile::n192_one_partial_ordered, &d_tile192_ordered, &Result::tile192_ordered_ms}};
+      {Fp8Tile::n192_one_partial_ordered, &d_tile192_ordered, &Result::tile192_ordered_ms},
+      {Fp8Tile::n192_staged_one_partial_ordered, &d_tile192_staged_ordered,
+       &Result::tile192_staged_ordered_ms}};
   for (const auto& [tile, d, ms] : kTiles) {
     const int64_t differ = differences(d->p, d_coda.p, m * n, s);
     if (differ == 0) continue;
@@ -707,6 +720,10 @@ int main(int argc, char** argv) {
             "coda_tile192_one_partial_ms/coda_tile192_ordered_ms");
     geomean(field(&Result::staged_ms), field(&Result::tile192_ordered_ms),
             "coda_staged_ms/coda_tile192_ordered_ms");
+    geomean(field(&Result::staged_ms), field(&Result::tile192_staged_ordered_ms),
+            "coda_staged_ms/coda_tile192_staged_ordered_ms");
+    geomean(field(&Result::block_ms), field(&Result::tile192_staged_ordered_ms),
+            "cublas_blockscaled_ms/coda_tile192_staged_ordered_ms");
     int tile_mismatches = 0;
     for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
     if (tile_mismatches > 0)
@@ -743,7 +760,7 @@ int main(int argc, char** argv) {
           "%lld, \"coda_ms\": %s, \"coda_tile128_ms\": %s, \"coda_tile192_ms\": %s, "
           "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
           "\"coda_staged_one_partial_ms\": %s, \"coda_staged_ordered_ms\": %s, "
-          "\"coda_tile192_ordered_ms\": %s, "
+          "\"coda_tile192_ordered_ms\": %s, \"coda_tile192_staged_ordered_ms\": %s, "
           "\"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
           "\"coda_wgrad_form_ms\": %s, \"coda_wgrad_blocks_ms\": %s, \"agree\": %s, "
@@ -756,6 +773,7 @@ int main(int argc, char** argv) {
           json_number(r.staged_one_partial_ms, "%.5f").c_str(),
           json_number(r.staged_ordered_ms, "%.5f").c_str(),
           json_number(r.tile192_ordered_ms, "%.5f").c_str(),
+          json_number(r.tile192_staged_ordered_ms, "%.5f").c_str(),
           json_number(r.block_ms, "%.5f").c_str(), json_number(r.tensor_ms, "%.5f").c_str(),
           json_number(r.bf16_ms, "%.5f").c_str(), json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
           json_number(r.coda_wgrad_blocks_ms, "%.5f").c_str(), r.agree ? "true" : "false",

@@ -186,7 +186,8 @@ void expect_refused(Fp8GemmCase& c, Fp8Tile tile) {
 class GpuFp8GemmTile192 : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmTile192, MatchesTheReferenceTheCpuBackendAndThe128Tile) {
   CODA_REQUIRE_SM90();
-  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered})
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered,
+                       Fp8Tile::n192_staged_one_partial_ordered})
     check_shape(GetParam(), {}, tile);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmTile192, testing::ValuesIn(kTile192Shapes),
@@ -220,11 +221,13 @@ TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
 // rounds its 64 x 128 to bf16 into the staged tile and a fourth warpgroup stores it, so D must be
 // the cooperative kernel's bit for bit (check_shape); M and N ragged against the tile, K from one
 // short block to many, more tiles than a wave (kShapes). The same for the study kernels with one
-// partial (the fused kernels' staged FP8 consumers), with and without the ordered issue: the
-// same promotions in the same order, so the same bits; the ordered issue's barriers over one
-// k-block (K 16, 128) and many, and over several tiles per CTA.
+// partial (the fused kernels' staged FP8 consumers), with and without the ordered issue, and the
+// 128 x 192 one on the staged schedule: the same promotions in the same order, so the same bits;
+// the ordered issue's barriers over one k-block (K 16, 128) and many, and over several tiles per
+// CTA. (The 192-column one meets the B scale blocks' boundaries in kTile192Shapes too.)
 const Fp8Tile kStagedTiles[] = {Fp8Tile::n128_staged, Fp8Tile::n128_staged_one_partial,
-                                Fp8Tile::n128_staged_one_partial_ordered};
+                                Fp8Tile::n128_staged_one_partial_ordered,
+                                Fp8Tile::n192_staged_one_partial_ordered};
 class GpuFp8GemmStaged : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmStaged, MatchesTheReferenceTheCpuBackendAndTheCooperativeKernel) {
   CODA_REQUIRE_SM90();

@@ -178,7 +178,9 @@ inline Schedule fused_schedule(FusedKernel kernel, int32_t head_dim = 0,
 //   n128_staged_one_partial_ordered: the same with the consumer warpgroups' batches issued in
 //                     turns (Fp8Mainloop's IssueTurn), a study kernel;
 //   n192_one_partial_ordered: n192_one_partial with the batches issued in turns, a study kernel
-//                     (does the turn-taking remove the one partial's lockstep bubbles there?).
+//                     (does the turn-taking remove the one partial's lockstep bubbles there?);
+//   n192_staged_one_partial_ordered: that kernel's consumers on the staged schedule (the
+//                     two-partial staged split: 232 registers hold 96 + 96), a study kernel.
 // The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
 // the by-columns promotion's shuffles; not compiled at 192), and so do the staged ones.
 enum class Fp8Tile : int32_t {
@@ -189,17 +191,20 @@ enum class Fp8Tile : int32_t {
   n128_staged = 4,
   n128_staged_one_partial = 5,
   n128_staged_one_partial_ordered = 6,
-  n192_one_partial_ordered = 7
+  n192_one_partial_ordered = 7,
+  n192_staged_one_partial_ordered = 8
 };
 constexpr const char* fp8_tile_name(Fp8Tile t) {
-  return name_of(t, {{Fp8Tile::automatic, "automatic"},
-                     {Fp8Tile::n128, "n128"},
-                     {Fp8Tile::n192, "n192"},
-                     {Fp8Tile::n192_one_partial, "n192_one_partial"},
-                     {Fp8Tile::n128_staged, "n128_staged"},
-                     {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"},
-                     {Fp8Tile::n128_staged_one_partial_ordered, "n128_staged_one_partial_ordered"},
-                     {Fp8Tile::n192_one_partial_ordered, "n192_one_partial_ordered"}});
+  return name_of(t,
+                 {{Fp8Tile::automatic, "automatic"},
+                  {Fp8Tile::n128, "n128"},
+                  {Fp8Tile::n192, "n192"},
+                  {Fp8Tile::n192_one_partial, "n192_one_partial"},
+                  {Fp8Tile::n128_staged, "n128_staged"},
+                  {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"},
+                  {Fp8Tile::n128_staged_one_partial_ordered, "n128_staged_one_partial_ordered"},
+                  {Fp8Tile::n192_one_partial_ordered, "n192_one_partial_ordered"},
+                  {Fp8Tile::n192_staged_one_partial_ordered, "n192_staged_one_partial_ordered"}});
 }
 
 // The tile gpu::gemm_fp8 runs when not told: 128 x 128, on the staged schedule wherever it

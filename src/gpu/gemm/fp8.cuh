@@ -47,38 +47,45 @@ using Kernel = sm90::GemmKernel<
     Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
     sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion, kOrdered>>;
 
-// The staged study form (Fp8Tile::n128_staged; sm90::Fp8Tile says why): the same consumers and
-// overlapped promotion on the staged schedule, each consumer warpgroup rounding its 64 x 128 to
-// bf16 into the 32 KB staged tile and starting the next tile, the fourth warpgroup storing it in
-// place by TMA (the plain staged GEMM's list, gpu/gemm/instances.cuh, without alpha). As many
-// stages as fit beside the staged tile.
+// The staged forms (Fp8Tile::n128_staged and the study tiles after it; sm90::Fp8Tile says why):
+// the consumers on the staged schedule, each consumer warpgroup rounding its 64 x kTileN to bf16
+// into the staged tile and starting the next tile, the fourth warpgroup storing it in place by
+// TMA (the plain staged GEMM's list, gpu/gemm/instances.cuh, without alpha). As many stages as
+// fit beside the staged tile. A form is
+//   kTileN:    128 or 192 columns;
+//   kSplit:    the register split's partial count (GemmConfig's kFp8Partials): 2 gives the
+//              consumers 232 registers and the epilogue warpgroup 24, 1 the fused kernels'
+//              staged FP8 split, 192 and 104 (Fp8StagedShape's);
+//   kOverlap:  two partials in turn (the overlapped promotion, 128 columns), or one;
+//   kOrdered:  with one partial, the consumer warpgroups' batches issued in turns.
 namespace staged {
 namespace dev = coda::epilogue::device;
-using Shape = dev::TileShape<1, 128, 128, /*staged=*/true>;
-using Store = dev::TileStore<Shape, bf16, /*reduce_add=*/false, /*in_place=*/true>;
-using Epilogue = dev::FusedEpilogue<Shape, dev::Stage<bf16>, Store>;
-// kPartials: 2 (the overlapped promotion, gemm_fp8's) or 1 (the fused kernels' staged FP8
-// consumers and register split, Fp8StagedShape's: the study kernels of their floor, with or
-// without the ordered issue).
-template <int kStages, int kPartials>
+template <int kTileN> using Shape = dev::TileShape<1, 128, kTileN, /*staged=*/true>;
+template <int kTileN>
+using Store = dev::TileStore<Shape<kTileN>, bf16, /*reduce_add=*/false, /*in_place=*/true>;
+template <int kTileN>
+using Epilogue = dev::FusedEpilogue<Shape<kTileN>, dev::Stage<bf16>, Store<kTileN>>;
+template <int kTileN, int kStages, int kSplit>
 using ConfigAt =
-    sm90::GemmConfig<128, 128, kStages, 2, sm90::Schedule::staged, /*bytes=*/1, kPartials>;
-template <int kStages, int kPartials, bool kOrdered>
+    sm90::GemmConfig<128, kTileN, kStages, 2, sm90::Schedule::staged, /*bytes=*/1, kSplit>;
+template <int kTileN, int kStages, int kSplit, bool kOverlap, bool kOrdered>
 using MainloopAt =
-    sm90::Fp8Mainloop<ConfigAt<kStages, kPartials>, Fp8BScaling::blocks, kPartials == 2, kOrdered>;
-template <int kPartials, bool kOrdered, int kStages = 8> constexpr int stages() {
-  if constexpr (kStages <= 2 ||
-                sizeof(sm90::KernelSharedStorage<MainloopAt<kStages, kPartials, kOrdered>,
-                                                 Epilogue>) <= sm90::kMaxSharedBytes)
+    sm90::Fp8Mainloop<ConfigAt<kTileN, kStages, kSplit>, Fp8BScaling::blocks, kOverlap, kOrdered>;
+template <int kTileN, int kSplit, bool kOverlap, bool kOrdered, int kStages = 8>
+constexpr int stages() {
+  if constexpr (kStages <= 2 || sizeof(sm90::KernelSharedStorage<
+                                       MainloopAt<kTileN, kStages, kSplit, kOverlap, kOrdered>,
+                                       Epilogue<kTileN>>) <= sm90::kMaxSharedBytes)
     return kStages;
   else
-    return stages<kPartials, kOrdered, kStages - 1>();
+    return stages<kTileN, kSplit, kOverlap, kOrdered, kStages - 1>();
 }
-template <int kPartials, bool kOrdered>
-using KernelWith =
-    sm90::GemmKernel<ConfigAt<stages<kPartials, kOrdered>(), kPartials>, GemmLayout::fwd, e4m3,
-                     Epilogue, MainloopAt<stages<kPartials, kOrdered>(), kPartials, kOrdered>>;
-using Kernel = KernelWith<2, false>;
+template <int kTileN, int kSplit, bool kOverlap, bool kOrdered>
+using KernelWith = sm90::GemmKernel<
+    ConfigAt<kTileN, stages<kTileN, kSplit, kOverlap, kOrdered>(), kSplit>, GemmLayout::fwd, e4m3,
+    Epilogue<kTileN>,
+    MainloopAt<kTileN, stages<kTileN, kSplit, kOverlap, kOrdered>(), kSplit, kOverlap, kOrdered>>;
+using Kernel = KernelWith<128, 2, true, false>; // n128_staged, gemm_fp8's default
 } // namespace staged
 
 } // namespace coda::gpu::fp8
