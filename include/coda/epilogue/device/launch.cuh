@@ -17,7 +17,9 @@
 //     operands' block scales (docs/fp8.md, "The FP8 block").
 //   Fp8StagedShape (128 x 128, read by the epilogue warpgroup): the staged schedule on the FP8
 //     mainloop (one partial, as MainloopFor's): the consumers hand their 64 x 128 over as 16
-//     bits and start the next tile, the ops after the Stage run in the fourth warpgroup.
+//     bits and start the next tile, the ops after the Stage run in the fourth warpgroup. The
+//     default of the fused kernels that have a staged list (src/gpu/fused/common.cuh,
+//     with_fp8_rstd_variant).
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
