@@ -69,6 +69,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <utility>
@@ -315,6 +316,23 @@ struct Result {
   std::string scale_layout; // "a:<layout>,b:<layout>" (a: activations, b: weight); "": none
 };
 
+// The tiles forced besides the cooperative 128 x 128 one (coda_tile128_ms, the D each must
+// equal), in the order they run, each with its column.
+using Time = double Result::*;
+struct OtherTile {
+  coda::sm90::Fp8Tile tile;
+  Time ms;
+};
+const OtherTile kOtherTiles[] = {
+    {coda::sm90::Fp8Tile::n192, &Result::tile192_ms},
+    {coda::sm90::Fp8Tile::n192_one_partial, &Result::tile192_one_partial_ms},
+    {coda::sm90::Fp8Tile::n128_staged, &Result::staged_ms},
+    {coda::sm90::Fp8Tile::n128_staged_one_partial, &Result::staged_one_partial_ms},
+    {coda::sm90::Fp8Tile::n128_staged_one_partial_ordered, &Result::staged_ordered_ms},
+    {coda::sm90::Fp8Tile::n192_one_partial_ordered, &Result::tile192_ordered_ms},
+    {coda::sm90::Fp8Tile::n192_staged_one_partial_ordered, &Result::tile192_staged_ordered_ms}};
+constexpr size_t kOtherTileCount = std::size(kOtherTiles);
+
 std::vector<bench::GemmCase> bench_cases() {
   std::vector<bench::GemmCase> cases = bench::llama_block_gemms();
   for (int64_t s : {4096, 8192}) cases.push_back(bench::square_gemm(s));
@@ -335,10 +353,6 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
       d_bf16(size_t(m * n * 2));
   Buffer a16(size_t(m * k * 2)), b16(size_t(n * k * 2)), ones(2 * sizeof(float));
   Buffer b_row_scales(size_t(n * kb)), d_f32(size_t(m * n * 4));
-  Buffer d_tile192(size_t(m * n * 2)), d_tile192_one(size_t(m * n * 2)),
-      d_staged(size_t(m * n * 2)), d_staged_one(size_t(m * n * 2)),
-      d_staged_ordered(size_t(m * n * 2)), d_tile192_ordered(size_t(m * n * 2)),
-      d_tile192_staged_ordered(size_t(m * n * 2));
   fill_e4m3<<<1024, 256, 0, s>>>(a.as<uint8_t>(), m * k, seed_of(1));
   fill_e4m3<<<1024, 256, 0, s>>>(b.as<uint8_t>(), n * k, seed_of(2));
   fill_e8m0<<<256, 256, 0, s>>>(a_scales.as<uint8_t>(), m * kb, seed_of(3));
@@ -374,18 +388,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   coda::gemm_fp8(wgrad_blocks, s);
   check(cudaStreamSynchronize(s), "coda gemm_fp8, the weight gradient's form");
   r.picked = coda::gpu::gemm_fp8_tile(args);
-  coda::Fp8GemmArgs tile192 = args, tile192_one = args, staged = args, staged_one = args,
-                    staged_ordered = args, tile192_ordered = args, tile192_staged_ordered = args;
-  tile192.d = bench::view(d_tile192, coda::DType::bf16, m, n);
-  tile192_one.d = bench::view(d_tile192_one, coda::DType::bf16, m, n);
-  staged.d = bench::view(d_staged, coda::DType::bf16, m, n);
-  staged_one.d = bench::view(d_staged_one, coda::DType::bf16, m, n);
-  staged_ordered.d = bench::view(d_staged_ordered, coda::DType::bf16, m, n);
-  tile192_ordered.d = bench::view(d_tile192_ordered, coda::DType::bf16, m, n);
-  tile192_staged_ordered.d = bench::view(d_tile192_staged_ordered, coda::DType::bf16, m, n);
-  for (const Buffer* d : {&d_tile192, &d_tile192_one, &d_staged, &d_staged_one, &d_staged_ordered,
-                          &d_tile192_ordered, &d_tile192_staged_ordered})
-    check(cudaMemsetAsync(d->p, 0xff, d->bytes, s), "poison D");
+  // The other tiles' calls: args on a D of their own each (kOtherTiles' order).
+  std::vector<std::unique_ptr<Buffer>> other_d;
+  std::vector<coda::Fp8GemmArgs> other_args(kOtherTileCount, args);
+  for (coda::Fp8GemmArgs& other : other_args) {
+    other_d.push_back(std::make_unique<Buffer>(size_t(m * n * 2)));
+    other.d = bench::view(*other_d.back(), coda::DType::bf16, m, n);
+    check(cudaMemsetAsync(other_d.back()->p, 0xff, other_d.back()->bytes, s), "poison D");
+  }
 
   // cuBLASLt with coda's block scales: every candidate layout pair, against coda's D.
   const std::vector<ScaleLayout> a_layouts = scale_layouts(m, kb),
@@ -462,23 +472,8 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
 
   using coda::sm90::Fp8Tile;
   auto run_coda = [&] { coda::gpu::gemm_fp8_with_tile(args, Fp8Tile::n128, s); };
-  auto run_tile192 = [&] { coda::gpu::gemm_fp8_with_tile(tile192, Fp8Tile::n192, s); };
-  auto run_tile192_one = [&] {
-    coda::gpu::gemm_fp8_with_tile(tile192_one, Fp8Tile::n192_one_partial, s);
-  };
-  auto run_staged = [&] { coda::gpu::gemm_fp8_with_tile(staged, Fp8Tile::n128_staged, s); };
-  auto run_staged_one = [&] {
-    coda::gpu::gemm_fp8_with_tile(staged_one, Fp8Tile::n128_staged_one_partial, s);
-  };
-  auto run_tile192_ordered = [&] {
-    coda::gpu::gemm_fp8_with_tile(tile192_ordered, Fp8Tile::n192_one_partial_ordered, s);
-  };
-  auto run_tile192_staged_ordered = [&] {
-    coda::gpu::gemm_fp8_with_tile(tile192_staged_ordered, Fp8Tile::n192_staged_one_partial_ordered,
-                                  s);
-  };
-  auto run_staged_ordered = [&] {
-    coda::gpu::gemm_fp8_with_tile(staged_ordered, Fp8Tile::n128_staged_one_partial_ordered, s);
+  auto run_other = [&](size_t t) {
+    coda::gpu::gemm_fp8_with_tile(other_args[t], kOtherTiles[t].tile, s);
   };
   auto run_wgrad_form = [&] { coda::gpu::gemm_fp8(wgrad_form, s); };
   auto run_wgrad_blocks = [&] { coda::gpu::gemm_fp8(wgrad_blocks, s); };
@@ -487,13 +482,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   auto run_bf16 = [&] { bf16->run(a16.p, b16.p, d_bf16.p, s); };
   for (int i = 0; i < 5; ++i) {
     run_coda();
-    run_tile192();
-    run_tile192_one();
-    run_staged();
-    run_staged_one();
-    run_staged_ordered();
-    run_tile192_ordered();
-    run_tile192_staged_ordered();
+    for (size_t t = 0; t < kOtherTileCount; ++t) run_other(t);
     run_wgrad_form();
     run_wgrad_blocks();
     if (block_ready) run_block();
@@ -503,18 +492,11 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   check(cudaStreamSynchronize(s), "warm-up");
 
   bench::Timer timer = ctx.timer();
-  std::vector<float> t_coda, t_tile192, t_tile192_one, t_staged, t_staged_one, t_staged_ordered,
-      t_tile192_ordered, t_tile192_staged_ordered, t_block, t_tensor, t_bf16, t_wgrad_form,
-      t_wgrad_blocks;
+  std::vector<float> t_coda, t_block, t_tensor, t_bf16, t_wgrad_form, t_wgrad_blocks;
+  std::vector<std::vector<float>> t_other(kOtherTileCount);
   for (int i = 0; i < runs; ++i) { // interleaved
     timer.timed(run_coda, t_coda);
-    timer.timed(run_tile192, t_tile192);
-    timer.timed(run_tile192_one, t_tile192_one);
-    timer.timed(run_staged, t_staged);
-    timer.timed(run_staged_one, t_staged_one);
-    timer.timed(run_staged_ordered, t_staged_ordered);
-    timer.timed(run_tile192_ordered, t_tile192_ordered);
-    timer.timed(run_tile192_staged_ordered, t_tile192_staged_ordered);
+    for (size_t t = 0; t < kOtherTileCount; ++t) timer.timed([&] { run_other(t); }, t_other[t]);
     timer.timed(run_wgrad_form, t_wgrad_form);
     timer.timed(run_wgrad_blocks, t_wgrad_blocks);
     if (block_ready) timer.timed(run_block, t_block);
@@ -522,33 +504,14 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
     if (bf16) timer.timed(run_bf16, t_bf16);
   }
   r.tile128_ms = bench::median(t_coda);
-  r.tile192_ms = bench::median(t_tile192);
-  r.tile192_one_partial_ms = bench::median(t_tile192_one);
-  r.staged_ms = bench::median(t_staged);
-  r.staged_one_partial_ms = bench::median(t_staged_one);
-  r.staged_ordered_ms = bench::median(t_staged_ordered);
-  r.tile192_ordered_ms = bench::median(t_tile192_ordered);
-  r.tile192_staged_ordered_ms = bench::median(t_tile192_staged_ordered);
+  for (size_t t = 0; t < kOtherTileCount; ++t) r.*kOtherTiles[t].ms = bench::median(t_other[t]);
   r.coda_wgrad_form_ms = bench::median(t_wgrad_form);
   r.coda_wgrad_blocks_ms = bench::median(t_wgrad_blocks);
 
   // The other tiles' D against the 128 x 128 one's, after the timed runs.
-  using Time = double Result::*;
-  struct OtherTile {
-    Fp8Tile tile;
-    const Buffer* d;
-    Time ms;
-  };
-  const OtherTile kTiles[] = {
-      {Fp8Tile::n192, &d_tile192, &Result::tile192_ms},
-      {Fp8Tile::n192_one_partial, &d_tile192_one, &Result::tile192_one_partial_ms},
-      {Fp8Tile::n128_staged, &d_staged, &Result::staged_ms},
-      {Fp8Tile::n128_staged_one_partial, &d_staged_one, &Result::staged_one_partial_ms},
-      {Fp8Tile::n128_staged_one_partial_ordered, &d_staged_ordered, &Result::staged_ordered_ms},
-      {Fp8Tile::n192_one_partial_ordered, &d_tile192_ordered, &Result::tile192_ordered_ms},
-      {Fp8Tile::n192_staged_one_partial_ordered, &d_tile192_staged_ordered,
-       &Result::tile192_staged_ordered_ms}};
-  for (const auto& [tile, d, ms] : kTiles) {
+  for (size_t t = 0; t < kOtherTileCount; ++t) {
+    const auto [tile, ms] = kOtherTiles[t];
+    const Buffer* d = other_d[t].get();
     const int64_t differ = differences(d->p, d_coda.p, m * n, s);
     if (differ == 0) continue;
     r.tiles_bitwise = false;
@@ -562,7 +525,7 @@ Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs,
   }
   // The default's time, after the check above (a differing tile is null).
   r.coda_ms = r.tile128_ms;
-  for (const auto& [tile, d, ms] : kTiles)
+  for (const auto& [tile, ms] : kOtherTiles)
     if (tile == r.picked) r.coda_ms = r.*ms;
   std::printf("  gemm_fp8's tile: %s; the other tiles' Ds %s the 128 x 128 one's\n",
               coda::sm90::fp8_tile_name(r.picked),
