@@ -71,20 +71,21 @@ using ConfigAt =
 template <int kTileN, int kStages, int kSplit, bool kOverlap, bool kOrdered>
 using MainloopAt =
     sm90::Fp8Mainloop<ConfigAt<kTileN, kStages, kSplit>, Fp8BScaling::blocks, kOverlap, kOrdered>;
-template <int kTileN, int kSplit, bool kOverlap, bool kOrdered, int kStages = 8>
-constexpr int stages() {
-  if constexpr (kStages <= 2 || sizeof(sm90::KernelSharedStorage<
-                                       MainloopAt<kTileN, kStages, kSplit, kOverlap, kOrdered>,
-                                       Epilogue<kTileN>>) <= sm90::kMaxSharedBytes)
+// The ring's depth: it depends on the tile width alone (the ring and the staged tile; the
+// consumers' form changes no shared memory).
+template <int kTileN, int kStages = 8> constexpr int stages() {
+  if constexpr (kStages <= 2 ||
+                sizeof(sm90::KernelSharedStorage<MainloopAt<kTileN, kStages, 2, false, false>,
+                                                 Epilogue<kTileN>>) <= sm90::kMaxSharedBytes)
     return kStages;
   else
-    return stages<kTileN, kSplit, kOverlap, kOrdered, kStages - 1>();
+    return stages<kTileN, kStages - 1>();
 }
 template <int kTileN, int kSplit, bool kOverlap, bool kOrdered>
-using KernelWith = sm90::GemmKernel<
-    ConfigAt<kTileN, stages<kTileN, kSplit, kOverlap, kOrdered>(), kSplit>, GemmLayout::fwd, e4m3,
-    Epilogue<kTileN>,
-    MainloopAt<kTileN, stages<kTileN, kSplit, kOverlap, kOrdered>(), kSplit, kOverlap, kOrdered>>;
+using KernelWith =
+    sm90::GemmKernel<ConfigAt<kTileN, stages<kTileN>(), kSplit>, GemmLayout::fwd, e4m3,
+                     Epilogue<kTileN>,
+                     MainloopAt<kTileN, stages<kTileN>(), kSplit, kOverlap, kOrdered>>;
 using Kernel = KernelWith<128, 2, true, false>; // n128_staged, gemm_fp8's default
 } // namespace staged
 
