@@ -649,10 +649,9 @@ int main(int argc, char** argv) {
                   number(r.ms[kUnfused]).c_str(), number(r.ms[kCoda] / r.ms[kGemm]).c_str(),
                   number(r.ms[kUnfused] / r.ms[kCoda]).c_str());
 
-    FILE* f = bench::open_json(out_path, ctx.prop, commit,
+    FILE* f = bench::open_json(out_path, ctx.prop, commit, runs,
                                std::string("  \"grad_dtype\": \"") +
-                                   (grad_dtype == DType::f32 ? "f32" : "bf16") + "\",\n" +
-                                   "  \"runs\": " + std::to_string(runs) + ",\n");
+                                   (grad_dtype == DType::f32 ? "f32" : "bf16") + "\",\n");
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,

@@ -622,7 +622,7 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
-    FILE* f = bench::open_json(out_path, ctx.prop, commit);
+    FILE* f = bench::open_json(out_path, ctx.prop, commit, runs);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,

@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
     }
     // The variants' times, for the schedule table of docs/gemm-worklog.md.
     if (variants && !variants_out.empty()) {
-      FILE* vf = bench::open_json(variants_out, ctx.prop, commit);
+      FILE* vf = bench::open_json(variants_out, ctx.prop, commit, runs);
       for (size_t i = 0; i < results.size(); ++i) {
         const Result& r = results[i];
         std::fprintf(vf,
@@ -280,7 +280,7 @@ int main(int argc, char** argv) {
       bench::close_json(vf);
     }
 
-    FILE* f = bench::open_json(out_path, ctx.prop, commit);
+    FILE* f = bench::open_json(out_path, ctx.prop, commit, runs);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(

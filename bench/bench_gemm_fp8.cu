@@ -700,9 +700,8 @@ int main(int argc, char** argv) {
 
     // Issue 13's summary schema first ("gemm": gemm_fp8 as it runs by default against cuBLASLt
     // at the same block scaling), then every column ("cases").
-    std::string extra = "  \"runs\": " + std::to_string(runs) +
-                        ",\n  \"tensorwise_fast_accum\": " + (fast_accum ? "true" : "false") +
-                        ",\n  \"gemm\": [\n";
+    std::string extra = std::string("  \"tensorwise_fast_accum\": ") +
+                        (fast_accum ? "true" : "false") + ",\n  \"gemm\": [\n";
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       extra += "    {\"name\": \"" + r.c.name + "\", \"m\": " + std::to_string(r.c.m) +
@@ -713,7 +712,7 @@ int main(int argc, char** argv) {
                (i + 1 < results.size() ? "},\n" : "}\n");
     }
     extra += "  ],\n";
-    FILE* f = bench::open_json(out_path, ctx.prop, commit, extra);
+    FILE* f = bench::open_json(out_path, ctx.prop, commit, runs, extra);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       const std::string layout = r.agree ? "\"" + r.scale_layout + "\"" : "null";

@@ -392,17 +392,19 @@ private:
   std::map<std::string, std::string> values_;
 };
 
-// ---- JSON: {"gpu": ..., "date": ..., "commit": ..., <extra> "cases": [ ... ]}. `extra` is
-// inserted as is (lines of '  "key": value,\n').
+// ---- JSON: {"gpu": ..., "date": ..., "commit": ..., "runs": ..., <extra> "cases": [ ... ]}.
+// `runs` is the number of timed runs each median is taken over (tools/perf_tables.py states it
+// under every table); `extra` is inserted as is (lines of '  "key": value,\n').
 inline FILE* open_json(const std::string& path, const cudaDeviceProp& prop,
-                       const std::string& commit, const std::string& extra = "") {
+                       const std::string& commit, int runs, const std::string& extra = "") {
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw std::runtime_error("cannot write " + path);
-  std::fprintf(f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n%s",
-               prop.name, date, commit.c_str(), extra.c_str());
+  std::fprintf(
+      f, "{\n  \"gpu\": \"%s\",\n  \"date\": \"%s\",\n  \"commit\": \"%s\",\n  \"runs\": %d,\n%s",
+      prop.name, date, commit.c_str(), runs, extra.c_str());
   std::fprintf(f, "  \"cases\": [\n");
   return f;
 }

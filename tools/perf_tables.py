@@ -46,11 +46,17 @@ def _save(plt, fig, path):
     plt.close(fig)
 
 
+def _runs(results):
+    """The number of timed runs behind each median: the JSON's "runs"; files written before the
+    benchmarks recorded it (bench_gemm, bench_fused until 2026-12-06) ran their default, 50."""
+    return results.get("runs", 50)
+
+
 def gemm_table(results):
     lines = [
-        "GPU: %s. Date: %s. Commit: `%s`. bf16 inputs and output, fp32 accumulate; median of 50 runs,"
-        " L2 flushed before each; cuBLASLt runs its heuristic's first algorithm."
-        % (results["gpu"], results["date"], results["commit"]),
+        "GPU: %s. Date: %s. Commit: `%s`. bf16 inputs and output, fp32 accumulate; median of %s"
+        " runs, L2 flushed before each; cuBLASLt runs its heuristic's first algorithm."
+        % (results["gpu"], results["date"], results["commit"], _runs(results)),
         "",
         "| case | layout | M | N | K | coda TFLOP/s | cuBLASLt TFLOP/s | cuBLASLt ms / coda ms |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -146,9 +152,9 @@ def fused_fp8_table(cases):
 def fused_fp8_only_table(results):
     """bench/results/fused_fp8.json: a run of `bench_fused --filter fp8` (the FP8 cases alone)."""
     return "\n".join([
-        "GPU: %s. Date: %s. Commit: `%s`. `bench_fused --filter fp8`: M = 8192 tokens; median of 50"
+        "GPU: %s. Date: %s. Commit: `%s`. `bench_fused --filter fp8`: M = 8192 tokens; median of %s"
         " runs, L2 flushed before each; every column measured in one process on the same inputs."
-        % (results["gpu"], results["date"], results["commit"])]
+        % (results["gpu"], results["date"], results["commit"], _runs(results))]
         + fused_fp8_table(_fp8_cases(results)))
 
 
@@ -161,11 +167,11 @@ def fused_table(results):
              ("coda_staged_ms", "staged")]
     sched = [(k, n) for k, n in sched if any(k in c for c in results["cases"])]
     lines = [
-        "GPU: %s. Date: %s. Commit: `%s`. bf16, M = 8192 tokens; median of 50 runs, L2 flushed"
+        "GPU: %s. Date: %s. Commit: `%s`. bf16, M = 8192 tokens; median of %s runs, L2 flushed"
         " before each; every column measured in one process on the same inputs. The schedule"
         " columns are the same kernel forced onto each GEMM schedule, over the plain GEMM (K6's"
         " staged column: the staged_wide 128 x 256 tile; -: no such variant)."
-        % (results["gpu"], results["date"], results["commit"]),
+        % (results["gpu"], results["date"], results["commit"], _runs(results)),
         "",
         "| kernel | model | layout | M | N | K | fused ms | fused / coda GEMM | fused / cuBLASLt |"
         " unfused / fused |" + "".join(" %s |" % n for _, n in sched),
@@ -222,7 +228,7 @@ def fp8_table(results):
         " with coda's output, `rel err` its distance); per-tensor: `-` where cuBLASLt refused the"
         " call; bf16: cuBLASLt on bf16 operands of the same shape. wgrad form: gemm_fp8 with B"
         " scaled by rows and an f32 D accumulated into (the weight gradient's GEMM)."
-        % (results["gpu"], results["date"], results["commit"], results.get("runs", 50))
+        % (results["gpu"], results["date"], results["commit"], _runs(results))
         + "".join(" " + text for text in [default] + [o[2] for o in optional] if text),
         "",
         "| case | M | N | K | coda TFLOP/s | cuBLASLt block-scaled TFLOP/s | cuBLASLt bf16 TFLOP/s |"
