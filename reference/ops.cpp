@@ -6,6 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "coda/core/fp8.hpp"
+#include "reference/fp8.hpp"
+
 namespace coda::ref {
 
 double Rounding::operator()(double x) const {
@@ -62,6 +65,22 @@ void scale(Rounding r, int64_t n, double alpha, const double* a, double* out) {
 void linear(Rounding r, Layout layout, int64_t M, int64_t N, int64_t K, const double* A,
             const double* B, double* D) {
   if (M <= 0 || N <= 0) return;
+  if (r.fp8) {
+    if (layout != Layout::fwd)
+      throw std::invalid_argument("linear: the FP8 recipe is written for the forward layout");
+    // What a quantizer reads: the operands as the policy stores them (fp32 when exact).
+    const auto quantized = [&](const double* x, int64_t rows, int64_t block_rows) {
+      std::vector<float> v(size_t(rows * K));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = float(r(x[i]));
+      return dequantize_fp8_blocks(quantize_fp8_blocks(v, rows, K, block_rows), rows, K,
+                                   block_rows);
+    };
+    const std::vector<double> a = quantized(A, M, 1), b = quantized(B, N, kFp8ScaleBlock);
+    Rounding product = r;
+    product.fp8 = false;
+    linear(product, layout, M, N, K, a.data(), b.data(), D);
+    return;
+  }
   if (r.exact()) {
     gemm(layout, M, N, K, A, B, D);
     return;

@@ -33,6 +33,8 @@ LLAMA_FORWARD = 0
 LLAMA_BACKWARD = 1
 LLAMA_BACKWARD_PART1 = 2
 LLAMA_BACKWARD_PART2 = 3
+LLAMA_NATIVE = 0
+LLAMA_FP8 = 1
 
 # coda/coda.h
 VERSION_MAJOR = 0
@@ -63,7 +65,7 @@ class Scalar(Structure):  # coda_scalar, C++ coda::Scalar
 class LlamaConfig(Structure):  # coda_llama_config, C++ coda::llama::Config
     _fields_ = [("hidden", c_int64), ("intermediate", c_int64), ("n_heads", c_int32),
         ("n_kv_heads", c_int32), ("head_dim", c_int32), ("vocab", c_int64), ("eps", c_float),
-        ("ignore_index", c_int32), ("loss_reduction", c_int32)]
+        ("ignore_index", c_int32), ("loss_reduction", c_int32), ("precision", c_int32)]
 
 
 class LlamaRope(Structure):  # coda_llama_rope, C++ coda::llama::Rope

@@ -44,8 +44,8 @@ static_assert(CODA_LOSS_MEAN == int(LossReduction::mean) &&
 static_assert(CODA_FP8_B_BLOCKS == int(Fp8BScaling::blocks) &&
                   CODA_FP8_B_ROWS == int(Fp8BScaling::rows),
               "coda_fp8_b_scaling must equal coda::Fp8BScaling");
-static_assert(CODA_REDUCE_BLOCK == kReduceBlock &&
-                  CODA_STAGED_REDUCE_BLOCK == kStagedReduceBlock && CODA_MAX_RANK == kMaxRank,
+static_assert(CODA_REDUCE_BLOCK == kReduceBlock && CODA_STAGED_REDUCE_BLOCK == kStagedReduceBlock &&
+                  CODA_MAX_RANK == kMaxRank,
               "coda.h constants must equal the C++ ones");
 
 static_assert(CODA_LLAMA_FIRST == int(llama::Layer::first) &&
@@ -55,6 +55,9 @@ static_assert(CODA_LLAMA_FIRST == int(llama::Layer::first) &&
 static_assert(CODA_LLAMA_FORWARD == int(llama::Pass::forward) &&
                   CODA_LLAMA_BACKWARD == int(llama::Pass::backward),
               "coda_llama_pass must equal coda::llama::Pass");
+static_assert(CODA_LLAMA_NATIVE == int(llama::Precision::native) &&
+                  CODA_LLAMA_FP8 == int(llama::Precision::fp8),
+              "coda_llama_precision must equal coda::llama::Precision");
 
 // The C++ twin of a C struct (CppOf<coda_gemm_args>::type is coda::GemmArgs), and back.
 template <class C> struct CppOf;

@@ -70,11 +70,14 @@ void middle_forward(const Config& config, const MiddleWeights& weights, const Mi
   v.finish();
 
   Arena arena(workspace);
-  const MlpForwardScratch s = carve_mlp_forward(arena, config, m, inputs.x0.dtype);
-  mlp_forward(mlp_forward_of(weights, inputs, outputs, saved), config.eps, s, stream); // F1..F3
+  const MiddleForwardScratch s = carve_middle_forward(arena, config, m, inputs.x0.dtype);
+  const Fp8ForwardScratch* fp8 = config.precision == Precision::fp8 ? &s.fp8 : nullptr;
+  mlp_forward(mlp_forward_of(weights, inputs, outputs, saved), config.eps, s.mlp, stream,
+              fp8); // F1..F3
 
-  attention_input_forward(attention_input_of(weights, outputs, saved), config, inputs.rope, s.h,
-                          s.sumsq, stream); // F4 K4 (and A2: r2 from S2 inside its epilogue)
+  attention_input_forward(attention_input_of(weights, outputs, saved), config, inputs.rope, s.mlp.h,
+                          s.mlp.sumsq, stream,
+                          fp8); // F4 K4 (and A2: r2 from S2 inside its epilogue)
 }
 
 void middle_backward(const Config& config, const MiddleWeights& weights, const MiddleInputs& inputs,

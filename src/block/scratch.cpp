@@ -4,6 +4,7 @@
 #include <string>
 
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 
 namespace coda::llama::detail {
 
@@ -93,11 +94,54 @@ void carve_mlp_backward(Arena& arena, Layer layer, const Config& c, int64_t m, D
 
 } // namespace
 
+namespace {
+
+Fp8Operand carve_fp8_activation(Arena& arena, int64_t m, int64_t k) {
+  return {arena.matrix(DType::e4m3, m, k), arena.matrix(DType::e8m0, m, num_fp8_scale_blocks(k))};
+}
+Fp8Operand carve_fp8_weight(Arena& arena, int64_t n, int64_t k) {
+  return {arena.matrix(DType::e4m3, n, k),
+          arena.matrix(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k))};
+}
+
+// Each of `carves` from the same mark, over one another (tensors no two of which are alive at
+// once, in stream order), then the arena after the longest.
+template <class... Carve> void carve_over_one_another(Arena& arena, const Carve&... carves) {
+  const size_t start = arena.mark();
+  size_t end = start;
+  ((arena.rewind(start), carves(), end = std::max(end, arena.mark())), ...);
+  arena.rewind(end);
+}
+
+} // namespace
+
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, const Config& c, int64_t m) {
+  Fp8ForwardScratch s;
+  const int64_t d = c.hidden, f = c.intermediate;
+  carve_over_one_another(
+      arena, [&] { s.y0 = carve_fp8_activation(arena, m, c.attention_width()); },
+      [&] { s.h = carve_fp8_activation(arena, m, d); },
+      [&] { s.y1 = carve_fp8_activation(arena, m, f); });
+  carve_over_one_another(
+      arena, [&] { s.w_out = carve_fp8_weight(arena, d, c.attention_width()); },
+      [&] { s.w_gate_up = carve_fp8_weight(arena, 2 * f, d); },
+      [&] { s.w_down = carve_fp8_weight(arena, d, f); },
+      [&] { s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d); });
+  return s;
+}
+
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act) {
   MlpForwardScratch s;
   s.h = arena.matrix(act, m, c.hidden);
   s.sumsq = arena.matrix(DType::f32, m, num_reduce_blocks(c.hidden));
   s.y1 = arena.matrix(act, m, c.intermediate);
+  return s;
+}
+
+MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act) {
+  MiddleForwardScratch s;
+  s.mlp = carve_mlp_forward(arena, c, m, act);
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, c, m);
   return s;
 }
 

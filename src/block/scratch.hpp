@@ -51,6 +51,21 @@ struct MlpForwardScratch {
   TensorView y1;    // [M, F] SwiGLU output
 };
 
+// A GEMM operand in FP8 (Precision::fp8): E4M3 codes and their E8M0 block scales, as gemm_fp8
+// reads them (an activation: [M, K] and [M, ceil(K/128)]; a weight: [N, K] and
+// [ceil(N/128), ceil(K/128)]).
+struct Fp8Operand {
+  TensorView codes, scales;
+};
+
+// The FP8 forward's operands: each GEMM's activation and weight, quantized just before it. No
+// two GEMMs read at once, so the activations share one region and the weights another
+// (carve_fp8_forward).
+struct Fp8ForwardScratch {
+  Fp8Operand y0, h, y1; // y0 [M, A]; h [M, D] (h1 for F2, h2 for F4); y1 [M, F]
+  Fp8Operand w_out, w_gate_up, w_down, w_qkv; // each weight [N, K] as nn.Linear stores it
+};
+
 // One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient). In the middle and
 // last layers the two norm backwards (B1 and B5) share everything but h_hat, which each takes
 // from the memory of a phase that is over by then.
@@ -71,6 +86,13 @@ struct MlpBackwardScratch {
   TensorView y1;            // [M, F] recomputed SwiGLU output
   TensorView zeta_partials; // [M, ceil(F/64)] f32
   // (d loss / d z1 [M, 2F] has no scratch: K7 writes it over the saved z1, its last reader.)
+};
+
+// The middle layer's forward: F1..F4's, and with Precision::fp8 their FP8 operands (fp8's
+// tensors absent otherwise).
+struct MiddleForwardScratch {
+  MlpForwardScratch mlp;
+  Fp8ForwardScratch fp8;
 };
 
 struct FirstForwardScratch {
@@ -108,7 +130,9 @@ struct LastBackwardScratch {
 };
 
 // `act` is the 16-bit activation dtype of the call.
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, const Config& c, int64_t m);
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act);
+MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act);
 FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act);
 FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act);
 LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act);

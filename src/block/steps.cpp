@@ -31,10 +31,49 @@ void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView
   gemm(g, stream);
 }
 
-void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream) {
+namespace {
+
+// One forward GEMM's operands as a fused kernel's Args take them: a [M, K] and w [N, K]
+// themselves, or (FP8) their codes and scales, quantized into `qa` and `qw` first.
+struct ForwardOperands {
+  TensorView a, w, a_scales, w_scales;
+};
+ForwardOperands forward_operands(const TensorView& a, const TensorView& w, const Fp8Operand* qa,
+                                 const Fp8Operand* qw, Stream stream) {
+  if (qa == nullptr) return {a, w, {}, {}};
+  QuantizeActivationFp8Args qx;
+  qx.x = a;
+  qx.codes = qa->codes;
+  qx.scales = qa->scales;
+  quantize_activation_fp8(qx, stream);
+  QuantizeWeightFp8Args qwt;
+  qwt.w = w;
+  qwt.codes = qw->codes;
+  qwt.scales = qw->scales;
+  quantize_weight_fp8(qwt, stream);
+  return {qa->codes, qw->codes, qa->scales, qw->scales};
+}
+
+// The operand pair of one GEMM of the FP8 forward (null for native precision).
+const Fp8Operand* part(const Fp8ForwardScratch* fp8, Fp8Operand Fp8ForwardScratch::*operand) {
+  return fp8 != nullptr ? &(fp8->*operand) : nullptr;
+}
+
+template <class Args> void set_operands(Args& args, const ForwardOperands& o) {
+  args.a = o.a;
+  args.w = o.w;
+  args.a_scales = o.a_scales;
+  args.w_scales = o.w_scales;
+}
+
+} // namespace
+
+void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream,
+                 const Fp8ForwardScratch* fp8) {
+  using S = Fp8ForwardScratch;
   ResidualRmsArgs attention_residual; // F1
-  attention_residual.a = f.y0;
-  attention_residual.w = f.w_out;
+  set_operands(attention_residual,
+               forward_operands(f.y0, f.w_out, part(fp8, &S::y0), part(fp8, &S::w_out), stream));
   attention_residual.residual = f.x0;
   attention_residual.gamma = f.ffn_norm;
   attention_residual.out = f.x1;
@@ -43,8 +82,8 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
   gemm_residual_rms(attention_residual, stream);
 
   RmsSwigluArgs gate_up; // F2 (and A1: r1 from S1 inside its epilogue)
-  gate_up.a = scratch.h;
-  gate_up.w = f.w_gate_up;
+  set_operands(gate_up, forward_operands(scratch.h, f.w_gate_up, part(fp8, &S::h),
+                                         part(fp8, &S::w_gate_up), stream));
   gate_up.sumsq_partials = scratch.sumsq;
   gate_up.eps = eps;
   gate_up.preact = f.z1;
@@ -53,8 +92,8 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
   gemm_rms_swiglu(gate_up, stream);
 
   ResidualRmsArgs mlp_residual; // F3: h1 and S1 are dead, so h2 and S2 reuse their space
-  mlp_residual.a = scratch.y1;
-  mlp_residual.w = f.w_down;
+  set_operands(mlp_residual, forward_operands(scratch.y1, f.w_down, part(fp8, &S::y1),
+                                              part(fp8, &S::w_down), stream));
   mlp_residual.residual = f.x1;
   mlp_residual.gamma = f.next_norm;
   mlp_residual.out = f.x2;
@@ -90,10 +129,11 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
 }
 
 void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
-                             const TensorView& h, const TensorView& sumsq, Stream stream) {
+                             const TensorView& h, const TensorView& sumsq, Stream stream,
+                             const Fp8ForwardScratch* fp8) {
+  using S = Fp8ForwardScratch;
   RmsRopeArgs qkv; // K4 (and the norm's rstd from the partials inside its epilogue)
-  qkv.a = h;
-  qkv.w = f.w_qkv;
+  set_operands(qkv, forward_operands(h, f.w_qkv, part(fp8, &S::h), part(fp8, &S::w_qkv), stream));
   qkv.sumsq_partials = sumsq;
   qkv.eps = c.eps;
   qkv.rope = rope_spec(c, rope);

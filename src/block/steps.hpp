@@ -26,8 +26,10 @@ struct AttentionInput {
   TensorView x, attn_norm, w_qkv; // the norm's input [M, D] and the weights
   TensorView qkv, rstd;           // outputs of the forward (saved for the backward)
 };
+// `fp8` (Precision::fp8): the QKV projection on E4M3 operands, h and W_qkv quantized first.
 void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
-                             const TensorView& h, const TensorView& sumsq, Stream stream);
+                             const TensorView& h, const TensorView& sumsq, Stream stream,
+                             const Fp8ForwardScratch* fp8 = nullptr);
 struct AttentionInputGrads {
   TensorView dqkv;               // input
   TensorView dx;                 // accumulated into
@@ -49,7 +51,10 @@ struct MlpForward {
   TensorView w_out, ffn_norm, w_gate_up, w_down, next_norm; // weights
   TensorView x1, z1, r1, x2;                                // outputs (saved for the backward)
 };
-void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream);
+// `fp8` (Precision::fp8): the three GEMMs on E4M3 operands, each GEMM's input and weight
+// quantized just before it (quantize_activation_fp8, quantize_weight_fp8).
+void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream,
+                 const Fp8ForwardScratch* fp8 = nullptr);
 
 // One RMSNorm backward through the GEMM that consumed the norm's output (coda-paper 4.3, K6),
 // with zeta already in scratch.zeta:

@@ -53,14 +53,42 @@ void check_config(const api::Validator& v, const Config& c, Layer layer) {
   if (!std::isfinite(c.eps) || c.eps < 0.f)
     v.fail(Status::invalid_argument,
            "config.eps must be finite and >= 0; got " + std::to_string(c.eps));
+  if (c.precision != Precision::native && c.precision != Precision::fp8)
+    v.fail(Status::invalid_argument, "config.precision must be Precision::native or fp8; got " +
+                                         std::to_string(int(c.precision)));
   if (layer == Layer::last && c.loss_reduction != LossReduction::mean &&
       c.loss_reduction != LossReduction::sum)
     v.fail(Status::invalid_argument, "config.loss_reduction must be mean or sum; got " +
                                          std::to_string(int(c.loss_reduction)));
 }
 
+void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass) {
+  if (c.precision != Precision::fp8) return;
+  if (layer != Layer::middle || pass != Pass::forward)
+    v.fail(Status::not_supported,
+           std::string("config.precision = fp8: only the middle layer's forward has an FP8 form "
+                       "so far (Layer::middle, Pass::forward); got Layer::") +
+               layer_name(layer) + ", Pass::" + pass_name(pass) +
+               " (run it with Precision::native)");
+  // Every GEMM's K and N, as gemm_fp8 needs them: rows of 16-byte E4M3 codes for the loads.
+  const struct {
+    const char* what;
+    int64_t value;
+  } widths[] = {{"hidden", c.hidden},
+                {"intermediate", c.intermediate},
+                {"n_heads * head_dim", c.attention_width()},
+                {"(n_heads + 2 n_kv_heads) * head_dim", c.qkv_width()}};
+  for (const auto& w : widths)
+    if (w.value % 16 != 0)
+      v.fail(Status::invalid_argument,
+             std::string("config.precision = fp8 needs every GEMM width a multiple of 16 (rows of "
+                         "16-byte E4M3 codes); config ") +
+                 w.what + " = " + std::to_string(w.value));
+}
+
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
                      const Config& c, int64_t tokens) {
+  check_precision(v, c, layer, pass);
   v.output("workspace", workspace, api::Elem::any, {api::any("bytes / element size")});
   const size_t needed = workspace_size(layer, pass, c, tokens);
   const size_t held = size_t(workspace.numel() * dtype_size(workspace.dtype));

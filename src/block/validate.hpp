@@ -16,7 +16,13 @@ namespace coda::llama::detail {
 // layer. Throws invalid_argument naming the field.
 void check_config(const api::Validator& v, const Config& c, Layer layer);
 
-// The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device.
+// config.precision for this call: Precision::fp8 where the call has an FP8 form (the middle
+// layer's forward) and every GEMM width is a multiple of 16; not_supported or invalid_argument
+// naming what to change otherwise.
+void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass);
+
+// The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's
+// precision, check_precision).
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
                      const Config& c, int64_t tokens);
 

@@ -20,6 +20,7 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
            "layer " +
                std::to_string(int(layer)));
 
+  detail::check_precision(v, config, layer, pass);
   // The activation dtype does not matter here: bf16 and f16 are both 2 bytes.
   constexpr DType act = DType::bf16;
   detail::Arena counter;
@@ -38,7 +39,7 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
     if (pass == Pass::backward_part2)
       detail::carve_middle_backward_part2(counter, config, tokens, act);
     else
-      carve(detail::carve_mlp_forward, detail::carve_middle_backward);
+      carve(detail::carve_middle_forward, detail::carve_middle_backward);
     break;
   case Layer::last:
     carve(detail::carve_last_forward, detail::carve_last_backward);

@@ -94,8 +94,38 @@ std::string check_against_baseline(const std::string& what, const std::vector<do
                  what.c_str(), static_cast<unsigned long long>(test_seed()), err, base_err, atol);
   if (err <= bound) return {};
   msg << what << ": max|out-ref| = " << err << " at index " << worst << " (out " << out[worst]
-      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + " << atol << " = " << bound << " (seed "
-      << test_seed() << ")";
+      << ", ref " << ref[worst] << ") exceeds 2*max|baseline-ref| + " << atol << " = " << bound
+      << " (seed " << test_seed() << ")";
+  return msg.str();
+}
+
+std::string check_rms_against_baseline(const std::string& what, const std::vector<double>& out,
+                                       const std::vector<double>& ref,
+                                       const std::vector<double>& baseline, double atol) {
+  std::ostringstream msg;
+  if (out.size() != ref.size() || baseline.size() != ref.size() || ref.empty()) {
+    msg << what << ": size mismatch or empty (out " << out.size() << ", ref " << ref.size()
+        << ", baseline " << baseline.size() << ")";
+    return msg.str();
+  }
+  double sq = 0, base_sq = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (std::isnan(out[i])) {
+      msg << what << ": NaN at index " << i << " (seed " << test_seed() << ")";
+      return msg.str();
+    }
+    sq += (out[i] - ref[i]) * (out[i] - ref[i]);
+    base_sq += (baseline[i] - ref[i]) * (baseline[i] - ref[i]);
+  }
+  const double n = double(ref.size()), err = std::sqrt(sq / n), base_err = std::sqrt(base_sq / n);
+  const double bound = 2 * base_err + atol;
+  if (std::FILE* log = g_unlogged > 0 ? nullptr : error_log())
+    std::fprintf(log, "check\t%s\t%s\t%llu\t%.9g\t%.9g\t%.9g\n", current_test_name().c_str(),
+                 (what + " (rms)").c_str(), static_cast<unsigned long long>(test_seed()), err,
+                 base_err, atol);
+  if (err <= bound) return {};
+  msg << what << ": rms(out-ref) = " << err << " exceeds 2*rms(baseline-ref) + " << atol << " = "
+      << bound << " (seed " << test_seed() << ")";
   return msg.str();
 }
 

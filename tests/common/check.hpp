@@ -46,6 +46,18 @@ std::string check_against_baseline(const std::string& what, const std::vector<do
                                    const std::vector<double>& ref,
                                    const std::vector<double>& baseline, double atol = 1e-6);
 
+// The same rule on root-mean-square errors, for outputs whose errors are quantization noise of
+// the same size on both sides (FP8: coda and the baseline quantize independently rounded values,
+// so each side's error is its own draw of that noise). The ratio of two maxima of such draws is
+// heavy-tailed (the FP8 block's max rule failed 15 of 6000 seeds, docs/reliability.md); the
+// ratio of their RMS concentrates at 1 within about 1/sqrt(2n). Passes when
+//   rms(out - ref) <= 2 * rms(baseline - ref) + atol
+// A bug that breaks a whole operand (a wrong scale, a stale or misplaced operand) moves the RMS
+// by orders of magnitude; per-element errors are the per-kernel tests' (same operands, max rule).
+std::string check_rms_against_baseline(const std::string& what, const std::vector<double>& out,
+                                       const std::vector<double>& ref,
+                                       const std::vector<double>& baseline, double atol = 1e-6);
+
 // While one is alive, tolerance checks are not written to CODA_TEST_ERROR_LOG: for checks a test
 // expects to fail (a planted mistake), whose shares would otherwise read as a sweep's worst.
 class UnloggedChecks {

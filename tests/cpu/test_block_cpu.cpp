@@ -484,6 +484,37 @@ TEST_F(BlockArguments, NoTokensIsRejected) {
                   workspace.view());
 }
 
+// Precision::fp8 is the middle layer's forward only, so far: every other call refuses it,
+// naming the alternative (the size query and the call share the check); its workspace holds the
+// quantized operands beside the native one's; a precision that is neither is a bad argument.
+TEST_F(BlockArguments, Fp8IsTheMiddleForwardOnly) {
+  llama::Config fp8 = make.c;
+  fp8.precision = llama::Precision::fp8;
+  const std::pair<llama::Layer, llama::Pass> others[] = {
+      {llama::Layer::first, llama::Pass::forward},
+      {llama::Layer::first, llama::Pass::backward},
+      {llama::Layer::middle, llama::Pass::backward},
+      {llama::Layer::middle, llama::Pass::backward_part1},
+      {llama::Layer::middle, llama::Pass::backward_part2},
+      {llama::Layer::last, llama::Pass::forward},
+      {llama::Layer::last, llama::Pass::backward}};
+  for (auto [layer, pass] : others) {
+    try {
+      llama::workspace_size(layer, pass, fp8, 16);
+      ADD_FAILURE() << "FP8 accepted for layer " << int(layer) << ", pass " << int(pass);
+    } catch (const coda::Error& e) {
+      EXPECT_EQ(int(e.status()), int(coda::Status::not_supported)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("Precision::native"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_GT(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, fp8, 16),
+            llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 16));
+  llama::Config bad = make.c;
+  bad.precision = llama::Precision(7);
+  expect_rejected(coda::Status::invalid_argument, "config.precision", bad, p.weights(), inputs(),
+                  outputs(), workspace.view());
+}
+
 TEST_F(BlockArguments, WorkspaceSizeChecksItsArguments) {
   EXPECT_THROW(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 0),
                coda::Error);
@@ -566,9 +597,16 @@ coda_tensor c_tensor(const coda::TensorView& v) {
 }
 
 coda_llama_config c_config(const llama::Config& c) {
-  return {c.hidden,     c.intermediate, c.n_heads,
-          c.n_kv_heads, c.head_dim,     c.vocab,
-          c.eps,        c.ignore_index, int32_t(c.loss_reduction)};
+  return {c.hidden,
+          c.intermediate,
+          c.n_heads,
+          c.n_kv_heads,
+          c.head_dim,
+          c.vocab,
+          c.eps,
+          c.ignore_index,
+          int32_t(c.loss_reduction),
+          int32_t(c.precision)};
 }
 
 TEST_F(BlockArguments, CAbiMatchesCpp) {

@@ -27,6 +27,12 @@ typedef enum coda_llama_pass {
   CODA_LLAMA_BACKWARD_PART2 = 3
 } coda_llama_pass;
 
+/* coda::llama::Precision: how the block's GEMMs run (llama.hpp). */
+typedef enum coda_llama_precision {
+  CODA_LLAMA_NATIVE = 0,
+  CODA_LLAMA_FP8 = 1
+} coda_llama_precision;
+
 typedef struct coda_llama_config {
   int64_t hidden;       /* D */
   int64_t intermediate; /* F (middle and last layers) */
@@ -37,6 +43,7 @@ typedef struct coda_llama_config {
   float eps;
   int32_t ignore_index;   /* e.g. -100 */
   int32_t loss_reduction; /* coda_loss_reduction (coda/coda.h) */
+  int32_t precision;      /* coda_llama_precision */
 } coda_llama_config;
 
 typedef struct coda_llama_rope {

@@ -38,6 +38,16 @@
 
 namespace coda::llama {
 
+// How the block's GEMMs run (docs/fp8.md, "The FP8 block"):
+//   native: in the activations' 16-bit dtype (bf16 or f16), fp32 accumulation;
+//   fp8:    on E4M3 operands with power-of-two block scales (the activations in 1 x 128 blocks
+//           along K, the weights in 128 x 128 blocks), fp32 accumulation, the outputs and
+//           everything else as native. So far the middle layer's forward only: the other calls
+//           answer not_supported. The weights stay 16-bit; each call quantizes the ones it
+//           reads into its workspace, and each GEMM's activation operand is quantized by a pass
+//           of its own before it (the fused kernels do not emit FP8 yet).
+enum class Precision : int32_t { native = 0, fp8 = 1 };
+
 struct Config {
   int64_t hidden = 0;       // D, the residual stream and RMSNorm width
   int64_t intermediate = 0; // F, the SwiGLU width (the fused gate/up weight has 2F rows)
@@ -48,6 +58,7 @@ struct Config {
   float eps = 1e-6f;        // RMSNorm epsilon
   int32_t ignore_index = -100;
   LossReduction loss_reduction = LossReduction::mean;
+  Precision precision = Precision::native;
 
   int64_t attention_width() const { return int64_t(n_heads) * head_dim; }
   int64_t qkv_width() const { return (int64_t(n_heads) + 2 * int64_t(n_kv_heads)) * head_dim; }
