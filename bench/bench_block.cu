@@ -1,10 +1,13 @@
 // The non-attention part of one middle Llama block (coda::llama::middle_forward and
 // middle_backward: attention output of layer l -> post-RoPE QKV of layer l+1, coda-paper 4.2 and
 // 4.5) at the Llama-3.2-1B and Llama-3.1-8B shapes, 8192 and 16384 tokens, bf16, forward,
-// backward and forward+backward. Three sides, in this process, on the same random inputs:
+// backward and forward+backward. Four sides, in this process, on the same random inputs:
 //   coda:      the block calls (4 fused GEMMs forward; 3 fused + 5 plain GEMMs and the small
 //              auxiliary kernels backward), with their workspace allocated once;
 //   gemm_only: the same 4 + 8 GEMMs (same layouts and dtypes) run by cuBLASLt, nothing else;
+//   coda_fp8:  the block calls with Config::precision = fp8 (docs/fp8.md, "The FP8 block"): the
+//              GEMMs on block-scaled E4M3 operands, each input and weight quantized before it;
+//              the forward only so far (its backward is n/a, as below);
 //   unfused:   those cuBLASLt GEMMs plus the simplest correct separate CUDA kernels for the rest
 //              (bench/unfused_block.cuh), one per operation, in PyTorch eager's order (eager
 //              launches more: its RMSNorm alone is several kernels): residual add, RMSNorm (saving
@@ -101,12 +104,19 @@ struct Shape {
   int64_t M, D, F, A, Nq;
   DType grad_dtype;
 
+  llama::Config cfg_fp8; // cfg with Precision::fp8
+
   Shape(const Model& model, int64_t tokens, DType grads)
       : md(model), cfg(config_of(model)), M(tokens), D(model.hidden), F(model.mlp),
-        A(int64_t(model.q_heads) * model.head_dim), Nq(cfg.qkv_width()), grad_dtype(grads) {}
+        A(int64_t(model.q_heads) * model.head_dim), Nq(cfg.qkv_width()), grad_dtype(grads),
+        cfg_fp8(cfg) {
+    cfg_fp8.precision = llama::Precision::fp8;
+  }
   size_t workspace_bytes() const {
-    return std::max(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg, M),
-                    llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg, M));
+    return std::max(
+        {llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg_fp8, M)});
   }
 };
 
@@ -223,6 +233,15 @@ struct Block : Shape {
   }
   void coda_backward(cudaStream_t s) const {
     llama::middle_backward(cfg, weights(), inputs(), outputs(), saved(), grads(), false,
+                           workspace_view(), s);
+  }
+  // The FP8 side writes coda's outputs and saved tensors (timing only; the comparison below
+  // reruns coda's forward first).
+  void coda_fp8_forward(cudaStream_t s) const {
+    llama::middle_forward(cfg_fp8, weights(), inputs(), outputs(), saved(), workspace_view(), s);
+  }
+  void coda_fp8_backward(cudaStream_t s) const {
+    llama::middle_backward(cfg_fp8, weights(), inputs(), outputs(), saved(), grads(), false,
                            workspace_view(), s);
   }
 };
@@ -465,7 +484,7 @@ bool run_check(const bench::Context* ctx, DType grad_dtype) {
 // Timing one case.
 
 enum Pass { kFwd, kBwd, kFwdBwd, kPasses };
-enum Side { kCoda, kGemm, kUnfused, kSides };
+enum Side { kCoda, kGemm, kUnfused, kCodaFp8, kSides };
 constexpr const char* kPassNames[] = {"fwd", "bwd", "fwd+bwd"};
 
 struct Result {
@@ -482,18 +501,20 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
   const cudaStream_t s = ctx.stream;
   const auto reset_dx = [&](Side side) { // the incoming residual gradient, which bwd overwrites
     if (side == kGemm) return;
-    const Buffer& dx = side == kCoda ? b.dx : b.unfused.dx;
+    const Buffer& dx = side == kCoda || side == kCodaFp8 ? b.dx : b.unfused.dx;
     check(cudaMemcpyAsync(dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice, s), "dx");
   };
   const auto forward = [&](Side side) {
-    side == kCoda   ? b.coda_forward(s)
-    : side == kGemm ? b.unfused.gemm_forward(s)
-                    : b.unfused.forward(s);
+    side == kCoda      ? b.coda_forward(s)
+    : side == kCodaFp8 ? b.coda_fp8_forward(s)
+    : side == kGemm    ? b.unfused.gemm_forward(s)
+                       : b.unfused.forward(s);
   };
   const auto backward = [&](Side side) {
-    side == kCoda   ? b.coda_backward(s)
-    : side == kGemm ? b.unfused.gemm_backward(s)
-                    : b.unfused.backward(s);
+    side == kCoda      ? b.coda_backward(s)
+    : side == kCodaFp8 ? b.coda_fp8_backward(s)
+    : side == kGemm    ? b.unfused.gemm_backward(s)
+                       : b.unfused.backward(s);
   };
 
   bool runs_on[kPasses][kSides];
@@ -501,9 +522,14 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
   reset_dx(kCoda);
   const bool coda_fwd = supported("forward", [&] { b.coda_forward(s); });
   const bool coda_bwd = coda_fwd && supported("backward", [&] { b.coda_backward(s); });
+  reset_dx(kCodaFp8);
+  const bool fp8_fwd = supported("FP8 forward", [&] { b.coda_fp8_forward(s); });
+  const bool fp8_bwd = fp8_fwd && supported("FP8 backward", [&] { b.coda_fp8_backward(s); });
   check(cudaStreamSynchronize(s), "coda probe");
   runs_on[kFwd][kCoda] = coda_fwd;
   runs_on[kBwd][kCoda] = runs_on[kFwdBwd][kCoda] = coda_bwd;
+  runs_on[kFwd][kCodaFp8] = fp8_fwd;
+  runs_on[kBwd][kCodaFp8] = runs_on[kFwdBwd][kCodaFp8] = fp8_bwd;
 
   bench::Timer timer = ctx.timer();
   std::vector<float> times[kPasses][kSides];
@@ -528,7 +554,8 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
       for (int j = 0; j < kSides; ++j) // rotated, so no side always runs first
         once(Pass(p), Side((i + j) % kSides), true);
   check(cudaGetLastError(), "timed runs");
-  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, in that order)
+  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, coda FP8, in that
+  // order; a pass a side cannot run is skipped)
   // inside the profiler's range, for `ncu --profile-from-start off` (tools/ncu_block.sh).
   if (profile) {
     check(cudaStreamSynchronize(s), "before the profiled range");
@@ -641,13 +668,15 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
 
-    std::printf("\n%-9s %6s %-8s %9s %9s %9s  %9s %12s\n", "model", "tokens", "pass", "coda ms",
-                "gemm ms", "unfused", "coda/gemm", "unfused/coda");
+    std::printf("\n%-9s %6s %-8s %9s %9s %9s  %9s %12s %9s %10s\n", "model", "tokens", "pass",
+                "coda ms", "gemm ms", "unfused", "coda/gemm", "unfused/coda", "fp8 ms", "coda/fp8");
     for (const Result& r : results)
-      std::printf("%-9s %6lld %-8s %9s %9s %9s  %9s %12s\n", r.md->name, (long long)r.tokens,
-                  kPassNames[r.pass], number(r.ms[kCoda]).c_str(), number(r.ms[kGemm]).c_str(),
-                  number(r.ms[kUnfused]).c_str(), number(r.ms[kCoda] / r.ms[kGemm]).c_str(),
-                  number(r.ms[kUnfused] / r.ms[kCoda]).c_str());
+      std::printf("%-9s %6lld %-8s %9s %9s %9s  %9s %12s %9s %10s\n", r.md->name,
+                  (long long)r.tokens, kPassNames[r.pass], number(r.ms[kCoda]).c_str(),
+                  number(r.ms[kGemm]).c_str(), number(r.ms[kUnfused]).c_str(),
+                  number(r.ms[kCoda] / r.ms[kGemm]).c_str(),
+                  number(r.ms[kUnfused] / r.ms[kCoda]).c_str(), number(r.ms[kCodaFp8]).c_str(),
+                  number(r.ms[kCoda] / r.ms[kCodaFp8]).c_str());
 
     FILE* f = bench::open_json(out_path, ctx.prop, commit, runs,
                                std::string("  \"grad_dtype\": \"") +
@@ -656,10 +685,11 @@ int main(int argc, char** argv) {
       const Result& r = results[i];
       std::fprintf(f,
                    "    {\"model\": \"%s\", \"tokens\": %lld, \"pass\": \"%s\", \"coda_ms\": %s, "
-                   "\"gemm_only_ms\": %s, \"unfused_ms\": %s}%s\n",
+                   "\"gemm_only_ms\": %s, \"unfused_ms\": %s, \"coda_fp8_ms\": %s}%s\n",
                    r.md->name, (long long)r.tokens, kPassNames[r.pass],
                    json_ms(r.ms[kCoda]).c_str(), json_ms(r.ms[kGemm]).c_str(),
-                   json_ms(r.ms[kUnfused]).c_str(), i + 1 < results.size() ? "," : "");
+                   json_ms(r.ms[kUnfused]).c_str(), json_ms(r.ms[kCodaFp8]).c_str(),
+                   i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     std::printf("wrote %s\n", out_path.c_str());
