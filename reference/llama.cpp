@@ -390,8 +390,10 @@ void check_last(const LlamaConfig& cfg, const LastWeights& w, int64_t M, std::sp
 }
 
 // Everything after x2: final norm, LM head, cross-entropy (with its gradient).
+// The LM head stays in 16 bits under the FP8 recipe (Rounding::fp8 applies to the layers' GEMMs).
 void head_forward(Rounding r, const LlamaConfig& cfg, const LastWeights& w, int64_t M,
                   const LossSpec& loss, const Matrix& x2, LastForward& f, Matrix* dlogits) {
+  r.fp8 = false;
   NormProject p =
       norm_project(r, M, cfg.hidden, cfg.vocab, x2.data(), w.final_norm, w.w_lm, cfg.eps);
   f.rstd2 = std::move(p.rstd);

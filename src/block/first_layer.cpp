@@ -51,7 +51,8 @@ void first_forward(const Config& config, const FirstWeights& weights, const Firs
   rms_stats(stats, stream);
 
   attention_input_forward(attention_input_of(weights, inputs, outputs, saved), config, inputs.rope,
-                          s.h, s.sumsq, stream); // K4
+                          s.h, s.sumsq, stream,
+                          config.precision == Precision::fp8 ? &s.fp8 : nullptr); // K4
 }
 
 void first_backward(const Config& config, const FirstWeights& weights, const FirstInputs& inputs,

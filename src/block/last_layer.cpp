@@ -76,7 +76,10 @@ void last_forward(const Config& config, const LastWeights& weights, const LastIn
 
   Arena arena(workspace);
   const LastForwardScratch s = carve_last_forward(arena, config, m, inputs.x0.dtype);
-  mlp_forward(mlp_forward_of(weights, inputs, saved), config.eps, s.mlp, stream); // F1..F3
+  mlp_forward(mlp_forward_of(weights, inputs, saved), config.eps, s.mlp, stream,
+              config.precision == Precision::fp8 ? &s.fp8 : nullptr); // F1..F3
+
+  // The LM head and the loss stay 16-bit under Precision::fp8 (the recipe's, docs/fp8.md).
 
   // Without a logits output, the logits go straight into saved.dlogits, which the
   // cross-entropy then overwrites in place with their gradient.

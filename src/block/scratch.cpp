@@ -115,9 +115,14 @@ template <class... Carve> void carve_over_one_another(Arena& arena, const Carve&
 
 } // namespace
 
-Fp8ForwardScratch carve_fp8_forward(Arena& arena, const Config& c, int64_t m) {
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m) {
   Fp8ForwardScratch s;
   const int64_t d = c.hidden, f = c.intermediate;
+  if (layer == Layer::first) {
+    s.h = carve_fp8_activation(arena, m, d);
+    s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d);
+    return s;
+  }
   carve_over_one_another(
       arena, [&] { s.y0 = carve_fp8_activation(arena, m, c.attention_width()); },
       [&] { s.h = carve_fp8_activation(arena, m, d); },
@@ -126,7 +131,9 @@ Fp8ForwardScratch carve_fp8_forward(Arena& arena, const Config& c, int64_t m) {
       arena, [&] { s.w_out = carve_fp8_weight(arena, d, c.attention_width()); },
       [&] { s.w_gate_up = carve_fp8_weight(arena, 2 * f, d); },
       [&] { s.w_down = carve_fp8_weight(arena, d, f); },
-      [&] { s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d); });
+      [&] {
+        if (layer == Layer::middle) s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d);
+      });
   return s;
 }
 
@@ -141,7 +148,7 @@ MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DT
 MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act) {
   MiddleForwardScratch s;
   s.mlp = carve_mlp_forward(arena, c, m, act);
-  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, c, m);
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::middle, c, m);
   return s;
 }
 
@@ -149,6 +156,7 @@ FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m
   FirstForwardScratch s;
   s.h = arena.matrix(act, m, c.hidden);
   s.sumsq = arena.matrix(DType::f32, m, num_reduce_blocks(c.hidden));
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::first, c, m);
   return s;
 }
 
@@ -172,6 +180,12 @@ LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, 
   s.lse_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.vocab));
   s.target_logit = arena.vector(DType::f32, m);
   s.ce_workspace = arena.bytes(cross_entropy_workspace_size(m));
+  // F1..F3's codes after everything: they are alive with y1 (the quantizers read it), whose
+  // region K5's partials reuse.
+  if (c.precision == Precision::fp8) {
+    arena.rewind(arena.used()); // past y1, which the quantizer reads before F3
+    s.fp8 = carve_fp8_forward(arena, Layer::last, c, m);
+  }
   return s;
 }
 

@@ -60,7 +60,8 @@ struct Fp8Operand {
 
 // The FP8 forward's operands: each GEMM's activation and weight, quantized just before it. No
 // two GEMMs read at once, so the activations share one region and the weights another
-// (carve_fp8_forward).
+// (carve_fp8_forward, which carves those of the layer's GEMMs: the first layer's QKV projection,
+// the middle layer's four, the last layer's three before its 16-bit LM head).
 struct Fp8ForwardScratch {
   Fp8Operand y0, h, y1; // y0 [M, A]; h [M, D] (h1 for F2, h2 for F4); y1 [M, F]
   Fp8Operand w_out, w_gate_up, w_down, w_qkv; // each weight [N, K] as nn.Linear stores it
@@ -96,8 +97,9 @@ struct MiddleForwardScratch {
 };
 
 struct FirstForwardScratch {
-  TensorView h;     // [M, D]
-  TensorView sumsq; // [M, ceil(D/128)] f32
+  TensorView h;          // [M, D]
+  TensorView sumsq;      // [M, ceil(D/128)] f32
+  Fp8ForwardScratch fp8; // Precision::fp8: the QKV projection's operands
 };
 struct FirstBackwardScratch {
   TensorView dz; // [M, qkv_width] pre-RoPE gradient
@@ -108,6 +110,7 @@ struct LastForwardScratch {
   TensorView lse_partials; // [M, ceil(V/64)] f32
   TensorView target_logit; // [M] f32
   TensorView ce_workspace; // cross_entropy_workspace_size(M) bytes
+  Fp8ForwardScratch fp8;   // Precision::fp8: F1..F3's operands
 };
 struct MiddleBackwardScratch {
   TensorView dz2;           // [M, qkv_width] (B0..B2)
@@ -130,7 +133,7 @@ struct LastBackwardScratch {
 };
 
 // `act` is the 16-bit activation dtype of the call.
-Fp8ForwardScratch carve_fp8_forward(Arena& arena, const Config& c, int64_t m);
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m);
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act);
 MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act);
 FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act);

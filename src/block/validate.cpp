@@ -64,22 +64,23 @@ void check_config(const api::Validator& v, const Config& c, Layer layer) {
 
 void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass) {
   if (c.precision != Precision::fp8) return;
-  if (layer != Layer::middle || pass != Pass::forward)
+  if (pass != Pass::forward)
     v.fail(Status::not_supported,
-           std::string("config.precision = fp8: only the middle layer's forward has an FP8 form "
-                       "so far (Layer::middle, Pass::forward); got Layer::") +
+           std::string("config.precision = fp8: only the forwards have an FP8 form so far "
+                       "(Pass::forward); got Layer::") +
                layer_name(layer) + ", Pass::" + pass_name(pass) +
                " (run it with Precision::native)");
-  // Every GEMM's K and N, as gemm_fp8 needs them: rows of 16-byte E4M3 codes for the loads.
+  // Every GEMM's K and N the layer has, as gemm_fp8 needs them: rows of 16-byte E4M3 codes.
   const struct {
     const char* what;
     int64_t value;
-  } widths[] = {{"hidden", c.hidden},
-                {"intermediate", c.intermediate},
-                {"n_heads * head_dim", c.attention_width()},
-                {"(n_heads + 2 n_kv_heads) * head_dim", c.qkv_width()}};
+    bool used;
+  } widths[] = {{"hidden", c.hidden, true},
+                {"intermediate", c.intermediate, layer != Layer::first},
+                {"n_heads * head_dim", c.attention_width(), layer != Layer::first},
+                {"(n_heads + 2 n_kv_heads) * head_dim", c.qkv_width(), layer != Layer::last}};
   for (const auto& w : widths)
-    if (w.value % 16 != 0)
+    if (w.used && w.value % 16 != 0)
       v.fail(Status::invalid_argument,
              std::string("config.precision = fp8 needs every GEMM width a multiple of 16 (rows of "
                          "16-byte E4M3 codes); config ") +

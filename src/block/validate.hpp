@@ -16,8 +16,8 @@ namespace coda::llama::detail {
 // layer. Throws invalid_argument naming the field.
 void check_config(const api::Validator& v, const Config& c, Layer layer);
 
-// config.precision for this call: Precision::fp8 where the call has an FP8 form (the middle
-// layer's forward) and every GEMM width is a multiple of 16; not_supported or invalid_argument
+// config.precision for this call: Precision::fp8 where the call has an FP8 form (the forwards)
+// and every GEMM width of the layer is a multiple of 16; not_supported or invalid_argument
 // naming what to change otherwise.
 void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass);
 

@@ -476,72 +476,6 @@ TEST_P(Block, MiddleLayerInTwoPartsIsTheOneCall) {
   expect_middle_layer(make, GetParam().grad_dtype, true, BackwardCalls::two_parts);
 }
 
-// The middle layer's forward with Precision::fp8 (docs/fp8.md, "The FP8 block"): its four GEMMs
-// on block-scaled E4M3 operands. The truth is the textbook block in fp64, unquantized; the
-// baseline the textbook block in the 16-bit dtype with each linear on the FP8 recipe's operands
-// (ref::Rounding::fp8: the unfused FP8 path, the same block scales, quantizing what the textbook
-// multiplies: the normalized h and the separate gate and up weights, where CODA quantizes the
-// un-normalized h and the interleaved gate/up weight). Every output and saved tensor passes the
-// rule against that baseline, on RMS errors (check_rms_against_baseline: both sides' errors are
-// independent draws of the same quantization noise). A config whose GEMM widths gemm_fp8 cannot
-// take (not multiples of 16) is refused, naming the width, with nothing written.
-TEST_P(Block, MiddleLayerFp8Forward) {
-  make.c.precision = llama::Precision::fp8;
-  MiddleProblem p(make);
-  const int64_t D = c.hidden, F = c.intermediate;
-  HostTensor x2 = make.output(D), qkv = make.output(c.qkv_width()), x1 = make.output(D);
-  HostTensor z1 = make.output(2 * F), r1 = make.stat(), r2 = make.stat();
-  const auto forward = [&](HostTensor& workspace) {
-    llama::middle_forward(c, p.weights(), {p.x0.view(), p.y0.view(), p.rope.view()},
-                          {x2.view(), qkv.view()}, {x1.view(), z1.view(), r1.view(), r2.view()},
-                          workspace.view());
-    coda::test::sync_views();
-  };
-  const bool widths_fit =
-      D % 16 == 0 && F % 16 == 0 && c.attention_width() % 16 == 0 && c.qkv_width() % 16 == 0;
-  if (!widths_fit) {
-    llama::Config native = c;
-    native.precision = llama::Precision::native;
-    const size_t bytes =
-        llama::workspace_size(llama::Layer::middle, llama::Pass::forward, native, M);
-    HostTensor workspace(DType::f32, {int64_t(bytes / 4 + 1)});
-    try {
-      forward(workspace);
-      ADD_FAILURE() << "an FP8 forward with a GEMM width not a multiple of 16 was accepted";
-    } catch (const coda::Error& e) {
-      EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
-      EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
-    }
-    for (HostTensor* t : {&x2, &qkv, &x1, &z1, &r1, &r2})
-      for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "an output was written";
-    return;
-  }
-  HostTensor workspace = make.workspace(llama::Layer::middle, llama::Pass::forward);
-  forward(workspace);
-
-  ref::Rounding fp8 = lowp;
-  fp8.fp8 = true;
-  const auto fwd = [&](ref::Rounding rr) {
-    return ref::middle_forward(ref_config(c), p.textbook(), p.rope.textbook(), p.x0.values(),
-                               p.y0.values(), rr);
-  };
-  const ref::MiddleForward exact = fwd({}), unfused_fp8 = fwd(fp8);
-  // By RMS (check_rms_against_baseline says why), after the guard bytes.
-  const auto expect = [&](const std::string& name, const HostTensor& out, const Values& truth,
-                          const Values& baseline) {
-    EXPECT_TRUE(out.guard_intact()) << name << ": written past its end";
-    CODA_EXPECT_PASSES(
-        coda::test::check_rms_against_baseline("fp8: " + name, out.values(), truth, baseline));
-  };
-  expect("outputs.x2", x2, exact.mlp.x2, unfused_fp8.mlp.x2);
-  expect("outputs.qkv", qkv, exact.qkv, unfused_fp8.qkv);
-  expect("saved.x1", x1, exact.mlp.x1, unfused_fp8.mlp.x1);
-  expect("saved.z1", z1, interleave_columns(exact.mlp.gate, exact.mlp.up, M, F),
-         interleave_columns(unfused_fp8.mlp.gate, unfused_fp8.mlp.up, M, F));
-  expect("saved.r1", r1, exact.mlp.rstd1, unfused_fp8.mlp.rstd1);
-  expect("saved.r2", r2, exact.rstd2, unfused_fp8.rstd2);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Last layer.
 
@@ -795,6 +729,153 @@ TEST_P(Block, LastLayerIsBitwiseDeterministic) {
     EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
     EXPECT_TRUE(same_bits(*a[i], *d[i])) << "result " << i << " without outputs.logits";
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The forwards with Precision::fp8 (docs/fp8.md, "The FP8 block"): every GEMM of the layer but
+// the LM head on block-scaled E4M3 operands. The truth is the textbook block in fp64,
+// unquantized; the baseline the textbook block in the 16-bit dtype with each linear but the LM
+// head on the FP8 recipe's operands (ref::Rounding::fp8: the unfused FP8 path, the same block
+// scales, quantizing what the textbook multiplies: the normalized h and the separate gate and up
+// weights, where CODA quantizes the un-normalized h and the interleaved gate/up weight). Every
+// output and saved tensor passes the rule against that baseline on RMS errors
+// (check_rms_against_baseline: both sides' errors are independent draws of the same
+// quantization noise), the loss by check_loss. A config whose GEMM widths gemm_fp8 cannot take
+// (not multiples of 16) is refused, naming the width, with nothing written.
+
+inline bool fp8_widths_fit(const llama::Config& c, llama::Layer layer) {
+  const bool qkv = layer != llama::Layer::last, mlp = layer != llama::Layer::first;
+  return c.hidden % 16 == 0 && (!qkv || c.qkv_width() % 16 == 0) &&
+         (!mlp || (c.intermediate % 16 == 0 && c.attention_width() % 16 == 0));
+}
+
+inline ref::Rounding fp8_rounding(DType dtype) {
+  ref::Rounding r = coda::test::lowp(dtype);
+  r.fp8 = true;
+  return r;
+}
+
+inline void expect_rms(const std::string& name, const HostTensor& out, const Values& truth,
+                       const Values& baseline) {
+  EXPECT_TRUE(out.guard_intact()) << name << ": written past its end";
+  CODA_EXPECT_PASSES(
+      coda::test::check_rms_against_baseline("fp8: " + name, out.values(), truth, baseline));
+}
+
+// `forward` (taking a workspace) with widths that do not fit: invalid_argument naming the
+// rule, and every output still poisoned.
+template <class Forward>
+void expect_fp8_refused(Maker& make, llama::Layer layer, const Forward& forward,
+                        std::initializer_list<HostTensor*> outputs) {
+  llama::Config native = make.c;
+  native.precision = llama::Precision::native;
+  const size_t bytes = llama::workspace_size(layer, llama::Pass::forward, native, make.M);
+  HostTensor workspace(DType::f32, {int64_t(bytes / 4 + 1)});
+  try {
+    forward(workspace);
+    ADD_FAILURE() << "an FP8 forward with a GEMM width not a multiple of 16 was accepted";
+  } catch (const coda::Error& e) {
+    EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+  }
+  coda::test::sync_views();
+  for (HostTensor* t : outputs) {
+    if (t->numel() == 0) continue;
+    for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "an output was written";
+  }
+}
+
+TEST_P(Block, FirstLayerFp8Forward) {
+  make.c.precision = llama::Precision::fp8;
+  const int64_t D = c.hidden, Nq = c.qkv_width();
+  RopeTensors rope(M, c.head_dim);
+  HostTensor attn_norm = make.norm(), w_qkv = make.weight(Nq, D), x = make.activation(D);
+  HostTensor qkv = make.output(Nq), rstd = make.stat();
+  const auto forward = [&](HostTensor& workspace) {
+    llama::first_forward(c, {attn_norm.view(), w_qkv.view()}, {x.view(), rope.view()}, {qkv.view()},
+                         {rstd.view()}, workspace.view());
+    coda::test::sync_views();
+  };
+  if (!fp8_widths_fit(c, llama::Layer::first))
+    return expect_fp8_refused(make, llama::Layer::first, forward, {&qkv, &rstd});
+  HostTensor workspace = make.workspace(llama::Layer::first, llama::Pass::forward);
+  forward(workspace);
+  const auto fwd = [&](ref::Rounding rr) {
+    return ref::first_forward(ref_config(c), {attn_norm.values(), w_qkv.values()}, rope.textbook(),
+                              x.values(), rr);
+  };
+  const ref::FirstForward exact = fwd({}), unfused_fp8 = fwd(fp8_rounding(make.dt));
+  expect_rms("outputs.qkv", qkv, exact.qkv, unfused_fp8.qkv);
+  expect_rms("saved.rstd", rstd, exact.rstd, unfused_fp8.rstd);
+}
+
+TEST_P(Block, MiddleLayerFp8Forward) {
+  make.c.precision = llama::Precision::fp8;
+  MiddleProblem p(make);
+  const int64_t D = c.hidden, F = c.intermediate;
+  HostTensor x2 = make.output(D), qkv = make.output(c.qkv_width()), x1 = make.output(D);
+  HostTensor z1 = make.output(2 * F), r1 = make.stat(), r2 = make.stat();
+  const auto forward = [&](HostTensor& workspace) {
+    llama::middle_forward(c, p.weights(), {p.x0.view(), p.y0.view(), p.rope.view()},
+                          {x2.view(), qkv.view()}, {x1.view(), z1.view(), r1.view(), r2.view()},
+                          workspace.view());
+    coda::test::sync_views();
+  };
+  if (!fp8_widths_fit(c, llama::Layer::middle))
+    return expect_fp8_refused(make, llama::Layer::middle, forward, {&x2, &qkv, &x1, &z1, &r1, &r2});
+  HostTensor workspace = make.workspace(llama::Layer::middle, llama::Pass::forward);
+  forward(workspace);
+  const auto fwd = [&](ref::Rounding rr) {
+    return ref::middle_forward(ref_config(c), p.textbook(), p.rope.textbook(), p.x0.values(),
+                               p.y0.values(), rr);
+  };
+  const ref::MiddleForward exact = fwd({}), unfused_fp8 = fwd(fp8_rounding(make.dt));
+  expect_rms("outputs.x2", x2, exact.mlp.x2, unfused_fp8.mlp.x2);
+  expect_rms("outputs.qkv", qkv, exact.qkv, unfused_fp8.qkv);
+  expect_rms("saved.x1", x1, exact.mlp.x1, unfused_fp8.mlp.x1);
+  expect_rms("saved.z1", z1, interleave_columns(exact.mlp.gate, exact.mlp.up, M, F),
+             interleave_columns(unfused_fp8.mlp.gate, unfused_fp8.mlp.up, M, F));
+  expect_rms("saved.r1", r1, exact.mlp.rstd1, unfused_fp8.mlp.rstd1);
+  expect_rms("saved.r2", r2, exact.rstd2, unfused_fp8.rstd2);
+}
+
+// The LM head stays 16-bit: the logits' error is the layers' FP8 error carried through it.
+TEST_P(Block, LastLayerFp8Forward) {
+  make.c.precision = llama::Precision::fp8;
+  LastProblem p(make, ref::Reduction::mean);
+  const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
+  HostTensor loss(DType::f32, {1}), logits = make.output(V), x1 = make.output(D);
+  HostTensor z1 = make.output(2 * F), r1 = make.stat(), x2 = make.output(D), r2 = make.stat();
+  HostTensor dlogits = make.output(V), grad_scale(DType::f32, {1}), zeta = make.stat();
+  const auto forward = [&](HostTensor& workspace) {
+    llama::last_forward(c, p.weights(), {p.x0.view(), p.y0.view(), p.targets.view()},
+                        {loss.view(), logits.view()},
+                        {x1.view(), z1.view(), r1.view(), x2.view(), r2.view(), dlogits.view(),
+                         grad_scale.view(), zeta.view()},
+                        workspace.view());
+    coda::test::sync_views();
+  };
+  if (!fp8_widths_fit(c, llama::Layer::last))
+    return expect_fp8_refused(make, llama::Layer::last, forward,
+                              {&loss, &logits, &x1, &z1, &r1, &x2, &r2});
+  HostTensor workspace = make.workspace(llama::Layer::last, llama::Pass::forward);
+  forward(workspace);
+  const auto fwd = [&](ref::Rounding rr) {
+    return ref::last_forward(ref_config(c), p.textbook(), p.x0.values(), p.y0.values(), p.loss, rr);
+  };
+  const ref::Rounding fp8 = fp8_rounding(make.dt);
+  const ref::LastForward exact = fwd({}), unfused_fp8 = fwd(fp8);
+  check_loss(loss, exact, unfused_fp8, p.targets_v, V);
+  expect_rms("outputs.logits", logits, exact.logits, unfused_fp8.logits);
+  expect_rms("saved.x1", x1, exact.mlp.x1, unfused_fp8.mlp.x1);
+  expect_rms("saved.z1", z1, interleave_columns(exact.mlp.gate, exact.mlp.up, M, F),
+             interleave_columns(unfused_fp8.mlp.gate, unfused_fp8.mlp.up, M, F));
+  expect_rms("saved.r1", r1, exact.mlp.rstd1, unfused_fp8.mlp.rstd1);
+  expect_rms("saved.x2", x2, exact.mlp.x2, unfused_fp8.mlp.x2);
+  expect_rms("saved.r2", r2, exact.rstd2, unfused_fp8.rstd2);
+  const LossGradient tg = loss_gradient({}, exact.logits, p, M, V);
+  const LossGradient lg = loss_gradient(fp8, unfused_fp8.logits, p, M, V);
+  expect_rms("saved.dlogits", dlogits, tg.dlogits, lg.dlogits);
 }
 
 } // namespace coda_block_suite

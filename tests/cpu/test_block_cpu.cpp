@@ -484,21 +484,19 @@ TEST_F(BlockArguments, NoTokensIsRejected) {
                   workspace.view());
 }
 
-// Precision::fp8 is the middle layer's forward only, so far: every other call refuses it,
-// naming the alternative (the size query and the call share the check); its workspace holds the
+// Precision::fp8 is the forwards' only, so far: every backward refuses it, naming the
+// alternative (the size query and the call share the check); the forward's workspace holds the
 // quantized operands beside the native one's; a precision that is neither is a bad argument.
-TEST_F(BlockArguments, Fp8IsTheMiddleForwardOnly) {
+TEST_F(BlockArguments, Fp8IsTheForwardsOnly) {
   llama::Config fp8 = make.c;
   fp8.precision = llama::Precision::fp8;
-  const std::pair<llama::Layer, llama::Pass> others[] = {
-      {llama::Layer::first, llama::Pass::forward},
+  const std::pair<llama::Layer, llama::Pass> backwards[] = {
       {llama::Layer::first, llama::Pass::backward},
       {llama::Layer::middle, llama::Pass::backward},
       {llama::Layer::middle, llama::Pass::backward_part1},
       {llama::Layer::middle, llama::Pass::backward_part2},
-      {llama::Layer::last, llama::Pass::forward},
       {llama::Layer::last, llama::Pass::backward}};
-  for (auto [layer, pass] : others) {
+  for (auto [layer, pass] : backwards) {
     try {
       llama::workspace_size(layer, pass, fp8, 16);
       ADD_FAILURE() << "FP8 accepted for layer " << int(layer) << ", pass " << int(pass);
@@ -507,6 +505,9 @@ TEST_F(BlockArguments, Fp8IsTheMiddleForwardOnly) {
       EXPECT_NE(std::string(e.what()).find("Precision::native"), std::string::npos) << e.what();
     }
   }
+  for (llama::Layer layer : {llama::Layer::first, llama::Layer::last})
+    EXPECT_GT(llama::workspace_size(layer, llama::Pass::forward, fp8, 16),
+              llama::workspace_size(layer, llama::Pass::forward, make.c, 16));
   EXPECT_GT(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, fp8, 16),
             llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 16));
   llama::Config bad = make.c;

@@ -942,9 +942,8 @@ void fuzz_size_queries(Call& c) {
         finding("coda_llama_workspace_size: status " + std::to_string(int(s)));
       // The backward's two parts are the middle layer's only.
       const bool part = pass == CODA_LLAMA_BACKWARD_PART1 || pass == CODA_LLAMA_BACKWARD_PART2;
-      // Precision::fp8 is the middle layer's forward only.
-      const bool fp8_elsewhere = config.precision == CODA_LLAMA_FP8 &&
-                                 (layer != CODA_LLAMA_MIDDLE || pass != CODA_LLAMA_FORWARD);
+      // Precision::fp8 is the forwards' only.
+      const bool fp8_elsewhere = config.precision == CODA_LLAMA_FP8 && pass != CODA_LLAMA_FORWARD;
       if (s == CODA_OK &&
           (layer < 0 || layer > 2 || pass < 0 || pass > 3 || (part && layer != CODA_LLAMA_MIDDLE) ||
            fp8_elsewhere ||
@@ -970,12 +969,11 @@ void fuzz_llama(Call& c) {
   cfg.eps = 1e-5f;
   cfg.ignore_index = -1; // targets are drawn from [-1, V)
   cfg.loss_reduction = int32_t(in.byte() % 2);
-  // The middle forward on FP8 operands where its widths allow it (multiples of 16).
+  // A forward on FP8 operands where the widths allow it (multiples of 16).
   const bool fp8_fits = cfg.hidden % 16 == 0 && cfg.intermediate % 16 == 0 &&
                         int64_t(cfg.n_heads) * cfg.head_dim % 16 == 0 &&
                         int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim % 16 == 0;
-  if (layer == CODA_LLAMA_MIDDLE && pass == CODA_LLAMA_FORWARD && fp8_fits && in.byte() % 2)
-    cfg.precision = CODA_LLAMA_FP8;
+  if (pass == CODA_LLAMA_FORWARD && fp8_fits && in.byte() % 2) cfg.precision = CODA_LLAMA_FP8;
   const int64_t m = in.dim(24);
   size_t ws_bytes = 0;
   if (coda_llama_workspace_size(layer, pass, &cfg, m, &ws_bytes) != CODA_OK)

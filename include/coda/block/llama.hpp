@@ -42,10 +42,11 @@ namespace coda::llama {
 //   native: in the activations' 16-bit dtype (bf16 or f16), fp32 accumulation;
 //   fp8:    on E4M3 operands with power-of-two block scales (the activations in 1 x 128 blocks
 //           along K, the weights in 128 x 128 blocks), fp32 accumulation, the outputs and
-//           everything else as native. So far the middle layer's forward only: the other calls
-//           answer not_supported. The weights stay 16-bit; each call quantizes the ones it
-//           reads into its workspace, and each GEMM's activation operand is quantized by a pass
-//           of its own before it (the fused kernels do not emit FP8 yet).
+//           everything else as native; the LM head and the loss stay 16-bit. So far the
+//           forwards only: the backwards answer not_supported. The weights stay 16-bit; each
+//           call quantizes the ones it reads into its workspace, and each GEMM's activation
+//           operand is quantized by a pass of its own before it (the fused kernels do not emit
+//           FP8 yet).
 enum class Precision : int32_t { native = 0, fp8 = 1 };
 
 struct Config {
