@@ -66,16 +66,36 @@ void linear(Rounding r, Layout layout, int64_t M, int64_t N, int64_t K, const do
             const double* B, double* D) {
   if (M <= 0 || N <= 0) return;
   if (r.fp8) {
-    if (layout != Layout::fwd)
-      throw std::invalid_argument("linear: the FP8 recipe is written for the forward layout");
-    // What a quantizer reads: the operands as the policy stores them (fp32 when exact).
-    const auto quantized = [&](const double* x, int64_t rows, int64_t block_rows) {
-      std::vector<float> v(size_t(rows * K));
+    // What a quantizer reads: the operands as the policy stores them (fp32 when exact). `rows` x
+    // `cols` row-major, blocks of block_rows x 128.
+    const auto quantized = [&](const double* x, int64_t rows, int64_t cols, int64_t block_rows) {
+      std::vector<float> v(size_t(rows * cols));
       for (size_t i = 0; i < v.size(); ++i) v[i] = float(r(x[i]));
-      return dequantize_fp8_blocks(quantize_fp8_blocks(v, rows, K, block_rows), rows, K,
+      return dequantize_fp8_blocks(quantize_fp8_blocks(v, rows, cols, block_rows), rows, cols,
                                    block_rows);
     };
-    const std::vector<double> a = quantized(A, M, 1), b = quantized(B, N, kFp8ScaleBlock);
+    // A [rows, cols] matrix blocked along its rows (1 x 128 blocks of its transpose).
+    const auto quantized_by_columns = [&](const double* x, int64_t rows, int64_t cols) {
+      std::vector<double> t(size_t(rows * cols));
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = x[i * cols + j];
+      const std::vector<double> q = quantized(t.data(), cols, rows, 1);
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) t[size_t(i * cols + j)] = q[size_t(j * rows + i)];
+      return t;
+    };
+    std::vector<double> a, b;
+    switch (layout) {
+    case Layout::fwd: // A [M, K] by rows, the weight B [N, K] in 128 x 128 blocks
+      a = quantized(A, M, K, 1), b = quantized(B, N, K, kFp8ScaleBlock);
+      break;
+    case Layout::dgrad: // dY [M, K] by rows, the weight [K, N] in the same 128 x 128 blocks
+      a = quantized(A, M, K, 1), b = quantized(B, K, N, kFp8ScaleBlock);
+      break;
+    case Layout::wgrad: // dY [K, M] and X [K, N], both blocked along the tokens K
+      a = quantized_by_columns(A, K, M), b = quantized_by_columns(B, K, N);
+      break;
+    }
     Rounding product = r;
     product.fp8 = false;
     linear(product, layout, M, N, K, a.data(), b.data(), D);

@@ -28,9 +28,10 @@ namespace coda::ref {
 // Where and how an op rounds its outputs.
 struct Rounding {
   enum class Kind { none, bf16, f16, f32 } kind = Kind::none;
-  // The FP8 recipe (docs/fp8.md): linear() quantizes its operands before the product, A in
-  // 1 x 128 blocks along K, the weight in 128 x 128 blocks (the forward layout only), each value
-  // first rounded as above. The product and everything else round as `kind` says.
+  // The FP8 recipe (docs/fp8.md): linear() quantizes its operands before the product, each
+  // value first rounded as above: activations and gradients in 1 x 128 blocks along the GEMM's
+  // reduction (K), weights in 128 x 128 blocks. The product and everything else round as `kind`
+  // says.
   bool fp8 = false;
 
   // A tensor output: rounded exactly like coda::round_to<T>(float(x)), i.e. first to fp32
@@ -57,8 +58,9 @@ void scale(Rounding r, int64_t n, double alpha, const double* a, double* out);
 // D = op(A) op(B) in the given layout (reference/gemm.hpp). Exact: fp64 GEMM. Otherwise the
 // inputs are rounded to the policy's type (a no-op when they are already representable), the
 // product is accumulated in fp32, and D is rounded. With r.fp8 the operands are first replaced
-// by the values their block-scaled E4M3 codes stand for (reference/fp8.hpp); only the forward
-// layout has that recipe here (std::invalid_argument otherwise). D must not overlap A or B.
+// by the values their block-scaled E4M3 codes stand for (reference/fp8.hpp): fwd A by rows and
+// the weight B [N, K] in 128 x 128 blocks; dgrad dY by rows and the weight [K, N] in the same
+// blocks; wgrad both operands [K, .] by columns, 128 tokens a block. D must not overlap A or B.
 void linear(Rounding r, Layout layout, int64_t M, int64_t N, int64_t K, const double* A,
             const double* B, double* D);
 

@@ -15,6 +15,7 @@
 
 #include "reference/ops.hpp"
 #include "tests/common/check.hpp"
+#include "tests/common/fp8_case.hpp"
 
 namespace {
 
@@ -143,6 +144,76 @@ TEST(ReferenceOps, AddScaleAndLinearRoundTheirOutputs) {
   coda::ref::linear(kExact, coda::ref::Layout::dgrad, M, N, K, a.data(), b.data(), d.data());
   coda::ref::gemm(coda::ref::Layout::dgrad, M, N, K, a.data(), b.data(), expect.data());
   EXPECT_EQ(d, expect);
+}
+
+// The FP8 recipe of linear() (Rounding::fp8) in the three layouts: dgrad reads the weight in the
+// forward's 128 x 128 blocks (so it is the forward on the transposed weight), and wgrad quantizes
+// both operands along the tokens, 128 a block per column, checked against the E4M3 format's own
+// statement (tests/common/fp8_case.hpp).
+TEST(ReferenceOps, Fp8LinearQuantizesAlongTheReduction) {
+  uint64_t seed = coda::test::test_seed() + 7;
+  const int64_t M = 130, N = 136, K = 260; // ragged blocks along every dimension
+  // Magnitudes change by powers of two from row to row and from column block to column block, so
+  // blocks along the rows and along the columns take different scales.
+  const auto blocky = [&](int64_t rows, int64_t cols) {
+    Vec v = random_doubles(size_t(rows * cols), seed++);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        v[size_t(i * cols + j)] = std::ldexp(v[size_t(i * cols + j)], int((i + j / 128) % 5) - 2);
+    return v;
+  };
+  const auto transposed = [](const Vec& x, int64_t rows, int64_t cols) {
+    Vec t(x.size());
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) t[size_t(j * rows + i)] = x[size_t(i * cols + j)];
+    return t;
+  };
+  Rounding fp8;
+  fp8.fp8 = true;
+  const auto close = [](const Vec& got, const Vec& want, const char* what) {
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-12 * (1 + std::fabs(want[i]))) << what << " at " << i;
+  };
+
+  const Vec a = blocky(M, K), w = blocky(N, K);
+  Vec fwd(size_t(M * N), NAN), dgrad(size_t(M * N), NAN), plain(size_t(M * N), NAN);
+  coda::ref::linear(fp8, coda::ref::Layout::fwd, M, N, K, a.data(), w.data(), fwd.data());
+  const Vec w_t = transposed(w, N, K);
+  coda::ref::linear(fp8, coda::ref::Layout::dgrad, M, N, K, a.data(), w_t.data(), dgrad.data());
+  close(dgrad, fwd, "dgrad against the forward");
+  coda::ref::linear(kExact, coda::ref::Layout::fwd, M, N, K, a.data(), w.data(), plain.data());
+  double moved = 0; // quantization did happen
+  for (size_t i = 0; i < plain.size(); ++i) moved = std::max(moved, std::fabs(plain[i] - fwd[i]));
+  EXPECT_GT(moved, 1e-4);
+
+  // wgrad: D [M, N] = dYᵀ X over K tokens, dY [K, M] and X [K, N].
+  const Vec dy = blocky(K, M), x = blocky(K, N);
+  Vec wgrad(size_t(M * N), NAN);
+  coda::ref::linear(fp8, coda::ref::Layout::wgrad, M, N, K, dy.data(), x.data(), wgrad.data());
+  // Column j of a [K, cols] matrix, quantized 128 tokens a block by the format's definition.
+  const auto column_values = [&](const Vec& v, int64_t cols) {
+    Vec q(v.size());
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t k0 = 0; k0 < K; k0 += 128) {
+        const int64_t n = std::min<int64_t>(128, K - k0);
+        std::vector<float> block(static_cast<size_t>(n));
+        for (int64_t k = 0; k < n; ++k) block[size_t(k)] = float(v[size_t((k0 + k) * cols + j)]);
+        const int e = coda::test::e4m3_block_exponent(block.data(), n);
+        for (int64_t k = 0; k < n; ++k)
+          q[size_t((k0 + k) * cols + j)] =
+              std::ldexp(coda::test::e4m3_grid_value(coda::test::e4m3_nearest_code(
+                             float(std::ldexp(double(block[size_t(k)]), -e)))),
+                         e);
+      }
+    return q;
+  };
+  const Vec qdy = column_values(dy, M), qx = column_values(x, N);
+  Vec want(size_t(M * N), 0.0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k)
+        want[size_t(m * N + n)] += qdy[size_t(k * M + m)] * qx[size_t(k * N + n)];
+  close(wgrad, want, "wgrad against the format's quantization");
 }
 
 // ---- RMSNorm
