@@ -119,10 +119,15 @@ CODA_HD uint8_t e8m0_bits_of_exponent(int k) {
   return k >= kNoScale ? kE8m0NanBits : uint8_t(k + 127);
 }
 
-// The byte's value as fp32: exact (byte 0, 2^-127, is an fp32 subnormal).
+// The byte's value as fp32: exact (byte 0, 2^-127, is an fp32 subnormal). b << 23 is the value's
+// exponent field for bytes 1..254; bytes 0 and 0xFF also set bit 22, which makes byte 0 the
+// subnormal 2^-127 (0x00400000) and 0xFF, whose exponent field is all ones, the quiet NaN
+// 0x7fc00000. No branch: the FP8 consumers convert their scales every k-block, and the form with
+// two branches compiled to divergent regions there (ncu, 2026-12-06: three BSSY/BSYNC pairs per
+// k-block in the staged FP8 tile's consumers).
 CODA_HD float e8m0_bits_to_float(uint8_t b) {
-  if (b == kE8m0NanBits) return bits_float(0x7fc00000u);
-  return b == 0 ? bits_float(0x00400000u) : bits_float(uint32_t(b) << 23);
+  const uint32_t edge = uint8_t(b + 1) < 2 ? 0x00400000u : 0u; // b == 0 or b == 0xFF
+  return bits_float((uint32_t(b) << 23) | edge);
 }
 
 // The storage type of a scale, as e4m3 is of a value.
