@@ -32,16 +32,13 @@
 // "coda_tile192_one_partial_ms" the 128 x 192 tile with one partial (docs/fp8.md, "The 128 x 192
 // tile"), "coda_staged_ms" the 128 x 128 tile's consumers on the staged schedule (the epilogue in
 // a fourth warpgroup, under the next tile's MMAs; sm90::Fp8Tile::n128_staged),
-// "coda_staged_one_partial_ms" the staged tile with one partial (the fused kernels' staged FP8
-// consumers, their floor), "coda_staged_ordered_ms" the same with the consumer warpgroups'
-// batches issued in turns (docs/fp8.md, "The ordered issue"), "coda_tile192_ordered_ms" the
-// 128 x 192 tile with one partial issued in turns and "coda_tile192_staged_ordered_ms" that on
-// the staged schedule. Each of those Ds must equal the 128 x 128
-// one bit for bit (the same promotions in the same order, rounded once to bf16): a case where it
-// does not is printed as a TILE MISMATCH with its count of differing elements, and its column is
-// null where the difference exceeds kAgreeTolerance (another product, not a timing of this one).
-// The tile gemm_fp8 itself runs (its heuristic, sm90::choose_fp8_tile) is printed per case, and
-// "coda_ms" is that tile's time: what a call of gemm_fp8 costs.
+// and "coda_staged_one_partial_ms" the staged tile with one partial (the fused kernels' staged
+// FP8 consumers, their floor). Each of those Ds must equal the 128 x 128 one bit for bit (the same
+// promotions in the same order, rounded once to bf16): a case where it does not is printed as a
+// TILE MISMATCH with its count of differing elements, and its column is null where the difference
+// exceeds kAgreeTolerance (another product, not a timing of this one). The tile gemm_fp8 itself
+// runs (its heuristic, sm90::choose_fp8_tile) is printed per case, and "coda_ms" is that tile's
+// time: what a call of gemm_fp8 costs.
 //
 // Prints a table (TFLOP/s = 2 M N K / t of each side; cublas_blockscaled_ms / coda_ms and
 // cublas_bf16_ms / coda_ms, above 1 where coda is faster; coda_tile128_ms / coda_tile192_ms,
@@ -52,10 +49,9 @@
 //    "scaling", "coda_ms", "cublas_ms"}] (issue 13's schema: gemm_fp8's default tile against
 //    cuBLASLt's block-scaled GEMM on the same scales), "cases": [{"name", "layout", "m",
 //    "n", "k", "coda_ms", "coda_tile128_ms", "coda_tile192_ms", "coda_tile192_one_partial_ms",
-//    "coda_staged_ms", "coda_staged_one_partial_ms", "coda_staged_ordered_ms",
-//    "coda_tile192_ordered_ms", "coda_tile192_staged_ordered_ms",
-//    "cublas_blockscaled_ms", "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms",
-//    "coda_wgrad_blocks_ms", "agree", "max_rel_err", "scale_layout"}]}
+//    "coda_staged_ms", "coda_staged_one_partial_ms", "cublas_blockscaled_ms",
+//    "cublas_tensorwise_ms", "cublas_bf16_ms", "coda_wgrad_form_ms", "coda_wgrad_blocks_ms",
+//    "agree", "max_rel_err", "scale_layout"}]}
 // ("layout": the bf16 GEMM the shape comes from; the FP8 GEMM is D = A Bᵀ for every case;
 // "coda_wgrad_form_ms": coda on the same shape in the weight gradient's form, B scaled by rows
 // and an f32 D added into, the cost of its per-column promotion and fp32 read-modify-write;
@@ -301,11 +297,8 @@ struct Result {
   // coda on each tile, and which one gemm_fp8 picks (coda_ms is that one's time).
   double tile128_ms = NAN, tile192_ms = NAN, tile192_one_partial_ms = NAN;
   double staged_ms = NAN; // the 128 x 128 tile on the staged schedule
-  // The staged tile with one partial (the fused kernels' staged FP8 consumers: their floor),
-  // and the same with the consumer warpgroups' batches issued in turns.
-  double staged_one_partial_ms = NAN, staged_ordered_ms = NAN;
-  double tile192_ordered_ms = NAN;        // the 128 x 192 tile, one partial, issued in turns
-  double tile192_staged_ordered_ms = NAN; // the same on the staged schedule
+  // The staged tile with one partial (the fused kernels' staged FP8 consumers: their floor).
+  double staged_one_partial_ms = NAN;
   coda::sm90::Fp8Tile picked = coda::sm90::Fp8Tile::n128;
   bool tiles_bitwise = true; // the 192-column and staged Ds equal the 128 x 128 one bit for bit
   // coda in the weight gradient's form on the same shape: B scaled by rows, an f32 D added into.
@@ -327,10 +320,7 @@ const OtherTile kOtherTiles[] = {
     {coda::sm90::Fp8Tile::n192, &Result::tile192_ms},
     {coda::sm90::Fp8Tile::n192_one_partial, &Result::tile192_one_partial_ms},
     {coda::sm90::Fp8Tile::n128_staged, &Result::staged_ms},
-    {coda::sm90::Fp8Tile::n128_staged_one_partial, &Result::staged_one_partial_ms},
-    {coda::sm90::Fp8Tile::n128_staged_one_partial_ordered, &Result::staged_ordered_ms},
-    {coda::sm90::Fp8Tile::n192_one_partial_ordered, &Result::tile192_ordered_ms},
-    {coda::sm90::Fp8Tile::n192_staged_one_partial_ordered, &Result::tile192_staged_ordered_ms}};
+    {coda::sm90::Fp8Tile::n128_staged_one_partial, &Result::staged_one_partial_ms}};
 constexpr size_t kOtherTileCount = std::size(kOtherTiles);
 
 std::vector<bench::GemmCase> bench_cases() {
@@ -607,14 +597,14 @@ int main(int argc, char** argv) {
         std::snprintf(text, sizeof(text), "-");
       return std::string(text);
     };
-    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s %8s  %-16s  "
+    std::printf("\n%-22s %6s %6s %6s  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s  %-16s  "
                 "%9s  %s\n",
                 "case", "M", "N", "K", "coda TF/s", "192 TF/s", "blockwise", "tensor", "bf16",
-                "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "1p/stg", "1po/stg",
-                "pick", "rel err", "scale layout");
+                "block/coda", "bf16/coda", "128/192", "128/192a", "128/stg", "1p/stg", "pick",
+                "rel err", "scale layout");
     for (const Result& r : results)
       std::printf(
-          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s %8s  %-16s  %9s  "
+          "%-22s %6lld %6lld %6lld  %9s %9s %9s %9s %9s  %10s %9s %8s %8s %8s %8s  %-16s  %9s  "
           "%s\n",
           r.c.name.c_str(), (long long)r.c.m, (long long)r.c.n, (long long)r.c.k,
           cell(tflops(r.c, r.coda_ms), "%.1f").c_str(),
@@ -627,14 +617,13 @@ int main(int argc, char** argv) {
           cell(r.tile128_ms / r.tile192_one_partial_ms, "%.3f").c_str(),
           cell(r.tile128_ms / r.staged_ms, "%.3f").c_str(),
           cell(r.staged_one_partial_ms / r.staged_ms, "%.3f").c_str(),
-          cell(r.staged_ordered_ms / r.staged_ms, "%.3f").c_str(),
           coda::sm90::fp8_tile_name(r.picked), cell(r.max_rel_err, "%.2e").c_str(),
           r.agree ? r.scale_layout.c_str() : "MISMATCH");
     std::printf("(128/192: coda_tile128_ms / coda_tile192_ms; 128/192a: coda_tile128_ms / "
                 "coda_tile192_one_partial_ms; 128/stg: coda_tile128_ms / coda_staged_ms; 1p/stg: "
-                "coda_staged_one_partial_ms / coda_staged_ms; 1po/stg: coda_staged_ordered_ms / "
-                "coda_staged_ms (above 1: slower than the two partials); pick: gemm_fp8's tile, "
-                "whose time coda TF/s and the ratios over coda are)\n");
+                "coda_staged_one_partial_ms / coda_staged_ms (above 1: slower than the two "
+                "partials); pick: gemm_fp8's tile, whose time coda TF/s and the ratios over coda "
+                "are)\n");
     // Geometric means over the block GEMMs (not the squares) of num / den where both are timed.
     const auto geomean = [&](auto num, auto den, const char* what) {
       double log_sum = 0, worst = INFINITY;
@@ -674,19 +663,6 @@ int main(int argc, char** argv) {
             "cublas_blockscaled_ms/coda_staged_ms");
     geomean(field(&Result::staged_one_partial_ms), field(&Result::staged_ms),
             "coda_staged_one_partial_ms/coda_staged_ms");
-    geomean(field(&Result::staged_ordered_ms), field(&Result::staged_ms),
-            "coda_staged_ordered_ms/coda_staged_ms");
-    geomean(field(&Result::staged_one_partial_ms), field(&Result::staged_ordered_ms),
-            "coda_staged_one_partial_ms/coda_staged_ordered_ms");
-    geomean(tile128, field(&Result::tile192_ordered_ms), "coda_tile128_ms/coda_tile192_ordered_ms");
-    geomean(field(&Result::tile192_one_partial_ms), field(&Result::tile192_ordered_ms),
-            "coda_tile192_one_partial_ms/coda_tile192_ordered_ms");
-    geomean(field(&Result::staged_ms), field(&Result::tile192_ordered_ms),
-            "coda_staged_ms/coda_tile192_ordered_ms");
-    geomean(field(&Result::staged_ms), field(&Result::tile192_staged_ordered_ms),
-            "coda_staged_ms/coda_tile192_staged_ordered_ms");
-    geomean(field(&Result::block_ms), field(&Result::tile192_staged_ordered_ms),
-            "cublas_blockscaled_ms/coda_tile192_staged_ordered_ms");
     int tile_mismatches = 0;
     for (const Result& r : results) tile_mismatches += !r.tiles_bitwise;
     if (tile_mismatches > 0)
@@ -721,9 +697,7 @@ int main(int argc, char** argv) {
           "    {\"name\": \"%s\", \"layout\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": "
           "%lld, \"coda_ms\": %s, \"coda_tile128_ms\": %s, \"coda_tile192_ms\": %s, "
           "\"coda_tile192_one_partial_ms\": %s, \"coda_staged_ms\": %s, "
-          "\"coda_staged_one_partial_ms\": %s, \"coda_staged_ordered_ms\": %s, "
-          "\"coda_tile192_ordered_ms\": %s, \"coda_tile192_staged_ordered_ms\": %s, "
-          "\"cublas_blockscaled_ms\": %s, "
+          "\"coda_staged_one_partial_ms\": %s, \"cublas_blockscaled_ms\": %s, "
           "\"cublas_tensorwise_ms\": %s, \"cublas_bf16_ms\": %s, "
           "\"coda_wgrad_form_ms\": %s, \"coda_wgrad_blocks_ms\": %s, \"agree\": %s, "
           "\"max_rel_err\": %s, \"scale_layout\": %s}%s\n",
@@ -733,9 +707,6 @@ int main(int argc, char** argv) {
           json_number(r.tile192_one_partial_ms, "%.5f").c_str(),
           json_number(r.staged_ms, "%.5f").c_str(),
           json_number(r.staged_one_partial_ms, "%.5f").c_str(),
-          json_number(r.staged_ordered_ms, "%.5f").c_str(),
-          json_number(r.tile192_ordered_ms, "%.5f").c_str(),
-          json_number(r.tile192_staged_ordered_ms, "%.5f").c_str(),
           json_number(r.block_ms, "%.5f").c_str(), json_number(r.tensor_ms, "%.5f").c_str(),
           json_number(r.bf16_ms, "%.5f").c_str(), json_number(r.coda_wgrad_form_ms, "%.5f").c_str(),
           json_number(r.coda_wgrad_blocks_ms, "%.5f").c_str(), r.agree ? "true" : "false",

@@ -186,9 +186,7 @@ void expect_refused(Fp8GemmCase& c, Fp8Tile tile) {
 class GpuFp8GemmTile192 : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmTile192, MatchesTheReferenceTheCpuBackendAndThe128Tile) {
   CODA_REQUIRE_SM90();
-  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered,
-                       Fp8Tile::n192_staged_one_partial_ordered})
-    check_shape(GetParam(), {}, tile);
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) check_shape(GetParam(), {}, tile);
 }
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuFp8GemmTile192, testing::ValuesIn(kTile192Shapes),
                          [](const testing::TestParamInfo<Shape>& info) {
@@ -207,27 +205,21 @@ TEST(GpuFp8GemmTile192, OtherFormsAndBByRows) {
     for (const Shape& s : {Shape{127, 264, 1024}, Shape{300, 584, 528}})
       check_shape(s, o, Fp8Tile::n192);
     check_shape({127, 264, 1024}, o, Fp8Tile::n192_one_partial);
-    check_shape({127, 264, 1024}, o, Fp8Tile::n192_one_partial_ordered);
   }
 
   Seeds seeds;
   Fp8GemmCase c(129, 264, 256, seeds, {Fp8BScaling::rows, DType::bf16, false});
-  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial, Fp8Tile::n192_one_partial_ordered})
-    expect_refused(c, tile);
+  for (Fp8Tile tile : {Fp8Tile::n192, Fp8Tile::n192_one_partial}) expect_refused(c, tile);
   for (double v : c.d.values()) ASSERT_TRUE(std::isnan(v)) << "d was written";
 }
 
 // The 128 x 128 tile's consumers on the staged schedule (sm90::Fp8Tile::n128_staged): each
 // rounds its 64 x 128 to bf16 into the staged tile and a fourth warpgroup stores it, so D must be
 // the cooperative kernel's bit for bit (check_shape); M and N ragged against the tile, K from one
-// short block to many, more tiles than a wave (kShapes). The same for the study kernels with one
-// partial (the fused kernels' staged FP8 consumers), with and without the ordered issue, and the
-// 128 x 192 one on the staged schedule: the same promotions in the same order, so the same bits;
-// the ordered issue's barriers over one k-block (K 16, 128) and many, and over several tiles per
-// CTA. (The 192-column one meets the B scale blocks' boundaries in kTile192Shapes too.)
-const Fp8Tile kStagedTiles[] = {Fp8Tile::n128_staged, Fp8Tile::n128_staged_one_partial,
-                                Fp8Tile::n128_staged_one_partial_ordered,
-                                Fp8Tile::n192_staged_one_partial_ordered};
+// short block to many, more tiles than a wave (kShapes). The same for the study kernel with one
+// partial (the fused kernels' staged FP8 consumers): the same promotions in the same order, so
+// the same bits.
+const Fp8Tile kStagedTiles[] = {Fp8Tile::n128_staged, Fp8Tile::n128_staged_one_partial};
 class GpuFp8GemmStaged : public testing::TestWithParam<Shape> {};
 TEST_P(GpuFp8GemmStaged, MatchesTheReferenceTheCpuBackendAndTheCooperativeKernel) {
   CODA_REQUIRE_SM90();
@@ -377,12 +369,11 @@ TEST(GpuFp8GemmSmallForSanitizer, Tile192RaggedTiles) {
   check_shape({257, 264, 400}, {}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {Fp8BScaling::blocks, DType::f32, true}, Fp8Tile::n192);
   check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial);
-  check_shape({257, 264, 400}, {}, Fp8Tile::n192_one_partial_ordered);
 }
 
 // The staged 128 x 128 kernel (three tiles along N, two along M, the last ragged in both): its
 // hand-over through the staged tile and the fourth warpgroup's stores under the sanitizers.
-// The study kernels with one partial too (the ordered issue's barriers under synccheck).
+// The study kernel with one partial too.
 TEST(GpuFp8GemmSmallForSanitizer, StagedRaggedTiles) {
   CODA_REQUIRE_SM90();
   for (Fp8Tile tile : kStagedTiles) {

@@ -53,8 +53,6 @@ enum class NamedBarrier : uint32_t {
   stream_k_warpgroup1 = 6,
   staged_consumer0 = 7, // the staged schedule's consumers, running the ops before the Stage
   staged_consumer1 = 8,
-  fp8_issue_turn0 = 9, // the FP8 mainloop's ordered issue (one partial): whose batch is next
-  fp8_issue_turn1 = 10,
 };
 
 // The warpgroup index the staged schedule's epilogue warpgroup passes to the Epilogue (the

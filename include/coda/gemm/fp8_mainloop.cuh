@@ -42,7 +42,7 @@
 
 namespace coda::sm90 {
 
-template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion, bool kOrderedIssue>
+template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion>
 struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   using Base = Mainloop<Config, GemmLayout::fwd, false>;
   using typename Base::Accum;
@@ -66,8 +66,6 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   static constexpr int kPartials = kOverlapPromotion && !kBRows ? 2 : 1;
   static constexpr bool kHalves = kPartials == 2 && kTileN == 192;
   using Partial = Accumulator<Config::kMmaBlocksM, kHalves ? kTileN / 2 : kTileN>;
-  static_assert(!kOrderedIssue || kPartials == 1,
-                "the ordered issue is the one-partial loop's (IssueTurn)");
   static_assert(Config::kAccumulatorsPerThread +
                         kPartials * Partial::kBlocks * Partial::kRegsPerBlock <=
                     192,
@@ -293,42 +291,6 @@ private:
     }
   }
 
-  // The ordered issue (kOrderedIssue; one partial): the tile's two consumer warpgroups issue
-  // their k-block batches in strict turns, warpgroup 0's batch of k-block kb, then warpgroup 1's,
-  // then warpgroup 0's of kb + 1, and so on. Why: with one partial a warpgroup waits for its own
-  // batch to retire before it promotes and issues the next, and the two warpgroups run in step
-  // (they wait on the same stage), so their batches share the tensor cores and retire together,
-  // and both promotions then run with the tensor cores idle. Issued in turns, if each SM
-  // sub-partition's tensor core runs its warps' wgmmas in issue order, warpgroup 0's batch
-  // retires half a k-block before warpgroup 1's, and each warpgroup promotes while the other's
-  // batch runs (the two partials' overlap, across warpgroups instead of within one).
-  // Two named barriers of both warpgroups (256 threads), one per warpgroup's turn: a warpgroup
-  // waits on its own (bar.sync) before it issues, and arrives on the other's (bar.arrive) after
-  // it committed. Warpgroup 0 issues its first k-block of a tile without waiting and waits once
-  // more after its last promotion (for warpgroup 1's last issue), so within every tile each
-  // barrier gets as many waits as arrivals, and no warpgroup can arrive twice on a barrier
-  // before the other waited on it (each arrival follows the wait that consumed the previous
-  // one): no arrival is left over at a tile's end or the kernel's.
-  // PTX ISA, "Parallel Synchronization and Communication Instructions: bar, barrier".
-  class IssueTurn {
-  public:
-    __device__ IssueTurn() : consumer_(uint32_t(threadIdx.x) / arch::kWarpgroupSize - 1) {}
-    __device__ void wait(bool tile_first) const {
-      if (consumer_ == 1 || !tile_first) arch::named_barrier_sync(id(consumer_), kThreads);
-    }
-    __device__ void pass() const { arch::named_barrier_arrive(id(1 - consumer_), kThreads); }
-    __device__ void end_tile() const {
-      if (consumer_ == 0) arch::named_barrier_sync(id(0), kThreads);
-    }
-
-  private:
-    static constexpr uint32_t kThreads = 2 * arch::kWarpgroupSize;
-    __device__ static uint32_t id(uint32_t consumer) {
-      return uint32_t(NamedBarrier::fp8_issue_turn0) + consumer;
-    }
-    uint32_t consumer_; // 0 or 1: which consumer warpgroup this thread is in
-  };
-
   // Full-width partials: one, or two in turn (mma_tile).
   template <class WhileMma>
   __device__ static void mma_full(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
@@ -336,14 +298,11 @@ private:
                                   int32_t k_end, uint32_t lane, int thread, WhileMma& while_mma) {
     Partial partial[kPartials]; // the tensor cores' sums over one k-block each, in turn
     State previous = st;        // the stage of the k-block in flight
-    [[maybe_unused]] const IssueTurn turn;
     const auto issue = [&](int32_t kb, Partial& into) {
       pipe.consumer_wait(st);
-      if constexpr (kOrderedIssue) turn.wait(kb == k_begin);
       arch::wgmma_fence(); // the promotion read `into` two k-blocks ago with ordinary instructions
       mma_stage<0>(smem, st.index, into, first_block);
       arch::wgmma_commit_group();
-      if constexpr (kOrderedIssue) turn.pass();
       while_mma(kb - k_begin);
     };
     // k-block kb, the one before the k-block just issued, retired once at most `kInFlight`
@@ -370,7 +329,6 @@ private:
         promote(None{}, kb, partial[0]);
         st.advance();
       }
-      if constexpr (kOrderedIssue) turn.end_tile();
     } else {
       issue(k_begin, partial[0]);
       previous = st;

@@ -172,15 +172,11 @@ inline Schedule fused_schedule(FusedKernel kernel, int32_t head_dim = 0,
 //                     shared memory and start the next one while a fourth warpgroup stores it,
 //                     so the epilogue runs under the next tile's MMAs. A bf16 D, not accumulated
 //                     into.
-//   n128_staged_one_partial:         n128_staged with one partial, the consumers the fused
-//                     kernels' staged FP8 tile runs (Fp8StagedShape: its register split, one
-//                     partial): their floor, a study kernel;
-//   n128_staged_one_partial_ordered: the same with the consumer warpgroups' batches issued in
-//                     turns (Fp8Mainloop's IssueTurn), a study kernel;
-//   n192_one_partial_ordered: n192_one_partial with the batches issued in turns, a study kernel
-//                     (does the turn-taking remove the one partial's lockstep bubbles there?);
-//   n192_staged_one_partial_ordered: that kernel's consumers on the staged schedule (the
-//                     two-partial staged split: 232 registers hold 96 + 96), a study kernel.
+//   n128_staged_one_partial: n128_staged with one partial, the consumers the fused kernels'
+//                     staged FP8 tile runs (Fp8StagedShape: its register split, one partial):
+//                     their floor, a study kernel (1.06x n128_staged's time, H100, b2551aa).
+// (Three more study tiles issued the one-partial consumers' batches in turns, at 128 and 192
+// columns: measured slower and removed; docs/fp8.md, "The ordered issue".)
 // The 192-column tiles take B scaled by blocks only (by rows the mainloop holds one partial and
 // the by-columns promotion's shuffles; not compiled at 192), and so do the staged ones.
 enum class Fp8Tile : int32_t {
@@ -189,22 +185,15 @@ enum class Fp8Tile : int32_t {
   n192 = 2,
   n192_one_partial = 3,
   n128_staged = 4,
-  n128_staged_one_partial = 5,
-  n128_staged_one_partial_ordered = 6,
-  n192_one_partial_ordered = 7,
-  n192_staged_one_partial_ordered = 8
+  n128_staged_one_partial = 5
 };
 constexpr const char* fp8_tile_name(Fp8Tile t) {
-  return name_of(t,
-                 {{Fp8Tile::automatic, "automatic"},
-                  {Fp8Tile::n128, "n128"},
-                  {Fp8Tile::n192, "n192"},
-                  {Fp8Tile::n192_one_partial, "n192_one_partial"},
-                  {Fp8Tile::n128_staged, "n128_staged"},
-                  {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"},
-                  {Fp8Tile::n128_staged_one_partial_ordered, "n128_staged_one_partial_ordered"},
-                  {Fp8Tile::n192_one_partial_ordered, "n192_one_partial_ordered"},
-                  {Fp8Tile::n192_staged_one_partial_ordered, "n192_staged_one_partial_ordered"}});
+  return name_of(t, {{Fp8Tile::automatic, "automatic"},
+                     {Fp8Tile::n128, "n128"},
+                     {Fp8Tile::n192, "n192"},
+                     {Fp8Tile::n192_one_partial, "n192_one_partial"},
+                     {Fp8Tile::n128_staged, "n128_staged"},
+                     {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"}});
 }
 
 // The tile gpu::gemm_fp8 runs when not told: 128 x 128, on the staged schedule wherever it

@@ -237,9 +237,7 @@ private:
 };
 
 // The block-scaled FP8 mainloop (fp8_mainloop.cuh; included where it is instantiated).
-template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion = true,
-          bool kOrderedIssue = false>
-struct Fp8Mainloop;
+template <class Config, Fp8BScaling kBScaling, bool kOverlapPromotion = true> struct Fp8Mainloop;
 
 // The mainloop of a GEMM over operands of type InT (for e4m3, with B scaled by 128 x 128 blocks).
 // NOTE: the fused kernels' FP8 mainloop promotes each k-block before issuing the next: the ops'

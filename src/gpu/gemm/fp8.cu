@@ -39,18 +39,15 @@ template <class Kernel, class OutT> void run(const Fp8GemmArgs& args, Stream str
   launch<Kernel>(args, epilogue, stream);
 }
 
-// A staged kernel of kTileN columns: a bf16 D, not accumulated into (gemm_fp8_with_tile checked
-// both).
-template <class Kernel, int kTileN = 128> void run_staged(const Fp8GemmArgs& args, Stream stream) {
-  typename fp8::staged::Epilogue<kTileN>::Params epilogue{};
-  epilogue::device::get<1>(epilogue) = fp8::staged::Store<kTileN>::params("d", args.d);
+// A staged kernel: a bf16 D, not accumulated into (gemm_fp8_with_tile checked both).
+template <class Kernel> void run_staged(const Fp8GemmArgs& args, Stream stream) {
+  typename fp8::staged::Epilogue::Params epilogue{};
+  epilogue::device::get<1>(epilogue) = fp8::staged::Store::params("d", args.d);
   launch<Kernel>(args, epilogue, stream);
 }
 
 bool is_staged(sm90::Fp8Tile tile) {
-  return tile == sm90::Fp8Tile::n128_staged || tile == sm90::Fp8Tile::n128_staged_one_partial ||
-         tile == sm90::Fp8Tile::n128_staged_one_partial_ordered ||
-         tile == sm90::Fp8Tile::n192_staged_one_partial_ordered;
+  return tile == sm90::Fp8Tile::n128_staged || tile == sm90::Fp8Tile::n128_staged_one_partial;
 }
 
 // Where the staged tile applies: its staged tile holds the result rounded to bf16, so the call's
@@ -66,17 +63,11 @@ template <class OutT> void run_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile,
   case sm90::Fp8Tile::n128_staged:
     return run_staged<fp8::staged::Kernel>(args, stream);
   case sm90::Fp8Tile::n128_staged_one_partial:
-    return run_staged<fp8::staged::KernelWith<128, 1, false, false>>(args, stream);
-  case sm90::Fp8Tile::n128_staged_one_partial_ordered:
-    return run_staged<fp8::staged::KernelWith<128, 1, false, true>>(args, stream);
-  case sm90::Fp8Tile::n192_staged_one_partial_ordered:
-    return run_staged<fp8::staged::KernelWith<192, 2, false, true>, 192>(args, stream);
+    return run_staged<fp8::staged::KernelWith<1>>(args, stream);
   case sm90::Fp8Tile::n192:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192>, OutT>(args, stream);
   case sm90::Fp8Tile::n192_one_partial:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192, false>, OutT>(args, stream);
-  case sm90::Fp8Tile::n192_one_partial_ordered:
-    return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 192, false, true>, OutT>(args, stream);
   default:
     return run<fp8::Kernel<Fp8BScaling::blocks, OutT, 128>, OutT>(args, stream);
   }

@@ -39,54 +39,43 @@ using Config = sm90::GemmConfig<128, kTileN, kStages<OutT, kTileN>, 2, sm90::Sch
                                 /*kOperandBytes=*/1>;
 // kOverlapPromotion: the blocks form's promotion overlaps the next batch of wgmmas (128 columns:
 // two full-width partials; 192: the halves' partials); without it, one partial (the
-// n192_one_partial study kernel; kOrdered: its batches issued in turns, n192_one_partial_ordered).
-// By rows the mainloop always takes one partial.
-template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapPromotion = true,
-          bool kOrdered = false>
-using Kernel = sm90::GemmKernel<
-    Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
-    sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion, kOrdered>>;
+// n192_one_partial study kernel). By rows the mainloop always takes one partial.
+template <Fp8BScaling kBScaling, class OutT, int kTileN = 128, bool kOverlapPromotion = true>
+using Kernel =
+    sm90::GemmKernel<Config<OutT, kTileN>, GemmLayout::fwd, e4m3, Epilogue<OutT>,
+                     sm90::Fp8Mainloop<Config<OutT, kTileN>, kBScaling, kOverlapPromotion>>;
 
-// The staged forms (Fp8Tile::n128_staged and the study tiles after it; sm90::Fp8Tile says why):
-// the consumers on the staged schedule, each consumer warpgroup rounding its 64 x kTileN to bf16
-// into the staged tile and starting the next tile, the fourth warpgroup storing it in place by
-// TMA (the plain staged GEMM's list, gpu/gemm/instances.cuh, without alpha). As many stages as
-// fit beside the staged tile. A form is
-//   kTileN:    128 or 192 columns;
-//   kSplit:    the register split's partial count (GemmConfig's kFp8Partials): 2 gives the
-//              consumers 232 registers and the epilogue warpgroup 24, 1 the fused kernels'
-//              staged FP8 split, 192 and 104 (Fp8StagedShape's);
-//   kOverlap:  two partials in turn (the overlapped promotion, 128 columns), or one;
-//   kOrdered:  with one partial, the consumer warpgroups' batches issued in turns.
+// The staged forms (Fp8Tile::n128_staged and n128_staged_one_partial; sm90::Fp8Tile says why):
+// the consumers on the staged schedule, each consumer warpgroup rounding its 64 x 128 to bf16
+// into the 32 KB staged tile and starting the next tile, the fourth warpgroup storing it in place
+// by TMA (the plain staged GEMM's list, gpu/gemm/instances.cuh, without alpha). As many stages
+// as fit beside the staged tile. kPartials: 2 (the overlapped promotion and the two-partial
+// register split, gemm_fp8's: 232 registers for the consumers, 24 for the epilogue warpgroup) or
+// 1 (the fused kernels' staged FP8 consumers and split, Fp8StagedShape's: 192 and 104).
 namespace staged {
 namespace dev = coda::epilogue::device;
-template <int kTileN> using Shape = dev::TileShape<1, 128, kTileN, /*staged=*/true>;
-template <int kTileN>
-using Store = dev::TileStore<Shape<kTileN>, bf16, /*reduce_add=*/false, /*in_place=*/true>;
-template <int kTileN>
-using Epilogue = dev::FusedEpilogue<Shape<kTileN>, dev::Stage<bf16>, Store<kTileN>>;
-template <int kTileN, int kStages, int kSplit>
+using Shape = dev::TileShape<1, 128, 128, /*staged=*/true>;
+using Store = dev::TileStore<Shape, bf16, /*reduce_add=*/false, /*in_place=*/true>;
+using Epilogue = dev::FusedEpilogue<Shape, dev::Stage<bf16>, Store>;
+template <int kStages, int kPartials>
 using ConfigAt =
-    sm90::GemmConfig<128, kTileN, kStages, 2, sm90::Schedule::staged, /*bytes=*/1, kSplit>;
-template <int kTileN, int kStages, int kSplit, bool kOverlap, bool kOrdered>
+    sm90::GemmConfig<128, 128, kStages, 2, sm90::Schedule::staged, /*bytes=*/1, kPartials>;
+template <int kStages, int kPartials>
 using MainloopAt =
-    sm90::Fp8Mainloop<ConfigAt<kTileN, kStages, kSplit>, Fp8BScaling::blocks, kOverlap, kOrdered>;
-// The ring's depth: it depends on the tile width alone (the ring and the staged tile; the
-// consumers' form changes no shared memory).
-template <int kTileN, int kStages = 8> constexpr int stages() {
+    sm90::Fp8Mainloop<ConfigAt<kStages, kPartials>, Fp8BScaling::blocks, kPartials == 2>;
+// The ring's depth (the consumers' form changes no shared memory).
+template <int kStages = 8> constexpr int stages() {
   if constexpr (kStages <= 2 ||
-                sizeof(sm90::KernelSharedStorage<MainloopAt<kTileN, kStages, 2, false, false>,
-                                                 Epilogue<kTileN>>) <= sm90::kMaxSharedBytes)
+                sizeof(sm90::KernelSharedStorage<MainloopAt<kStages, 2>, Epilogue>) <=
+                    sm90::kMaxSharedBytes)
     return kStages;
   else
-    return stages<kTileN, kStages - 1>();
+    return stages<kStages - 1>();
 }
-template <int kTileN, int kSplit, bool kOverlap, bool kOrdered>
-using KernelWith =
-    sm90::GemmKernel<ConfigAt<kTileN, stages<kTileN>(), kSplit>, GemmLayout::fwd, e4m3,
-                     Epilogue<kTileN>,
-                     MainloopAt<kTileN, stages<kTileN>(), kSplit, kOverlap, kOrdered>>;
-using Kernel = KernelWith<128, 2, true, false>; // n128_staged, gemm_fp8's default
+template <int kPartials>
+using KernelWith = sm90::GemmKernel<ConfigAt<stages(), kPartials>, GemmLayout::fwd, e4m3, Epilogue,
+                                    MainloopAt<stages(), kPartials>>;
+using Kernel = KernelWith<2>; // n128_staged, gemm_fp8's default
 } // namespace staged
 
 } // namespace coda::gpu::fp8
