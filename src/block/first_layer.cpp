@@ -64,6 +64,8 @@ void first_backward(const Config& config, const FirstWeights& weights, const Fir
   v.input("grads.dqkv", grads.dqkv, Elem::half,
           {tokens_dim(m), exactly("qkv_width", config.qkv_width())});
   check_attention_input_gradients(v, config, grads.dweights.attn_norm, grads.dweights.w_qkv);
+  if (config.precision == Precision::fp8)
+    check_fp8_backward(v, m, {{"grads.dweights.w_qkv", grads.dweights.w_qkv}});
   check_workspace(v, workspace, Layer::first, Pass::backward, config, m);
   v.finish();
 
@@ -72,7 +74,8 @@ void first_backward(const Config& config, const FirstWeights& weights, const Fir
 
   const AttentionInputGrads g{grads.dqkv, grads.dx, grads.dweights.attn_norm, grads.dweights.w_qkv};
   attention_input_backward(attention_input_of(weights, inputs, outputs, saved), g, config,
-                           inputs.rope, accumulate, s.dz, s.norm, stream); // B0..B2
+                           inputs.rope, accumulate, s.dz, s.norm, stream,
+                           config.precision == Precision::fp8 ? &s.fp8 : nullptr); // B0..B2
 }
 
 } // namespace coda::llama

@@ -137,6 +137,29 @@ Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, 
   return s;
 }
 
+namespace {
+
+// An activation by rows and by columns (quantize_activation_fp8's codes and codes_t).
+void carve_fp8_activation_both(Arena& arena, int64_t m, int64_t k, Fp8Operand& rows,
+                               Fp8Operand& columns) {
+  rows = carve_fp8_activation(arena, m, k);
+  columns = {arena.matrix(DType::e4m3, k, m),
+             arena.matrix(DType::e8m0, k, num_fp8_scale_blocks(m))};
+}
+
+// K: the consumer's output width (dz's), the consumer weight [K, D].
+Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, int64_t m,
+                                               int64_t k) {
+  Fp8NormBackwardScratch s;
+  carve_fp8_activation_both(arena, m, k, s.dz, s.dz_t);
+  s.w = carve_fp8_weight(arena, k, c.hidden);
+  s.w_t = carve_fp8_weight(arena, c.hidden, k);
+  carve_fp8_activation_both(arena, m, c.hidden, s.h_hat, s.h_hat_t);
+  return s;
+}
+
+} // namespace
+
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act) {
   MlpForwardScratch s;
   s.h = arena.matrix(act, m, c.hidden);
@@ -165,6 +188,7 @@ FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t
   s.dz = arena.matrix(act, m, c.qkv_width());
   s.norm = carve_norm_statistics(arena, Layer::first, c, m);
   s.norm.h_hat = arena.matrix(act, m, c.hidden);
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_norm_backward(arena, c, m, c.qkv_width());
   return s;
 }
 

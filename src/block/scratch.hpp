@@ -67,6 +67,16 @@ struct Fp8ForwardScratch {
   Fp8Operand w_out, w_gate_up, w_down, w_qkv; // each weight [N, K] as nn.Linear stores it
 };
 
+// The FP8 operands of one RMSNorm backward (Precision::fp8): K6 reads dz by rows and the
+// consumer weight's transposed codes, the weight gradient (gemm_fp8's rows form) dz and h_hat
+// by columns, blocked along the tokens. The quantizers write each tensor's row codes too (w's
+// and h_hat's unused here).
+struct Fp8NormBackwardScratch {
+  Fp8Operand dz, dz_t;       // [M, K] and [K, M]: K the consumer's output width
+  Fp8Operand w, w_t;         // the consumer weight [K, D] and its transpose [D, K]
+  Fp8Operand h_hat, h_hat_t; // [M, D] and [D, M]
+};
+
 // One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient). In the middle and
 // last layers the two norm backwards (B1 and B5) share everything but h_hat, which each takes
 // from the memory of a phase that is over by then.
@@ -104,6 +114,7 @@ struct FirstForwardScratch {
 struct FirstBackwardScratch {
   TensorView dz; // [M, qkv_width] pre-RoPE gradient
   NormBackwardScratch norm;
+  Fp8NormBackwardScratch fp8; // Precision::fp8: B1's and B2's operands
 };
 struct LastForwardScratch {
   MlpForwardScratch mlp;

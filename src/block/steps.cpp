@@ -102,11 +102,44 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
   gemm_residual_rms(mlp_residual, stream);
 }
 
-void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
+namespace {
+
+// x [M, K] quantized by rows into `rows` and by columns into `columns`.
+void quantize_both(const TensorView& x, const Fp8Operand& rows, const Fp8Operand& columns,
                    Stream stream) {
+  QuantizeActivationFp8Args q;
+  q.x = x;
+  q.codes = rows.codes;
+  q.scales = rows.scales;
+  q.codes_t = columns.codes;
+  q.scales_t = columns.scales;
+  quantize_activation_fp8(q, stream);
+}
+
+} // namespace
+
+void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
+                   Stream stream, const Fp8NormBackwardScratch* fp8) {
+  if (fp8 != nullptr && (b.alpha.value != 1.f || b.alpha.tensor.data != nullptr))
+    throw Error(Status::internal, "coda::llama: an FP8 norm backward with a gradient scale "
+                                  "(gemm_fp8 has no alpha)");
   RmsBackwardArgs k6;
   k6.dz = b.dz;
   k6.w = b.w;
+  if (fp8 != nullptr) { // B1 on E4M3 operands: dz by rows, the weight's transposed codes
+    quantize_both(b.dz, fp8->dz, fp8->dz_t, stream);
+    QuantizeWeightFp8Args qw;
+    qw.w = b.w;
+    qw.codes = fp8->w.codes;
+    qw.scales = fp8->w.scales;
+    qw.codes_t = fp8->w_t.codes;
+    qw.scales_t = fp8->w_t.scales;
+    quantize_weight_fp8(qw, stream);
+    k6.dz = fp8->dz.codes;
+    k6.dz_scales = fp8->dz.scales;
+    k6.w = fp8->w_t.codes;
+    k6.w_scales = fp8->w_t.scales;
+  }
   k6.x = b.x;
   k6.rstd = b.rstd;
   k6.zeta = scratch.zeta;
@@ -124,8 +157,20 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   dgamma.out = b.dgamma;
   reduce_col_partials(dgamma, stream);
 
-  weight_gradient(b.dz, scratch.h_hat, b.dw, b.alpha, accumulate_grads, scratch.gemm_workspace,
-                  stream);
+  if (fp8 == nullptr)
+    return weight_gradient(b.dz, scratch.h_hat, b.dw, b.alpha, accumulate_grads,
+                           scratch.gemm_workspace, stream);
+  // dw (+)= dzᵀ h_hat on both quantized along the tokens: gemm_fp8's rows form.
+  quantize_both(scratch.h_hat, fp8->h_hat, fp8->h_hat_t, stream);
+  Fp8GemmArgs g;
+  g.a = fp8->dz_t.codes;
+  g.a_scales = fp8->dz_t.scales;
+  g.b = fp8->h_hat_t.codes;
+  g.b_scales = fp8->h_hat_t.scales;
+  g.b_scaling = Fp8BScaling::rows;
+  g.d = b.dw;
+  g.accumulate = accumulate_grads;
+  gemm_fp8(g, stream);
 }
 
 void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
@@ -145,7 +190,7 @@ void attention_input_forward(const AttentionInput& f, const Config& c, const Rop
 void attention_input_backward(const AttentionInput& f, const AttentionInputGrads& g,
                               const Config& c, const Rope& rope, bool accumulate_grads,
                               const TensorView& dz, const NormBackwardScratch& scratch,
-                              Stream stream) {
+                              Stream stream, const Fp8NormBackwardScratch* fp8) {
   RopeBackwardArgs unrotate; // B0: dz = RoPEᵀ(dqkv), zeta = (1/D) sum qkv * dqkv
   unrotate.dqkv = g.dqkv;
   unrotate.qkv = f.qkv;
@@ -164,7 +209,7 @@ void attention_input_backward(const AttentionInput& f, const AttentionInputGrads
   attn_norm.dx = g.dx;
   attn_norm.dgamma = g.dattn_norm;
   attn_norm.dw = g.dw_qkv;
-  norm_backward(attn_norm, accumulate_grads, scratch, stream);
+  norm_backward(attn_norm, accumulate_grads, scratch, stream, fp8);
 }
 
 void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,

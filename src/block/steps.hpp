@@ -35,11 +35,12 @@ struct AttentionInputGrads {
   TensorView dx;                 // accumulated into
   TensorView dattn_norm, dw_qkv; // weight gradients
 };
-// `dz` is the [M, qkv_width] scratch for the pre-RoPE gradient.
+// `dz` is the [M, qkv_width] scratch for the pre-RoPE gradient. `fp8` (Precision::fp8): the
+// norm backward on E4M3 operands (norm_backward).
 void attention_input_backward(const AttentionInput& f, const AttentionInputGrads& g,
                               const Config& c, const Rope& rope, bool accumulate_grads,
                               const TensorView& dz, const NormBackwardScratch& scratch,
-                              Stream stream);
+                              Stream stream, const Fp8NormBackwardScratch* fp8 = nullptr);
 
 // coda-paper 4.2, F1..F3:
 //   F1 K0: x1 = y0·W0ᵀ + x0;  h1 = x1 * ffn_norm;  S1 = row partials of x1²
@@ -69,8 +70,11 @@ struct NormBackward {
   bool accumulate_dx = true; // false: dx is written (no incoming residual gradient)
   TensorView dx, dgamma, dw; // outputs
 };
+// `fp8` (Precision::fp8): K6 on dz quantized by rows and the weight's transposed codes, and the
+// weight gradient as gemm_fp8's rows form on dz and h_hat quantized by columns (alpha 1 only:
+// gemm_fp8 has no alpha).
 void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
-                   Stream stream);
+                   Stream stream, const Fp8NormBackwardScratch* fp8 = nullptr);
 
 // coda-paper 4.5, B3..B8, once dx holds d loss / d x2 in full:
 //   B3 K7: dy1 = dx·W2; y1 (recomputed), dz1, zeta partials      A4: zeta1

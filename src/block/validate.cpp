@@ -64,10 +64,10 @@ void check_config(const api::Validator& v, const Config& c, Layer layer) {
 
 void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass) {
   if (c.precision != Precision::fp8) return;
-  if (pass != Pass::forward)
+  if (pass != Pass::forward && !(layer == Layer::first && pass == Pass::backward))
     v.fail(Status::not_supported,
-           std::string("config.precision = fp8: only the forwards have an FP8 form so far "
-                       "(Pass::forward); got Layer::") +
+           std::string("config.precision = fp8: only the forwards and the first layer's backward "
+                       "have an FP8 form so far; got Layer::") +
                layer_name(layer) + ", Pass::" + pass_name(pass) +
                " (run it with Precision::native)");
   // Every GEMM's K and N the layer has, as gemm_fp8 needs them: rows of 16-byte E4M3 codes.
@@ -85,6 +85,21 @@ void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass
              std::string("config.precision = fp8 needs every GEMM width a multiple of 16 (rows of "
                          "16-byte E4M3 codes); config ") +
                  w.what + " = " + std::to_string(w.value));
+}
+
+void check_fp8_backward(const api::Validator& v, int64_t m,
+                        std::initializer_list<NamedTensor> dweights) {
+  if (m % 16 != 0)
+    v.fail(Status::invalid_argument,
+           "config.precision = fp8: a backward needs M (tokens) a multiple of 16 (the weight "
+           "gradients reduce over the tokens in rows of 16-byte E4M3 codes); got M = " +
+               std::to_string(m));
+  for (const NamedTensor& dw : dweights)
+    if (dw.tensor.dtype != DType::bf16 && dw.tensor.dtype != DType::f32)
+      v.fail(Status::type_error, std::string("config.precision = fp8: ") + dw.name +
+                                     " must be bf16 or f32 (gemm_fp8 writes the weight "
+                                     "gradients); got " +
+                                     dtype_name(dw.tensor.dtype));
 }
 
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,

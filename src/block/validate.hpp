@@ -21,6 +21,16 @@ void check_config(const api::Validator& v, const Config& c, Layer layer);
 // naming what to change otherwise.
 void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass);
 
+// What an FP8 backward needs beyond its shapes: M a multiple of 16 (the weight gradients reduce
+// over the tokens in rows of 1-byte codes) and each weight gradient `dweights` bf16 or f32
+// (gemm_fp8's d). invalid_argument / type_error naming the tensor otherwise.
+struct NamedTensor {
+  const char* name;
+  const TensorView& tensor;
+};
+void check_fp8_backward(const api::Validator& v, int64_t m,
+                        std::initializer_list<NamedTensor> dweights);
+
 // The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's
 // precision, check_precision).
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,

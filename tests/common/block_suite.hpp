@@ -809,6 +809,87 @@ TEST_P(Block, FirstLayerFp8Forward) {
   expect_rms("saved.rstd", rstd, exact.rstd, unfused_fp8.rstd);
 }
 
+// The first layer's backward with Precision::fp8: K6 on dz quantized by rows and W_qkv's
+// transposed codes, dW_qkv on dz and h_hat quantized along the tokens (gemm_fp8's rows form),
+// after an FP8 forward; against the textbook layer with the FP8 recipe in every linear of the
+// backward too (ref::Rounding::fp8: dgrad by rows and 128 x 128 weight blocks, wgrad by
+// columns), on RMS errors, writing and accumulating the weight gradients. It needs M a multiple
+// of 16 and the widths the forward needs: the case's own M (none is a multiple) is refused
+// first, naming the rule, with nothing written; then, where the widths fit, the check runs on M
+// rounded up to 16.
+TEST_P(Block, FirstLayerFp8Backward) {
+  make.c.precision = llama::Precision::fp8;
+  const int64_t D = c.hidden, Nq = c.qkv_width();
+  const DType grad_dtype = GetParam().grad_dtype;
+  const bool fits = fp8_widths_fit(c, llama::Layer::first);
+  if (M % 16 != 0 || !fits) { // refused: M, or a width (check_precision), by name
+    RopeTensors rope(M, c.head_dim);
+    HostTensor attn_norm = make.norm(), w_qkv = make.weight(Nq, D), x = make.activation(D);
+    HostTensor qkv = make.output(Nq), rstd = make.stat(), dqkv = make.activation(Nq);
+    HostTensor dx = make.activation(D);
+    const Values dx_before = dx.values();
+    Grad d_norm = make.grad(grad_dtype, {D}, false), d_qkv = make.grad(grad_dtype, {Nq, D}, false);
+    llama::Config native = c;
+    native.precision = llama::Precision::native;
+    HostTensor ws(
+        DType::f32,
+        {int64_t(llama::workspace_size(llama::Layer::first, llama::Pass::backward, native, M) / 4 +
+                 1)});
+    try {
+      llama::first_backward(
+          c, {attn_norm.view(), w_qkv.view()}, {x.view(), rope.view()}, {qkv.view()}, {rstd.view()},
+          {dx.view(), dqkv.view(), {d_norm.tensor.view(), d_qkv.tensor.view()}}, false, ws.view());
+      ADD_FAILURE() << "an FP8 backward with M = " << M << " was accepted";
+    } catch (const coda::Error& e) {
+      EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("multiple of 16"), std::string::npos) << e.what();
+    }
+    coda::test::sync_views();
+    EXPECT_EQ(dx.values(), dx_before) << "grads.dx was written";
+    for (double v : d_qkv.tensor.values()) ASSERT_TRUE(std::isnan(v)) << "d w_qkv was written";
+    if (!fits) return;
+  }
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
+  const int64_t M16 = m16.M;
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulating weight gradients" : "writing weight gradients");
+    RopeTensors rope(M16, c.head_dim);
+    HostTensor attn_norm = m16.norm(), w_qkv = m16.weight(Nq, D), x = m16.activation(D);
+    HostTensor qkv = m16.output(Nq), rstd = m16.stat();
+    const llama::FirstWeights weights{attn_norm.view(), w_qkv.view()};
+    const llama::FirstInputs inputs{x.view(), rope.view()};
+    HostTensor ws_f = m16.workspace(llama::Layer::first, llama::Pass::forward);
+    llama::first_forward(c, weights, inputs, {qkv.view()}, {rstd.view()}, ws_f.view());
+    HostTensor dqkv = m16.activation(Nq), dx_res = m16.activation(D);
+    HostTensor dx = HostTensor::of(m16.dt, {M16, D}, dx_res.values());
+    Grad d_norm = m16.grad(grad_dtype, {D}, accumulate);
+    Grad d_qkv = m16.grad(grad_dtype, {Nq, D}, accumulate);
+    HostTensor ws_b = m16.workspace(llama::Layer::first, llama::Pass::backward);
+    llama::first_backward(c, weights, inputs, {qkv.view()}, {rstd.view()},
+                          {dx.view(), dqkv.view(), {d_norm.tensor.view(), d_qkv.tensor.view()}},
+                          accumulate, ws_b.view());
+    coda::test::sync_views();
+
+    const ref::FirstWeights rw{attn_norm.values(), w_qkv.values()};
+    const auto bwd = [&](ref::Rounding r) {
+      return ref::first_backward(ref_config(c), rw, rope.textbook(), x.values(), dqkv.values(),
+                                 dx_res.values(), r);
+    };
+    const ref::FirstBackward exact = bwd({}), unfused_fp8 = bwd(fp8_rounding(m16.dt));
+    expect_rms("grads.dx", dx, exact.dx0, unfused_fp8.dx0);
+    // A weight gradient: accumulated into its initial values, the baseline's sum rounded once
+    // more in the gradient's dtype (PyTorch's grad += g).
+    const auto expect_grad = [&](const std::string& name, const Grad& g, const Values& truth,
+                                 const Values& baseline) {
+      if (g.initial.empty()) return expect_rms(name, g.tensor, truth, baseline);
+      expect_rms(name, g.tensor, plus(g.initial, truth),
+                 ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, baseline)));
+    };
+    expect_grad("d attn_norm", d_norm, exact.grads.attn_norm, unfused_fp8.grads.attn_norm);
+    expect_grad("d w_qkv", d_qkv, exact.grads.w_qkv, unfused_fp8.grads.w_qkv);
+  }
+}
+
 TEST_P(Block, MiddleLayerFp8Forward) {
   make.c.precision = llama::Precision::fp8;
   MiddleProblem p(make);
