@@ -516,6 +516,36 @@ TEST_F(BlockArguments, Fp8IsTheForwardsAndTheFirstBackward) {
                   outputs(), workspace.view());
 }
 
+// The first layer's FP8 backward writes its weight gradients with gemm_fp8 (bf16 or f32): with
+// f16 activations, an f16 one (which the 16-bit rule allows) is a type error naming it, with
+// nothing written.
+TEST(BlockFp8Arguments, F16WeightGradientIsNamed) {
+  coda::test::Seeds seeds;
+  Maker make{BlockCase{"fp8", make_config(64, 96, 2, 1, 32, 72), 32, DType::f16, DType::f16},
+             seeds};
+  make.c.precision = llama::Precision::fp8;
+  const int64_t D = 64, Nq = make.c.qkv_width();
+  RopeTensors rope(make.M, make.c.head_dim);
+  HostTensor attn_norm = make.norm(), w_qkv = make.weight(Nq, D), x = make.activation(D);
+  HostTensor qkv = make.activation(Nq),
+             rstd = HostTensor::of(DType::f32, {make.M}, std::vector<double>(32, 1.0));
+  HostTensor dqkv = make.activation(Nq), dx = make.activation(D);
+  Grad d_norm = make.grad(DType::f16, {D}, false), d_qkv = make.grad(DType::f16, {Nq, D}, false);
+  HostTensor ws = make.workspace(llama::Layer::first, llama::Pass::backward);
+  try {
+    llama::first_backward(make.c, {attn_norm.view(), w_qkv.view()}, {x.view(), rope.view()},
+                          {qkv.view()}, {rstd.view()},
+                          {dx.view(), dqkv.view(), {d_norm.tensor.view(), d_qkv.tensor.view()}},
+                          false, ws.view());
+    ADD_FAILURE() << "an f16 weight gradient was accepted";
+  } catch (const coda::Error& e) {
+    EXPECT_EQ(int(e.status()), int(coda::Status::type_error)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("grads.dweights.w_qkv"), std::string::npos) << e.what();
+  }
+  for (double v : d_qkv.tensor.values()) ASSERT_TRUE(std::isnan(v)) << "d w_qkv was written";
+  for (double v : d_norm.tensor.values()) ASSERT_TRUE(std::isnan(v)) << "d attn_norm was written";
+}
+
 TEST_F(BlockArguments, WorkspaceSizeChecksItsArguments) {
   EXPECT_THROW(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, make.c, 0),
                coda::Error);
