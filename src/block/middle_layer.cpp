@@ -55,7 +55,8 @@ void attention_input_backward_of(const Config& config, const MiddleWeights& weig
   const MiddleWeights& dw = grads.dweights;
   const AttentionInputGrads attention{grads.dqkv, grads.dx, dw.attn_norm, dw.w_qkv};
   attention_input_backward(attention_input_of(weights, outputs, saved), attention, config,
-                           inputs.rope, accumulate, s.dz2, s.norm, stream);
+                           inputs.rope, accumulate, s.dz2, s.norm, stream,
+                           config.precision == Precision::fp8 ? &s.fp8_attn : nullptr);
 }
 
 } // namespace
@@ -91,6 +92,20 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
       check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved, Role::input);
   check_attention_input_part(v, config, m, grads);
   check_mlp_gradients(v, config, m, mlp);
+  const bool fp8 = config.precision == Precision::fp8;
+  if (fp8) {
+    const MiddleWeights& dw = grads.dweights;
+    check_fp8_backward(v, m,
+                       {{"grads.dweights.w_out", dw.w_out},
+                        {"grads.dweights.w_gate_up", dw.w_gate_up},
+                        {"grads.dweights.w_down", dw.w_down},
+                        {"grads.dweights.w_qkv", dw.w_qkv}});
+    if (inputs.x0.dtype != DType::bf16)
+      v.fail(Status::type_error, std::string("config.precision = fp8: the middle layer's backward "
+                                             "needs bf16 activations (gemm_fp8 writes grads.dy0 "
+                                             "in bf16 or f32); got ") +
+                                     dtype_name(inputs.x0.dtype));
+  }
   check_workspace(v, workspace, Layer::middle, Pass::backward, config, m);
   v.finish();
 
@@ -98,8 +113,9 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
   const MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
 
   attention_input_backward_of(config, weights, inputs, outputs, saved, grads, accumulate, s,
-                              stream);                                // B0..B2
-  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
+                              stream); // B0..B2
+  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream,
+               fp8 ? &s.fp8_mlp : nullptr); // B3..B8
 }
 
 void middle_backward_part(Pass part, const Config& config, const MiddleWeights& weights,

@@ -158,6 +158,20 @@ Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, in
   return s;
 }
 
+Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int64_t m) {
+  Fp8MlpBackwardScratch s;
+  const int64_t d = c.hidden, f = c.intermediate, a = c.attention_width();
+  carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
+  s.w_down = carve_fp8_weight(arena, d, f);
+  s.w_down_t = carve_fp8_weight(arena, f, d);
+  carve_fp8_activation_both(arena, m, f, s.y1, s.y1_t);
+  s.w_out = carve_fp8_weight(arena, d, a);
+  s.w_out_t = carve_fp8_weight(arena, a, d);
+  carve_fp8_activation_both(arena, m, a, s.y0, s.y0_t);
+  s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f);
+  return s;
+}
+
 } // namespace
 
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act) {
@@ -220,6 +234,11 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
     s.dz2 = arena.matrix(act, m, c.qkv_width());
     s.norm.h_hat = arena.matrix(act, m, c.hidden);
   });
+  if (c.precision == Precision::fp8) { // after every phase: the codes are alive across them
+    arena.rewind(arena.used());
+    s.fp8_attn = carve_fp8_norm_backward(arena, c, m, c.qkv_width());
+    s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
+  }
   return s;
 }
 

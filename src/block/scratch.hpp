@@ -77,6 +77,19 @@ struct Fp8NormBackwardScratch {
   Fp8Operand h_hat, h_hat_t; // [M, D] and [D, M]
 };
 
+// The FP8 operands of the MLP's backward (B3..B8, Precision::fp8): dx by rows and columns (after
+// B1 for K7 and dW_down, again after B5 for dy0 and dW_out), W_down's and W_out's transposed
+// codes (K7's and dy0's B), y1 and y0 by columns (dW_down's and dW_out's B), and the ffn norm
+// backward's own (B5, B6). Each tensor's row codes are the quantizers' required output.
+struct Fp8MlpBackwardScratch {
+  Fp8Operand dx, dx_t;         // [M, D], [D, M]
+  Fp8Operand w_down, w_down_t; // [D, F], [F, D]
+  Fp8Operand y1, y1_t;         // [M, F], [F, M]
+  Fp8Operand w_out, w_out_t;   // [D, A], [A, D]
+  Fp8Operand y0, y0_t;         // [M, A], [A, M]
+  Fp8NormBackwardScratch ffn;  // K = 2F: dz1 and W_gate_up
+};
+
 // One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient). In the middle and
 // last layers the two norm backwards (B1 and B5) share everything but h_hat, which each takes
 // from the memory of a phase that is over by then.
@@ -128,6 +141,9 @@ struct MiddleBackwardScratch {
   NormBackwardScratch norm; // the attention norm's backward (B1, B2)
   MlpBackwardScratch mlp;
   NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
+  // Precision::fp8 (the one-call backward): B1's and B2's operands, and B3..B8's.
+  Fp8NormBackwardScratch fp8_attn;
+  Fp8MlpBackwardScratch fp8_mlp;
 };
 // The middle backward in two parts (middle_backward_part). Part 1 (B0..B4) carves the one-call
 // backward's MiddleBackwardScratch and leaves its ffn norm's h_hat unused (it lies over y1's

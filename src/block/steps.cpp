@@ -116,6 +116,33 @@ void quantize_both(const TensorView& x, const Fp8Operand& rows, const Fp8Operand
   quantize_activation_fp8(q, stream);
 }
 
+// dw (+)= dyᵀ x on both quantized along the tokens (gemm_fp8's rows form): dy_t and x_t are their
+// column copies.
+void fp8_weight_gradient(const Fp8Operand& dy_t, const Fp8Operand& x_t, const TensorView& dw,
+                         bool accumulate, Stream stream) {
+  Fp8GemmArgs g;
+  g.a = dy_t.codes;
+  g.a_scales = dy_t.scales;
+  g.b = x_t.codes;
+  g.b_scales = x_t.scales;
+  g.b_scaling = Fp8BScaling::rows;
+  g.d = dw;
+  g.accumulate = accumulate;
+  gemm_fp8(g, stream);
+}
+
+// A weight's codes and transposed codes.
+void quantize_weight_both(const TensorView& w, const Fp8Operand& codes, const Fp8Operand& codes_t,
+                          Stream stream) {
+  QuantizeWeightFp8Args q;
+  q.w = w;
+  q.codes = codes.codes;
+  q.scales = codes.scales;
+  q.codes_t = codes_t.codes;
+  q.scales_t = codes_t.scales;
+  quantize_weight_fp8(q, stream);
+}
+
 } // namespace
 
 void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackwardScratch& scratch,
@@ -128,13 +155,7 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   k6.w = b.w;
   if (fp8 != nullptr) { // B1 on E4M3 operands: dz by rows, the weight's transposed codes
     quantize_both(b.dz, fp8->dz, fp8->dz_t, stream);
-    QuantizeWeightFp8Args qw;
-    qw.w = b.w;
-    qw.codes = fp8->w.codes;
-    qw.scales = fp8->w.scales;
-    qw.codes_t = fp8->w_t.codes;
-    qw.scales_t = fp8->w_t.scales;
-    quantize_weight_fp8(qw, stream);
+    quantize_weight_both(b.w, fp8->w, fp8->w_t, stream);
     k6.dz = fp8->dz.codes;
     k6.dz_scales = fp8->dz.scales;
     k6.w = fp8->w_t.codes;
@@ -160,17 +181,8 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   if (fp8 == nullptr)
     return weight_gradient(b.dz, scratch.h_hat, b.dw, b.alpha, accumulate_grads,
                            scratch.gemm_workspace, stream);
-  // dw (+)= dzᵀ h_hat on both quantized along the tokens: gemm_fp8's rows form.
   quantize_both(scratch.h_hat, fp8->h_hat, fp8->h_hat_t, stream);
-  Fp8GemmArgs g;
-  g.a = fp8->dz_t.codes;
-  g.a_scales = fp8->dz_t.scales;
-  g.b = fp8->h_hat_t.codes;
-  g.b_scales = fp8->h_hat_t.scales;
-  g.b_scaling = Fp8BScaling::rows;
-  g.d = b.dw;
-  g.accumulate = accumulate_grads;
-  gemm_fp8(g, stream);
+  fp8_weight_gradient(fp8->dz_t, fp8->h_hat_t, b.dw, accumulate_grads, stream);
 }
 
 void attention_input_forward(const AttentionInput& f, const Config& c, const Rope& rope,
@@ -214,10 +226,19 @@ void attention_input_backward(const AttentionInput& f, const AttentionInputGrads
 
 void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                               const MlpBackwardScratch& mlp, const TensorView& zeta1,
-                              const TensorView& gemm_workspace, Stream stream) {
+                              const TensorView& gemm_workspace, Stream stream,
+                              const Fp8MlpBackwardScratch* fp8) {
   SwigluBackwardArgs k7; // B3
   k7.dx = b.dx;
   k7.w = b.w_down;
+  if (fp8 != nullptr) { // dx by rows (and columns, for B4), W_down's transposed codes
+    quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
+    quantize_weight_both(b.w_down, fp8->w_down, fp8->w_down_t, stream);
+    k7.dx = fp8->dx.codes;
+    k7.dx_scales = fp8->dx.scales;
+    k7.w = fp8->w_down_t.codes;
+    k7.w_scales = fp8->w_down_t.scales;
+  }
   k7.preact = b.z1; // read, then overwritten with its gradient (no scratch for dz1)
   k7.act = mlp.y1;
   k7.dpreact = b.z1;
@@ -230,12 +251,16 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   zeta.out = zeta1;
   reduce_row_partials(zeta, stream);
 
-  weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, gemm_workspace,
-                  stream); // B4
+  if (fp8 == nullptr)
+    return weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, gemm_workspace,
+                           stream); // B4
+  quantize_both(mlp.y1, fp8->y1, fp8->y1_t, stream);
+  fp8_weight_gradient(fp8->dx_t, fp8->y1_t, b.dw_down, accumulate_grads, stream); // B4
 }
 
 void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
-                              const NormBackwardScratch& norm, Stream stream) {
+                              const NormBackwardScratch& norm, Stream stream,
+                              const Fp8MlpBackwardScratch* fp8) {
   NormBackward ffn; // B5, A5, B6
   ffn.dz = b.z1;    // d loss / d z1, where K7 wrote it
   ffn.w = b.w_gate_up;
@@ -245,7 +270,22 @@ void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
   ffn.dx = b.dx;
   ffn.dgamma = b.dffn_norm;
   ffn.dw = b.dw_gate_up;
-  norm_backward(ffn, accumulate_grads, norm, stream);
+  norm_backward(ffn, accumulate_grads, norm, stream, fp8 != nullptr ? &fp8->ffn : nullptr);
+
+  if (fp8 != nullptr) { // B7 and B8 on dx as B5 left it, quantized again
+    quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
+    quantize_weight_both(b.w_out, fp8->w_out, fp8->w_out_t, stream);
+    Fp8GemmArgs dy0; // B7: dy0 = dx1 · W0, W0ᵀ's codes as gemm_fp8's b
+    dy0.a = fp8->dx.codes;
+    dy0.a_scales = fp8->dx.scales;
+    dy0.b = fp8->w_out_t.codes;
+    dy0.b_scales = fp8->w_out_t.scales;
+    dy0.d = b.dy0;
+    gemm_fp8(dy0, stream);
+    quantize_both(b.y0, fp8->y0, fp8->y0_t, stream);
+    fp8_weight_gradient(fp8->dx_t, fp8->y0_t, b.dw_out, accumulate_grads, stream); // B8
+    return;
+  }
 
   GemmArgs attention_input; // B7: dy0 = dx1 · W0
   attention_input.layout = GemmLayout::dgrad;
@@ -260,10 +300,11 @@ void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
 }
 
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
-                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream) {
-  swiglu_and_down_backward(b, hidden, accumulate_grads, mlp, norm.zeta, norm.gemm_workspace,
-                           stream);
-  gate_up_and_out_backward(b, accumulate_grads, norm, stream);
+                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream,
+                  const Fp8MlpBackwardScratch* fp8) {
+  swiglu_and_down_backward(b, hidden, accumulate_grads, mlp, norm.zeta, norm.gemm_workspace, stream,
+                           fp8);
+  gate_up_and_out_backward(b, accumulate_grads, norm, stream, fp8);
 }
 
 } // namespace coda::llama::detail

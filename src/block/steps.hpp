@@ -91,15 +91,21 @@ struct MlpBackward {
   TensorView dw_out, dffn_norm, dw_gate_up, dw_down; // weight gradients
 };
 // B3, A4, B4: writes dz1 over b.z1 and zeta1 into `zeta1` ([M] f32).
+// `fp8` (Precision::fp8), here and below: K7 on dx by rows and W_down's transposed codes, the
+// weight gradients as gemm_fp8's rows form, dy0 as its forward form on dx and W_out's
+// transposed codes, the ffn norm backward as norm_backward's FP8 form.
 void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
                               const MlpBackwardScratch& mlp, const TensorView& zeta1,
-                              const TensorView& gemm_workspace, Stream stream);
+                              const TensorView& gemm_workspace, Stream stream,
+                              const Fp8MlpBackwardScratch* fp8 = nullptr);
 // B5..B8, reading zeta1 from norm.zeta.
 void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
-                              const NormBackwardScratch& norm, Stream stream);
+                              const NormBackwardScratch& norm, Stream stream,
+                              const Fp8MlpBackwardScratch* fp8 = nullptr);
 // Both, with zeta1 in norm.zeta.
 void mlp_backward(const MlpBackward& b, int64_t hidden, bool accumulate_grads,
-                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream);
+                  const MlpBackwardScratch& mlp, const NormBackwardScratch& norm, Stream stream,
+                  const Fp8MlpBackwardScratch* fp8 = nullptr);
 
 // The MLP backward's tensors in a middle or last layer's call, whose Weights, Inputs, Saved and
 // Grads name them alike.

@@ -890,6 +890,58 @@ TEST_P(Block, FirstLayerFp8Backward) {
   }
 }
 
+// The middle layer's one-call backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3
+// operands, the four weight gradients in gemm_fp8's rows form, dy0 in its forward form) after an
+// FP8 forward, against the textbook layer's FP8 path, on RMS errors, writing and accumulating.
+// As the first layer's: the case's M is refused first (and a config whose widths do not fit),
+// then the check runs on M rounded up to 16.
+TEST_P(Block, MiddleLayerFp8Backward) {
+  make.c.precision = llama::Precision::fp8;
+  const DType grad_dtype = GetParam().grad_dtype;
+  const bool fits = fp8_widths_fit(c, llama::Layer::middle) && make.dt == DType::bf16;
+  if (M % 16 != 0 || !fits) {
+    MiddleProblem p(make);
+    try {
+      run_middle(make, p, grad_dtype, false, BackwardCalls::one);
+      ADD_FAILURE() << "an FP8 middle layer with M = " << M << " was accepted";
+    } catch (const coda::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(fits ? "multiple of 16" : "fp8"), std::string::npos)
+          << e.what();
+    }
+    if (!fits) return;
+  }
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
+  const int64_t D = c.hidden, F = c.intermediate;
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulating weight gradients" : "writing weight gradients");
+    MiddleProblem p(m16);
+    MiddleResult r = run_middle(m16, p, grad_dtype, accumulate, BackwardCalls::one);
+    const auto bwd = [&](ref::Rounding rr) {
+      return ref::middle_backward(ref_config(c), p.textbook(), p.rope.textbook(), p.x0.values(),
+                                  p.y0.values(), p.dx2.values(), p.dqkv.values(), rr);
+    };
+    const ref::MiddleBackward exact = bwd({}), unfused_fp8 = bwd(fp8_rounding(m16.dt));
+    expect_rms("grads.dx (d x0)", r.dx, exact.dx0, unfused_fp8.dx0);
+    expect_rms("grads.dy0", r.dy0, exact.dy0, unfused_fp8.dy0);
+    const auto expect_grad = [&](const std::string& name, const Grad& g, const Values& truth,
+                                 const Values& baseline) {
+      if (g.initial.empty()) return expect_rms(name, g.tensor, truth, baseline);
+      expect_rms(name, g.tensor, plus(g.initial, truth),
+                 ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, baseline)));
+    };
+    expect_grad("d w_out", r.d_out, exact.grads.w_o, unfused_fp8.grads.w_o);
+    expect_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused_fp8.grads.ffn_norm);
+    expect_grad(
+        "d w_gate_up", r.d_gate_up,
+        ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
+        ref::fused::interleave_gate_up(F, D, unfused_fp8.grads.w_gate, unfused_fp8.grads.w_up));
+    expect_grad("d w_down", r.d_down, exact.grads.w_down, unfused_fp8.grads.w_down);
+    expect_grad("d attn_norm", r.d_attn, exact.grads.next_attn_norm,
+                unfused_fp8.grads.next_attn_norm);
+    expect_grad("d w_qkv", r.d_qkv, exact.grads.w_qkv_next, unfused_fp8.grads.w_qkv_next);
+  }
+}
+
 TEST_P(Block, MiddleLayerFp8Forward) {
   make.c.precision = llama::Precision::fp8;
   MiddleProblem p(make);
