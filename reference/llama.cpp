@@ -423,8 +423,10 @@ LastBackward last_backward_core(Rounding r, const LlamaConfig& cfg, const LastWe
                                 std::span<const double> y0, const MlpForward& f,
                                 const NormProject& p, LastBackward b) {
   const int64_t D = cfg.hidden;
+  Rounding head = r; // the LM head stays in 16 bits under the FP8 recipe (head_forward)
+  head.fp8 = false;
   NormProjectGrads h =
-      norm_project_backward(r, M, D, cfg.vocab, f.x2.data(), w.final_norm, w.w_lm, p, b.dlogits);
+      norm_project_backward(head, M, D, cfg.vocab, f.x2.data(), w.final_norm, w.w_lm, p, b.dlogits);
   b.dx2 = std::move(h.dx);
   MlpGrads g = mlp_backward(r, cfg, mlp_view(w), M, y0, f, b.dx2);
   take_mlp_grads(g, b);

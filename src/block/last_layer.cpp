@@ -128,6 +128,8 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
   v.output("grads.dweights.final_norm", dw.final_norm, Elem::half_or_f32, {hidden_dim(config)});
   v.output("grads.dweights.lm_head", dw.lm_head, Elem::half_or_f32,
            {exactly("vocab", config.vocab), hidden_dim(config)});
+  const bool fp8 = config.precision == Precision::fp8;
+  if (fp8) check_fp8_mlp_backward(v, m, inputs.x0.dtype, dw);
   check_workspace(v, workspace, Layer::last, Pass::backward, config, m);
   v.finish();
 
@@ -155,7 +157,8 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
   final_norm.dw = dw.lm_head;
   norm_backward(final_norm, accumulate, s.norm, stream);
 
-  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream); // B3..B8
+  mlp_backward(mlp, config.hidden, accumulate, s.mlp, s.ffn, stream,
+               fp8 ? &s.fp8_mlp : nullptr); // B3..B8 (the LM head's K6 above stays 16-bit)
 }
 
 } // namespace coda::llama

@@ -94,17 +94,8 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
   check_mlp_gradients(v, config, m, mlp);
   const bool fp8 = config.precision == Precision::fp8;
   if (fp8) {
-    const MiddleWeights& dw = grads.dweights;
-    check_fp8_backward(v, m,
-                       {{"grads.dweights.w_out", dw.w_out},
-                        {"grads.dweights.w_gate_up", dw.w_gate_up},
-                        {"grads.dweights.w_down", dw.w_down},
-                        {"grads.dweights.w_qkv", dw.w_qkv}});
-    if (inputs.x0.dtype != DType::bf16)
-      v.fail(Status::type_error, std::string("config.precision = fp8: the middle layer's backward "
-                                             "needs bf16 activations (gemm_fp8 writes grads.dy0 "
-                                             "in bf16 or f32); got ") +
-                                     dtype_name(inputs.x0.dtype));
+    check_fp8_mlp_backward(v, m, inputs.x0.dtype, grads.dweights);
+    check_fp8_backward(v, m, {{"grads.dweights.w_qkv", grads.dweights.w_qkv}});
   }
   check_workspace(v, workspace, Layer::middle, Pass::backward, config, m);
   v.finish();

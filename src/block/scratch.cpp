@@ -256,6 +256,10 @@ LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m
   // The final norm's K6 and dW_lm (h_hat's last reader) over the MLP's phases.
   carve_mlp_backward(arena, Layer::last, c, m, act, s.norm, s.mlp, s.ffn,
                      [&] { s.norm.h_hat = arena.matrix(act, m, c.hidden); });
+  if (c.precision == Precision::fp8) { // after every phase: the codes are alive across them
+    arena.rewind(arena.used());
+    s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
+  }
   return s;
 }
 

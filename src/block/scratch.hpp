@@ -157,6 +157,7 @@ struct LastBackwardScratch {
   MlpBackwardScratch mlp;
   NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
   TensorView alpha;        // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
+  Fp8MlpBackwardScratch fp8_mlp; // Precision::fp8: B3..B8's operands (the LM head stays 16-bit)
 };
 
 // `act` is the 16-bit activation dtype of the call.

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <initializer_list>
+#include <string>
 
 #include "api/validate.hpp"
 #include "block/steps.hpp"
@@ -30,6 +31,21 @@ struct NamedTensor {
 };
 void check_fp8_backward(const api::Validator& v, int64_t m,
                         std::initializer_list<NamedTensor> dweights);
+
+// The MLP's FP8 backward (B3..B8) in a middle or last layer: check_fp8_backward for its three
+// weight gradients, and bf16 activations (gemm_fp8 writes grads.dy0 in bf16 or f32).
+template <class Weights>
+void check_fp8_mlp_backward(const api::Validator& v, int64_t m, DType act, const Weights& dw) {
+  check_fp8_backward(v, m,
+                     {{"grads.dweights.w_out", dw.w_out},
+                      {"grads.dweights.w_gate_up", dw.w_gate_up},
+                      {"grads.dweights.w_down", dw.w_down}});
+  if (act != DType::bf16)
+    v.fail(Status::type_error, std::string("config.precision = fp8: the MLP's backward needs bf16 "
+                                           "activations (gemm_fp8 writes grads.dy0 in bf16 or "
+                                           "f32); got ") +
+                                   dtype_name(act));
+}
 
 // The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's
 // precision, check_precision).

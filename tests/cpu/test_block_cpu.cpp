@@ -484,17 +484,16 @@ TEST_F(BlockArguments, NoTokensIsRejected) {
                   workspace.view());
 }
 
-// Precision::fp8 is the forwards' and the first and middle layers' one-call backwards, so far:
-// every other backward refuses it, naming the
+// Precision::fp8 is every call's but the middle layer's two-part backward, so far: its two
+// parts refuse it, naming the
 // alternative (the size query and the call share the check); the forward's workspace holds the
 // quantized operands beside the native one's; a precision that is neither is a bad argument.
-TEST_F(BlockArguments, Fp8IsTheForwardsAndTheOneCallBackwards) {
+TEST_F(BlockArguments, Fp8IsEveryCallButTheTwoPartBackward) {
   llama::Config fp8 = make.c;
   fp8.precision = llama::Precision::fp8;
   const std::pair<llama::Layer, llama::Pass> backwards[] = {
       {llama::Layer::middle, llama::Pass::backward_part1},
-      {llama::Layer::middle, llama::Pass::backward_part2},
-      {llama::Layer::last, llama::Pass::backward}};
+      {llama::Layer::middle, llama::Pass::backward_part2}};
   for (auto [layer, pass] : backwards) {
     try {
       llama::workspace_size(layer, pass, fp8, 16);

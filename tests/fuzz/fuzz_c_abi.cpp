@@ -942,9 +942,8 @@ void fuzz_size_queries(Call& c) {
         finding("coda_llama_workspace_size: status " + std::to_string(int(s)));
       // The backward's two parts are the middle layer's only.
       const bool part = pass == CODA_LLAMA_BACKWARD_PART1 || pass == CODA_LLAMA_BACKWARD_PART2;
-      // Precision::fp8 is the forwards' and the first and middle layers' one-call backwards.
-      const bool fp8_elsewhere = config.precision == CODA_LLAMA_FP8 && pass != CODA_LLAMA_FORWARD &&
-                                 !(layer != CODA_LLAMA_LAST && pass == CODA_LLAMA_BACKWARD);
+      // Precision::fp8 is every call's but the middle layer's two-part backward.
+      const bool fp8_elsewhere = config.precision == CODA_LLAMA_FP8 && part;
       if (s == CODA_OK &&
           (layer < 0 || layer > 2 || pass < 0 || pass > 3 || (part && layer != CODA_LLAMA_MIDDLE) ||
            fp8_elsewhere ||
