@@ -33,6 +33,31 @@ void weight_gradient(const TensorView& dy, const TensorView& x, const TensorView
 
 namespace {
 
+// x [M, K] quantized by rows into `rows` and, when `columns` has tensors, by columns into it
+// (quantize_activation_fp8's optional transposed copy).
+void quantize_both(const TensorView& x, const Fp8Operand& rows, const Fp8Operand& columns,
+                   Stream stream) {
+  QuantizeActivationFp8Args q;
+  q.x = x;
+  q.codes = rows.codes;
+  q.scales = rows.scales;
+  q.codes_t = columns.codes;
+  q.scales_t = columns.scales;
+  quantize_activation_fp8(q, stream);
+}
+
+// A weight's codes and, when `codes_t` has tensors, its transposed codes.
+void quantize_weight_both(const TensorView& w, const Fp8Operand& codes, const Fp8Operand& codes_t,
+                          Stream stream) {
+  QuantizeWeightFp8Args q;
+  q.w = w;
+  q.codes = codes.codes;
+  q.scales = codes.scales;
+  q.codes_t = codes_t.codes;
+  q.scales_t = codes_t.scales;
+  quantize_weight_fp8(q, stream);
+}
+
 // One forward GEMM's operands as a fused kernel's Args take them: a [M, K] and w [N, K]
 // themselves, or (FP8) their codes and scales, quantized into `qa` and `qw` first.
 struct ForwardOperands {
@@ -41,16 +66,8 @@ struct ForwardOperands {
 ForwardOperands forward_operands(const TensorView& a, const TensorView& w, const Fp8Operand* qa,
                                  const Fp8Operand* qw, Stream stream) {
   if (qa == nullptr) return {a, w, {}, {}};
-  QuantizeActivationFp8Args qx;
-  qx.x = a;
-  qx.codes = qa->codes;
-  qx.scales = qa->scales;
-  quantize_activation_fp8(qx, stream);
-  QuantizeWeightFp8Args qwt;
-  qwt.w = w;
-  qwt.codes = qw->codes;
-  qwt.scales = qw->scales;
-  quantize_weight_fp8(qwt, stream);
+  quantize_both(a, *qa, {}, stream);
+  quantize_weight_both(w, *qw, {}, stream);
   return {qa->codes, qw->codes, qa->scales, qw->scales};
 }
 
@@ -104,18 +121,6 @@ void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratc
 
 namespace {
 
-// x [M, K] quantized by rows into `rows` and by columns into `columns`.
-void quantize_both(const TensorView& x, const Fp8Operand& rows, const Fp8Operand& columns,
-                   Stream stream) {
-  QuantizeActivationFp8Args q;
-  q.x = x;
-  q.codes = rows.codes;
-  q.scales = rows.scales;
-  q.codes_t = columns.codes;
-  q.scales_t = columns.scales;
-  quantize_activation_fp8(q, stream);
-}
-
 // dw (+)= dyᵀ x on both quantized along the tokens (gemm_fp8's rows form): dy_t and x_t are their
 // column copies.
 void fp8_weight_gradient(const Fp8Operand& dy_t, const Fp8Operand& x_t, const TensorView& dw,
@@ -129,18 +134,6 @@ void fp8_weight_gradient(const Fp8Operand& dy_t, const Fp8Operand& x_t, const Te
   g.d = dw;
   g.accumulate = accumulate;
   gemm_fp8(g, stream);
-}
-
-// A weight's codes and transposed codes.
-void quantize_weight_both(const TensorView& w, const Fp8Operand& codes, const Fp8Operand& codes_t,
-                          Stream stream) {
-  QuantizeWeightFp8Args q;
-  q.w = w;
-  q.codes = codes.codes;
-  q.scales = codes.scales;
-  q.codes_t = codes_t.codes;
-  q.scales_t = codes_t.scales;
-  quantize_weight_fp8(q, stream);
 }
 
 } // namespace
