@@ -789,6 +789,34 @@ inline void expect_rms_grad(const std::string& name, const Grad& g, const Values
              ref::rounded(coda::test::lowp(g.tensor.dtype()), plus(g.initial, baseline)));
 }
 
+// The MLP's FP8 backward outputs a middle or last layer share (check_mlp_backward's twin on RMS
+// errors): dx, dy0 (with its FP8 noise) and the gradients of w_out, ffn_norm, w_gate_up, w_down.
+template <class Result, class Backward>
+void expect_fp8_mlp_backward(const Result& r, const Backward& exact, const Backward& unfused,
+                             int64_t D, int64_t F) {
+  expect_rms("grads.dx (d x0)", r.dx, exact.dx0, unfused.dx0);
+  expect_rms("grads.dy0", r.dy0, exact.dy0, unfused.dy0);
+  expect_fp8_noise("grads.dy0", r.dy0, exact.dy0, unfused.dy0);
+  expect_rms_grad("d w_out", r.d_out, exact.grads.w_o, unfused.grads.w_o);
+  expect_rms_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused.grads.ffn_norm);
+  expect_rms_grad("d w_gate_up", r.d_gate_up,
+                  ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
+                  ref::fused::interleave_gate_up(F, D, unfused.grads.w_gate, unfused.grads.w_up));
+  expect_rms_grad("d w_down", r.d_down, exact.grads.w_down, unfused.grads.w_down);
+}
+
+// `run` (a forward and an FP8 backward) refused: for M not a multiple of 16 when the widths fit
+// (the message names the rule), else for the widths or the activations' dtype (it names fp8).
+template <class Run> void expect_fp8_backward_refused(bool fits, const Run& run) {
+  try {
+    run();
+    ADD_FAILURE() << "an FP8 backward that should be refused was accepted";
+  } catch (const coda::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fits ? "multiple of 16" : "fp8"), std::string::npos)
+        << e.what();
+  }
+}
+
 // `forward` (taking a workspace) with widths that do not fit: invalid_argument naming the
 // rule, and every output still poisoned.
 template <class Forward>
@@ -921,14 +949,10 @@ TEST_P(Block, MiddleLayerFp8Backward) {
   const DType grad_dtype = GetParam().grad_dtype;
   const bool fits = fp8_widths_fit(c, llama::Layer::middle) && make.dt == DType::bf16;
   if (M % 16 != 0 || !fits) {
-    MiddleProblem p(make);
-    try {
+    expect_fp8_backward_refused(fits, [&] {
+      MiddleProblem p(make);
       run_middle(make, p, grad_dtype, false, BackwardCalls::one);
-      ADD_FAILURE() << "an FP8 middle layer with M = " << M << " was accepted";
-    } catch (const coda::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fits ? "multiple of 16" : "fp8"), std::string::npos)
-          << e.what();
-    }
+    });
     if (!fits) return;
   }
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
@@ -942,16 +966,7 @@ TEST_P(Block, MiddleLayerFp8Backward) {
                                   p.y0.values(), p.dx2.values(), p.dqkv.values(), rr);
     };
     const ref::MiddleBackward exact = bwd({}), unfused_fp8 = bwd(fp8_rounding(m16.dt));
-    expect_rms("grads.dx (d x0)", r.dx, exact.dx0, unfused_fp8.dx0);
-    expect_fp8_noise("grads.dy0", r.dy0, exact.dy0, unfused_fp8.dy0);
-    expect_rms("grads.dy0", r.dy0, exact.dy0, unfused_fp8.dy0);
-    expect_rms_grad("d w_out", r.d_out, exact.grads.w_o, unfused_fp8.grads.w_o);
-    expect_rms_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused_fp8.grads.ffn_norm);
-    expect_rms_grad(
-        "d w_gate_up", r.d_gate_up,
-        ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
-        ref::fused::interleave_gate_up(F, D, unfused_fp8.grads.w_gate, unfused_fp8.grads.w_up));
-    expect_rms_grad("d w_down", r.d_down, exact.grads.w_down, unfused_fp8.grads.w_down);
+    expect_fp8_mlp_backward(r, exact, unfused_fp8, D, F);
     expect_rms_grad("d attn_norm", r.d_attn, exact.grads.next_attn_norm,
                     unfused_fp8.grads.next_attn_norm);
     expect_rms_grad("d w_qkv", r.d_qkv, exact.grads.w_qkv_next, unfused_fp8.grads.w_qkv_next);
@@ -966,14 +981,10 @@ TEST_P(Block, LastLayerFp8Backward) {
   const bool fits = fp8_widths_fit(c, llama::Layer::last) && make.dt == DType::bf16;
   const float dloss = 0.75f;
   if (M % 16 != 0 || !fits) {
-    LastProblem p(make, ref::Reduction::mean);
-    try {
+    expect_fp8_backward_refused(fits, [&] {
+      LastProblem p(make, ref::Reduction::mean);
       run_last(make, p, grad_dtype, false, Dloss{dloss}, false);
-      ADD_FAILURE() << "an FP8 last layer with M = " << M << " was accepted";
-    } catch (const coda::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(fits ? "multiple of 16" : "fp8"), std::string::npos)
-          << e.what();
-    }
+    });
     if (!fits) return;
   }
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
@@ -987,16 +998,7 @@ TEST_P(Block, LastLayerFp8Backward) {
                                 dloss, rr);
     };
     const ref::LastBackward exact = bwd({}), unfused_fp8 = bwd(fp8_rounding(m16.dt));
-    expect_rms("grads.dx (d x0)", r.dx, exact.dx0, unfused_fp8.dx0);
-    expect_fp8_noise("grads.dy0", r.dy0, exact.dy0, unfused_fp8.dy0);
-    expect_rms("grads.dy0", r.dy0, exact.dy0, unfused_fp8.dy0);
-    expect_rms_grad("d w_out", r.d_out, exact.grads.w_o, unfused_fp8.grads.w_o);
-    expect_rms_grad("d ffn_norm", r.d_ffn, exact.grads.ffn_norm, unfused_fp8.grads.ffn_norm);
-    expect_rms_grad(
-        "d w_gate_up", r.d_gate_up,
-        ref::fused::interleave_gate_up(F, D, exact.grads.w_gate, exact.grads.w_up),
-        ref::fused::interleave_gate_up(F, D, unfused_fp8.grads.w_gate, unfused_fp8.grads.w_up));
-    expect_rms_grad("d w_down", r.d_down, exact.grads.w_down, unfused_fp8.grads.w_down);
+    expect_fp8_mlp_backward(r, exact, unfused_fp8, D, F);
     expect_rms_grad("d final_norm", r.d_final, exact.grads.final_norm,
                     unfused_fp8.grads.final_norm);
     expect_rms_grad("d lm_head", r.d_head, exact.grads.w_lm, unfused_fp8.grads.w_lm);
