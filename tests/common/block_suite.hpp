@@ -344,6 +344,19 @@ struct MiddleResult {
   }
 };
 
+// Makes a block call; where it throws (a refusal under test), brings every viewed tensor back
+// first, while the caller's tensors are still alive: under a device mirror each view is copied
+// back to its host address at the next sync, which must not come after those tensors are freed
+// (the FP8 refusals did, and corrupted the host heap: H100, ca27f2d).
+template <class Call> void block_call(const Call& call) {
+  try {
+    call();
+  } catch (...) {
+    coda::test::sync_views();
+    throw;
+  }
+}
+
 // The middle backward as one call (middle_backward) or as its two parts (middle_backward_part),
 // each part given only its own gradients.
 enum class BackwardCalls { one, two_parts };
@@ -374,7 +387,9 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     return llama::MiddleSaved{r.x1.view(), r.z1.view(), r.r1.view(), r.r2.view()};
   };
   HostTensor ws_f = make.workspace(llama::Layer::middle, llama::Pass::forward);
-  llama::middle_forward(c, p.weights(), inputs(), outputs(), saved(), ws_f.view());
+  block_call([&] {
+    llama::middle_forward(c, p.weights(), inputs(), outputs(), saved(), ws_f.view());
+  });
   // The backward overwrites saved.z1 with its gradient: keep the forward's for its check (the
   // views below upload the forward's results again where a device mirror is installed).
   coda::test::sync_views();
@@ -392,8 +407,10 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
   HostTensor ws_b, ws_parts[2];
   if (calls == BackwardCalls::one) {
     ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
-    llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
-                           ws_b.view());
+    block_call([&] {
+      llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
+                             ws_b.view());
+    });
   } else {
     const coda::TensorView none{};
     llama::MiddleGrads part1{grads.dx, grads.dqkv, none, {}};
@@ -405,12 +422,14 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     part2.dweights.ffn_norm = grads.dweights.ffn_norm;
     part2.dweights.w_gate_up = grads.dweights.w_gate_up;
     int i = 0;
-    for (auto [part, g] : {std::pair{llama::Pass::backward_part1, part1},
-                           std::pair{llama::Pass::backward_part2, part2}}) {
+    for (const auto& call : {std::pair{llama::Pass::backward_part1, part1},
+                             std::pair{llama::Pass::backward_part2, part2}}) {
       HostTensor& ws = ws_parts[i++];
-      ws = make.workspace(llama::Layer::middle, part);
-      llama::middle_backward_part(part, c, p.weights(), inputs(), outputs(), saved(), g, accumulate,
-                                  ws.view());
+      ws = make.workspace(llama::Layer::middle, call.first);
+      block_call([&] {
+        llama::middle_backward_part(call.first, c, p.weights(), inputs(), outputs(), saved(),
+                                    call.second, accumulate, ws.view());
+      });
     }
   }
   coda::test::sync_views();
@@ -572,8 +591,10 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
                             r.r2.view(), r.dlogits.view(), r.grad_scale.view(), r.zeta.view()};
   };
   HostTensor ws_f = make.workspace(llama::Layer::last, llama::Pass::forward);
-  llama::last_forward(c, p.weights(), inputs(), {r.loss.view(), r.logits.view()}, saved(),
-                      ws_f.view());
+  block_call([&] {
+    llama::last_forward(c, p.weights(), inputs(), {r.loss.view(), r.logits.view()}, saved(),
+                        ws_f.view());
+  });
   // The backward overwrites saved.z1 (run_middle says why this syncs).
   coda::test::sync_views();
   r.z1_forward = r.z1;
@@ -587,7 +608,9 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
                                 r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
                                 r.d_final.tensor.view(), r.d_head.tensor.view()}};
   HostTensor ws_b = make.workspace(llama::Layer::last, llama::Pass::backward);
-  llama::last_backward(c, p.weights(), inputs(), saved(), grads, accumulate, ws_b.view());
+  block_call([&] {
+    llama::last_backward(c, p.weights(), inputs(), saved(), grads, accumulate, ws_b.view());
+  });
   coda::test::sync_views();
   return r;
 }
