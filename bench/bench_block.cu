@@ -116,7 +116,8 @@ struct Shape {
     return std::max(
         {llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg, M),
          llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg, M),
-         llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg_fp8, M)});
+         llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg_fp8, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg_fp8, M)});
   }
 };
 
