@@ -214,6 +214,7 @@ def llama_workspace_bytes(layer, pass_, config, tokens, device):
         config.n_kv_heads,
         config.head_dim,
         config.vocab,
+        config.precision,  # FP8 adds its operands' E4M3 copies to the workspace
         int(tokens),
         device_key(device),
     )
