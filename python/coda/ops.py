@@ -20,10 +20,15 @@ The forward ops return their outputs followed by the tensors their backward need
 the logits are non-differentiable. The middle and last backward ops write d loss / d z1 over the
 saved z1 (it needs no workspace then), so each runs once per forward: a second backward through
 the same graph raises. The middle backward runs as the C ABI's two parts, each part's gradients
-allocated just before it (zeta1 passes from one to the other over the saved r2). Weight
-gradients are returned (never accumulated in place): autograd accumulates them. Each call runs
-on ``torch.cuda.current_stream()`` of its tensors' device (or synchronously on the CPU backend
-for CPU tensors) and takes its workspace from the caching allocator.
+allocated just before it (zeta1 passes from one to the other over the saved r2); with precision
+FP8, which has no two-part form, as its one call. Weight gradients are returned (never
+accumulated in place): autograd accumulates them. Each call runs on
+``torch.cuda.current_stream()`` of its tensors' device (or synchronously on the CPU backend for
+CPU tensors) and takes its workspace from the caching allocator.
+
+The layer ops' non-tensor arguments are n_heads, n_kv_heads, head_dim, eps and precision (0:
+native 16-bit GEMMs, 1: FP8, ``coda_llama_precision``), then, for the last layer, ignore_index,
+reduction (and the forward's return_logits).
 
 The functions at the bottom (``gemm``, ``llama_first``, ``llama_middle``, ``llama_last``, ...)
 are the Python-friendly entry points: they convert positions/targets, accept weights as a dict
@@ -64,6 +69,8 @@ LAST_WEIGHTS = ("w_out", "ffn_norm", "w_gate_up", "w_down", "final_norm", "lm_he
 
 _LAYOUTS = {"fwd": L.GEMM_FWD, "dgrad": L.GEMM_DGRAD, "wgrad": L.GEMM_WGRAD}
 _REDUCTIONS = {"mean": L.LOSS_MEAN, "sum": L.LOSS_SUM}
+# BlockConfig.precision -> coda_llama_config.precision, the int the layer ops take.
+_PRECISIONS = {"native": L.LLAMA_NATIVE, "fp8": L.LLAMA_FP8}
 
 # ---------------------------------------------------------------------------------------------
 # Configuration
@@ -72,21 +79,33 @@ _REDUCTIONS = {"mean": L.LOSS_MEAN, "sum": L.LOSS_SUM}
 @dataclass(frozen=True)
 class BlockConfig:
     """What a block call needs besides the tensors' shapes (hidden, intermediate and vocab
-    come from the weights)."""
+    come from the weights).
+
+    precision: "native" (the GEMMs on the 16-bit activations and weights) or "fp8" (every
+    layer GEMM but the LM head's on block-scaled E4M3 copies of its operands, quantized by
+    coda in the call; docs/python.md, "FP8")."""
 
     n_heads: int
     n_kv_heads: int
     head_dim: int
     eps: float = 1e-6
     ignore_index: int = -100
+    precision: str = "native"
+
+    def __post_init__(self):
+        if self.precision not in tuple(_PRECISIONS):
+            raise ValueError("BlockConfig.precision must be one of %s; got %r"
+                             % (", ".join(repr(p) for p in _PRECISIONS), self.precision))
 
 
 def block_config(config):
     """A BlockConfig from a BlockConfig, a coda.models.LlamaConfig or a Hugging Face
-    LlamaConfig (Hugging Face field names), or a dict of either's fields."""
+    LlamaConfig (Hugging Face field names), or a dict of either's fields. An optional
+    "precision" field ("native" or "fp8") is read from either; absent or None: "native"."""
     if isinstance(config, BlockConfig):
         return config
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    precision = get("precision") or "native"
     if get("n_heads") is not None:
         return BlockConfig(
             int(get("n_heads")),
@@ -94,17 +113,19 @@ def block_config(config):
             int(get("head_dim")),
             float(get("eps", 1e-6)),
             int(get("ignore_index", -100)),
+            precision,
         )
     heads = int(get("num_attention_heads"))
     kv = get("num_key_value_heads")
     head_dim = get("head_dim") or int(get("hidden_size")) // heads
     return BlockConfig(
-        heads, int(kv if kv is not None else heads), int(head_dim), float(get("rms_norm_eps", 1e-6))
+        heads, int(kv if kv is not None else heads), int(head_dim),
+        float(get("rms_norm_eps", 1e-6)), precision=precision,
     )
 
 
 def _c_config(hidden, intermediate, n_heads, n_kv_heads, head_dim, vocab, eps,
-              ignore_index=-100, reduction=L.LOSS_MEAN):
+              ignore_index=-100, reduction=L.LOSS_MEAN, precision=L.LLAMA_NATIVE):
     return L.LlamaConfig(
         hidden=int(hidden),
         intermediate=int(intermediate),
@@ -115,6 +136,7 @@ def _c_config(hidden, intermediate, n_heads, n_kv_heads, head_dim, vocab, eps,
         eps=float(eps),
         ignore_index=int(ignore_index),
         loss_reduction=int(reduction),
+        precision=int(precision),
     )
 
 
@@ -389,11 +411,12 @@ def _first_forward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
 ) -> Tuple[Tensor, Tensor]:
     m, d = x.shape[0], x.shape[-1]
     qkv = x.new_empty((m, _qkv_width(n_heads, n_kv_heads, head_dim)))
     rstd = _f32(x)
-    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
+    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
     inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
@@ -403,7 +426,7 @@ def _first_forward_impl(
 
 
 def _first_forward_fake(x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads,
-                        head_dim, eps):
+                        head_dim, eps, precision):
     return x.new_empty((x.shape[0], _qkv_width(n_heads, n_kv_heads, head_dim))), _f32(x)
 
 
@@ -420,12 +443,13 @@ def _first_backward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     m, d = x.shape[0], x.shape[-1]
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # accumulated into
     d_attn_norm = torch.empty_like(attn_norm, memory_format=torch.contiguous_format)
     d_w_qkv = torch.empty_like(w_qkv, memory_format=torch.contiguous_format)
-    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps)
+    cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
     inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
@@ -436,7 +460,7 @@ def _first_backward_impl(
 
 
 def _first_backward_fake(dqkv, x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, n_heads,
-                         n_kv_heads, head_dim, eps):
+                         n_kv_heads, head_dim, eps, precision):
     return _like(x), _like(attn_norm), _like(w_qkv)
 
 
@@ -444,20 +468,22 @@ _FIRST_BWD = _define("llama_first_backward", _first_backward_impl, _first_backwa
 
 
 def _first_setup(ctx, inputs, output):
-    x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps = inputs
+    x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision = (
+        inputs)
     qkv, rstd = output
     _grads_only(ctx, rstd)
     ctx.save_for_backward(x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd)
-    ctx.cfg = (n_heads, n_kv_heads, head_dim, eps)
+    ctx.cfg = (n_heads, n_kv_heads, head_dim, eps, precision)
 
 
 def _first_backward(ctx, dqkv, _drstd):
     if dqkv is None:
-        return (None,) * 9
+        return (None,) * 10
     x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd = ctx.saved_tensors
     dx, dg, dw = _run(_FIRST_BWD, _dense(dqkv, qkv), x, attn_norm, w_qkv, positions, inv_freq,
                       qkv, rstd, *ctx.cfg)
-    return dx, dg, dw, None, None, None, None, None, None
+    # inputs: x, attn_norm, w_qkv, positions, inv_freq, 5 non-tensors (n_heads .. precision)
+    return dx, dg, dw, None, None, None, None, None, None, None
 
 
 _FIRST_FWD = _define(
@@ -492,12 +518,13 @@ def _middle_forward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     x2, qkv, x1, z1, r1, r2 = _middle_forward_fake(
         x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions, inv_freq,
-        n_heads, n_kv_heads, head_dim, eps)
+        n_heads, n_kv_heads, head_dim, eps, precision)
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
-    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
                                                 x1, z1, r1, r2)
@@ -506,7 +533,7 @@ def _middle_forward_impl(
 
 
 def _middle_forward_fake(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
-                         positions, inv_freq, n_heads, n_kv_heads, head_dim, eps):
+                         positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision):
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     return (
         x0.new_empty((m, d)),
@@ -541,9 +568,10 @@ def _middle_backward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
-    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     dx = dx2.clone(memory_format=torch.contiguous_format)  # in: d/d x2, out: d/d x0
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
@@ -551,6 +579,19 @@ def _middle_backward_impl(
 
     def empty(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+    if precision == L.LLAMA_FP8:
+        # The one call: the two parts have no FP8 form (not_supported). So every gradient is
+        # allocated before it and lives through it, beside a workspace that holds the E4M3
+        # copies of the GEMMs' operands: a higher peak than the native two parts' (at 8192
+        # tokens, dy0, dW_out and dW_gate_up add 104 MiB at Llama-1B and 320 MiB at 8B during
+        # B3..B4, and the workspace is 6-7x part 1's; docs/python.md, "FP8").
+        d_out, d_ffn, d_gate_up = empty(w_out), empty(ffn_norm), empty(w_gate_up)
+        d_down, d_attn, d_qkv, dy0 = empty(w_down), empty(attn_norm), empty(w_qkv), empty(y0)
+        grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, dy0, d_out, d_ffn, d_gate_up, d_down,
+                       d_attn, d_qkv)
+        _run_layer("middle", L.LLAMA_BACKWARD, cfg, m, x0, w, inputs, outputs, saved, grads)
+        return (dx, dy0, d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv)
 
     # In two parts, each part's gradients allocated just before it: the peak of one call holds
     # every gradient beside its largest scratch (docs/python.md, "The backward's transient").
@@ -567,7 +608,7 @@ def _middle_backward_impl(
 
 def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
                           w_qkv, positions, inv_freq, x2, qkv, x1, z1, r1, r2, n_heads,
-                          n_kv_heads, head_dim, eps):
+                          n_kv_heads, head_dim, eps, precision):
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv))
 
 
@@ -618,14 +659,15 @@ def _middle_setup(ctx, inputs, output):
 
 def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     if dx2 is None and dqkv is None:
-        return (None,) * 14
+        return (None,) * 15
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
     x2, qkv = saved[10], saved[11]
     saved[13], saved[15] = _overwritable(saved, 13), _overwritable(saved, 15)  # z1, r2
     grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg)
     dx0, dy0 = grads[0], grads[1]
-    return (dx0, dy0, *grads[2:], None, None, None, None, None, None)
+    # inputs: x0, y0, 6 weights, positions, inv_freq, 5 non-tensors (n_heads .. precision)
+    return (dx0, dy0, *grads[2:], None, None, None, None, None, None, None)
 
 
 _MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forward_fake,
@@ -656,16 +698,18 @@ def _last_forward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
     ignore_index: int,
     reduction: int,
     return_logits: bool,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     out = _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
-                             lm_head, n_heads, n_kv_heads, head_dim, eps, ignore_index,
-                             reduction, return_logits)
+                             lm_head, n_heads, n_kv_heads, head_dim, eps, precision,
+                             ignore_index, reduction, return_logits)
     loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = out
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
-    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction)
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction,
+                    precision)
     w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
                                      final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
                                      grad_scale, zeta)
@@ -675,8 +719,8 @@ def _last_forward_impl(
 
 
 def _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
-                       lm_head, n_heads, n_kv_heads, head_dim, eps, ignore_index, reduction,
-                       return_logits):
+                       lm_head, n_heads, n_kv_heads, head_dim, eps, precision, ignore_index,
+                       reduction, return_logits):
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
     one = x0.new_empty((1,), dtype=torch.float32)
     return (
@@ -716,11 +760,13 @@ def _last_backward_impl(
     n_kv_heads: int,
     head_dim: int,
     eps: float,
+    precision: int,
     ignore_index: int,
     reduction: int,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
-    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction)
+    cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction,
+                    precision)
     dx = torch.empty_like(x0, memory_format=torch.contiguous_format)
     dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
     dw = [torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -742,7 +788,7 @@ def _last_backward_impl(
 
 def _last_backward_fake(dloss, x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                         lm_head, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta, n_heads,
-                        n_kv_heads, head_dim, eps, ignore_index, reduction):
+                        n_kv_heads, head_dim, eps, precision, ignore_index, reduction):
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                                     lm_head))
 
@@ -755,19 +801,19 @@ def _last_setup(ctx, inputs, output):
     loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = output
     _grads_only(ctx, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
     ctx.save_for_backward(*inputs[:9], x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
-    ctx.cfg = tuple(inputs[9:15])  # n_heads .. reduction
+    ctx.cfg = tuple(inputs[9:16])  # n_heads .. reduction (precision after eps)
 
 
 def _last_backward(ctx, dloss, *_other_grads):
     if dloss is None:
-        return (None,) * 16
+        return (None,) * 17
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
     saved[10] = _overwritable(saved, 10)  # z1
     grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg)
     dx0, dy0 = grads[0], grads[1]
-    # inputs: x0, y0, targets, 6 weights, 7 non-tensors
-    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None)
+    # inputs: x0, y0, targets, 6 weights, 8 non-tensors (n_heads .. return_logits)
+    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None, None)
 
 
 _LAST_FWD = _define("llama_last_forward", _last_forward_impl, _last_forward_fake, _last_setup,
@@ -859,7 +905,8 @@ def llama_first(x, weights, positions, inv_freq, config):
     c = block_config(config)
     attn_norm, w_qkv = _weights(weights, FIRST_WEIGHTS)
     qkv, _ = _run(_FIRST_FWD, x, attn_norm, w_qkv, _positions(positions, x),
-                  _inv_freq(inv_freq, x), c.n_heads, c.n_kv_heads, c.head_dim, c.eps)
+                  _inv_freq(inv_freq, x), c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
+                  _PRECISIONS[c.precision])
     return qkv
 
 
@@ -872,7 +919,8 @@ def llama_middle(x0, y0, weights, positions, inv_freq, config):
     c = block_config(config)
     w = _weights(weights, MIDDLE_WEIGHTS)
     x2, qkv, *_ = _run(_MIDDLE_FWD, x0, y0, *w, _positions(positions, x0),
-                       _inv_freq(inv_freq, x0), c.n_heads, c.n_kv_heads, c.head_dim, c.eps)
+                       _inv_freq(inv_freq, x0), c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
+                       _PRECISIONS[c.precision])
     return x2, qkv
 
 
@@ -887,6 +935,7 @@ def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction=
     w = _weights(weights, LAST_WEIGHTS)
     targets = targets.reshape(-1).to(device=x0.device, dtype=torch.int32)
     out = _run(_LAST_FWD, x0, y0, targets, *w, c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-               c.ignore_index, _REDUCTIONS[reduction], bool(return_logits))
+               _PRECISIONS[c.precision], c.ignore_index, _REDUCTIONS[reduction],
+               bool(return_logits))
     loss, logits = out[0], out[1]
     return loss.reshape(()), (logits if return_logits else None)

@@ -19,8 +19,21 @@ DEVICES = R.device_params()
 M, D, F, H, KV, HD, V = 24, 128, 96, 2, 1, 64, 72
 QKV = (H + 2 * KV) * HD
 EPS = 1e-5
-CFG = (H, KV, HD, EPS)
 coda_ops = torch.ops.coda
+# The layer ops' precision argument (0 native, 1 fp8; FP8's backward runs other C calls: the
+# middle layer's in one call instead of two parts). FP8 needs the tokens a multiple of 16 for
+# its backward, and every width here is one.
+PRECISIONS = [pytest.param(0, id="native"), pytest.param(1, id="fp8")]
+
+
+def cfg(precision):
+    """The layer ops' arguments after the tensors: n_heads, n_kv_heads, head_dim, eps,
+    precision."""
+    return (H, KV, HD, EPS, precision)
+
+
+def tokens(precision):
+    return 32 if precision else M
 
 
 def opcheck(op, args):
@@ -40,8 +53,8 @@ def opcheck_consuming_saved(op, args):
     torch.library.opcheck(op, detached, test_utils="test_aot_dispatch_dynamic")
 
 
-def rope(gen, device):
-    positions = torch.randint(0, 512, (M,), generator=gen).to(device=device, dtype=torch.int32)
+def rope(gen, device, m=M):
+    positions = torch.randint(0, 512, (m,), generator=gen).to(device=device, dtype=torch.int32)
     config = models.LlamaConfig(hidden_size=D, intermediate_size=F, num_attention_heads=H,
                                 num_key_value_heads=KV, head_dim=HD, vocab_size=V,
                                 num_hidden_layers=2)
@@ -81,19 +94,21 @@ def test_gate_up(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_llama_first(device):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_llama_first(device, precision):
     gen = R.generator(SEED, 35)
-    positions, inv_freq = rope(gen, device)
-    x = act(gen, device, M, D, grad=True)
+    m, c = tokens(precision), cfg(precision)
+    positions, inv_freq = rope(gen, device, m)
+    x = act(gen, device, m, D, grad=True)
     attn_norm, w_qkv = g(gen, device, D), w(gen, device, QKV, D)
     opcheck(coda_ops.llama_first_forward.default,
-            (x, attn_norm, w_qkv, positions, inv_freq, *CFG))
+            (x, attn_norm, w_qkv, positions, inv_freq, *c))
     with torch.no_grad():
-        qkv, rstd = coda_ops.llama_first_forward(x, attn_norm, w_qkv, positions, inv_freq, *CFG)
-    dqkv = act(gen, device, M, QKV)
+        qkv, rstd = coda_ops.llama_first_forward(x, attn_norm, w_qkv, positions, inv_freq, *c)
+    dqkv = act(gen, device, m, QKV)
     opcheck(coda_ops.llama_first_backward.default,
             (dqkv, x.detach(), attn_norm.detach(), w_qkv.detach(), positions, inv_freq, qkv,
-             rstd, *CFG))
+             rstd, *c))
 
 
 def mlp(gen, device):
@@ -102,34 +117,38 @@ def mlp(gen, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_llama_middle(device):
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_llama_middle(device, precision):
     gen = R.generator(SEED, 36)
-    positions, inv_freq = rope(gen, device)
-    x0, y0 = act(gen, device, M, D, grad=True), act(gen, device, M, H * HD, grad=True)
+    m, c = tokens(precision), cfg(precision)
+    positions, inv_freq = rope(gen, device, m)
+    x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
     weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
-    args = (x0, y0, *weights, positions, inv_freq, *CFG)
+    args = (x0, y0, *weights, positions, inv_freq, *c)
     opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
     with torch.no_grad():
         outs = coda_ops.llama_middle_forward(*args)
     plain = [t.detach() for t in (x0, y0, *weights)]
     opcheck(coda_ops.llama_middle_backward.default,
-            (act(gen, device, M, D), act(gen, device, M, QKV), *plain, positions, inv_freq,
-             *outs, *CFG))
+            (act(gen, device, m, D), act(gen, device, m, QKV), *plain, positions, inv_freq,
+             *outs, *c))
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("return_logits", [False, True])
-def test_llama_last(device, return_logits):
+def test_llama_last(device, return_logits, precision):
     gen = R.generator(SEED, 37 + return_logits)
-    x0, y0 = act(gen, device, M, D, grad=True), act(gen, device, M, H * HD, grad=True)
+    m, c = tokens(precision), cfg(precision)
+    x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
     weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, V, D)]
-    targets = torch.randint(0, V, (M,), generator=gen).to(device=device, dtype=torch.int32)
+    targets = torch.randint(0, V, (m,), generator=gen).to(device=device, dtype=torch.int32)
     targets[::5] = -100
-    args = (x0, y0, targets, *weights, *CFG, -100, 0, return_logits)
+    args = (x0, y0, targets, *weights, *c, -100, 0, return_logits)
     opcheck_consuming_saved(coda_ops.llama_last_forward.default, args)
     with torch.no_grad():
         loss, logits, *saved = coda_ops.llama_last_forward(*args)
     plain = [t.detach() for t in (x0, y0)] + [targets] + [t.detach() for t in weights]
     dloss = torch.full((1,), 0.5, device=device)
     opcheck(coda_ops.llama_last_backward.default,
-            (dloss, *plain, *saved, *CFG, -100, 0))
+            (dloss, *plain, *saved, *c, -100, 0))

@@ -346,7 +346,7 @@ def record_chain(monkeypatch, ops, models):
 
     def rope_args(positions, inv_freq, x, c):
         return (ops._positions(positions, x), ops._inv_freq(inv_freq, x), c.n_heads,
-                c.n_kv_heads, c.head_dim, c.eps)
+                c.n_kv_heads, c.head_dim, c.eps, ops._PRECISIONS[c.precision])
 
     def first_(x, weights, positions, inv_freq, config):
         qkv = first(x, weights, positions, inv_freq, config)
@@ -377,7 +377,7 @@ def record_chain(monkeypatch, ops, models):
                             "grad_scale"), x0.detach(),
             y0.detach(), targets.reshape(-1).to(device=x0.device, dtype=torch.int32),
             *[w.detach() for w in weights], c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-            c.ignore_index, ops._REDUCTIONS[reduction], True)
+            ops._PRECISIONS[c.precision], c.ignore_index, ops._REDUCTIONS[reduction], True)
         step("last", [x0, y0], weights, [loss], (targets, c, reduction), saved)
         return loss, logits
 

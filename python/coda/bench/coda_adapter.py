@@ -85,7 +85,8 @@ class NativeMiddle:
         self.cfg = ops._c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps)
         # The forward's outputs and saved tensors, shaped and typed as coda.ops allocates them.
         self.x2, self.qkv, self.x1, self.z1, self.r1, self.r2 = ops._middle_forward_fake(
-            x0, y0, *w, self.positions, self.inv_freq, n_heads, n_kv_heads, head_dim, eps)
+            x0, y0, *w, self.positions, self.inv_freq, n_heads, n_kv_heads, head_dim, eps,
+            L.LLAMA_NATIVE)
         self.dx = torch.empty_like(x0, memory_format=torch.contiguous_format)
         self.dy0 = torch.empty_like(y0, memory_format=torch.contiguous_format)
         self.dweights = {n: torch.empty_like(t, memory_format=torch.contiguous_format)
