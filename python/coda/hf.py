@@ -71,16 +71,18 @@ def _coda_dtype(dtype):
 
 
 @torch.no_grad()
-def from_hf(hf_model, device=None, dtype=None):
+def from_hf(hf_model, device=None, dtype=None, precision="native"):
     """A coda.models.Llama with a copy of a Hugging Face LlamaForCausalLM's weights.
 
     device: default the HF model's; dtype: default the HF model's when bf16 or f16, else bf16
-    (coda computes in 16-bit). Unsupported architectures raise NotImplementedError."""
+    (coda computes in 16-bit). precision: "native" or "fp8", as Llama takes it (the layers'
+    GEMMs on E4M3 copies of their operands; docs/python.md, "FP8"). Unsupported
+    architectures raise NotImplementedError."""
     base = _causal_lm(hf_model)
     config = LlamaConfig.from_hf(hf_model.config)
     device = torch.device(device) if device is not None else _model_device(hf_model)
     dtype = dtype if dtype is not None else _coda_dtype(_model_dtype(hf_model))
-    model = Llama(config, device=device, dtype=dtype, init_weights=False)
+    model = Llama(config, device=device, dtype=dtype, init_weights=False, precision=precision)
 
     def put(dst, src):
         dst.copy_(src.detach().to(device=device, dtype=dtype))
@@ -379,7 +381,7 @@ def _coda_forward(self, input_ids=None, attention_mask=None, position_ids=None,
                            past_key_values=None)
 
 
-def patch_hf(hf_model, keep_logits=True, dtype=None):
+def patch_hf(hf_model, keep_logits=True, dtype=None, precision="native"):
     """Run a Hugging Face LlamaForCausalLM's forward on coda, in place; returns the model.
 
     The HF parameters stay the model's parameters (the same objects: optimizers, state_dict,
@@ -398,7 +400,8 @@ def patch_hf(hf_model, keep_logits=True, dtype=None):
     4D attention masks and attention / hidden-state outputs raise NotImplementedError.
 
     dtype: the compute dtype (default the model's when bf16 or f16, else bf16: an fp32 model's
-    weights are cast on the fly and receive fp32 gradients)."""
+    weights are cast on the fly and receive fp32 gradients). precision: "native" or "fp8", as
+    coda.models.Llama takes it (docs/python.md, "FP8"); patching again changes it."""
     base = _causal_lm(hf_model)
     config = LlamaConfig.from_hf(hf_model.config)
     from .models import rope_inv_freq
@@ -406,7 +409,7 @@ def patch_hf(hf_model, keep_logits=True, dtype=None):
     previous = hf_model.__dict__.get("_coda_state")
     state = {
         "config": config,
-        "block": config.block(),
+        "block": config.block(precision=precision),
         "inv_freq": {"cpu": rope_inv_freq(config)},  # per device
         "dtype": dtype if dtype is not None else _coda_dtype(_model_dtype(hf_model)),
         "keep_logits": bool(keep_logits),

@@ -8,6 +8,7 @@ them in torch (``scaled_dot_product_attention``, causal, with the padding mask w
 one), on the post-RoPE q, k, v of the fused qkv. ``coda.from_hf`` builds one from a Hugging Face ``LlamaForCausalLM``.
 """
 
+import dataclasses
 import math
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -144,10 +145,11 @@ class LlamaConfig:
     def to_dict(self):
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def block(self, ignore_index=-100):
-        """The coda.ops.BlockConfig of this model."""
+    def block(self, ignore_index=-100, precision="native"):
+        """The coda.ops.BlockConfig of this model; precision "native" or "fp8" (ValueError
+        otherwise)."""
         return ops.BlockConfig(self.num_attention_heads, self.num_key_value_heads, self.head_dim,
-                               float(self.rms_norm_eps), int(ignore_index))
+                               float(self.rms_norm_eps), int(ignore_index), precision)
 
 
 def _hf_rope(hf_config):
@@ -505,10 +507,18 @@ class Llama(nn.Module):
     call (last layer, LM head, loss) is not recomputed. Loss and gradients are bit for bit
     those without it (on CUDA, where torch's attention backward is deterministic too:
     torch.use_deterministic_algorithms(True)). The attribute may be changed between steps.
+
+    precision="fp8": every decoder layer's GEMMs, forward and backward, run on block-scaled
+    E4M3 copies of their operands, which coda makes in the call (the parameters, the
+    activations between the calls and the gradients stay 16-bit; the LM head and the loss stay
+    16-bit). It needs the widths (hidden, intermediate, the attention and QKV widths)
+    multiples of 16, a token count (B * S) that is a multiple of 16 for the backward, and bf16
+    for training; docs/python.md, "FP8". "native" (the default): 16-bit GEMMs. The attribute
+    may be changed between steps. Anything else raises ValueError.
     """
 
     def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True,
-                 checkpoint=False):
+                 checkpoint=False, precision="native"):
         super().__init__()
         self.checkpoint = bool(checkpoint)
         if dtype not in (torch.bfloat16, torch.float16):
@@ -528,9 +538,18 @@ class Llama(nn.Module):
         # model.to(dtype) / .half() move it without rounding it.
         bits = rope_inv_freq(config).view(torch.int32)
         self.register_buffer("rope_inv_freq_bits", bits.to(device), persistent=False)
-        self.block = config.block()
+        self.block = config.block(precision=precision)
         if init_weights:
             self.reset_parameters()
+
+    @property
+    def precision(self):
+        """"native" or "fp8": the precision of the decoder layers' GEMMs (the block config's)."""
+        return self.block.precision
+
+    @precision.setter
+    def precision(self, value):
+        self.block = dataclasses.replace(self.block, precision=value)  # validates it
 
     @property
     def inv_freq(self):
