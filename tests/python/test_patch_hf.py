@@ -172,9 +172,10 @@ def step(model, ids, labels, mask=None):
     return out.loss.detach(), out.logits, {n: p.grad for n, p in model.named_parameters()}
 
 
-def coda_step(hf_model, ids, labels, mask=None):
+def coda_step(hf_model, ids, labels, mask=None, precision="native"):
     """The same step on coda.from_hf(hf_model) (a copy), its gradients under HF's names."""
-    model = coda.from_hf(hf_model)
+    model = coda.from_hf(hf_model, precision=precision)
+    assert model.precision == precision
     loss, logits = model(ids, labels=labels, return_logits=True, attention_mask=mask)
     loss.backward()
     return loss.detach(), logits, coda.to_hf_state_dict(model, grads=True)
@@ -233,6 +234,27 @@ def test_patched_step_is_a_from_hf_step_without_copies(device, tied, padded, mon
         for params in R.projection_groups(layer).values():
             R.assert_row_blocks([p.grad for p in params])
     R.assert_fused(model)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+def test_fp8_patched_step_is_an_fp8_from_hf_step(device, padded):
+    """precision="fp8" through both entry points (48 tokens, every width a multiple of 16):
+    a patched step equals the step of coda.from_hf(..., precision="fp8") bit for bit, and not
+    the native one (the FP8 GEMMs ran); patching again sets the precision back. A precision
+    other than "native" or "fp8" is refused before the model is touched."""
+    model = hf_like(False, device)
+    ids, labels, mask = batch(device, padded)
+    with pytest.raises(ValueError, match="'native', 'fp8'"):
+        coda.patch_hf(model, precision="bf8")
+    assert "_coda_state" not in model.__dict__
+    native = coda_step(model, ids, labels, mask)
+    want = coda_step(model, ids, labels, mask, precision="fp8")
+    assert not torch.equal(want[1], native[1])
+    coda.patch_hf(model, precision="fp8")
+    assert_same_step(step(model, ids, labels, mask), want)
+    coda.patch_hf(model)
+    assert_same_step(step(model, ids, labels, mask), native)
 
 
 @pytest.mark.parametrize("device", DEVICES)
