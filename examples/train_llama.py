@@ -30,6 +30,13 @@ peak memory of any rank. --fsdp shards coda's model by Llama.fsdp_units() (each 
 weights one unit) and the PyTorch model per decoder layer, with FSDP2's fully_shard (bf16
 parameters, fp32 reduce-scatter); --ddp wraps both in DistributedDataParallel. The logged loss
 is the mean over the ranks, the loss of the whole step's batch.
+
+    python examples/train_llama.py --precision fp8
+
+--precision fp8 trains coda's model with its decoder layers' GEMMs on block-scaled E4M3
+operands (coda.from_hf(..., precision="fp8"); docs/python.md, "FP8"), against the same PyTorch
+bf16 run; the widths and each rank's batch * seq tokens must be multiples of 16. loss.json
+(and soak.json) record the precision.
 """
 import argparse
 import json
@@ -76,9 +83,22 @@ def parse_args(argv=None):
                    help="FSDP2 over torchrun's ranks (coda's model sharded by fsdp_units())")
     p.add_argument("--ddp", action="store_true",
                    help="DistributedDataParallel over torchrun's ranks")
+    p.add_argument("--precision", choices=("native", "fp8"), default="native",
+                   help="coda's layer GEMMs: native (bf16) or fp8 (block-scaled E4M3 operands)")
     args = p.parse_args(argv)
     if args.fsdp and args.ddp:
         p.error("--fsdp and --ddp exclude each other: choose one way to spread the model")
+    if args.precision == "fp8":
+        # Checked here, before the PyTorch side trains: coda refuses these only at its first
+        # forward (the widths) or backward (the tokens).
+        widths = {"--hidden": args.hidden, "--mlp": args.mlp,
+                  "--heads * --head-dim": args.heads * args.head_dim,
+                  "(--heads + 2 --kv-heads) * --head-dim":
+                      (args.heads + 2 * args.kv_heads) * args.head_dim,
+                  "--batch * --seq (tokens a step)": args.batch * args.seq}
+        bad = ["%s = %d" % (k, v) for k, v in widths.items() if v % 16]
+        if bad:
+            p.error("--precision fp8 needs multiples of 16: %s" % ", ".join(bad))
     if args.soak and (args.fsdp or args.ddp):
         p.error("--soak runs in one process: drop --fsdp / --ddp")
     if args.steps is None:
@@ -298,7 +318,8 @@ def soak_report(curve, args, device, cfg):
     nonfinite = [i + 1 for i, (x, g) in enumerate(zip(curve["loss"], curve["grad_norm"]))
                  if not (math.isfinite(x) and math.isfinite(g))]
     report = dict(curve, nonfinite_steps=nonfinite, steps=args.steps, seed=args.seed,
-                  **provenance(device), config=cfg.to_dict(), args=vars(args))
+                  **provenance(device), config=cfg.to_dict(), args=vars(args),
+                  precision=args.precision)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "soak.json")
     with open(path, "w") as f:
@@ -421,6 +442,7 @@ def run(args, ranks):
     models = {}
     if "coda" in sides:
         models["coda"] = coda_adapter.model_from_reference(reference)  # a converted copy
+        models["coda"].precision = args.precision  # its layer GEMMs: native or fp8
     if "torch" in sides:
         models["torch"] = reference
     curves = {}
@@ -437,7 +459,8 @@ def run(args, ranks):
 
 def compare(curves, args, cfg, device, say, write):
     """Checks that the sides' curves agree; rank 0 writes OUT/loss.json and OUT/loss.png."""
-    summary = dict(provenance(device), config=cfg.to_dict(), args=vars(args))
+    summary = dict(provenance(device), config=cfg.to_dict(), args=vars(args),
+                   precision=args.precision)  # coda's side's; the torch side is bf16
     # (the curves take the sides' names below, so the versions go by theirs)
     summary["torch_version"], summary["coda_version"] = summary.pop("torch"), summary.pop("coda")
     agree = True
@@ -467,8 +490,9 @@ def compare(curves, args, cfg, device, say, write):
     with open(os.path.join(args.out, "loss.json"), "w") as f:
         json.dump(summary, f, indent=1)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
-    title = "byte-level Llama on the coda repository: %d layers, hidden %d, %d steps, %s" % (
-        args.layers, args.hidden, args.steps, where)
+    title = "byte-level Llama on the coda repository: %d layers, hidden %d, %d steps, %s%s" % (
+        args.layers, args.hidden, args.steps, where,
+        ", coda in FP8" if args.precision == "fp8" else "")
     png = plot(curves, args.smooth, os.path.join(args.out, "loss.png"), title)
     print("wrote %s%s" % (os.path.join(args.out, "loss.json"), " and " + png if png else ""))
     return 0 if agree else 1
