@@ -129,6 +129,17 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
   } else {
     check_gate_up_and_out_gradients(v, config, m, mlp);
   }
+  const bool fp8 = config.precision == Precision::fp8;
+  if (fp8) { // each part's weight gradients, and the MLP backward's activations (either part)
+    const MiddleWeights& dw = grads.dweights;
+    if (first)
+      check_fp8_backward(v, m,
+                         {{"grads.dweights.w_qkv", dw.w_qkv}, {"grads.dweights.w_down", dw.w_down}});
+    else
+      check_fp8_backward(
+          v, m, {{"grads.dweights.w_out", dw.w_out}, {"grads.dweights.w_gate_up", dw.w_gate_up}});
+    check_fp8_mlp_activations(v, inputs.x0.dtype);
+  }
   check_workspace(v, workspace, Layer::middle, part, config, m);
   v.finish();
 
@@ -139,11 +150,12 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
                                 stream); // B0..B2
     // B3, A4, B4: zeta1 over r2, whose one reader (B1's K6) has run.
     swiglu_and_down_backward(mlp, config.hidden, accumulate, s.mlp, saved.r2, s.norm.gemm_workspace,
-                             stream);
+                             stream, fp8 ? &s.fp8_mlp : nullptr);
   } else {
     MiddleBackwardPart2Scratch s = carve_middle_backward_part2(arena, config, m, inputs.x0.dtype);
-    s.ffn.zeta = saved.r2;                                    // zeta1, from part 1
-    gate_up_and_out_backward(mlp, accumulate, s.ffn, stream); // B5..B8
+    s.ffn.zeta = saved.r2; // zeta1, from part 1
+    gate_up_and_out_backward(mlp, accumulate, s.ffn, stream,
+                             fp8 ? &s.fp8_mlp : nullptr); // B5..B8
   }
 }
 

@@ -247,6 +247,9 @@ MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Confi
   MiddleBackwardPart2Scratch s;
   s.ffn = carve_norm_statistics(arena, Layer::middle, c, m, Zeta::provided);
   s.ffn.h_hat = arena.matrix(act, m, c.hidden);
+  // NOTE: the one-call backward's regions, W_down's and y1's codes among them, which part 2
+  // does not use: one layout for both parts' callers, at the cost of those bytes.
+  if (c.precision == Precision::fp8) s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
   return s;
 }
 

@@ -148,9 +148,10 @@ struct MiddleBackwardScratch {
 // The middle backward in two parts (middle_backward_part). Part 1 (B0..B4) carves the one-call
 // backward's MiddleBackwardScratch and leaves its ffn norm's h_hat unused (it lies over y1's
 // region, so the size is the same); part 2 has only the ffn norm's backward and the GEMMs'
-// scratch (zeta1 comes in saved.r2, from part 1).
+// scratch (zeta1 comes in saved.r2, from part 1), and with Precision::fp8 the operands of B5..B8.
 struct MiddleBackwardPart2Scratch {
-  NormBackwardScratch ffn; // B5, B6 (its zeta absent: saved.r2 holds zeta1)
+  NormBackwardScratch ffn;       // B5, B6 (its zeta absent: saved.r2 holds zeta1)
+  Fp8MlpBackwardScratch fp8_mlp; // Precision::fp8: B5..B8's operands (B3's and B4's unused)
 };
 struct LastBackwardScratch {
   NormBackwardScratch norm; // the final norm's backward (K6 through the LM head, dW_lm)

@@ -62,14 +62,8 @@ void check_config(const api::Validator& v, const Config& c, Layer layer) {
                                          std::to_string(int(c.loss_reduction)));
 }
 
-void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass) {
+void check_precision(const api::Validator& v, const Config& c, Layer layer) {
   if (c.precision != Precision::fp8) return;
-  if (pass != Pass::forward && pass != Pass::backward)
-    v.fail(Status::not_supported,
-           std::string("config.precision = fp8: the middle layer's two-part backward has no FP8 "
-                       "form yet (the one-call backward has); got Layer::") +
-               layer_name(layer) + ", Pass::" + pass_name(pass) +
-               " (run it with Precision::native)");
   // Every GEMM's K and N the layer has, as gemm_fp8 needs them: rows of 16-byte E4M3 codes.
   const struct {
     const char* what;
@@ -102,9 +96,17 @@ void check_fp8_backward(const api::Validator& v, int64_t m,
                                      dtype_name(dw.tensor.dtype));
 }
 
+void check_fp8_mlp_activations(const api::Validator& v, DType act) {
+  if (act != DType::bf16)
+    v.fail(Status::type_error, std::string("config.precision = fp8: the MLP's backward needs bf16 "
+                                           "activations (gemm_fp8 writes grads.dy0 in bf16 or "
+                                           "f32); got ") +
+                                   dtype_name(act));
+}
+
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
                      const Config& c, int64_t tokens) {
-  check_precision(v, c, layer, pass);
+  check_precision(v, c, layer);
   v.output("workspace", workspace, api::Elem::any, {api::any("bytes / element size")});
   const size_t needed = workspace_size(layer, pass, c, tokens);
   const size_t held = size_t(workspace.numel() * dtype_size(workspace.dtype));

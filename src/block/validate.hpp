@@ -17,10 +17,9 @@ namespace coda::llama::detail {
 // layer. Throws invalid_argument naming the field.
 void check_config(const api::Validator& v, const Config& c, Layer layer);
 
-// config.precision for this call: Precision::fp8 where the call has an FP8 form (the forwards)
-// and every GEMM width of the layer is a multiple of 16; not_supported or invalid_argument
-// naming what to change otherwise.
-void check_precision(const api::Validator& v, const Config& c, Layer layer, Pass pass);
+// config.precision for this call: Precision::fp8 where every GEMM width of the layer is a
+// multiple of 16; invalid_argument naming the width otherwise.
+void check_precision(const api::Validator& v, const Config& c, Layer layer);
 
 // What an FP8 backward needs beyond its shapes: M a multiple of 16 (the weight gradients reduce
 // over the tokens in rows of 1-byte codes) and each weight gradient `dweights` bf16 or f32
@@ -32,19 +31,19 @@ struct NamedTensor {
 void check_fp8_backward(const api::Validator& v, int64_t m,
                         std::initializer_list<NamedTensor> dweights);
 
+// The MLP's FP8 backward needs bf16 activations (gemm_fp8 writes grads.dy0 in bf16 or f32):
+// type_error naming the dtype otherwise.
+void check_fp8_mlp_activations(const api::Validator& v, DType act);
+
 // The MLP's FP8 backward (B3..B8) in a middle or last layer: check_fp8_backward for its three
-// weight gradients, and bf16 activations (gemm_fp8 writes grads.dy0 in bf16 or f32).
+// weight gradients, and bf16 activations.
 template <class Weights>
 void check_fp8_mlp_backward(const api::Validator& v, int64_t m, DType act, const Weights& dw) {
   check_fp8_backward(v, m,
                      {{"grads.dweights.w_out", dw.w_out},
                       {"grads.dweights.w_gate_up", dw.w_gate_up},
                       {"grads.dweights.w_down", dw.w_down}});
-  if (act != DType::bf16)
-    v.fail(Status::type_error, std::string("config.precision = fp8: the MLP's backward needs bf16 "
-                                           "activations (gemm_fp8 writes grads.dy0 in bf16 or "
-                                           "f32); got ") +
-                                   dtype_name(act));
+  check_fp8_mlp_activations(v, act);
 }
 
 // The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's

@@ -20,7 +20,7 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
            "layer " +
                std::to_string(int(layer)));
 
-  detail::check_precision(v, config, layer, pass);
+  detail::check_precision(v, config, layer);
   // The activation dtype does not matter here: bf16 and f16 are both 2 bytes.
   constexpr DType act = DType::bf16;
   detail::Arena counter;

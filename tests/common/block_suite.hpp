@@ -962,9 +962,10 @@ TEST_P(Block, FirstLayerFp8Backward) {
   }
 }
 
-// The middle layer's one-call backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3
-// operands, the four weight gradients in gemm_fp8's rows form, dy0 in its forward form) after an
-// FP8 forward, against the textbook layer's FP8 path, on RMS errors, writing and accumulating.
+// The middle layer's backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3 operands, the four
+// weight gradients in gemm_fp8's rows form, dy0 in its forward form) after an FP8 forward,
+// against the textbook layer's FP8 path, on RMS errors: one call writing and accumulating, and
+// the two parts accumulating.
 // As the first layer's: the case's M is refused first (and a config whose widths do not fit),
 // then the check runs on M rounded up to 16.
 TEST_P(Block, MiddleLayerFp8Backward) {
@@ -980,10 +981,13 @@ TEST_P(Block, MiddleLayerFp8Backward) {
   }
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
   const int64_t D = c.hidden, F = c.intermediate;
-  for (bool accumulate : {false, true}) {
-    SCOPED_TRACE(accumulate ? "accumulating weight gradients" : "writing weight gradients");
+  const std::pair<BackwardCalls, bool> runs[] = {
+      {BackwardCalls::one, false}, {BackwardCalls::one, true}, {BackwardCalls::two_parts, true}};
+  for (const auto& [calls, accumulate] : runs) {
+    SCOPED_TRACE(std::string(calls == BackwardCalls::one ? "one call, " : "two parts, ") +
+                 (accumulate ? "accumulating weight gradients" : "writing weight gradients"));
     MiddleProblem p(m16);
-    MiddleResult r = run_middle(m16, p, grad_dtype, accumulate, BackwardCalls::one);
+    MiddleResult r = run_middle(m16, p, grad_dtype, accumulate, calls);
     const auto bwd = [&](ref::Rounding rr) {
       return ref::middle_backward(ref_config(c), p.textbook(), p.rope.textbook(), p.x0.values(),
                                   p.y0.values(), p.dx2.values(), p.dqkv.values(), rr);
@@ -994,6 +998,29 @@ TEST_P(Block, MiddleLayerFp8Backward) {
                     unfused_fp8.grads.next_attn_norm);
     expect_rms_grad("d w_qkv", r.d_qkv, exact.grads.w_qkv_next, unfused_fp8.grads.w_qkv_next);
   }
+}
+
+// The FP8 middle backward in two parts runs the one call's kernels and quantizations in the same
+// order on the same tensors: the same bits (saved.r2 aside, as in the 16-bit test); refused as
+// the one call is where it would be (M, widths, activations). MiddleLayerFp8Backward checks it
+// accumulating against the textbook.
+TEST_P(Block, MiddleLayerFp8InTwoPartsIsTheOneCall) {
+  make.c.precision = llama::Precision::fp8;
+  const DType grad_dtype = GetParam().grad_dtype;
+  const bool fits = fp8_widths_fit(c, llama::Layer::middle) && make.dt == DType::bf16;
+  if (M % 16 != 0 || !fits) {
+    expect_fp8_backward_refused(fits, [&] {
+      MiddleProblem p(make);
+      run_middle(make, p, grad_dtype, false, BackwardCalls::two_parts);
+    });
+    if (!fits) return;
+  }
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
+  MiddleProblem p(m16);
+  MiddleResult one = run_middle(m16, p, grad_dtype, false, BackwardCalls::one);
+  MiddleResult two = run_middle(m16, p, grad_dtype, false, BackwardCalls::two_parts);
+  const std::vector<HostTensor*> a = one.all(), b = two.all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
 }
 
 // The last layer's backward with Precision::fp8: the final norm's K6 through the LM head stays

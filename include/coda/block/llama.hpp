@@ -42,8 +42,8 @@ namespace coda::llama {
 //   native: in the activations' 16-bit dtype (bf16 or f16), fp32 accumulation;
 //   fp8:    on E4M3 operands with power-of-two block scales (the activations in 1 x 128 blocks
 //           along K, the weights in 128 x 128 blocks), fp32 accumulation, the outputs and
-//           everything else as native; the LM head and the loss stay 16-bit. Every call but
-//           the middle layer's two-part backward (not_supported); a backward needs M a
+//           everything else as native; the LM head and the loss stay 16-bit. Every call,
+//           the middle layer's two-part backward included; a backward needs M a
 //           multiple of 16, the GEMMs' weight gradients bf16 or f32 and, in the middle and
 //           last layers, bf16 activations. The weights stay 16-bit; each
 //           call quantizes the ones it reads into its workspace, and each GEMM's activation
