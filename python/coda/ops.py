@@ -20,8 +20,8 @@ The forward ops return their outputs followed by the tensors their backward need
 the logits are non-differentiable. The middle and last backward ops write d loss / d z1 over the
 saved z1 (it needs no workspace then), so each runs once per forward: a second backward through
 the same graph raises. The middle backward runs as the C ABI's two parts, each part's gradients
-allocated just before it (zeta1 passes from one to the other over the saved r2); with precision
-FP8, which has no two-part form, as its one call. Weight gradients are returned (never
+allocated just before it (zeta1 passes from one to the other over the saved r2), in either
+precision. Weight gradients are returned (never
 accumulated in place): autograd accumulates them. Each call runs on
 ``torch.cuda.current_stream()`` of its tensors' device (or synchronously on the CPU backend for
 CPU tensors) and takes its workspace from the caching allocator.
@@ -579,19 +579,6 @@ def _middle_backward_impl(
 
     def empty(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
-
-    if precision == L.LLAMA_FP8:
-        # The one call: the two parts have no FP8 form (not_supported). So every gradient is
-        # allocated before it and lives through it, beside a workspace that holds the E4M3
-        # copies of the GEMMs' operands: a higher peak than the native two parts' (at 8192
-        # tokens, dy0, dW_out and dW_gate_up add 104 MiB at Llama-1B and 320 MiB at 8B during
-        # B3..B4, and the workspace is 6-7x part 1's; docs/python.md, "FP8").
-        d_out, d_ffn, d_gate_up = empty(w_out), empty(ffn_norm), empty(w_gate_up)
-        d_down, d_attn, d_qkv, dy0 = empty(w_down), empty(attn_norm), empty(w_qkv), empty(y0)
-        grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, dy0, d_out, d_ffn, d_gate_up, d_down,
-                       d_attn, d_qkv)
-        _run_layer("middle", L.LLAMA_BACKWARD, cfg, m, x0, w, inputs, outputs, saved, grads)
-        return (dx, dy0, d_out, d_ffn, d_gate_up, d_down, d_attn, d_qkv)
 
     # In two parts, each part's gradients allocated just before it: the peak of one call holds
     # every gradient beside its largest scratch (docs/python.md, "The backward's transient").

@@ -201,12 +201,10 @@ def test_two_part_backward_workspaces_hold_only_their_phases():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", ["native", "fp8"])
-def test_middle_backward_calls_its_parts_or_with_fp8_the_one_call(device, precision,
-                                                                  monkeypatch):
-    """The middle backward op's C calls: the two parts (each part's gradients allocated just
-    before it) for native precision; the one call for FP8, whose two parts answer
-    not_supported (its memory cost: docs/python.md, "FP8"). 96 tokens: FP8's backward needs a
-    multiple of 16."""
+def test_middle_backward_calls_its_two_parts(device, precision, monkeypatch):
+    """The middle backward op's C calls: the two parts, each part's gradients allocated just
+    before it, in both precisions (FP8's memory: docs/python.md, "FP8"). 96 tokens: FP8's
+    backward needs a multiple of 16."""
     gen = R.generator(SEED, 47)
     x0, y0, w, positions, inv_freq = middle_setup(gen, device)
     m = 96
@@ -226,12 +224,9 @@ def test_middle_backward_calls_its_parts_or_with_fp8_the_one_call(device, precis
     ls = _leaves([x0[:m], y0[:m]] + [w[n] for n in ops.MIDDLE_WEIGHTS])
     outs = ops.llama_middle(ls[0], ls[1], tuple(ls[2:]), positions[:m], inv_freq, block)
     grads = torch.autograd.grad(outs, ls, [torch.ones_like(t) for t in outs])
-    if precision == "fp8":
-        assert calls == [("llama_backward", "middle", L.LLAMA_FP8)], calls
-    else:
-        assert calls == [("llama_middle_backward_part", L.LLAMA_BACKWARD_PART1, L.LLAMA_NATIVE),
-                         ("llama_middle_backward_part", L.LLAMA_BACKWARD_PART2,
-                          L.LLAMA_NATIVE)], calls
+    code = L.LLAMA_FP8 if precision == "fp8" else L.LLAMA_NATIVE
+    assert calls == [("llama_middle_backward_part", L.LLAMA_BACKWARD_PART1, code),
+                     ("llama_middle_backward_part", L.LLAMA_BACKWARD_PART2, code)], calls
     for leaf, g in zip(ls, grads):
         assert g.shape == leaf.shape and bool(torch.isfinite(g).all()), ctx(precision)
 
