@@ -101,6 +101,9 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     p.n = int32_t(n);
   }
 
+  static_assert(Config::kConsumerWarpgroups == 2,
+                "mma_tile: a consumer's first 64-row block is 0 or kMmaBlocksM");
+
   // One consumer warpgroup: D(rows it owns, tile columns) = the promoted sum over k-blocks
   // [k_begin, k_end) (at least one). The contract of Base::mma_tile.
   // Two partials in turn: k-block i's wgmmas go into one while k-block i - 1's partial, in the
@@ -120,10 +123,18 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     for (int mb = 0; mb < Accum::kBlocks; ++mb)
 #pragma unroll
       for (int i = 0; i < Accum::kRegsPerBlock; ++i) acc.reg[mb][i] = 0.f;
-    if constexpr (kHalves)
-      mma_halves(smem, pipe, st, acc, scales, first_block, k_begin, k_end, lane, thread, while_mma);
+    // The warpgroup's first 64-row block as a constant (FirstBlock, the kernel's 0 or
+    // kMmaBlocksM): mma_stage's descriptors then derive from the stage index and constants alone.
+    const auto run = [&](auto first) {
+      if constexpr (kHalves)
+        mma_halves(smem, pipe, st, acc, scales, first, k_begin, k_end, lane, thread, while_mma);
+      else
+        mma_full(smem, pipe, st, acc, scales, first, k_begin, k_end, lane, thread, while_mma);
+    };
+    if (first_block == 0)
+      run(std::integral_constant<int, 0>{});
     else
-      mma_full(smem, pipe, st, acc, scales, first_block, k_begin, k_end, lane, thread, while_mma);
+      run(std::integral_constant<int, Config::kMmaBlocksM>{});
   }
 
 private:
@@ -292,16 +303,16 @@ private:
   }
 
   // Full-width partials: one, or two in turn (mma_tile).
-  template <class WhileMma>
+  template <class FirstBlock, class WhileMma>
   __device__ static void mma_full(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
-                                  const Scales& scales, int first_block, int32_t k_begin,
+                                  const Scales& scales, FirstBlock, int32_t k_begin,
                                   int32_t k_end, uint32_t lane, int thread, WhileMma& while_mma) {
     Partial partial[kPartials]; // the tensor cores' sums over one k-block each, in turn
     State previous = st;        // the stage of the k-block in flight
     const auto issue = [&](int32_t kb, Partial& into) {
       pipe.consumer_wait(st);
       arch::wgmma_fence(); // the promotion read `into` two k-blocks ago with ordinary instructions
-      mma_stage<0>(smem, st.index, into, first_block);
+      mma_stage<0, FirstBlock::value>(smem, st.index, into);
       arch::wgmma_commit_group();
       while_mma(kb - k_begin);
     };
@@ -356,9 +367,9 @@ private:
   // partial. The price: both halves read the stage's A tile, so A's shared-memory reads double
   // (docs/fp8.md, "The 128 x 192 tile"). A k-block's scales serve both of its halves: loaded
   // once, before its second half is issued.
-  template <class WhileMma>
+  template <class FirstBlock, class WhileMma>
   __device__ static void mma_halves(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
-                                    const Scales& scales, int first_block, int32_t k_begin,
+                                    const Scales& scales, FirstBlock, int32_t k_begin,
                                     int32_t k_end, uint32_t lane, int thread, WhileMma& while_mma) {
     Partial partial[2];
     State previous = st; // the stage of the k-block whose second half is in flight
@@ -368,7 +379,7 @@ private:
       constexpr int h = decltype(half)::value;
       if constexpr (h == 0) pipe.consumer_wait(st);
       arch::wgmma_fence(); // the promotion read partial[h] with ordinary instructions
-      mma_stage<h * kTileN / 2>(smem, st.index, partial[h], first_block);
+      mma_stage<h * kTileN / 2, FirstBlock::value>(smem, st.index, partial[h]);
       arch::wgmma_commit_group();
       if constexpr (h == 1) {
         while_mma(kb - k_begin);
@@ -412,16 +423,22 @@ private:
   }
 
   // The 4 k32 steps of one stage into `partial`, the tile's columns from kCol0 on (B's rows:
-  // whole 8-row swizzle atoms); the first step overwrites it (scale_d = 0).
-  template <int kCol0>
-  __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Partial& partial,
-                                   int first_block) {
+  // whole 8-row swizzle atoms), for the warpgroup's 64-row blocks from kFirstBlock on; the first
+  // step overwrites it (scale_d = 0). The stage's two descriptors are made once, from the stage
+  // index and constants only, and each step's by one add to their start-address field (as the
+  // 16-bit mainloop's): the 8 descriptors were rebuilt from the smem addresses and the
+  // warpgroup's threadIdx-derived block every k-block, ~40 instructions and 16 moves to uniform
+  // registers of the consumers' ~190 a k-block (docs/fp8.md, "Nsight Compute").
+  template <int kCol0, int kFirstBlock>
+  __device__ static void mma_stage(SharedStorage& smem, uint32_t stage, Partial& partial) {
+    const uint64_t a0 = Base::desc_a(smem.a[stage], kFirstBlock, 0);
+    const uint64_t b0 = Base::desc_b(smem.b[stage], 0, kCol0);
 #pragma unroll
     for (int kk = 0; kk < Config::kTileK / 32; ++kk) {
-      const uint64_t b = Base::desc_b(smem.b[stage], kk, kCol0);
+      const uint64_t b = arch::advance_wgmma_desc(b0, Base::offset_b(kk, 0));
 #pragma unroll
       for (int mb = 0; mb < Accum::kBlocks; ++mb) {
-        const uint64_t a = Base::desc_a(smem.a[stage], first_block + mb, kk);
+        const uint64_t a = arch::advance_wgmma_desc(a0, Base::offset_a(mb, kk));
         arch::wgmma_m64k32_e4m3<Partial::kColumns>(partial.reg[mb], a, b, kk != 0);
       }
     }
