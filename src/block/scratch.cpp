@@ -158,17 +158,29 @@ Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, in
   return s;
 }
 
+// The MLP backward's phases, in stream order, read disjoint sets of FP8 operands: B3 and B4
+// (dx, W_down, y1), B5 and B6 (the ffn norm's), B7 and B8 (dx again, W_out, y0). So they lie over
+// one another, the largest phase (the ffn norm's dz1 [M, 2F] twice) setting the size. dx is
+// carved first in both of its phases, from the same mark: the same region, which each of them
+// quantizes dx into anew.
 Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int64_t m) {
   Fp8MlpBackwardScratch s;
   const int64_t d = c.hidden, f = c.intermediate, a = c.attention_width();
-  carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
-  s.w_down = carve_fp8_weight(arena, d, f);
-  s.w_down_t = carve_fp8_weight(arena, f, d);
-  carve_fp8_activation_both(arena, m, f, s.y1, s.y1_t);
-  s.w_out = carve_fp8_weight(arena, d, a);
-  s.w_out_t = carve_fp8_weight(arena, a, d);
-  carve_fp8_activation_both(arena, m, a, s.y0, s.y0_t);
-  s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f);
+  carve_over_one_another(
+      arena,
+      [&] { // B3, B4
+        carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
+        s.w_down = carve_fp8_weight(arena, d, f);
+        s.w_down_t = carve_fp8_weight(arena, f, d);
+        carve_fp8_activation_both(arena, m, f, s.y1, s.y1_t);
+      },
+      [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
+      [&] { // B7, B8
+        carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
+        s.w_out = carve_fp8_weight(arena, d, a);
+        s.w_out_t = carve_fp8_weight(arena, a, d);
+        carve_fp8_activation_both(arena, m, a, s.y0, s.y0_t);
+      });
   return s;
 }
 
@@ -236,8 +248,10 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
   });
   if (c.precision == Precision::fp8) { // after every phase: the codes are alive across them
     arena.rewind(arena.used());
-    s.fp8_attn = carve_fp8_norm_backward(arena, c, m, c.qkv_width());
-    s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
+    // B1 and B2 read theirs before B3 starts: the two lie over one another.
+    carve_over_one_another(
+        arena, [&] { s.fp8_attn = carve_fp8_norm_backward(arena, c, m, c.qkv_width()); },
+        [&] { s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m); });
   }
   return s;
 }

@@ -80,7 +80,8 @@ struct Fp8NormBackwardScratch {
 // The FP8 operands of the MLP's backward (B3..B8, Precision::fp8): dx by rows and columns (after
 // B1 for K7 and dW_down, again after B5 for dy0 and dW_out), W_down's and W_out's transposed
 // codes (K7's and dy0's B), y1 and y0 by columns (dW_down's and dW_out's B), and the ffn norm
-// backward's own (B5, B6). Each tensor's row codes are the quantizers' required output.
+// backward's own (B5, B6). Each tensor's row codes are the quantizers' required output. The
+// phases' operands lie over one another (carve_fp8_mlp_backward): no two phases read at once.
 struct Fp8MlpBackwardScratch {
   Fp8Operand dx, dx_t;         // [M, D], [D, M]
   Fp8Operand w_down, w_down_t; // [D, F], [F, D]
@@ -141,7 +142,7 @@ struct MiddleBackwardScratch {
   NormBackwardScratch norm; // the attention norm's backward (B1, B2)
   MlpBackwardScratch mlp;
   NormBackwardScratch ffn; // the ffn norm's backward (B5, B6): norm's but for h_hat
-  // Precision::fp8 (the one-call backward): B1's and B2's operands, and B3..B8's.
+  // Precision::fp8: B1's and B2's operands, and B3..B8's, over one another.
   Fp8NormBackwardScratch fp8_attn;
   Fp8MlpBackwardScratch fp8_mlp;
 };
