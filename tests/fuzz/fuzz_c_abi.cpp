@@ -942,11 +942,9 @@ void fuzz_size_queries(Call& c) {
         finding("coda_llama_workspace_size: status " + std::to_string(int(s)));
       // The backward's two parts are the middle layer's only.
       const bool part = pass == CODA_LLAMA_BACKWARD_PART1 || pass == CODA_LLAMA_BACKWARD_PART2;
-      // Precision::fp8 is every call's but the middle layer's two-part backward.
-      const bool fp8_elsewhere = config.precision == CODA_LLAMA_FP8 && part;
+      // (Precision::fp8 is every pass's, the two parts included.)
       if (s == CODA_OK &&
           (layer < 0 || layer > 2 || pass < 0 || pass > 3 || (part && layer != CODA_LLAMA_MIDDLE) ||
-           fp8_elsewhere ||
            (config.precision != CODA_LLAMA_NATIVE && config.precision != CODA_LLAMA_FP8)))
         finding("coda_llama_workspace_size accepted layer " + std::to_string(layer) + ", pass " +
                 std::to_string(pass));
@@ -969,11 +967,12 @@ void fuzz_llama(Call& c) {
   cfg.eps = 1e-5f;
   cfg.ignore_index = -1; // targets are drawn from [-1, V)
   cfg.loss_reduction = int32_t(in.byte() % 2);
-  // A forward on FP8 operands where the widths allow it (multiples of 16).
+  // Any pass on FP8 operands where the widths allow it (multiples of 16); a backward's own rules
+  // are marked below, once M and the dtype are drawn.
   const bool fp8_fits = cfg.hidden % 16 == 0 && cfg.intermediate % 16 == 0 &&
                         int64_t(cfg.n_heads) * cfg.head_dim % 16 == 0 &&
                         int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim % 16 == 0;
-  if (pass == CODA_LLAMA_FORWARD && fp8_fits && in.byte() % 2) cfg.precision = CODA_LLAMA_FP8;
+  if (fp8_fits && in.byte() % 2) cfg.precision = CODA_LLAMA_FP8;
   const int64_t m = in.dim(24);
   size_t ws_bytes = 0;
   if (coda_llama_workspace_size(layer, pass, &cfg, m, &ws_bytes) != CODA_OK)
@@ -989,6 +988,12 @@ void fuzz_llama(Call& c) {
   const int64_t qkv = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
   const bool backward = pass != CODA_LLAMA_FORWARD;
   const Role saved = backward ? Role::input : Role::output;
+  // An FP8 backward needs M a multiple of 16 and bf16 (here: the activations' dtype) weight
+  // gradients and activations.
+  if (backward && cfg.precision == CODA_LLAMA_FP8) {
+    if (m % 16 != 0) c.mark_broken("an FP8 backward's M, not a multiple of 16");
+    if (t != CODA_BF16) c.mark_broken("an FP8 backward's f16 activations and gradients");
+  }
   const coda_tensor ws = c.workspace("workspace", ws_bytes);
   const int32_t accumulate = int32_t(in.byte() % 2);
   const auto grad = [&](const char* name, std::initializer_list<int64_t> shape) {
