@@ -962,6 +962,19 @@ TEST_P(Block, FirstLayerFp8Backward) {
   }
 }
 
+// The FP8 middle backward's refusals, through `calls`: the case's own M where it is not a
+// multiple of 16 (naming the rule), and a config whose widths or activations do not fit (naming
+// fp8). True where the config fits, and the caller's check then runs on M rounded up to 16.
+inline bool fp8_middle_backward_fits(Maker& make, DType grad_dtype, BackwardCalls calls) {
+  const bool fits = fp8_widths_fit(make.c, llama::Layer::middle) && make.dt == DType::bf16;
+  if (make.M % 16 != 0 || !fits)
+    expect_fp8_backward_refused(fits, [&] {
+      MiddleProblem p(make);
+      run_middle(make, p, grad_dtype, false, calls);
+    });
+  return fits;
+}
+
 // The middle layer's backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3 operands, the four
 // weight gradients in gemm_fp8's rows form, dy0 in its forward form) after an FP8 forward,
 // against the textbook layer's FP8 path, on RMS errors: one call writing and accumulating, and
@@ -971,14 +984,7 @@ TEST_P(Block, FirstLayerFp8Backward) {
 TEST_P(Block, MiddleLayerFp8Backward) {
   make.c.precision = llama::Precision::fp8;
   const DType grad_dtype = GetParam().grad_dtype;
-  const bool fits = fp8_widths_fit(c, llama::Layer::middle) && make.dt == DType::bf16;
-  if (M % 16 != 0 || !fits) {
-    expect_fp8_backward_refused(fits, [&] {
-      MiddleProblem p(make);
-      run_middle(make, p, grad_dtype, false, BackwardCalls::one);
-    });
-    if (!fits) return;
-  }
+  if (!fp8_middle_backward_fits(make, grad_dtype, BackwardCalls::one)) return;
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
   const int64_t D = c.hidden, F = c.intermediate;
   const std::pair<BackwardCalls, bool> runs[] = {
@@ -1007,14 +1013,7 @@ TEST_P(Block, MiddleLayerFp8Backward) {
 TEST_P(Block, MiddleLayerFp8InTwoPartsIsTheOneCall) {
   make.c.precision = llama::Precision::fp8;
   const DType grad_dtype = GetParam().grad_dtype;
-  const bool fits = fp8_widths_fit(c, llama::Layer::middle) && make.dt == DType::bf16;
-  if (M % 16 != 0 || !fits) {
-    expect_fp8_backward_refused(fits, [&] {
-      MiddleProblem p(make);
-      run_middle(make, p, grad_dtype, false, BackwardCalls::two_parts);
-    });
-    if (!fits) return;
-  }
+  if (!fp8_middle_backward_fits(make, grad_dtype, BackwardCalls::two_parts)) return;
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
   MiddleProblem p(m16);
   MiddleResult one = run_middle(m16, p, grad_dtype, false, BackwardCalls::one);
