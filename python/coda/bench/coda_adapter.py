@@ -44,12 +44,14 @@ def block_weights_from_reference(ref, grads=False):
     return {"d" + k: v for k, v in w.items()} if grads else w
 
 
-def middle_op(n_heads, n_kv_heads, head_dim, eps):
+def middle_op(n_heads, n_kv_heads, head_dim, eps, precision="native"):
     """A function (x0 [M, D], y0 [M, H hd], weights dict, positions [M] i32, inv_freq [hd/2] f32)
-    -> (x2 [M, D], qkv [M, (H + 2 Hkv) hd]) running coda's fused middle layer with autograd."""
+    -> (x2 [M, D], qkv [M, (H + 2 Hkv) hd]) running coda's fused middle layer with autograd;
+    precision: coda.ops.BlockConfig's ("native": bf16 GEMMs, "fp8": E4M3 operands)."""
     import coda.ops
 
-    block = coda.ops.BlockConfig(int(n_heads), int(n_kv_heads), int(head_dim), float(eps))
+    block = coda.ops.BlockConfig(int(n_heads), int(n_kv_heads), int(head_dim), float(eps),
+                                 precision=precision)
 
     def run(x0, y0, w, positions, inv_freq):
         return coda.ops.llama_middle(x0, y0, w, positions, inv_freq, block)

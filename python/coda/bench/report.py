@@ -1,5 +1,6 @@
-"""The results file (bench/results/torch.json) and its plot. Imports no torch at module level
-except where it asks torch for the GPU name and version."""
+"""The results files (bench/results/torch.json and its plot; bench/results/fp8_block.json, the
+FP8 block comparison of --fp8). Imports no torch at module level except where it asks torch for
+the GPU name and version."""
 import datetime
 import json
 import os
@@ -34,6 +35,40 @@ TIMING_DEFINITION = (
     "the warm-up), CUDA events on the current stream, L2 flushed (256 MiB write) before each; "
     "bwd = backward alone after an untimed forward; gradients set to None before each "
     "repetition.")
+# The FP8 block comparison (--fp8): issue 13's schema, {"gpu", "date", "commit", "block": [...]}
+# with these keys in every record; the records and the file carry more (peak MiB, the torch.compile
+# bf16 time, the agreement check, the definitions below).
+FP8_BLOCK_MODELS = ("llama-1b", "llama-8b")
+FP8_BLOCK_KEYS = ("model", "tokens", "pass", "fp8_ms", "bf16_ms", "torch_fp8_ms")
+FP8_BLOCK_SIDES = ("fp8", "bf16", "torch_fp8", "torch_bf16")
+FP8_BLOCK_DEFINITION = (
+    "coda's middle Llama layer (out-proj + residual, RMSNorm, gate/up, SwiGLU, down + residual, "
+    "RMSNorm, QKV of layer l+1 with RoPE; no attention), forward, backward and both, on the same "
+    "bf16 weights and inputs, in one process, the four sides timed pass by pass in turn: fp8_ms "
+    "= coda.ops.llama_middle with BlockConfig(precision='fp8') (E4M3 operands, 1 x 128 and "
+    "128 x 128 power-of-two block scales, quantized by coda in the call; docs/fp8.md), bf16_ms = "
+    "the same op in bf16, torch_fp8_ms = the plain-PyTorch reference block with every linear "
+    "(o, gate, up, down, q, k, v) in torchao's tensorwise float8 recipe under torch.compile "
+    "(torch_fp8 says how), torch_bf16_ms = the bf16 reference block under torch.compile.")
+TORCH_FP8_DEFINITION = (
+    "torchao.float8's default 'tensorwise' recipe written out in plain torch ops "
+    "(coda/bench/torch_fp8.py): dynamic per-tensor scales s = 448 / max(amax, 1e-12) in fp32, "
+    "casts saturated to float8_e4m3fn; Y = X W^T, dX = dY W and dW = dY^T X each one "
+    "torch._scaled_mm (bf16 out; fast accumulation in the forward only, as torchao), with the "
+    "transposed FP8 copies its column-major second operand and dW's row-major dY^T need; the "
+    "backward recasts X and W from the saved bf16 tensors, as torchao does; RMSNorm, SwiGLU, "
+    "RoPE and the residuals in bf16, as the reference; torch.compile over the block. dY's "
+    "format is torch_fp8_grad: e4m3 (coda's recipe; the default here) or e5m2 (torchao's "
+    "default for grad_output).")
+FP8_CHECK_DEFINITION = (
+    "before timing, one fwd+bwd of each side; each FP8 side's outputs (x2, qkv) and gradients "
+    "(dx0, dy0 and the six weights', the largest capped to their first 2^24 elements) against "
+    "its bf16 counterpart's (fp8 against bf16, torch_fp8 against torch_bf16, or the other bf16 "
+    "side where that one did not run): relative Frobenius error ||a - b|| / ||b|| per tensor; "
+    "'outputs' and 'grads' are the largest of each. A warning when outputs exceed 0.10 or "
+    "gradients 0.20 (FP8 rounding gives a few percent; a wrong layout, scale or operand gives "
+    "errors of order 1), or when the outputs are within 0.001 of bf16's (no FP8 rounding: 16-bit "
+    "GEMMs). bf16_vs_torch_bf16: the largest such error between the two bf16 sides.")
 HOST_AHEAD_DEFINITION = (
     " Host ahead (--host-ahead): bf16 GEMMs lasting twice the warm-up's longest host issue time "
     "plus 1 ms, then the flush, are queued before the start event, so the host has queued the "
@@ -47,12 +82,12 @@ def repo_root():
     return os.path.dirname(os.path.dirname(os.path.dirname(here)))
 
 
-def default_out():
-    """bench/results/torch.json of the source tree, or of the current folder when installed."""
+def default_out(name="torch.json"):
+    """bench/results/<name> of the source tree, or of the current folder when installed."""
     results = os.path.join(repo_root(), "bench", "results")
     if os.path.isdir(results):
-        return os.path.join(results, "torch.json")
-    return os.path.join("bench", "results", "torch.json")
+        return os.path.join(results, name)
+    return os.path.join("bench", "results", name)
 
 
 def commit(where=None):
@@ -115,6 +150,40 @@ def validate(results):
 
 def write(results, path):
     validate(results)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+        f.write("\n")
+
+
+def validate_fp8_block(results):
+    """The --fp8 results (issue 13's schema): raises ValueError naming the first field that
+    does not follow it."""
+    for key in ("gpu", "date", "commit", "block"):
+        if key not in results:
+            raise ValueError("results lack %r" % key)
+    for i, rec in enumerate(results["block"]):
+        for key in FP8_BLOCK_KEYS:
+            if key not in rec:
+                raise ValueError("block[%d] lacks %r" % (i, key))
+        # A custom --shape (tiny) names its model by the shape.
+        if rec["model"] not in FP8_BLOCK_MODELS + ((rec["shape"],) if rec.get("shape") else ()):
+            raise ValueError("block[%d].model must be one of %s; got %r"
+                             % (i, FP8_BLOCK_MODELS, rec["model"]))
+        if rec["pass"] not in PASSES:
+            raise ValueError("block[%d].pass must be one of %s; got %r" % (i, PASSES, rec["pass"]))
+        if not isinstance(rec["tokens"], int):
+            raise ValueError("block[%d].tokens must be an int" % i)
+        for side in FP8_BLOCK_SIDES:
+            for key in ("%s_ms" % side, "%s_peak_mib" % side):
+                v = rec.get(key)
+                if v is not None and not isinstance(v, (int, float)):
+                    raise ValueError("block[%d].%s must be a number or null" % (i, key))
+    return results
+
+
+def write_fp8_block(results, path):
+    validate_fp8_block(results)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)

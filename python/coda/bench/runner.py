@@ -3,15 +3,20 @@ side from the same weights (and, for a block, the native side: the same layer th
 ABI alone, on coda's weights), then for each side in turn (eager, compile, coda with native):
 record the quiescent memory, run one untimed forward+backward (torch.compile compiles here; its
 outputs and gradients go to the agreement checks), then time every pass (timing.py; coda and
-native alternate pass by pass)."""
+native alternate pass by pass).
+
+The FP8 block cases (--fp8: run_fp8_case) follow the same steps with their own sides: coda's
+middle layer in bf16 and in FP8, the reference block with FP8 linears (torch_fp8.py) and the
+bf16 reference, both under torch.compile, all four timed pass by pass in turn."""
 import gc
+import math
 import sys
 import time
 import traceback
 
 import torch
 
-from . import coda_adapter, overhead, timing
+from . import coda_adapter, overhead, timing, torch_fp8
 from .reference import RefConfig
 from .sides import (BlockInputs, CodaBlockSide, ModelInputs, ModelSide, NativeBlockSide,
                     TorchBlockSide, build_reference_block, build_reference_model)
@@ -37,6 +42,30 @@ CASES = {
 SIDE_ORDER = ("eager", "compile", "coda", "native")
 # Timed in turn, pass by pass (_groups); native exists for the block cases only.
 PAIRED = ("coda", "native")
+
+# The FP8 block comparison (--fp8; issue 13): name -> (shape, tokens, batch). The middle block
+# without attention: SDPA would be the same bf16 call on every side.
+FP8_CASES = {"fp8-1b": ("1b", 8192, 1), "fp8-8b": ("8b", 8192, 1)}
+# Its sides, every one timed pass by pass in turn with the others (one _groups group): coda's
+# block in bf16 and in FP8, the reference block with FP8 linears (torch_fp8.py) and the bf16
+# reference, both under torch.compile.
+FP8_SIDE_ORDER = ("coda", "coda_fp8", "torch_fp8", "compile")
+# side -> its name in the results (issue 13's bf16_ms, fp8_ms and torch_fp8_ms, then the rest).
+FP8_KEYS = {"coda": "bf16", "coda_fp8": "fp8", "torch_fp8": "torch_fp8", "compile": "torch_bf16"}
+FP8_MODELS = {"1b": "llama-1b", "8b": "llama-8b"}
+# The agreement check: each FP8 side against its own bf16 counterpart (the other bf16 side where
+# that one did not run), relative Frobenius error per tensor (report.FP8_CHECK_DEFINITION).
+FP8_COUNTERPART = {"coda_fp8": "coda", "torch_fp8": "compile"}
+FP8_OUTPUTS = ("x2", "qkv")
+# FP8 rounding of random Llama-init data gives 1-7% (tiny shape, 64-256 tokens, on the CPU:
+# coda's block-scaled recipe on its CPU backend x2 0.9%, qkv 3.9%, the gradients 1.6-7.1%; the
+# torch recipe with the cast and _scaled_mm emulated, E4M3 gradients 0.9%, 3.8%, 1.6-7.3%, E5M2
+# ones up to 9.6%); a wrong layout, scale or operand gives errors of order 1. The gradients pass
+# through two or three quantized GEMMs, hence their room.
+FP8_BOUND_OUTPUTS = 0.10
+FP8_BOUND_GRADS = 0.20
+# Below this on the outputs, an "FP8" side shows no FP8 rounding at all: it ran 16-bit GEMMs.
+FP8_NOISE_FLOOR = 1e-3
 ALL_PASSES = ("fwd", "bwd", "fwd+bwd")
 LIGHT_ELEMENTS = 1 << 24
 
@@ -82,10 +111,13 @@ def _error_text(e):
 
 class Opts:
     def __init__(self, warmup=3, iters=20, passes=ALL_PASSES, sides=SIDE_ORDER, check=True,
-                 compile_mode=None, log=print, device="cuda", profile=False, host_ahead=False):
+                 compile_mode=None, log=print, device="cuda", profile=False, host_ahead=False,
+                 torch_fp8_grad="e4m3"):
         self.warmup, self.iters, self.passes, self.sides = warmup, iters, tuple(passes), tuple(sides)
         self.check, self.compile_mode, self.log = check, compile_mode, log
         self.device, self.profile, self.host_ahead = device, profile, host_ahead
+        # The torch FP8 side's gradient format (torch_fp8.py: e4m3, or torchao's default e5m2).
+        self.torch_fp8_grad = torch_fp8_grad
 
 
 def _compile(module, opts):
@@ -95,13 +127,13 @@ def _compile(module, opts):
     return torch.compile(module, **kwargs)
 
 
-def _groups(sides):
+def _groups(sides, paired=PAIRED):
     """The sides in measuring order, in groups: each side alone, except that coda and native
-    form one group, timed pass by pass in turn, so that coda_ms / native_ms compares runs
-    seconds apart on the same warm GPU."""
+    (the sides in `paired`) form one group, timed pass by pass in turn, so that coda_ms /
+    native_ms compares runs seconds apart on the same warm GPU."""
     groups = []
     for name in sides:
-        pair = next((g for g in groups if name in PAIRED and g[0] in PAIRED), None)
+        pair = next((g for g in groups if name in paired and g[0] in paired), None)
         if pair is not None:
             pair.append(name)
         else:
@@ -145,11 +177,12 @@ def _first_call(name, side, extra, builders, entry, opts):
         return None
 
 
-def _measure(builders, opts, flush):
-    """builders: side name -> (side, extra construction bytes) or an exception.
+def _measure(builders, opts, flush, paired=PAIRED):
+    """builders: side name -> (side, extra construction bytes) or an exception; paired: the
+    sides timed in turn (_groups).
     Returns {side: {"pass": (ms, mib), "first_call_s", "results", "profile", "error"}}."""
     out = {}
-    for group in _groups(opts.sides):
+    for group in _groups(opts.sides, paired):
         started = []
         for name in group:
             entry = out.setdefault(name, {})
@@ -356,3 +389,164 @@ def run_case(case, opts, flush, tokens=None, batch=None, layers=None, shape=None
         torch._dynamo.reset()
         _free()
     return recs
+
+
+def _frobenius(a, b):
+    """||a - b||_F / ||b||_F in fp64; inf where the shapes differ or the result is not finite."""
+    if a.shape != b.shape:
+        return float("inf")
+    a, b = a.double(), b.double()
+    r = ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+    return r if math.isfinite(r) else float("inf")
+
+
+def _json_number(v, digits=5):
+    return round(v, digits) if v is not None and math.isfinite(v) else None
+
+
+def _fp8_check(measured, log):
+    """The FP8 block's agreement check: each FP8 side's outputs (x2, qkv) and gradients (dx0,
+    dy0, the six weights') against its bf16 counterpart's (FP8_COUNTERPART), relative Frobenius
+    error per tensor; and the two bf16 sides against each other. Returns (record fields,
+    warnings); a side or counterpart that did not run is left out."""
+    def results(name):
+        return measured.get(name, {}).get("results")
+
+    fields, warnings = {}, []
+    if results("coda") is not None and results("compile") is not None:
+        worst, where = max(((_frobenius(v, results("compile")[k]), k)
+                            for k, v in results("coda").items() if k in results("compile")),
+                           default=(0.0, None))
+        fields["bf16_vs_torch_bf16"] = _json_number(worst)
+        log("  check    coda bf16 vs torch bf16: relative Frobenius error %.3g (%s)%s"
+            % (worst, where, "  WARNING: above 0.05" if worst > 0.05 else ""))
+        if worst > 0.05:
+            warnings.append("coda bf16 differs from torch bf16 by %.3g (%s)" % (worst, where))
+    for name, own in FP8_COUNTERPART.items():
+        res = results(name)
+        if res is None:
+            continue
+        against = own if results(own) is not None else next(
+            (s for s in ("coda", "compile") if results(s) is not None), None)
+        if against is None:
+            continue
+        truth = results(against)
+        errors = {k: _frobenius(res[k], b) for k, b in truth.items() if k in res}
+        missing = sorted(k for k in truth if k not in res)
+        outs = {k: v for k, v in errors.items() if k in FP8_OUTPUTS}
+        grads = {k: v for k, v in errors.items() if k not in FP8_OUTPUTS}
+        out_max = max(outs.values()) if outs else None
+        grad_max = max(grads.values()) if grads else None
+        key = FP8_KEYS[name]
+        fields[key + "_vs_bf16"] = {
+            "against": FP8_KEYS[against], "outputs": _json_number(out_max),
+            "grads": _json_number(grad_max),
+            "tensors": {k: _json_number(v) for k, v in sorted(errors.items())}}
+        problems = []
+        if missing:
+            problems.append("lacks %s" % ", ".join(missing))
+        if out_max is None or out_max > FP8_BOUND_OUTPUTS:
+            problems.append("outputs %s above %.2f" % (_worst(outs), FP8_BOUND_OUTPUTS))
+        elif out_max < FP8_NOISE_FLOOR:
+            problems.append("outputs within %.3g of bf16's: no FP8 rounding (16-bit GEMMs?)"
+                            % out_max)
+        if grad_max is not None and grad_max > FP8_BOUND_GRADS:
+            problems.append("gradients %s above %.2f" % (_worst(grads), FP8_BOUND_GRADS))
+        log("  check    %-9s vs %-9s relative Frobenius error: outputs %s, gradients %s%s"
+            % (name, against, _worst(outs), _worst(grads),
+               "  WARNING: " + "; ".join(problems) if problems else ""))
+        if problems:
+            warnings.append("%s vs %s: %s" % (key, FP8_KEYS[against], "; ".join(problems)))
+    return fields, warnings
+
+
+def _worst(errors):
+    """'0.0391 (qkv)': the largest of {tensor: error}, or '-'."""
+    if not errors:
+        return "-"
+    k = max(errors, key=errors.get)
+    return "%.3g (%s)" % (errors[k], k)
+
+
+def _fp8_records(case, shape, tokens, batch, measured, opts):
+    """One record per pass, in report.FP8_BLOCK_KEYS' names (fp8_ms: coda FP8, bf16_ms: coda
+    bf16, torch_fp8_ms, torch_bf16_ms: torch.compile's), plus peak memory, the agreement check,
+    first-call times, errors and warnings."""
+    fields, warnings = _fp8_check(measured, opts.log) if opts.check else ({}, [])
+    recs = []
+    for p in opts.passes:
+        rec = {"model": FP8_MODELS.get(shape, shape), "tokens": tokens, "pass": p}
+        for name in FP8_SIDE_ORDER:
+            v = measured.get(name, {}).get(p)
+            rec[FP8_KEYS[name] + "_ms"] = round(v[0], 4) if v else None
+        for name in FP8_SIDE_ORDER:
+            v = measured.get(name, {}).get(p)
+            rec[FP8_KEYS[name] + "_peak_mib"] = round(v[1], 1) if v else None
+        rec.update({"case": case, "shape": shape, "batch": batch})
+        rec.update(fields)
+        if warnings:
+            rec["warnings"] = list(warnings)
+        first = {FP8_KEYS[n]: round(m["first_call_s"], 2) for n, m in measured.items()
+                 if "first_call_s" in m}
+        if first:
+            rec["first_call_s"] = first
+        errors = {FP8_KEYS[n]: m["error"] for n, m in measured.items() if "error" in m}
+        if errors:
+            rec["errors"] = errors
+        recs.append(rec)
+    return recs
+
+
+def run_fp8_block(case, shape, tokens, batch, opts, flush, seed=0):
+    """The FP8 block comparison at one shape: the sides of opts.sides (FP8_SIDE_ORDER) on one
+    bf16 reference block's weights and the same inputs, timed in turn, then checked."""
+    cfg = make_config(shape)
+    opts.log("%s: FP8 middle block, %d tokens (batch %d), hidden %d, MLP %d, %d/%d heads of %d; "
+             "torch FP8 gradients %s"
+             % (case, tokens, batch, cfg.hidden_size, cfg.intermediate_size,
+                cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                opts.torch_fp8_grad))
+    inputs = BlockInputs(cfg, tokens, batch, False, device=opts.device, seed=seed)
+    with timing.Construction() as c:
+        ref = build_reference_block(cfg, False, seed=seed + 1, device=opts.device)
+    ref_extra = c.extra(timing.param_bytes(ref))
+    builders = {}
+    if "compile" in opts.sides:
+        builders["compile"] = (TorchBlockSide(ref, inputs, _compile(ref, opts)), ref_extra)
+    if "torch_fp8" in opts.sides:
+        why = torch_fp8.unavailable(opts.device)
+        try:
+            if why:
+                raise NotImplementedError(why)
+            # The FP8 block holds ref's Parameters: nothing to count but what building it
+            # allocates (nothing).
+            with timing.Construction() as c:
+                fp8_ref = torch_fp8.Fp8ReferenceMiddle(ref, opts.torch_fp8_grad)
+            builders["torch_fp8"] = (TorchBlockSide(fp8_ref, inputs, _compile(fp8_ref, opts)),
+                                     c.extra(0))
+        except Exception as e:
+            builders["torch_fp8"] = e
+    for name, precision in (("coda", "native"), ("coda_fp8", "fp8")):
+        if name not in opts.sides:
+            continue
+        try:
+            with timing.Construction() as c:
+                side = CodaBlockSide(ref, inputs, precision=precision)
+            builders[name] = (side, c.extra(timing.param_bytes(side.param_tensors())))
+        except Exception as e:
+            builders[name] = e
+    measured = _measure(builders, opts, flush, paired=FP8_SIDE_ORDER)
+    return _fp8_records(case, shape, tokens, batch, measured, opts)
+
+
+def run_fp8_case(case, opts, flush, tokens=None, batch=None, shape=None, seed=0):
+    """Every record of one FP8 block case (shape/tokens/batch override FP8_CASES')."""
+    default_shape, default_tokens, default_batch = FP8_CASES[case]
+    shape, tokens, batch = shape or default_shape, tokens or default_tokens, batch or default_batch
+    torch._dynamo.reset()
+    _free()
+    try:
+        return run_fp8_block(case, shape, tokens, batch, opts, flush, seed)
+    finally:
+        torch._dynamo.reset()
+        _free()

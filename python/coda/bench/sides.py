@@ -96,15 +96,17 @@ class TorchBlockSide:
 
 
 class CodaBlockSide:
-    """coda's middle-layer op on weights converted from the same ReferenceMiddle."""
+    """coda's middle-layer op on weights converted from the same ReferenceMiddle; precision
+    "fp8" runs its FP8 form (coda.ops.BlockConfig.precision) on the same bf16 weights."""
 
-    def __init__(self, module, inputs):
+    def __init__(self, module, inputs, precision="native"):
         self.inputs = inputs
         self.weights = {k: v.detach().clone().requires_grad_()
                         for k, v in coda_adapter.block_weights_from_reference(module).items()}
         self.config = (module.n_heads, module.n_kv, module.head_dim,
                        module.post_attention_layernorm.variance_epsilon)
-        self.op = coda_adapter.middle_op(*self.config)
+        self.precision = precision
+        self.op = coda_adapter.middle_op(*self.config, precision=precision)
 
     def forward(self):
         i = self.inputs
