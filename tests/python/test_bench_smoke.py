@@ -537,9 +537,10 @@ def _check_fp8_linear(torch, lin, x, dy, grad_format, real, bound):
     assert _rel(y.reshape(-1, y.shape[-1]), qx @ qw.t()) < bound
     assert _rel(x.grad.reshape(-1, k), qdy @ qw) < bound
     assert _rel(w.grad, qdy.t() @ qx) < bound
-    # And FP8 it is: the unquantized product is off by FP8's rounding, not by bf16's.
+    # And FP8 it is: the unquantized product is off by FP8's rounding (3.7-3.9% on these
+    # shapes, emulated), not by bf16's alone (about 0.2%).
     exact = x2.double() @ w.detach().double().t()
-    assert _rel(y.reshape(-1, y.shape[-1]), exact) > 4 * bound
+    assert _rel(y.reshape(-1, y.shape[-1]), exact) > 0.02
 
 
 @pytest.mark.parametrize("grad_format", ["e4m3", "e5m2"])
@@ -761,8 +762,11 @@ def test_bench_tiny_fp8(torch_cuda, tmp_path):
         else:
             assert r["torch_fp8_ms"] > 0 and r["torch_fp8_peak_mib"] >= 0, r
             assert r["torch_fp8_vs_bf16"]["outputs"] > 0.001, r
-    coda_missing = _coda_unavailable(recs[0]) or (recs[0].get("errors") or {}).get(
-        "fp8", "").startswith(("NotSupported", "NotImplementedError"))
+    # The coda sides' errors go by their JSON names (bf16, fp8): a build or GPU without coda's
+    # (FP8) block answers as _coda_unavailable's do.
+    errors = recs[0].get("errors") or {}
+    coda_missing = [e for side, e in errors.items() if side in ("bf16", "fp8") and
+                    _coda_unavailable({"errors": {"coda": e}})]
     if not coda_missing and not torch_missing:
         for r in recs:
             assert not r.get("errors") and not r.get("warnings"), r
