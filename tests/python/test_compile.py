@@ -91,41 +91,16 @@ def test_block_forward_backward_compiles(device):
         close("grad %d" % i, cg, g)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_llama_model_compiles(device):
+def expect_model_compiles(device, precision, stream, batch, seq):
+    """A coda.models.Llama of `precision` traces whole (fullgraph) and gives eager's loss and
+    gradients on one batch of `batch` x `seq` tokens drawn from generator stream `stream`."""
     torch._dynamo.reset()
-    gen = R.generator(SEED, 42)
+    gen = R.generator(SEED, stream)
     config = models.LlamaConfig(hidden_size=D, intermediate_size=F, num_attention_heads=H,
                                 num_key_value_heads=KV, head_dim=HD, vocab_size=V,
                                 num_hidden_layers=3)
     torch.manual_seed(SEED)
-    model = models.Llama(config, device=device)
-    ids = torch.randint(0, V, (B, S), generator=gen).to(device)
-    loss = model(ids, labels=ids)
-    loss.backward()
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    compiled = torch.compile(model, fullgraph=True, backend=backend(device))
-    c_loss = compiled(ids, labels=ids)
-    c_loss.backward()
-    close("loss", c_loss, loss)
-    for n, p in model.named_parameters():
-        close("grad " + n, p.grad, grads[n])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_fp8_llama_model_compiles(device):
-    """precision="fp8" changes only the ops' precision argument: the model still traces whole and
-    gives eager's results (coda's FP8 kernels are the same in both; 80 tokens, since an FP8
-    backward needs a multiple of 16)."""
-    torch._dynamo.reset()
-    gen = R.generator(SEED, 43)
-    batch, seq = 2, 40
-    config = models.LlamaConfig(hidden_size=D, intermediate_size=F, num_attention_heads=H,
-                                num_key_value_heads=KV, head_dim=HD, vocab_size=V,
-                                num_hidden_layers=3)
-    torch.manual_seed(SEED)
-    model = models.Llama(config, device=device, precision="fp8")
+    model = models.Llama(config, device=device, precision=precision)
     ids = torch.randint(0, V, (batch, seq), generator=gen).to(device)
     loss = model(ids, labels=ids)
     loss.backward()
@@ -137,3 +112,16 @@ def test_fp8_llama_model_compiles(device):
     close("loss", c_loss, loss)
     for n, p in model.named_parameters():
         close("grad " + n, p.grad, grads[n])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_model_compiles(device):
+    expect_model_compiles(device, "native", 42, B, S)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_llama_model_compiles(device):
+    """precision="fp8" changes only the ops' precision argument: the model still traces whole and
+    gives eager's results (coda's FP8 kernels are the same in both; 80 tokens, since an FP8
+    backward needs a multiple of 16)."""
+    expect_model_compiles(device, "fp8", 43, 2, 40)
