@@ -387,9 +387,8 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     return llama::MiddleSaved{r.x1.view(), r.z1.view(), r.r1.view(), r.r2.view()};
   };
   HostTensor ws_f = make.workspace(llama::Layer::middle, llama::Pass::forward);
-  block_call([&] {
-    llama::middle_forward(c, p.weights(), inputs(), outputs(), saved(), ws_f.view());
-  });
+  block_call(
+      [&] { llama::middle_forward(c, p.weights(), inputs(), outputs(), saved(), ws_f.view()); });
   // The backward overwrites saved.z1 with its gradient: keep the forward's for its check (the
   // views below upload the forward's results again where a device mirror is installed).
   coda::test::sync_views();
@@ -962,17 +961,22 @@ TEST_P(Block, FirstLayerFp8Backward) {
   }
 }
 
-// The FP8 middle backward's refusals, through `calls`: the case's own M where it is not a
-// multiple of 16 (naming the rule), and a config whose widths or activations do not fit (naming
-// fp8). True where the config fits, and the caller's check then runs on M rounded up to 16.
-inline bool fp8_middle_backward_fits(Maker& make, DType grad_dtype, BackwardCalls calls) {
-  const bool fits = fp8_widths_fit(make.c, llama::Layer::middle) && make.dt == DType::bf16;
-  if (make.M % 16 != 0 || !fits)
-    expect_fp8_backward_refused(fits, [&] {
-      MiddleProblem p(make);
-      run_middle(make, p, grad_dtype, false, calls);
-    });
+// The FP8 MLP backward's refusals (middle or last `layer`), by `run` (a forward and a backward on
+// make's own M): the case's M where it is not a multiple of 16 (naming the rule), and a config
+// whose widths or activations do not fit (naming fp8). True where the config fits, and the
+// caller's check then runs on M rounded up to 16.
+template <class Run> bool fp8_mlp_backward_fits(Maker& make, llama::Layer layer, const Run& run) {
+  const bool fits = fp8_widths_fit(make.c, layer) && make.dt == DType::bf16;
+  if (make.M % 16 != 0 || !fits) expect_fp8_backward_refused(fits, run);
   return fits;
+}
+
+// The middle layer's: fp8_mlp_backward_fits through `calls`.
+inline bool fp8_middle_backward_fits(Maker& make, DType grad_dtype, BackwardCalls calls) {
+  return fp8_mlp_backward_fits(make, llama::Layer::middle, [&] {
+    MiddleProblem p(make);
+    run_middle(make, p, grad_dtype, false, calls);
+  });
 }
 
 // The middle layer's backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3 operands, the four
@@ -1027,15 +1031,12 @@ TEST_P(Block, MiddleLayerFp8InTwoPartsIsTheOneCall) {
 TEST_P(Block, LastLayerFp8Backward) {
   make.c.precision = llama::Precision::fp8;
   const DType grad_dtype = GetParam().grad_dtype;
-  const bool fits = fp8_widths_fit(c, llama::Layer::last) && make.dt == DType::bf16;
   const float dloss = 0.75f;
-  if (M % 16 != 0 || !fits) {
-    expect_fp8_backward_refused(fits, [&] {
-      LastProblem p(make, ref::Reduction::mean);
-      run_last(make, p, grad_dtype, false, Dloss{dloss}, false);
-    });
-    if (!fits) return;
-  }
+  if (!fp8_mlp_backward_fits(make, llama::Layer::last, [&] {
+        LastProblem p(make, ref::Reduction::mean);
+        run_last(make, p, grad_dtype, false, Dloss{dloss}, false);
+      }))
+    return;
   Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, grad_dtype}, seeds);
   const int64_t D = c.hidden, F = c.intermediate;
   for (bool accumulate : {false, true}) {
