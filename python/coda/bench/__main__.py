@@ -1,5 +1,6 @@
 """python -m coda.bench: see coda/bench/__init__.py."""
 import argparse
+import json
 import os
 import sys
 import time
@@ -124,16 +125,9 @@ def main(argv=None):
         return main_fp8(args, cases, opts)
     out = args.out or report.default_out()
     meta = report.metadata()
-    old = None
-    if args.merge and os.path.exists(out):
-        import json
-
-        with open(out) as f:
-            old = json.load(f)
-        if old.get("commit") != meta["commit"] or "cases" not in old:
-            print("coda.bench: --merge: %s holds commit %s, not %s; not merging"
-                  % (out, old.get("commit"), meta["commit"]), file=sys.stderr)
-            return 2
+    old = results_to_merge(args, out, meta["commit"], "cases")
+    if old is False:
+        return 2
     print("coda.bench on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s"
           % (meta["gpu"], meta["torch"], meta["commit"], warmup, iters, ",".join(passes)),
           flush=True)
@@ -168,24 +162,32 @@ def main(argv=None):
     return 0
 
 
+def results_to_merge(args, out, commit, key):
+    """--merge: the results already at `out`, whose `key` list this run adds to; None without
+    --merge or without the file; False, after saying why, when they are another commit's (or
+    lack `key`)."""
+    if not (args.merge and os.path.exists(out)):
+        return None
+    with open(out) as f:
+        old = json.load(f)
+    if old.get("commit") != commit or key not in old:
+        print("coda.bench: --merge: %s holds commit %s, not %s; not merging"
+              % (out, old.get("commit"), commit), file=sys.stderr)
+        return False
+    return old
+
+
 def main_fp8(args, cases, opts):
     """--fp8: the FP8 block cases, written as issue 13 asks (report.validate_fp8_block)."""
-    import json
-
     from .runner import run_fp8_case
     from .timing import L2Flush
 
     out = args.out or report.default_out("fp8_block.json")
     meta = report.metadata()
     meta.pop("torch")  # after issue 13's four keys (below)
-    old = None
-    if args.merge and os.path.exists(out):
-        with open(out) as f:
-            old = json.load(f)
-        if old.get("commit") != meta["commit"] or "block" not in old:
-            print("coda.bench: --merge: %s holds commit %s, not %s; not merging"
-                  % (out, old.get("commit"), meta["commit"]), file=sys.stderr)
-            return 2
+    old = results_to_merge(args, out, meta["commit"], "block")
+    if old is False:
+        return 2
     import torch
 
     print("coda.bench --fp8 on %s, torch %s, commit %s: warm-up %d, %d timed, passes %s, "

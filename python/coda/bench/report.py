@@ -148,12 +148,16 @@ def validate(results):
     return results
 
 
-def write(results, path):
-    validate(results)
+def _dump(results, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
         f.write("\n")
+
+
+def write(results, path):
+    validate(results)
+    _dump(results, path)
 
 
 def validate_fp8_block(results):
@@ -184,10 +188,7 @@ def validate_fp8_block(results):
 
 def write_fp8_block(results, path):
     validate_fp8_block(results)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-        f.write("\n")
+    _dump(results, path)
 
 
 def label(rec):
