@@ -92,8 +92,8 @@ void linear(Rounding r, Layout layout, int64_t M, int64_t N, int64_t K, const do
     case Layout::dgrad: // dY [M, K] by rows, the weight [K, N] in the same 128 x 128 blocks
       a = quantized(A, M, K, 1), b = quantized(B, K, N, kFp8ScaleBlock);
       break;
-    case Layout::wgrad: // dY [K, M] and X [K, N], both blocked along the tokens K
-      a = quantized_by_columns(A, K, M), b = quantized_by_columns(B, K, N);
+    case Layout::wgrad: // dY [K, M] blocked along the tokens K, X [K, N] in 128 x 128 blocks
+      a = quantized_by_columns(A, K, M), b = quantized(B, K, N, kFp8ScaleBlock);
       break;
     }
     Rounding product = r;

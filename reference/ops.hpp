@@ -30,8 +30,8 @@ struct Rounding {
   enum class Kind { none, bf16, f16, f32 } kind = Kind::none;
   // The FP8 recipe (docs/fp8.md): linear() quantizes its operands before the product, each
   // value first rounded as above: activations and gradients in 1 x 128 blocks along the GEMM's
-  // reduction (K), weights in 128 x 128 blocks. The product and everything else round as `kind`
-  // says.
+  // reduction (K), weights in 128 x 128 blocks, except the weight gradient's activation X, in
+  // 128 x 128 blocks too. The product and everything else round as `kind` says.
   bool fp8 = false;
 
   // A tensor output: rounded exactly like coda::round_to<T>(float(x)), i.e. first to fp32

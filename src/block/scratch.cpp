@@ -147,6 +147,16 @@ void carve_fp8_activation_both(Arena& arena, int64_t m, int64_t k, Fp8Operand& r
              arena.matrix(DType::e8m0, k, num_fp8_scale_blocks(m))};
 }
 
+// The activation a weight gradient reads (its B, X [M, K] along the tokens) in 128 x 128 blocks,
+// as quantize_weight_fp8 writes a weight: its codes [M, K] (the quantizer's required output) and
+// the transposed codes [K, M] gemm_fp8 reads, with B scaled by blocks (steps.cpp,
+// fp8_weight_gradient; docs/fp8.md, "The weight gradient's activation in blocks").
+void carve_fp8_activation_blocks(Arena& arena, int64_t m, int64_t k, Fp8Operand& rows,
+                                 Fp8Operand& columns) {
+  rows = carve_fp8_weight(arena, m, k);
+  columns = carve_fp8_weight(arena, k, m);
+}
+
 // K: the consumer's output width (dz's), the consumer weight [K, D].
 Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, int64_t m,
                                                int64_t k) {
@@ -154,7 +164,7 @@ Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, in
   carve_fp8_activation_both(arena, m, k, s.dz, s.dz_t);
   s.w = carve_fp8_weight(arena, k, c.hidden);
   s.w_t = carve_fp8_weight(arena, c.hidden, k);
-  carve_fp8_activation_both(arena, m, c.hidden, s.h_hat, s.h_hat_t);
+  carve_fp8_activation_blocks(arena, m, c.hidden, s.h_hat, s.h_hat_t);
   return s;
 }
 
@@ -172,14 +182,14 @@ Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int6
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
         s.w_down = carve_fp8_weight(arena, d, f);
         s.w_down_t = carve_fp8_weight(arena, f, d);
-        carve_fp8_activation_both(arena, m, f, s.y1, s.y1_t);
+        carve_fp8_activation_blocks(arena, m, f, s.y1, s.y1_t);
       },
       [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
       [&] { // B7, B8
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
         s.w_out = carve_fp8_weight(arena, d, a);
         s.w_out_t = carve_fp8_weight(arena, a, d);
-        carve_fp8_activation_both(arena, m, a, s.y0, s.y0_t);
+        carve_fp8_activation_blocks(arena, m, a, s.y0, s.y0_t);
       });
   return s;
 }

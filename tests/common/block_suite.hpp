@@ -888,10 +888,10 @@ TEST_P(Block, FirstLayerFp8Forward) {
 }
 
 // The first layer's backward with Precision::fp8: K6 on dz quantized by rows and W_qkv's
-// transposed codes, dW_qkv on dz and h_hat quantized along the tokens (gemm_fp8's rows form),
+// transposed codes, dW_qkv on dz quantized along the tokens and h_hat in 128 x 128 blocks,
 // after an FP8 forward; against the textbook layer with the FP8 recipe in every linear of the
-// backward too (ref::Rounding::fp8: dgrad by rows and 128 x 128 weight blocks, wgrad by
-// columns), on RMS errors, writing and accumulating the weight gradients. It needs M a multiple
+// backward too (ref::Rounding::fp8: dgrad by rows and 128 x 128 weight blocks, wgrad dz by
+// columns and h_hat in blocks), on RMS errors, writing and accumulating the weight gradients. It needs M a multiple
 // of 16 and the widths the forward needs: the case's own M (none is a multiple) is refused
 // first, naming the rule, with nothing written; then, where the widths fit, the check runs on M
 // rounded up to 16.
@@ -979,10 +979,10 @@ inline bool fp8_middle_backward_fits(Maker& make, DType grad_dtype, BackwardCall
   });
 }
 
-// The middle layer's backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3 operands, the four
-// weight gradients in gemm_fp8's rows form, dy0 in its forward form) after an FP8 forward,
-// against the textbook layer's FP8 path, on RMS errors: one call writing and accumulating, and
-// the two parts accumulating.
+// The middle layer's backward with Precision::fp8 (B1, B5 K6 and B3 K7 on E4M3 operands, the
+// four weight gradients with their activations in 128 x 128 blocks, dy0 in its forward form)
+// after an FP8 forward, against the textbook layer's FP8 path, on RMS errors: one call writing
+// and accumulating, and the two parts accumulating.
 // As the first layer's: the case's M is refused first (and a config whose widths do not fit),
 // then the check runs on M rounded up to 16.
 TEST_P(Block, MiddleLayerFp8Backward) {

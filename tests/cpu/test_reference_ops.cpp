@@ -148,8 +148,8 @@ TEST(ReferenceOps, AddScaleAndLinearRoundTheirOutputs) {
 
 // The FP8 recipe of linear() (Rounding::fp8) in the three layouts: dgrad reads the weight in the
 // forward's 128 x 128 blocks (so it is the forward on the transposed weight), and wgrad quantizes
-// both operands along the tokens, 128 a block per column, checked against the E4M3 format's own
-// statement (tests/common/fp8_case.hpp).
+// dY along the tokens, 128 a block per column, and X in 128 x 128 blocks (tokens x columns),
+// checked against the E4M3 format's own statement (tests/common/fp8_case.hpp).
 TEST(ReferenceOps, Fp8LinearQuantizesAlongTheReduction) {
   uint64_t seed = coda::test::test_seed() + 7;
   const int64_t M = 130, N = 136, K = 260; // ragged blocks along every dimension
@@ -207,7 +207,26 @@ TEST(ReferenceOps, Fp8LinearQuantizesAlongTheReduction) {
       }
     return q;
   };
-  const Vec qdy = column_values(dy, M), qx = column_values(x, N);
+  // X [K, cols] in 128 x 128 blocks, the same way.
+  const auto block_values = [&](const Vec& v, int64_t cols) {
+    Vec q(v.size());
+    for (int64_t k0 = 0; k0 < K; k0 += 128)
+      for (int64_t j0 = 0; j0 < cols; j0 += 128) {
+        const int64_t nk = std::min<int64_t>(128, K - k0), nj = std::min<int64_t>(128, cols - j0);
+        std::vector<float> block;
+        for (int64_t k = 0; k < nk; ++k)
+          for (int64_t j = 0; j < nj; ++j) block.push_back(float(v[size_t((k0 + k) * cols + j0 + j)]));
+        const int e = coda::test::e4m3_block_exponent(block.data(), int64_t(block.size()));
+        for (int64_t k = 0; k < nk; ++k)
+          for (int64_t j = 0; j < nj; ++j)
+            q[size_t((k0 + k) * cols + j0 + j)] =
+                std::ldexp(coda::test::e4m3_grid_value(coda::test::e4m3_nearest_code(float(
+                               std::ldexp(double(block[size_t(k * nj + j)]), -e)))),
+                           e);
+      }
+    return q;
+  };
+  const Vec qdy = column_values(dy, M), qx = block_values(x, N);
   Vec want(size_t(M * N), 0.0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t n = 0; n < N; ++n)
