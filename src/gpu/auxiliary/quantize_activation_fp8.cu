@@ -38,21 +38,6 @@ constexpr int kValuesPerLane = kTile / 32;   // 4 consecutive columns of a row
 constexpr uint32_t kNanCodes4 = 0x01010101u * kE4m3NanBits;
 static_assert(kRowsPerWarp == 16, "a thread's codes of one column fill one 16-byte word");
 
-// 4 consecutive values at p (16-byte aligned for f32, 8-byte for 16-bit types) as fp32.
-template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    load_halves<T, 4>(p, v);
-  }
-}
-
-// Four values already multiplied by 2^-k as E4M3 codes, the first in the low byte.
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-  return uint32_t(e4m3x2(a, b)) | uint32_t(e4m3x2(c, d)) << 16;
-}
-
 // The byte offset of a codes_t row's 16-byte chunk in the shared tile: chunks swizzled by bits
 // 2..4 of the row, so that the 8 threads of a quarter warp, which write rows 4 apart, hit 8
 // distinct chunks (all 32 banks), and a warp reading one row reads 32 distinct words.

@@ -1,14 +1,15 @@
 // A weight's FP8 codes and 128 x 128 block scales (QuantizeWeightFp8Args), and its transposed
 // copy: one CTA per block. Its 8 warps read the block's rows, each lane 4 consecutive values of a
-// row (16 rows per warp); the block's largest magnitude is the maximum of |w|'s bits compared as
-// unsigned integers (the order of the finite magnitudes, with an infinity and every NaN above
-// them all: such a block gets kNoScale, as the CPU backend gives); each lane converts its values
-// with cvt.rn.satfinite.e4m3x2.f32 (the host's float_to_e4m3_bits is its twin) and stores its 4
-// codes, and, for the transposed copy, writes them into a shared 128 x 128 byte tile that the
-// warps then read by columns.
+// row in one vector load (16 rows per warp); the block's largest magnitude is the maximum of
+// |w|'s bits compared as unsigned integers (the order of the finite magnitudes, with an infinity
+// and every NaN above them all: such a block gets kNoScale, as the CPU backend gives); each lane
+// converts its values with cvt.rn.satfinite.e4m3x2.f32 (the host's float_to_e4m3_bits is its
+// twin) and stores its 4 codes as one 32-bit word, and, for the transposed copy, writes them
+// into a shared 128 x 128 byte tile whose columns the warps then read, 4 codes a lane, as
+// words of codes_t's rows. (The block's activation twin, quantize_activation_fp8.cu, shares the
+// vector accesses and why they are aligned: quantize_fp8.cuh.)
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -27,17 +28,11 @@ constexpr int kWarps = kQuantizerThreads / 32;
 constexpr int kRowsPerWarp = kBlock / kWarps; // 16
 constexpr int kValuesPerLane = kBlock / 32;   // 4 consecutive columns of a row
 
-template <class T> __device__ float to_float_value(T x) {
-  if constexpr (std::is_same_v<T, float>)
-    return x;
-  else
-    return dev::to_float<T>(x.bits);
-}
-
 template <class T>
 __global__ void __launch_bounds__(kWarps * 32)
     quantize_weight_kernel(const QuantizeFp8Params<T> p) {
-  __shared__ uint8_t tile[kBlock][kBlock + 4]; // codes [row][col]; +4: rows 4 bytes apart in banks
+  // codes [row][col]; +4: rows 4 bytes apart in banks (and 4-byte aligned, for word writes)
+  __shared__ alignas(16) uint8_t tile[kBlock][kBlock + 4];
   __shared__ uint32_t warp_magnitude[kWarps];
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int32_t n0 = int32_t(blockIdx.y) * kBlock, k0 = int32_t(blockIdx.x) * kBlock;
@@ -48,12 +43,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int32_t row = n0 + warp * kRowsPerWarp + i;
+    if (row < p.rows && col < p.cols) // the lane's 4 columns are all in or all out
+      load4(p.in + int64_t(row) * p.in_stride + col, v[i]);
+    else
+      v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
 #pragma unroll
-    for (int j = 0; j < kValuesPerLane; ++j) {
-      const bool in = row < p.rows && col + j < p.cols;
-      v[i][j] = in ? to_float_value(p.in[int64_t(row) * p.in_stride + col + j]) : 0.f;
+    for (int j = 0; j < kValuesPerLane; ++j)
       magnitude = max(magnitude, float_bits(v[i][j]) & 0x7fffffffu);
-    }
   }
   magnitude = __reduce_max_sync(0xffffffffu, magnitude);
   if (lane == 0) warp_magnitude[warp] = magnitude;
@@ -72,33 +68,27 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int r = warp * kRowsPerWarp + i;
     const int32_t row = n0 + r;
-    uint8_t q[kValuesPerLane];
-#pragma unroll
-    for (int j = 0; j < kValuesPerLane; j += 2) {
-      const uint16_t pair = e4m3x2(v[i][j] * scale, v[i][j + 1] * scale);
-      q[j] = exponent == kNoScale ? kE4m3NanBits : uint8_t(pair & 0xff);
-      q[j + 1] = exponent == kNoScale ? kE4m3NanBits : uint8_t(pair >> 8);
-    }
-#pragma unroll
-    for (int j = 0; j < kValuesPerLane; ++j) {
-      tile[r][kValuesPerLane * lane + j] = q[j];
-      if (row < p.rows && col + j < p.cols) p.codes[int64_t(row) * p.codes_stride + col + j] = q[j];
-    }
+    const uint32_t q = exponent == kNoScale
+                           ? 0x01010101u * kE4m3NanBits
+                           : e4m3x4(v[i][0] * scale, v[i][1] * scale, v[i][2] * scale,
+                                    v[i][3] * scale);
+    *reinterpret_cast<uint32_t*>(&tile[r][kValuesPerLane * lane]) = q;
+    if (row < p.rows && col < p.cols)
+      *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;
   }
   if (p.codes_t == nullptr) return;
   __syncthreads();
   // Wᵀ: warp w writes columns k0 + 16 w .. + 15 of W as rows of codes_t, each lane 4 of their
-  // 128 entries (rows n0 + 4 lane ..).
+  // 128 entries (rows n0 + 4 lane ..: all in or all out, N being a multiple of 16) as one word.
+  const int r = kValuesPerLane * lane;
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int c = warp * kRowsPerWarp + i;
     const int32_t k = k0 + c;
-    if (k >= p.cols) continue;
-#pragma unroll
-    for (int j = 0; j < kValuesPerLane; ++j) {
-      const int r = kValuesPerLane * lane + j;
-      if (n0 + r < p.rows) p.codes_t[int64_t(k) * p.codes_t_stride + n0 + r] = tile[r][c];
-    }
+    if (k >= p.cols || n0 + r >= p.rows) continue;
+    const uint32_t word = uint32_t(tile[r][c]) | uint32_t(tile[r + 1][c]) << 8 |
+                          uint32_t(tile[r + 2][c]) << 16 | uint32_t(tile[r + 3][c]) << 24;
+    *reinterpret_cast<uint32_t*>(p.codes_t + int64_t(k) * p.codes_t_stride + n0 + r) = word;
   }
 }
 

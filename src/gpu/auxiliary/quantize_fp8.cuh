@@ -5,7 +5,9 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "coda/core/convert.cuh"
 #include "coda/core/error.hpp"
 #include "coda/core/fp8.hpp"
 #include "coda/core/tensor.hpp"
@@ -13,6 +15,26 @@
 #include "gpu/auxiliary/common.cuh"
 
 namespace coda::gpu::aux {
+
+// Both kernels read 4 consecutive values a lane and store 4 consecutive codes: the GPU path's
+// validation gives 16-byte aligned tensors with 16-byte row pitches and both dimensions of every
+// copy a multiple of 16, so a lane's 4 values (or codes) are all inside the tensor or all outside,
+// and these vector accesses are aligned.
+
+// 4 consecutive values at p (16-byte aligned for f32, 8-byte for 16-bit types) as fp32.
+template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float4 f = *reinterpret_cast<const float4*>(p);
+    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+  } else {
+    load_halves<T, 4>(p, v);
+  }
+}
+
+// Four values already multiplied by 2^-k as E4M3 codes, the first in the low byte.
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  return uint32_t(e4m3x2(a, b)) | uint32_t(e4m3x2(c, d)) << 16;
+}
 
 // The input [rows, cols] and its codes [rows, cols] with their scales, and optionally the
 // transposed copy (codes_t [cols, rows] and scales_t; null when absent). Strides in elements.
