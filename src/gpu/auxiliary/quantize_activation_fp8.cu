@@ -2,7 +2,8 @@
 // (QuantizeActivationFp8Args), and its transposed copy with one scale per column and 128-row
 // block: one CTA per 128 x 128 tile of x, which holds whole blocks of both kinds (a row's 128
 // columns, a column's 128 rows), so both amaxes are tile-local. Its 8 warps read 16 rows each,
-// every lane 4 consecutive columns of a row, and keep the tile in registers for both passes:
+// every lane 4 consecutive columns of a row, and keep the tile in registers as loaded (Lane4:
+// a 16-bit tile in 32 registers a thread) for both passes:
 //  - rows: a row's amax is a warp reduce over its 32 lanes; the lane converts its 4 values with
 //    cvt.rn.satfinite.e4m3x2.f32 (the host's float_to_e4m3_bits is its twin) and stores them as
 //    one 32-bit word;
@@ -46,7 +47,7 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
     quantize_activation_kernel(const QuantizeFp8Params<T> p) {
   __shared__ __align__(16) uint8_t tile_t[kTile * kTile]; // codes_t's 128 x 128 bytes, swizzled
   __shared__ __align__(16) uint32_t column_magnitude[kWarps][kTile];
@@ -55,32 +56,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t col = k0 + kValuesPerLane * lane;
   const bool col_in = col < p.cols; // K % 16 == 0: the lane's 4 columns are all in or all out
 
-  float v[kRowsPerWarp][kValuesPerLane];
+  Lane4<T> v[kRowsPerWarp];
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int32_t row = m0 + warp * kRowsPerWarp + i;
-    if (row < p.rows && col_in) {
-      load4(p.in + int64_t(row) * p.in_stride + col, v[i]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kValuesPerLane; ++j) v[i][j] = 0.f; // below every magnitude
-    }
+    if (row < p.rows && col_in)
+      v[i].load(p.in + int64_t(row) * p.in_stride + col);
+    else
+      v[i].zero();
   }
 
   // Rows: one block per row of the tile (the row's columns k0 .. k0 + 127).
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int32_t row = m0 + warp * kRowsPerWarp + i;
-    uint32_t magnitude = 0;
-#pragma unroll
-    for (int j = 0; j < kValuesPerLane; ++j)
-      magnitude = max(magnitude, float_bits(v[i][j]) & 0x7fffffffu);
-    magnitude = __reduce_max_sync(0xffffffffu, magnitude);
+    const uint32_t magnitude = __reduce_max_sync(0xffffffffu, v[i].magnitude());
     const int exponent = e4m3_scale_exponent(bits_float(magnitude));
     const float scale = scale_exp2(-exponent); // exact: a power of two (unused for kNoScale)
     const uint32_t q = exponent == kNoScale ? kNanCodes4
-                                            : e4m3x4(v[i][0] * scale, v[i][1] * scale,
-                                                     v[i][2] * scale, v[i][3] * scale);
+                                            : e4m3x4(v[i].at(0) * scale, v[i].at(1) * scale,
+                                                     v[i].at(2) * scale, v[i].at(3) * scale);
     if (row < p.rows) {
       if (col_in) *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;
       if (lane == 0)
@@ -96,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     partial[j] = 0;
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i)
-      partial[j] = max(partial[j], float_bits(v[i][j]) & 0x7fffffffu);
+      partial[j] = max(partial[j], float_bits(v[i].at(j)) & 0x7fffffffu);
   }
   *reinterpret_cast<uint4*>(&column_magnitude[warp][kValuesPerLane * lane]) =
       make_uint4(partial[0], partial[1], partial[2], partial[3]);
@@ -128,9 +123,10 @@ __global__ void __launch_bounds__(kWarps * 32)
     uint32_t word[4];
 #pragma unroll
     for (int h = 0; h < 4; ++h)
-      word[h] = exponent[j] == kNoScale ? kNanCodes4
-                                        : e4m3x4(v[4 * h][j] * scale, v[4 * h + 1][j] * scale,
-                                                 v[4 * h + 2][j] * scale, v[4 * h + 3][j] * scale);
+      word[h] = exponent[j] == kNoScale
+                    ? kNanCodes4
+                    : e4m3x4(v[4 * h].at(j) * scale, v[4 * h + 1].at(j) * scale,
+                             v[4 * h + 2].at(j) * scale, v[4 * h + 3].at(j) * scale);
     *reinterpret_cast<uint4*>(tile_t + tile_offset(kValuesPerLane * lane + j, warp)) =
         make_uint4(word[0], word[1], word[2], word[3]);
   }

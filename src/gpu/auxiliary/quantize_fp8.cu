@@ -29,7 +29,7 @@ constexpr int kRowsPerWarp = kBlock / kWarps; // 16
 constexpr int kValuesPerLane = kBlock / 32;   // 4 consecutive columns of a row
 
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
     quantize_weight_kernel(const QuantizeFp8Params<T> p) {
   // codes [row][col]; +4: rows 4 bytes apart in banks (and 4-byte aligned, for word writes)
   __shared__ alignas(16) uint8_t tile[kBlock][kBlock + 4];
@@ -38,18 +38,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t n0 = int32_t(blockIdx.y) * kBlock, k0 = int32_t(blockIdx.x) * kBlock;
   const int32_t col = k0 + kValuesPerLane * lane;
 
-  float v[kRowsPerWarp][kValuesPerLane];
+  Lane4<T> v[kRowsPerWarp]; // the lane's 4 values of each of its rows, as loaded
   uint32_t magnitude = 0;
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int32_t row = n0 + warp * kRowsPerWarp + i;
     if (row < p.rows && col < p.cols) // the lane's 4 columns are all in or all out
-      load4(p.in + int64_t(row) * p.in_stride + col, v[i]);
+      v[i].load(p.in + int64_t(row) * p.in_stride + col);
     else
-      v[i][0] = v[i][1] = v[i][2] = v[i][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < kValuesPerLane; ++j)
-      magnitude = max(magnitude, float_bits(v[i][j]) & 0x7fffffffu);
+      v[i].zero();
+    magnitude = max(magnitude, v[i].magnitude());
   }
   magnitude = __reduce_max_sync(0xffffffffu, magnitude);
   if (lane == 0) warp_magnitude[warp] = magnitude;
@@ -68,10 +66,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int r = warp * kRowsPerWarp + i;
     const int32_t row = n0 + r;
-    const uint32_t q = exponent == kNoScale
-                           ? 0x01010101u * kE4m3NanBits
-                           : e4m3x4(v[i][0] * scale, v[i][1] * scale, v[i][2] * scale,
-                                    v[i][3] * scale);
+    const uint32_t q = exponent == kNoScale ? 0x01010101u * kE4m3NanBits
+                                            : e4m3x4(v[i].at(0) * scale, v[i].at(1) * scale,
+                                                     v[i].at(2) * scale, v[i].at(3) * scale);
     *reinterpret_cast<uint32_t*>(&tile[r][kValuesPerLane * lane]) = q;
     if (row < p.rows && col < p.cols)
       *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;

@@ -21,15 +21,52 @@ namespace coda::gpu::aux {
 // copy a multiple of 16, so a lane's 4 values (or codes) are all inside the tensor or all outside,
 // and these vector accesses are aligned.
 
-// 4 consecutive values at p (16-byte aligned for f32, 8-byte for 16-bit types) as fp32.
-template <class T> __device__ __forceinline__ void load4(const T* p, float (&v)[4]) {
-  if constexpr (std::is_same_v<T, float>) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
-  } else {
-    load_halves<T, 4>(p, v);
+// A lane's 4 consecutive values as loaded (16-byte aligned for f32, 8-byte for 16-bit types):
+// four floats for f32, two words of 16-bit pairs for bf16 and f16, widened to fp32 (exactly) where
+// they are used. Both kernels keep a 128 x 128 tile in registers for two passes; held as loaded,
+// a 16-bit tile takes half the registers, which lets more CTAs share an SM (these kernels are
+// bound by memory, and a CTA loads, then reduces, then stores: more CTAs overlap the phases).
+template <class T> struct Lane4 {
+  static constexpr bool kWide = std::is_same_v<T, float>;
+  uint32_t word[kWide ? 4 : 2];
+
+  __device__ __forceinline__ void load(const T* p) {
+    if constexpr (kWide) {
+      const uint4 f = *reinterpret_cast<const uint4*>(p);
+      word[0] = f.x, word[1] = f.y, word[2] = f.z, word[3] = f.w;
+    } else {
+      const uint2 h = *reinterpret_cast<const uint2*>(p);
+      word[0] = h.x, word[1] = h.y;
+    }
   }
-}
+  __device__ __forceinline__ void zero() { // below every magnitude
+#pragma unroll
+    for (uint32_t& w : word) w = 0;
+  }
+  // Value j (0..3) as fp32.
+  __device__ __forceinline__ float at(int j) const {
+    if constexpr (kWide) {
+      return __uint_as_float(word[j]);
+    } else {
+      const float2 f = dev::unpack2<T>(word[j / 2]);
+      return j % 2 == 0 ? f.x : f.y;
+    }
+  }
+  // The largest |value| of the four, as the bits of a non-negative float (NaN and infinity
+  // above every finite magnitude when compared as unsigned integers).
+  __device__ __forceinline__ uint32_t magnitude() const {
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) m = max(m, float_bits(at(j)) & 0x7fffffffu);
+    return m;
+  }
+};
+
+// The CTAs an SM should hold at once (the kernels' __launch_bounds__, so at most 85 registers a
+// thread for bf16): a bf16 tile held as loaded fits 3 (ptxas -v: 80 registers, no spills; 4 CTAs
+// spill); f16's conversions are instructions ptxas keeps the results of (3 CTAs spilled 52 bytes),
+// and an f32 tile needs twice the registers: 2 for both.
+template <class T> constexpr int kQuantizerCtasPerSm = std::is_same_v<T, bf16> ? 3 : 2;
 
 // Four values already multiplied by 2^-k as E4M3 codes, the first in the low byte.
 __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
