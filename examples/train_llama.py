@@ -37,6 +37,12 @@ is the mean over the ranks, the loss of the whole step's batch.
 operands (coda.from_hf(..., precision="fp8"); docs/python.md, "FP8"), against the same PyTorch
 bf16 run; the widths and each rank's batch * seq tokens must be multiples of 16. loss.json
 (and soak.json) record the precision.
+
+    python examples/train_llama.py --plot-runs [LABEL=]a/loss.json [LABEL=]b/loss.json ...
+
+--plot-runs trains nothing: it draws earlier runs' loss.json files in one figure, OUT/runs.png
+(each run's coda curve over its own torch curve, smoothed, and their relative difference), for
+comparing seeds or recipes (docs/fp8.md's FP8 runs over seeds).
 """
 import argparse
 import json
@@ -85,6 +91,10 @@ def parse_args(argv=None):
                    help="DistributedDataParallel over torchrun's ranks")
     p.add_argument("--precision", choices=("native", "fp8"), default="native",
                    help="coda's layer GEMMs: native (bf16) or fp8 (block-scaled E4M3 operands)")
+    p.add_argument("--plot-runs", nargs="+", metavar="[LABEL=]LOSS_JSON",
+                   help="train nothing: draw earlier runs' loss.json files (each run's coda and "
+                        "torch curves smoothed, and their relative difference) into OUT/runs.png; "
+                        "LABEL names a run in the legend (default: its precision, seed, commit)")
     args = p.parse_args(argv)
     if args.fsdp and args.ddp:
         p.error("--fsdp and --ddp exclude each other: choose one way to spread the model")
@@ -380,8 +390,60 @@ def plot(curves, smooth_window, path, title):
     return path
 
 
+def plot_runs(paths, smooth_window, path):
+    """Several runs' loss.json in one figure: each run's coda curve (a color per run) over its
+    torch curve (grey, dashed), smoothed, and each run's (coda - torch) / torch. Exit status 1,
+    nothing drawn, when a file is not a run of both sides (or matplotlib is missing)."""
+    runs = []
+    for spec in paths:
+        label, _, run_path = spec.rpartition("=")
+        with open(run_path) as f:
+            run = json.load(f)
+        if not all(isinstance(run.get(side), dict) and run[side].get("loss")
+                   for side in ("coda", "torch")):
+            print("%s: not a loss.json with both sides' curves" % run_path, file=sys.stderr)
+            return 1
+        runs.append((label or "coda %s, seed %s (%s)" % (
+            run.get("precision", "native"), run.get("args", {}).get("seed", "?"),
+            str(run.get("commit", "?"))[:7]), run))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib missing: no plot", file=sys.stderr)
+        return 1
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (label, run) in enumerate(runs):
+        a = smooth(run["coda"]["loss"], smooth_window)
+        b = smooth(run["torch"]["loss"], smooth_window)
+        steps = range(1, len(a) + 1)
+        color = palette[i % len(palette)]
+        axes[0].plot(steps, b, color="#9a9a9a", linestyle="--", linewidth=1.0)
+        axes[0].plot(steps, a, color=color, linewidth=1.4, label=label)
+        axes[1].plot(steps, [(x - y) / y for x, y in zip(a, b)], color=color, linewidth=1.2)
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("training loss (nats / byte), smoothed over %d steps" % smooth_window)
+    axes[0].set_title("coda (colors) against its run's torch bf16 side (grey, dashed)", fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[1].axhline(0, color="#9a9a9a", linewidth=0.8)
+    axes[1].set_xlabel("step")
+    axes[1].set_title("(coda - torch) / torch, smoothed over %d steps" % smooth_window,
+                      fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print("wrote %s" % path)
+    return 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.plot_runs:
+        os.makedirs(args.out, exist_ok=True)
+        return plot_runs(args.plot_runs, args.smooth, os.path.join(args.out, "runs.png"))
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         print("train_llama: no CUDA device (coda's GPU kernels need an H100/H200)", file=sys.stderr)
         return 2

@@ -8,6 +8,7 @@ bench code runs in the test suite; they are skipped without torch or a CUDA devi
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -803,3 +804,32 @@ def test_fp8_block_table_and_status_row():
     assert "1.25x / 1.60x coda's bf16 speed" in status
     assert "1.50x / 0.80x the speed of PyTorch's FP8 block" in status
     assert "(1B / 8B; docs/fp8.md), at `abc1234`" in status
+
+
+def _train_llama(*argv):
+    """examples/train_llama.py's main in a subprocess (it imports torch at the top)."""
+    return subprocess.run([sys.executable, os.path.join(ROOT, "examples", "train_llama.py")]
+                          + list(argv), capture_output=True, text=True, timeout=300)
+
+
+def _loss_json(path, coda, torch_side=True):
+    run = {"precision": "fp8", "commit": "abc1234", "args": {"seed": 3},
+           "coda": {"loss": coda, "val_loss": coda[-1]}}
+    if torch_side:
+        run["torch"] = {"loss": [x * 1.01 for x in coda], "val_loss": coda[-1] * 1.01}
+    path.write_text(json.dumps(run))
+    return str(path)
+
+
+def test_train_llama_plot_runs(tmp_path):
+    pytest.importorskip("torch")
+    good = _loss_json(tmp_path / "a.json", [3.0, 2.5, 2.0, 1.8])
+    # A run without the torch side is refused by name, nothing drawn (before matplotlib).
+    bad = _loss_json(tmp_path / "b.json", [3.0, 2.0], torch_side=False)
+    r = _train_llama("--out", str(tmp_path / "out"), "--plot-runs", good, bad)
+    assert r.returncode == 1 and "b.json: not a loss.json with both sides' curves" in r.stderr
+    assert not (tmp_path / "out" / "runs.png").exists()
+    pytest.importorskip("matplotlib")
+    r = _train_llama("--out", str(tmp_path / "out"), "--plot-runs", "named run=" + good, good)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "runs.png").stat().st_size > 0
