@@ -50,6 +50,14 @@ struct BlockCase {
   bool gpu = false; // run on the GPU backend (skipped without an sm_90 GPU)
 };
 
+// GoogleTest's printer for the parameter (--gtest_list_tests, failures): the case's words.
+inline void PrintTo(const BlockCase& c, std::ostream* os) {
+  *os << c.name << ": hidden " << c.config.hidden << ", intermediate " << c.config.intermediate
+      << ", heads " << c.config.n_heads << "/" << c.config.n_kv_heads << " of " << c.config.head_dim
+      << ", vocab " << c.config.vocab << ", " << c.tokens << " tokens, " << dtype_name(c.dtype)
+      << " (gradients " << dtype_name(c.grad_dtype) << ")" << (c.gpu ? ", GPU" : "");
+}
+
 inline llama::Config make_config(int64_t hidden, int64_t intermediate, int32_t heads,
                                  int32_t kv_heads, int32_t head_dim, int64_t vocab) {
   llama::Config c;
@@ -891,10 +899,10 @@ TEST_P(Block, FirstLayerFp8Forward) {
 // transposed codes, dW_qkv on dz quantized along the tokens and h_hat in 128 x 128 blocks,
 // after an FP8 forward; against the textbook layer with the FP8 recipe in every linear of the
 // backward too (ref::Rounding::fp8: dgrad by rows and 128 x 128 weight blocks, wgrad dz by
-// columns and h_hat in blocks), on RMS errors, writing and accumulating the weight gradients. It needs M a multiple
-// of 16 and the widths the forward needs: the case's own M (none is a multiple) is refused
-// first, naming the rule, with nothing written; then, where the widths fit, the check runs on M
-// rounded up to 16.
+// columns and h_hat in blocks), on RMS errors, writing and accumulating the weight gradients. It
+// needs M a multiple of 16 and the widths the forward needs: the case's own M (none is a multiple)
+// is refused first, naming the rule, with nothing written; then, where the widths fit, the check
+// runs on M rounded up to 16.
 TEST_P(Block, FirstLayerFp8Backward) {
   make.c.precision = llama::Precision::fp8;
   const int64_t D = c.hidden, Nq = c.qkv_width();

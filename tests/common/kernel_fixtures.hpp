@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
 #include "coda/core/tensor.hpp"
+#include "coda/gemm/problem.hpp"
 #include "coda/kernels/args.hpp"
 #include "reference/kernels.hpp"
 
@@ -194,6 +196,9 @@ struct SwigluBackwardCall {
 struct CrossEntropyCase {
   int64_t M, V;
 };
+inline void PrintTo(const CrossEntropyCase& c, std::ostream* os) {
+  *os << "M " << c.M << ", V " << c.V;
+}
 struct CrossEntropyInputs {
   HostTensor logits, lse_partials, target_logit, targets;
   ref::CrossEntropyInputs ref;
@@ -230,3 +235,15 @@ void expect_zeta_within_dy_rounding(const HostTensor& partials, const std::vecto
                                     const ZetaDyRounding& rounding);
 
 } // namespace coda::test
+
+namespace coda {
+// GoogleTest prints a test's parameter with --gtest_list_tests and in a failure's message; found
+// by argument-dependent lookup, so it lives in DType's namespace: "bf16", not a byte dump.
+inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
+inline void PrintTo(LossReduction reduction, std::ostream* os) {
+  *os << (reduction == LossReduction::mean ? "mean" : "sum");
+}
+inline void PrintTo(GemmLayout layout, std::ostream* os) {
+  *os << (layout == GemmLayout::fwd ? "fwd" : layout == GemmLayout::dgrad ? "dgrad" : "wgrad");
+}
+} // namespace coda

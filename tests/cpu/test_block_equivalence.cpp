@@ -33,6 +33,8 @@ struct Case {
   LlamaConfig config;
   int64_t tokens;
 };
+// GoogleTest's printer for the parameter (--gtest_list_tests, failures): its name.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name << ", " << c.tokens << " tokens"; }
 
 // GQA; M below one partial block; D = n_heads * head_dim.
 // MHA; M = 133 (two ragged 128-row blocks); D = 200 (not a multiple of 128) != n_heads * head_dim.

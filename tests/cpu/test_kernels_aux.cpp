@@ -22,6 +22,8 @@ struct Dims {
   int64_t M, N;
 };
 std::string label(const Dims& d) { return "M" + std::to_string(d.M) + "_N" + std::to_string(d.N); }
+// GoogleTest's printer for the parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Dims& d, std::ostream* os) { *os << label(d); }
 
 using DtypeDims = std::tuple<DType, Dims>;
 std::string dtype_dims_name(const testing::TestParamInfo<DtypeDims>& info) {

@@ -29,6 +29,8 @@ struct Shape {
 std::string label(const Shape& s) {
   return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
 }
+// GoogleTest's printer for a Shape parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Shape& s, std::ostream* os) { *os << label(s); }
 
 // rstd of each row of x [M, N] in fp64, as K0 + rstd_from_partials would hand it over (f32).
 std::vector<double> rstd_of(const std::vector<double>& x, int64_t M, int64_t N, double eps) {
@@ -321,6 +323,7 @@ std::string label(const RopeCase& r) {
   return "q" + std::to_string(r.n_q_heads) + "_kv" + std::to_string(r.n_kv_heads) + "_hd" +
          std::to_string(r.head_dim) + "_M" + std::to_string(r.M);
 }
+void PrintTo(const RopeCase& r, std::ostream* os) { *os << label(r); }
 
 ref::RopeTable rope_table(const RopeCase& rc) {
   ref::RopeTable t;

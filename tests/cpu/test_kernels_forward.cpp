@@ -25,6 +25,8 @@ struct Shape {
 std::string label(const Shape& s) {
   return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
 }
+// GoogleTest's printer for a Shape parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Shape& s, std::ostream* os) { *os << label(s); }
 
 // Ragged M (1, 37, 129, 200) and N (8, 136, 264, one exact tile), K multiples of 8.
 const Shape kShapes[] = {{1, 8, 16}, {37, 136, 64}, {200, 264, 32}, {129, 128, 8}};
@@ -367,6 +369,7 @@ std::string label(const RopeCase& r) {
          std::to_string(r.head_dim) + "_M" + std::to_string(r.M) + "_K" + std::to_string(r.K) +
          (r.llama3_table ? "_llama3" : "");
 }
+void PrintTo(const RopeCase& r, std::ostream* os) { *os << label(r); }
 const RopeCase kRopeCases[] = {{4, 2, 16, 37, 64, false},
                                {4, 2, 64, 200, 32, false},
                                {4, 2, 64, 1, 16, false},
@@ -474,6 +477,9 @@ TEST(RmsRopeFp8, RotatedQkvOfE4m3OperandsMatchesReference) {
 struct LseCase {
   int64_t M, V, K;
 };
+void PrintTo(const LseCase& c, std::ostream* os) {
+  *os << "M " << c.M << ", V " << c.V << ", K " << c.K;
+}
 const LseCase kLseCases[] = {{37, 296, 64}, {200, 136, 32}, {1, 1000, 16}, {64, 8, 8}};
 
 using DtypeLse = std::tuple<DType, LseCase>;

@@ -67,6 +67,7 @@ std::string label(const PartialsCase& c) {
   return "M" + std::to_string(c.rows) + "_P" + std::to_string(c.P) +
          (c.pad ? "_pad" + std::to_string(c.pad) : "");
 }
+void PrintTo(const PartialsCase& x, std::ostream* os) { *os << label(x); }
 const PartialsCase kPartialsCases[] = {{1, 1, 0},     {37, 3, 0},    {200, 1, 0}, {129, 5, 3},
                                        {1000, 33, 0}, {4100, 70, 2}, {33, 128, 0}};
 
@@ -215,6 +216,7 @@ std::string label(const RopeCase& r) {
          std::to_string(r.head_dim) + "_M" + std::to_string(r.M) +
          (r.first_offset > 100000 ? "_long" : "");
 }
+void PrintTo(const RopeCase& x, std::ostream* os) { *os << label(x); }
 const RopeCase kRopeCases[] = {{4, 2, 64, 200}, {32, 8, 128, 67}, {3, 1, 128, 1},
                                {4, 2, 32, 37},  {4, 2, 16, 130},  {2, 1, 96, 50, 1 << 20, 120000},
                                {3, 1, 8, 9},    {2, 1, 12, 50},   {2, 1, 6, 33}};

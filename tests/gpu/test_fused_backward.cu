@@ -54,6 +54,8 @@ struct Shape {
 std::string label(const Shape& s) {
   return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
 }
+// GoogleTest's printer for a Shape parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Shape& s, std::ostream* os) { *os << label(s); }
 
 // rstd of each row of x [M, N] in fp64, as K0 + rstd_from_partials would hand it over (f32).
 std::vector<double> rstd_of(const std::vector<double>& x, int64_t M, int64_t N, double eps) {
@@ -73,6 +75,7 @@ std::string label(const RmsBackwardOptions& o) {
   return std::string(o.accumulate ? "accumulate" : "overwrite") +
          (o.alpha_tensor ? "_alpha_tensor" : "_alpha_value");
 }
+void PrintTo(const RmsBackwardOptions& x, std::ostream* os) { *os << label(x); }
 constexpr double kAlpha = 0.46875; // = 1.5 * 0.3125, exact in fp32
 // NOTE: built field by field, not as a designated initializer with a conditional: nvcc 13.0's
 // device front end (cicc) crashed on that form in this file.

@@ -63,6 +63,8 @@ struct Shape {
 std::string label(const Shape& s) {
   return "M" + std::to_string(s.M) + "_N" + std::to_string(s.N) + "_K" + std::to_string(s.K);
 }
+// GoogleTest's printer for a Shape parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Shape& s, std::ostream* os) { *os << label(s); }
 using DtypeShape = std::tuple<DType, Shape>;
 std::string dtype_shape_name(const testing::TestParamInfo<DtypeShape>& info) {
   return dtype_label(std::get<0>(info.param)) + "_" + label(std::get<1>(info.param));
@@ -512,6 +514,7 @@ std::string label(const RopeCase& r) {
   return "q" + std::to_string(r.n_q_heads) + "_kv" + std::to_string(r.n_kv_heads) + "_hd" +
          std::to_string(r.head_dim) + "_M" + std::to_string(r.M) + "_K" + std::to_string(r.K);
 }
+void PrintTo(const RopeCase& x, std::ostream* os) { *os << label(x); }
 const RopeCase kRopeCases[] = {{4, 2, 64, 200, 64},   {3, 1, 64, 37, 128}, {32, 8, 64, 67, 64},
                                {4, 1, 128, 130, 256}, {3, 1, 128, 1, 16},  {6, 2, 128, 300, 72}};
 
@@ -668,6 +671,9 @@ TEST(FusedRmsRopeLimits, OtherHeadDimsAreNotSupported) {
 struct LseCase {
   int64_t M, V, K;
 };
+void PrintTo(const LseCase& c, std::ostream* os) {
+  *os << "M " << c.M << ", V " << c.V << ", K " << c.K;
+}
 const LseCase kLseCases[] = {{37, 296, 64}, {200, 136, 32},   {1, 1000, 16},
                              {64, 8, 8},    {130, 1000, 200}, {257, 2056, 64}};
 
@@ -745,6 +751,7 @@ INSTANTIATE_TEST_SUITE_P(Gpu, FusedRmsLse,
 struct StatsShape {
   int64_t M, N;
 };
+void PrintTo(const StatsShape& s, std::ostream* os) { *os << "M " << s.M << ", N " << s.N; }
 const StatsShape kStatsShapes[] = {{1, 8}, {37, 136}, {200, 264}, {129, 2048}, {5, 4104}};
 
 void check_rms_stats(DType dtype, const StatsShape& s) {

@@ -44,6 +44,8 @@ struct Shape {
 std::string label(const Shape& s) {
   return "M" + std::to_string(s.m) + "_N" + std::to_string(s.n) + "_K" + std::to_string(s.k);
 }
+// GoogleTest's printer for a Shape parameter (--gtest_list_tests, failures): its label.
+void PrintTo(const Shape& s, std::ostream* os) { *os << label(s); }
 
 // The case's tensors on the device (D a fresh copy: NaN-poisoned, or the old values it
 // accumulates into; guard bytes after each).
