@@ -7,7 +7,6 @@
 //   gemm_only: the same 4 + 8 GEMMs (same layouts and dtypes) run by cuBLASLt, nothing else;
 //   coda_fp8:  the block calls with Config::precision = fp8 (docs/fp8.md, "The FP8 block"): the
 //              GEMMs on block-scaled E4M3 operands, each input and weight quantized before it;
-//              the forward only so far (its backward is n/a, as below);
 //   unfused:   those cuBLASLt GEMMs plus the simplest correct separate CUDA kernels for the rest
 //              (bench/unfused_block.cuh), one per operation, in PyTorch eager's order (eager
 //              launches more: its RMSNorm alone is several kernels): residual add, RMSNorm (saving
@@ -33,11 +32,15 @@
 //
 //   bench_block [--models 1b,8b] [--tokens 8192,16384] [--runs 30] [--grad-dtype bf16|f32]
 //               [--out bench/results/block.json] [--commit HASH] [--check 1] [--only-check 0]
-//               [--profile 0]
+//               [--profile 0] [--backward-parts 0]
 //
 // --commit defaults to $CODA_COMMIT. --only-check 1 runs the check alone (on a machine without an
 // sm_90 GPU, only its CPU-backend side). --profile 1 adds, per case, one forward and backward of
 // each side inside a cudaProfilerStart / Stop range (tools/ncu_block.sh times each kernel in it).
+// --backward-parts 1 runs coda's middle backward (both precisions, the timed runs and the check)
+// as its two parts, middle_backward_part 1 then 2, as coda.ops calls it from PyTorch, instead of
+// the one call. (Part 1 leaves zeta1 over saved.r2; a timed backward-only run then reads it as
+// rstd, which changes values, not the work.)
 // Exit status 1 when a check fails.
 #include <algorithm>
 #include <cmath>
@@ -117,7 +120,11 @@ struct Shape {
         {llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg, M),
          llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg, M),
          llama::workspace_size(llama::Layer::middle, llama::Pass::forward, cfg_fp8, M),
-         llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg_fp8, M)});
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward, cfg_fp8, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part1, cfg, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part2, cfg, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part1, cfg_fp8, M),
+         llama::workspace_size(llama::Layer::middle, llama::Pass::backward_part2, cfg_fp8, M)});
   }
 };
 
@@ -150,6 +157,18 @@ std::vector<InputSpec> input_specs(const Shape& b) {
 // ---------------------------------------------------------------------------------------------
 // One case's device tensors: the inputs, the coda block's tensors, and the unfused path
 // (bench/unfused_block.cuh: its tensors and cuBLASLt GEMMs, which the GEMM-only side reuses).
+
+// How coda's middle backward is called (--backward-parts): the one call, or its two parts.
+bool backward_in_parts = false;
+void coda_middle_backward(const llama::Config& cfg, const llama::MiddleWeights& w,
+                          const llama::MiddleInputs& inputs, const llama::MiddleOutputs& outputs,
+                          const llama::MiddleSaved& saved, const llama::MiddleGrads& grads,
+                          const TensorView& workspace, cudaStream_t s = nullptr) {
+  if (!backward_in_parts)
+    return llama::middle_backward(cfg, w, inputs, outputs, saved, grads, false, workspace, s);
+  for (const llama::Pass part : {llama::Pass::backward_part1, llama::Pass::backward_part2})
+    llama::middle_backward_part(part, cfg, w, inputs, outputs, saved, grads, false, workspace, s);
+}
 
 struct Block : Shape {
   const size_t gsize = size_t(coda::dtype_size(grad_dtype)); // bytes per weight-gradient element
@@ -233,8 +252,8 @@ struct Block : Shape {
     llama::middle_forward(cfg, weights(), inputs(), outputs(), saved(), workspace_view(), s);
   }
   void coda_backward(cudaStream_t s) const {
-    llama::middle_backward(cfg, weights(), inputs(), outputs(), saved(), grads(), false,
-                           workspace_view(), s);
+    coda_middle_backward(cfg, weights(), inputs(), outputs(), saved(), grads(), workspace_view(),
+                         s);
   }
   // The FP8 side writes coda's outputs and saved tensors (timing only; the comparison below
   // reruns coda's forward first).
@@ -242,8 +261,8 @@ struct Block : Shape {
     llama::middle_forward(cfg_fp8, weights(), inputs(), outputs(), saved(), workspace_view(), s);
   }
   void coda_fp8_backward(cudaStream_t s) const {
-    llama::middle_backward(cfg_fp8, weights(), inputs(), outputs(), saved(), grads(), false,
-                           workspace_view(), s);
+    coda_middle_backward(cfg_fp8, weights(), inputs(), outputs(), saved(), grads(),
+                         workspace_view(), s);
   }
 };
 
@@ -370,7 +389,7 @@ Outputs cpu_outputs(const Shape& b, const CheckInputs& in) {
       dy0.view(),
       {d_w_out.view(), d_ffn.view(), d_gate_up.view(), d_down.view(), d_attn.view(), d_qkv.view()}};
   llama::middle_forward(b.cfg, w, inputs, outputs, saved, ws.view());
-  llama::middle_backward(b.cfg, w, inputs, outputs, saved, grads, false, ws.view());
+  coda_middle_backward(b.cfg, w, inputs, outputs, saved, grads, ws.view());
   return {x2.values(),    qkv.values(),       dx.values(),     dy0.values(),    d_w_out.values(),
           d_ffn.values(), d_gate_up.values(), d_down.values(), d_attn.values(), d_qkv.values()};
 }
@@ -623,7 +642,7 @@ int main(int argc, char** argv) {
   try {
     const bench::Flags flags(argc, argv,
                              {"--models", "--tokens", "--runs", "--grad-dtype", "--out", "--commit",
-                              "--check", "--only-check", "--profile"});
+                              "--check", "--only-check", "--profile", "--backward-parts"});
     for (const std::string& tag : split(flags.get("--models", "1b,8b"))) {
       const Model* found = nullptr;
       for (const Model& md : kModels)
@@ -645,6 +664,7 @@ int main(int argc, char** argv) {
     run_checks = flags.get_int("--check", 1) != 0;
     only_check = flags.get_int("--only-check", 0) != 0;
     profile = flags.get_int("--profile", 0) != 0;
+    backward_in_parts = flags.get_int("--backward-parts", 0) != 0;
   } catch (const std::exception& e) {
     return std::fprintf(stderr, "bench_block: %s\n", e.what()), 2;
   }
@@ -659,8 +679,10 @@ int main(int argc, char** argv) {
     const bool ok = !run_checks || run_check(&ctx, grad_dtype);
     if (only_check) return ok ? 0 : 1;
 
-    std::printf("\nmiddle block, %s weight gradients, median of %d runs (L2 flushed before each)\n",
-                grad_dtype == DType::f32 ? "f32" : "bf16", runs);
+    std::printf("\nmiddle block, %s weight gradients, coda's backward %s, median of %d runs (L2 "
+                "flushed before each)\n",
+                grad_dtype == DType::f32 ? "f32" : "bf16",
+                backward_in_parts ? "in two parts" : "in one call", runs);
     std::vector<Result> results;
     for (const Model* md : models)
       for (int64_t m : tokens) {
@@ -679,9 +701,10 @@ int main(int argc, char** argv) {
                   number(r.ms[kUnfused] / r.ms[kCoda]).c_str(), number(r.ms[kCodaFp8]).c_str(),
                   number(r.ms[kCoda] / r.ms[kCodaFp8]).c_str());
 
-    FILE* f = bench::open_json(out_path, ctx.prop, commit, runs,
-                               std::string("  \"grad_dtype\": \"") +
-                                   (grad_dtype == DType::f32 ? "f32" : "bf16") + "\",\n");
+    FILE* f = bench::open_json(
+        out_path, ctx.prop, commit, runs,
+        std::string("  \"grad_dtype\": \"") + (grad_dtype == DType::f32 ? "f32" : "bf16") +
+            "\",\n" + "  \"backward_parts\": " + (backward_in_parts ? "true" : "false") + ",\n");
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
       std::fprintf(f,
