@@ -353,13 +353,34 @@ def smooth(xs, window):
     return out
 
 
-def plot(curves, smooth_window, path, title):
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend, or None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _difference_axis(ax, smooth_window):
+    """The right panel's frame: the zero line and the (coda - torch) / torch title."""
+    ax.axhline(0, color="#9a9a9a", linewidth=0.8)
+    ax.set_xlabel("step")
+    ax.set_title("(coda - torch) / torch, smoothed over %d steps" % smooth_window, fontsize=9)
+
+
+def _save(plt, fig, path):
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot(curves, smooth_window, path, title):
+    plt = _pyplot()
+    if plt is None:
         print("matplotlib missing: no plot")
         return None
     colors = {"torch": "#9a9a9a", "coda": "#2a6fdb"}
@@ -380,13 +401,8 @@ def plot(curves, smooth_window, path, title):
         a = smooth(curves["coda"]["loss"], smooth_window)
         b = smooth(curves["torch"]["loss"], smooth_window)
         axes[1].plot(range(1, len(a) + 1), [(x - y) / y for x, y in zip(a, b)], color="#2a6fdb")
-        axes[1].axhline(0, color="#9a9a9a", linewidth=0.8)
-        axes[1].set_xlabel("step")
-        axes[1].set_title("(coda - torch) / torch, smoothed over %d steps" % smooth_window,
-                          fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        _difference_axis(axes[1], smooth_window)
+    _save(plt, fig, path)
     return path
 
 
@@ -406,12 +422,8 @@ def plot_runs(paths, smooth_window, path):
         runs.append((label or "coda %s, seed %s (%s)" % (
             run.get("precision", "native"), run.get("args", {}).get("seed", "?"),
             str(run.get("commit", "?"))[:7]), run))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = _pyplot()
+    if plt is None:
         print("matplotlib missing: no plot", file=sys.stderr)
         return 1
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), gridspec_kw={"width_ratios": [3, 2]})
@@ -428,13 +440,8 @@ def plot_runs(paths, smooth_window, path):
     axes[0].set_ylabel("training loss (nats / byte), smoothed over %d steps" % smooth_window)
     axes[0].set_title("coda (colors) against its run's torch bf16 side (grey, dashed)", fontsize=9)
     axes[0].legend(fontsize=7)
-    axes[1].axhline(0, color="#9a9a9a", linewidth=0.8)
-    axes[1].set_xlabel("step")
-    axes[1].set_title("(coda - torch) / torch, smoothed over %d steps" % smooth_window,
-                      fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _difference_axis(axes[1], smooth_window)
+    _save(plt, fig, path)
     print("wrote %s" % path)
     return 0
 
