@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Names and sums the kernels of an `ncu --csv --metrics gpu__time_duration.sum` run of
 bench_block --profile 1 (tools/ncu_block.sh): one forward and backward of coda, then of the
-GEMM-only side (12 cuBLASLt GEMMs), then of the unfused side. Prints each kernel with its time,
-and each side's total.
+GEMM-only side (12 cuBLASLt GEMMs), then of the unfused side, then of coda's FP8 side (from its
+first quantizer on; absent where bench_block could not run it). Prints each kernel with its time,
+and each side's total with its GEMMs', quantizers' and other kernels' shares.
 
   python3 tools/ncu_kernels.py block-1b-8192-kernels.csv
 """
@@ -20,7 +21,16 @@ FUSED = [("SwigluBackward", "K7 swiglu backward"), ("RmsNormBackward", "K6 rms b
 
 
 def label(name):
-    if "coda::sm90::gemm_kernel" in name:
+    if "quantize_activation_kernel" in name:
+        return "quantize activation"
+    if "quantize_weight_kernel" in name:  # (also the weight gradient's X in 128 x 128 blocks)
+        return "quantize weight"
+    if "sm90::gemm_kernel" in name and "Fp8Mainloop" in name:  # a fused kernel's, or gemm_fp8's
+        for key, text in FUSED:
+            if key in name and not text.startswith("coda GEMM"):
+                return text + " (FP8)"
+        return "gemm_fp8"
+    if "sm90::gemm_kernel" in name:  # (ncu prints it with or without coda::)
         layout = next((l for l in ("fwd", "dgrad", "wgrad") if "GemmLayout)" + l in name
                        or "GemmLayout::" + l in name), "")
         for key, text in FUSED:
@@ -29,8 +39,21 @@ def label(name):
         return "coda GEMM kernel"
     if any(k in name for k in ("nvjet", "sm90_xmma", "cublas", "cutlass")):
         return "cuBLASLt"
+    for anonymous in ("<unnamed>::", "(anonymous namespace)::"):
+        name = name.replace(anonymous, "")
     base = name.split("(")[0].split("<")[0]
+    if base.startswith("void "):
+        base = base[len("void "):]
     return base.split("::")[-1] or name[:60]
+
+
+def category(text):
+    """GEMM, quantizer or other, for a side's summary."""
+    if text.startswith("quantize"):
+        return "quantizers"
+    if text == "cuBLASLt" or text.startswith(("K", "coda GEMM", "gemm_fp8")):
+        return "GEMMs"
+    return "other"
 
 
 def main(path):
@@ -42,12 +65,24 @@ def main(path):
             continue
         us = float(r["Metric Value"].replace(",", "")) * UNIT.get(r["Metric Unit"], 1.0)
         rows.append((label(r["Kernel Name"]), us))
-    # coda's side: up to the first cuBLASLt kernel; GEMM-only: the next 12; unfused: the rest.
+    # coda's side: up to the first cuBLASLt kernel; GEMM-only: the next 12; unfused: up to the
+    # first quantizer after them (the unfused side has none); coda FP8: the rest.
     first_cublas = next((i for i, (n, _) in enumerate(rows) if n == "cuBLASLt"), len(rows))
-    sides = [("coda", rows[:first_cublas]), ("GEMM-only", rows[first_cublas:first_cublas + 12]),
-             ("unfused", rows[first_cublas + 12:])]
+    unfused = first_cublas + 12
+    fp8 = next((i for i in range(unfused, len(rows)) if rows[i][0].startswith("quantize")),
+               len(rows))
+    sides = [("coda", rows[:first_cublas]), ("GEMM-only", rows[first_cublas:unfused]),
+             ("unfused", rows[unfused:fp8]), ("coda FP8", rows[fp8:])]
     for side, ks in sides:
-        print("%s: %d kernels, %.1f us" % (side, len(ks), sum(us for _, us in ks)))
+        if not ks:
+            continue
+        total = sum(us for _, us in ks)
+        parts = {}
+        for n, us in ks:
+            parts[category(n)] = parts.get(category(n), 0.0) + us
+        print("%s: %d kernels, %.1f us (%s)" % (
+            side, len(ks), total, ", ".join("%s %.1f" % (c, parts[c]) for c in
+                                            ("GEMMs", "quantizers", "other") if c in parts)))
         for i, (n, us) in enumerate(ks):
             print("  %2d %-28s %9.1f" % (i, n, us))
     return 0

@@ -833,3 +833,44 @@ def test_train_llama_plot_runs(tmp_path):
     r = _train_llama("--out", str(tmp_path / "out"), "--plot-runs", "named run=" + good, good)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "runs.png").stat().st_size > 0
+
+
+def test_ncu_kernels_names_and_splits_the_sides(tmp_path):
+    """tools/ncu_kernels.py on a synthetic `ncu --csv` of bench_block --profile 1: coda, the 12
+    GEMM-only kernels, the unfused side, then the FP8 side from its first quantizer, each kernel
+    named and each side summed by kind."""
+    def row(i, name, us):
+        return ('"%d","1","bench_block","127.0.0.1","%s","gpu__time_duration.sum","usecond","%s"'
+                % (i, name, us))
+    names = (["void sm90::gemm_kernel<sm90::GemmConfig<1>, sm90::Mainloop<1>, "
+              "epilogue::FusedEpilogue<epilogue::ResidualAdd<2>>>(sm90::KernelParams<T2, T3>)",
+              "void gpu::<unnamed>::row_sum_kernel<gpu::<unnamed>::ColFinish<coda::bf16>>"
+              "(const float *)"]
+             + ["nvjet_tst_128x256_%d" % i for i in range(13)]
+             + ["void <unnamed>::bench::add_kernel(const __nv_bfloat16 *)",
+                "void coda::gpu::aux::<unnamed>::quantize_activation_kernel<coda::bf16>"
+                "(coda::gpu::QuantizeFp8Params<T1>)",
+                "void coda::gpu::aux::<unnamed>::quantize_weight_kernel<coda::bf16>"
+                "(coda::gpu::QuantizeFp8Params<T1>)",
+                "void sm90::gemm_kernel<sm90::Fp8Mainloop<1>, epilogue::FusedEpilogue<"
+                "epilogue::SwigluBackward<1>>>(sm90::KernelParams<T2, T3>)",
+                "void sm90::gemm_kernel<sm90::Fp8Mainloop<1>, epilogue::FusedEpilogue<"
+                "epilogue::Stage<coda::bf16, 0>, epilogue::TileStore<1>>>"
+                "(sm90::KernelParams<T2, T3>)"])
+    times = [100, 10] + [50] * 13 + [5, 20, 30, 60, 40]
+    header = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Metric Name",'
+              '"Metric Unit","Metric Value"')
+    csv = tmp_path / "kernels.csv"
+    csv.write_text("==PROF== noise\n" + "\n".join(
+        [header] + [row(i, n, t) for i, (n, t) in enumerate(zip(names, times))]) + "\n")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "ncu_kernels.py"), str(csv)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert "coda: 2 kernels, 110.0 us (GEMMs 100.0, other 10.0)" in out
+    assert "GEMM-only: 12 kernels, 600.0 us (GEMMs 600.0)" in out
+    assert "unfused: 2 kernels, 55.0 us (GEMMs 50.0, other 5.0)" in out
+    assert "coda FP8: 4 kernels, 150.0 us (GEMMs 100.0, quantizers 50.0)" in out
+    for name in ("K0 residual rms", "row_sum_kernel", "add_kernel", "quantize activation",
+                 "quantize weight", "K7 swiglu backward (FP8)", "gemm_fp8"):
+        assert name in out, name
