@@ -599,7 +599,7 @@ def fp8_block_table(results):
     ]
 
     def ratio(a, b):
-        return "%.3f" % (a / b) if a and b else "-"
+        return _fmt(_ratio(a, b), "%.3f")
 
     def worst(check):
         return "%.3f" % max(check["outputs"], check["grads"]) if check else "-"
@@ -607,10 +607,10 @@ def fp8_block_table(results):
     for r in results["block"]:
         f, b, t, c = (r.get(k) for k in ("fp8_ms", "bf16_ms", "torch_fp8_ms", "torch_bf16_ms"))
         lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["model"], r["pass"], *("%.3f" % v if v else "-" for v in (f, b, t, c)),
+            r["model"], r["pass"], *(_fmt(v, "%.3f") for v in (f, b, t, c)),
             ratio(b, f), ratio(t, f), ratio(c, t), worst(r.get("fp8_vs_bf16")),
             worst(r.get("torch_fp8_vs_bf16")),
-            *("%.0f" % r[k] if r.get(k) else "-" for k in ("fp8_peak_mib", "torch_fp8_peak_mib"))))
+            *(_fmt(r.get(k), "%.0f") for k in ("fp8_peak_mib", "torch_fp8_peak_mib"))))
     return "\n".join(lines)
 
 

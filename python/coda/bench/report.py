@@ -123,15 +123,18 @@ def metadata():
     }
 
 
+def _require(obj, keys, message):
+    """ValueError(message % key) for the first of `keys` that `obj` lacks."""
+    for key in keys:
+        if key not in obj:
+            raise ValueError(message % key)
+
+
 def validate(results):
     """Raises ValueError naming the first field that does not follow the schema."""
-    for key in ("gpu", "date", "commit", "torch", "cases"):
-        if key not in results:
-            raise ValueError("results lack %r" % key)
+    _require(results, ("gpu", "date", "commit", "torch", "cases"), "results lack %r")
     for i, rec in enumerate(results["cases"]):
-        for key in RECORD_KEYS:
-            if key not in rec:
-                raise ValueError("cases[%d] lacks %r" % (i, key))
+        _require(rec, RECORD_KEYS, "cases[%d] lacks %%r" % i)
         if rec["case"] not in CASE_NAMES:
             raise ValueError("cases[%d].case must be one of %s; got %r" % (i, CASE_NAMES, rec["case"]))
         if rec["pass"] not in PASSES:
@@ -163,13 +166,9 @@ def write(results, path):
 def validate_fp8_block(results):
     """The --fp8 results (issue 13's schema): raises ValueError naming the first field that
     does not follow it."""
-    for key in ("gpu", "date", "commit", "block"):
-        if key not in results:
-            raise ValueError("results lack %r" % key)
+    _require(results, ("gpu", "date", "commit", "block"), "results lack %r")
     for i, rec in enumerate(results["block"]):
-        for key in FP8_BLOCK_KEYS:
-            if key not in rec:
-                raise ValueError("block[%d] lacks %r" % (i, key))
+        _require(rec, FP8_BLOCK_KEYS, "block[%d] lacks %%r" % i)
         # A custom --shape (tiny) names its model by the shape.
         if rec["model"] not in FP8_BLOCK_MODELS + ((rec["shape"],) if rec.get("shape") else ()):
             raise ValueError("block[%d].model must be one of %s; got %r"

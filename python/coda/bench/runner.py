@@ -334,16 +334,23 @@ def _measure_sides(ref, ref_extra, side_of, coda_side, opts, flush, native_of=No
     return _measure(builders, opts, flush)
 
 
+def _inputs_and_reference(cfg, tokens, batch, attention, opts, seed):
+    """A block case's inputs (seed) and the bf16 reference block whose weights every side
+    starts from (seed + 1), with what building the reference costs beyond its parameters
+    (timing.Construction: the sides that run it count it)."""
+    inputs = BlockInputs(cfg, tokens, batch, attention, device=opts.device, seed=seed)
+    with timing.Construction() as c:
+        ref = build_reference_block(cfg, attention, seed=seed + 1, device=opts.device)
+    return inputs, ref, c.extra(timing.param_bytes(ref))
+
+
 def run_block(case, shape, tokens, batch, attention, opts, flush, seed=0):
     cfg = make_config(shape)
     opts.log("%s%s: %d tokens (batch %d), hidden %d, MLP %d, %d/%d heads of %d"
              % (case, " +attn" if attention else "", tokens, batch, cfg.hidden_size,
                 cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                 cfg.head_dim))
-    inputs = BlockInputs(cfg, tokens, batch, attention, device=opts.device, seed=seed)
-    with timing.Construction() as c:
-        ref = build_reference_block(cfg, attention, seed=seed + 1, device=opts.device)
-    ref_extra = c.extra(timing.param_bytes(ref))
+    inputs, ref, ref_extra = _inputs_and_reference(cfg, tokens, batch, attention, opts, seed)
 
     def coda_side():
         side = CodaBlockSide(ref, inputs)
@@ -506,10 +513,7 @@ def run_fp8_block(case, shape, tokens, batch, opts, flush, seed=0):
              % (case, tokens, batch, cfg.hidden_size, cfg.intermediate_size,
                 cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
                 opts.torch_fp8_grad))
-    inputs = BlockInputs(cfg, tokens, batch, False, device=opts.device, seed=seed)
-    with timing.Construction() as c:
-        ref = build_reference_block(cfg, False, seed=seed + 1, device=opts.device)
-    ref_extra = c.extra(timing.param_bytes(ref))
+    inputs, ref, ref_extra = _inputs_and_reference(cfg, tokens, batch, False, opts, seed)
     builders = {}
     if "compile" in opts.sides:
         builders["compile"] = (TorchBlockSide(ref, inputs, _compile(ref, opts)), ref_extra)
