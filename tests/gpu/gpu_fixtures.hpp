@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/backend.hpp"
+#include "gpu/fused/kernels.hpp"
 
 namespace coda::test {
 
@@ -16,6 +17,22 @@ inline bool have_sm90() {
     return false;
   }
   return gpu::device_supported();
+}
+
+// Sets the fused kernels' schedule for the scope of one GPU run, then back to automatic.
+struct ScheduleScope {
+  explicit ScheduleScope(gpu::FusedSchedule s) { gpu::set_fused_schedule(s); }
+  ~ScheduleScope() { gpu::set_fused_schedule(gpu::FusedSchedule::automatic); }
+  ScheduleScope(const ScheduleScope&) = delete;
+  ScheduleScope& operator=(const ScheduleScope&) = delete;
+};
+
+// The FP8 mainloop's tiles, each forced: cooperative 128 x 128 and staged 128 x 128 (the default
+// of the fused kernels that have it: K1, K2, K2g, K4 at head_dim 64, K7; docs/fp8.md).
+inline constexpr gpu::FusedSchedule kFp8Schedules[] = {gpu::FusedSchedule::cooperative,
+                                                       gpu::FusedSchedule::staged};
+inline const char* fp8_schedule_name(gpu::FusedSchedule s) {
+  return s == gpu::FusedSchedule::staged ? "FP8 staged 128x128" : "FP8 cooperative 128x128";
 }
 
 } // namespace coda::test

@@ -415,14 +415,17 @@ void check_swiglu_backward_fp8(DType dtype, const Shape& s) {
 }
 
 // F (= N) 8, 136, 520 and M 1, 129, 300, ragged against the 128 x 128 tile and the 64-column
-// zeta blocks; K one partial k-block (16), two with a tail (144), many (3200).
+// zeta blocks; K one partial k-block (16), two with a tail (144), many (3200); on both FP8 tiles
+// (the staged one the default).
 TEST(FusedSwigluBackwardFp8, MatchesReferenceAndCpu) {
   CODA_REQUIRE_SM90();
   for (DType dtype : kHalfTypes)
-    for (const Shape& s : {Shape{1, 8, 16}, Shape{129, 136, 144}, Shape{300, 520, 3200}}) {
-      SCOPED_TRACE(dtype_label(dtype) + "_" + label(s));
-      check_swiglu_backward_fp8(dtype, s);
-    }
+    for (const Shape& s : {Shape{1, 8, 16}, Shape{129, 136, 144}, Shape{300, 520, 3200}})
+      for (const gpu::FusedSchedule schedule : kFp8Schedules) {
+        SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + " " + fp8_schedule_name(schedule));
+        const ScheduleScope scope(schedule);
+        check_swiglu_backward_fp8(dtype, s);
+      }
 }
 
 // ---- Determinism: two launches on the same inputs give bitwise equal outputs, partials

@@ -42,18 +42,6 @@ std::string schedule_name(gpu::FusedSchedule s) {
          : s == gpu::FusedSchedule::pingpong  ? "ping-pong 128x128"
                                               : "staged 128x192";
 }
-// The FP8 mainloop's tiles, each forced: cooperative 128 x 128 and staged 128 x 128 (the default
-// of K1, K2, K2g and K4 at head_dim 64, which have it; docs/fp8.md).
-const gpu::FusedSchedule kFp8Schedules[] = {gpu::FusedSchedule::cooperative,
-                                            gpu::FusedSchedule::staged};
-std::string fp8_schedule_name(gpu::FusedSchedule s) {
-  return s == gpu::FusedSchedule::staged ? "FP8 staged 128x128" : "FP8 cooperative 128x128";
-}
-// Sets the schedule for the scope of one GPU run, then back to automatic.
-struct ScheduleScope {
-  explicit ScheduleScope(gpu::FusedSchedule s) { gpu::set_fused_schedule(s); }
-  ~ScheduleScope() { gpu::set_fused_schedule(gpu::FusedSchedule::automatic); }
-};
 
 const DType kHalfTypes[] = {DType::bf16, DType::f16};
 

@@ -37,9 +37,11 @@ constexpr Major b_major(GemmLayout layout) {
 // kOperandBytes: the size of an A or B element, 2 (bf16, f16) or 1 (e4m3, the FP8 mainloop).
 // kFp8Partials_: the FP8 mainloop's partial sums per consumer thread (fp8_mainloop.cuh): 2 in
 // gemm_fp8 (the overlapped promotion), 1 in the fused kernels (MainloopFor); it sets the staged
-// FP8 split below and nothing else.
+// FP8 split below and nothing else. kConsumerOps_: whether the consumers run epilogue ops before
+// a staged list's Stage (K1, K2, K4: the rstd scale; not K7); it sets the staged FP8 fused split
+// and nothing else.
 template <int kTileM_, int kTileN_, int kStages_, int kClusterM_, Schedule kSchedule_,
-          int kOperandBytes_ = 2, int kFp8Partials_ = 2>
+          int kOperandBytes_ = 2, int kFp8Partials_ = 2, bool kConsumerOps_ = true>
 struct GemmConfig {
   static constexpr int kTileM = kTileM_; // rows of D per tile
   static constexpr int kTileN = kTileN_; // columns of D per tile
@@ -104,16 +106,21 @@ struct GemmConfig {
   //    hold the ops before the Stage too (the rstd partials in registers): with 184 K2 spilled
   //    4 bytes and K4 24, with 176 44-56 (ptxas, sm_90a, 2026-12-06); the epilogue warpgroup
   //    runs K1's, K2's and K4's ops after the Stage in 104 without spills.
+  //  - the same with no ops before the Stage (K7, whose consumers only round dy into the staged
+  //    tile): 128 x (24 + 2 x 176 + 136) = 65536. K7's epilogue (the SwiGLU backward from
+  //    global preact, zeta partials, act's store) spilled 12 bytes in 104 (ptxas, sm_90a,
+  //    2026-12-06); the 16-bit staged K7 runs it in 128.
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
   static constexpr bool kStagedFp8 = kSchedule == Schedule::staged && kOperandBytes == 1;
   static constexpr bool kStagedFp8Fused = kStagedFp8 && kFp8Partials_ == 1;
+  static constexpr bool kConsumerOps = kConsumerOps_;
   static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
                                             : kStagedFp8         ? 24 // either partial count
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;
   static constexpr int kConsumerRegisters = kEpilogueInProducer  ? 192
-                                            : kStagedFp8Fused    ? 192
+                                            : kStagedFp8Fused    ? (kConsumerOps ? 192 : 176)
                                             : kStagedFp8         ? 232
                                             : kStaged            ? 176
                                             : kHeavyAccumulators ? 240

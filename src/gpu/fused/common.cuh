@@ -96,6 +96,14 @@ template <class F> void with_fp8_rstd_variant(F&& f) {
   f(dev::Fp8Shape{}, std::integral_constant<int, 32>{});
 }
 
+// f(shape) for a kernel on E4M3 operands with no ops before its Stage (K7): the FP8 mainloop's
+// staged tile (Fp8StagedShape) by default, its cooperative tile (Fp8Shape) when another schedule
+// is forced (set_fused_schedule), as with_fp8_rstd_variant chooses.
+template <class F> void with_fp8_schedule(F&& f) {
+  if (schedule_for(FusedSchedule::staged) == FusedSchedule::staged) return f(dev::Fp8StagedShape{});
+  f(dev::Fp8Shape{});
+}
+
 // f(bf16{}) or f(f16{}) for the call's 16-bit dtype.
 template <class F> void with_half_type(DType dtype, F&& f) {
   gpu::with_half_type(dtype, "the fused GPU kernels", std::forward<F>(f));

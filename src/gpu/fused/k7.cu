@@ -17,10 +17,13 @@
 // epilogue buffers beside the staged tile, so 4 stages. The cooperative 128 x 256 variant
 // spills a register (ptxas, 4 bytes) with its stream-K state beside the 128 accumulators, so
 // it is not built: forcing cooperative runs the default.
-// E4M3 dx and w (docs/fp8.md): the ping-pong's ops (SwigluBackward's TMA ring of 3 slots: 4
-// pipeline stages, 1 KB to spare) on the FP8 mainloop's cooperative 128 x 128 tile (Fp8Shape:
-// each warpgroup's 64 x 128 half, whose 128 columns are two zeta reduction blocks), whatever
-// the schedule; dy rounded at its Stage as on the 16-bit tiles.
+// E4M3 dx and w (docs/fp8.md): by default the staged ops on the FP8 mainloop's staged 128 x 128
+// tile (Fp8StagedShape, 6 stages; its consumers run no op before the Stage, so the register split
+// gives them 176 and the epilogue warpgroup 136: at 104 it spilled 12 bytes, gemm/config.hpp);
+// with another schedule forced, the ping-pong's ops (SwigluBackward's TMA ring of 3 slots: 4
+// pipeline stages, 1 KB to spare) on the cooperative 128 x 128 tile (Fp8Shape: each warpgroup's
+// 64 x 128 half). Either tile's 128 columns are two zeta reduction blocks; dy is rounded at its
+// Stage as on the 16-bit tiles.
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
@@ -48,6 +51,10 @@ static_assert(SwigluBackwardEpilogue<dev::StagedShape, bf16>::kWarpLocal,
 template <class T> using Fp8Gemm = dev::FusedGemm<SwigluBackwardEpilogue<dev::Fp8Shape, T>, e4m3>;
 static_assert(Fp8Gemm<bf16>::Config::kStages == 4 && Fp8Gemm<f16>::Config::kStages == 4,
               "on the FP8 tile K7's ring of 3 slots leaves room for 4 pipeline stages (4: 3)");
+template <class T>
+using Fp8StagedGemm = dev::FusedGemm<SwigluBackwardEpilogue<dev::Fp8StagedShape, T>, e4m3>;
+static_assert(SwigluBackwardEpilogue<dev::Fp8StagedShape, bf16>::kWarpLocal,
+              "the staged FP8 K7's epilogue runs warp-local, as the 16-bit staged one");
 
 // Shape's tile, T the outputs' 16-bit type, Operand dx's and w's: T in the dgrad layout (w
 // [K, F]), or e4m3 on Fp8Shape in the forward form (w the weight's transposed codes [F, K],
@@ -83,7 +90,9 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_swiglu_backward");
   if (args.dx.dtype == DType::e4m3)
     return fused::with_half_type(args.act.dtype, [&](auto t) {
-      fused::run_swiglu_backward<fused::dev::Fp8Shape, decltype(t), e4m3>(args, stream);
+      fused::with_fp8_schedule([&](auto shape) {
+        fused::run_swiglu_backward<decltype(shape), decltype(t), e4m3>(args, stream);
+      });
     });
   fused::with_half_type(args.dx.dtype, [&](auto t) {
     fused::with_k7_schedule([&](auto shape) {

@@ -322,6 +322,9 @@ template <class Shape, class... Ops> class FusedEpilogue {
 
 public:
   static constexpr bool kWarpLocal = kStaged && warp_local();
+  // Whether the consumer warpgroups run ops of this list: all of them off the staged schedules,
+  // those before the Stage on them (the GEMM's register split follows, gemm/config.hpp).
+  static constexpr bool kConsumersRunOps = !kStaged || kConsumerOps > 0;
 
 private:
   // Fewer than 4 epilogue warps (staged_wide): the warps take the tile's strip-subtiles in turn

@@ -65,15 +65,17 @@ template <> struct ScheduleOf<StagedWideShape> : ScheduleTraits<sm90::Schedule::
 template <> struct ScheduleOf<Fp8Shape> : ScheduleTraits<sm90::Schedule::cooperative, 6> {};
 template <> struct ScheduleOf<Fp8StagedShape> : ScheduleTraits<sm90::Schedule::staged, 6> {};
 
-// (One FP8 partial: the fused kernels' FP8 mainloop, MainloopFor.)
-template <class Shape, int kStages, int kOperandBytes = 2>
-using FusedConfig = sm90::GemmConfig<128, Shape::kCols, kStages, 2, ScheduleOf<Shape>::kSchedule,
-                                     kOperandBytes, /*kFp8Partials=*/1>;
+// (One FP8 partial: the fused kernels' FP8 mainloop, MainloopFor. Epi's kConsumersRunOps: whether
+// its consumers run ops before a Stage, which sets the staged FP8 register split.)
+template <class Epi, int kStages, int kOperandBytes = 2>
+using FusedConfig = sm90::GemmConfig<128, Epi::TileShape::kCols, kStages, 2,
+                                     ScheduleOf<typename Epi::TileShape>::kSchedule, kOperandBytes,
+                                     /*kFp8Partials=*/1, Epi::kConsumersRunOps>;
 
 // Dynamic shared memory of the kernel with kStages pipeline stages.
 template <class Epi, class InT, int kStages, GemmLayout kLayout = GemmLayout::fwd>
 constexpr size_t fused_shared_bytes() {
-  using Config = FusedConfig<typename Epi::TileShape, kStages, int(sizeof(InT))>;
+  using Config = FusedConfig<Epi, kStages, int(sizeof(InT))>;
   using Main = sm90::MainloopFor<Config, kLayout, InT>;
   return sizeof(sm90::KernelSharedStorage<Main, Epi>); // as sm90::GemmKernel's
 }
@@ -94,7 +96,7 @@ template <class Epi, class InT, GemmLayout kLayout = GemmLayout::fwd> struct Fus
   static_assert(kLayout == GemmLayout::fwd || kLayout == GemmLayout::dgrad,
                 "fused epilogues run on the forward and input-gradient layouts");
   using Shape = typename Epi::TileShape;
-  using Config = FusedConfig<Shape, fused_stages<Epi, InT, kLayout>(), int(sizeof(InT))>;
+  using Config = FusedConfig<Epi, fused_stages<Epi, InT, kLayout>(), int(sizeof(InT))>;
   using Kernel = sm90::GemmKernel<Config, kLayout, InT, Epi>;
   static constexpr bool kFp8 = std::is_same_v<InT, e4m3>;
   static_assert(!kFp8 || ((std::is_same_v<Shape, Fp8Shape> ||
