@@ -33,7 +33,13 @@ namespace aux {
 namespace {
 
 constexpr int kTile = kFp8ScaleBlock; // 128: a block of either kind spans the tile
-constexpr int kWarps = kQuantizerThreads / 32;
+// 8 warps, and the CTAs an SM should hold at once (__launch_bounds__, so at most 85 registers a
+// thread for the 16-bit types): a 16-bit tile held as loaded fits 3 (ptxas -v: 80 registers, no
+// spills; 4 CTAs spill); an f32 tile needs twice the registers: 2. (16 warps of 8 rows at 2 CTAs,
+// as the weight's kernel runs, spilled 12-16 bytes in 64 registers for the 16-bit types.)
+constexpr int kThreads = 256;
+template <class T> constexpr int kCtasPerSm = std::is_same_v<T, float> ? 2 : 3;
+constexpr int kWarps = kThreads / 32;
 constexpr int kRowsPerWarp = kTile / kWarps; // 16
 constexpr int kValuesPerLane = kTile / 32;   // 4 consecutive columns of a row
 constexpr uint32_t kNanCodes4 = 0x01010101u * kE4m3NanBits;
@@ -47,7 +53,7 @@ __device__ __forceinline__ int tile_offset(int row, int chunk) {
 }
 
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<T>)
     quantize_activation_kernel(const QuantizeFp8Params<T> p) {
   __shared__ __align__(16) uint8_t tile_t[kTile * kTile]; // codes_t's 128 x 128 bytes, swizzled
   __shared__ __align__(16) uint32_t column_magnitude[kWarps][kTile];
@@ -86,13 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
 
   // Columns: one block per column of the tile (the column's rows m0 .. m0 + 127).
   uint32_t partial[kValuesPerLane];
-#pragma unroll
-  for (int j = 0; j < kValuesPerLane; ++j) {
-    partial[j] = 0;
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i)
-      partial[j] = max(partial[j], float_bits(v[i].at(j)) & 0x7fffffffu);
-  }
+  Lane4<T>::column_magnitudes(v, partial);
   *reinterpret_cast<uint4*>(&column_magnitude[warp][kValuesPerLane * lane]) =
       make_uint4(partial[0], partial[1], partial[2], partial[3]);
   __syncthreads();
@@ -151,8 +151,8 @@ void quantize_activation_fp8(const QuantizeActivationFp8Args& args, Stream strea
   // A CTA per 128 x 128 tile of x; M (the tokens) on x, whose grid dimension reaches 2^31 - 1.
   const dim3 grid(unsigned(num_fp8_scale_blocks(args.m())),
                   unsigned(num_fp8_scale_blocks(args.k())));
-  aux::run_quantizer("quantize_activation_fp8", args.x, args, "K", args.k(), grid, stream,
-                     [](auto t) { return &aux::quantize_activation_kernel<decltype(t)>; });
+  aux::run_quantizer("quantize_activation_fp8", args.x, args, "K", args.k(), grid, aux::kThreads,
+                     stream, [](auto t) { return &aux::quantize_activation_kernel<decltype(t)>; });
 }
 
 } // namespace coda::gpu

@@ -1,6 +1,6 @@
 // A weight's FP8 codes and 128 x 128 block scales (QuantizeWeightFp8Args), and its transposed
-// copy: one CTA per block. Its 8 warps read the block's rows, each lane 4 consecutive values of a
-// row in one vector load (16 rows per warp); the block's largest magnitude is the maximum of
+// copy: one CTA per block. Its 16 warps read the block's rows, each lane 4 consecutive values of
+// a row in one vector load (8 rows per warp); the block's largest magnitude is the maximum of
 // |w|'s bits compared as unsigned integers (the order of the finite magnitudes, with an infinity
 // and every NaN above them all: such a block gets kNoScale, as the CPU backend gives); each lane
 // converts its values with cvt.rn.satfinite.e4m3x2.f32 (the host's float_to_e4m3_bits is its
@@ -24,12 +24,18 @@ namespace aux {
 namespace {
 
 constexpr int kBlock = kFp8ScaleBlock; // 128
-constexpr int kWarps = kQuantizerThreads / 32;
-constexpr int kRowsPerWarp = kBlock / kWarps; // 16
+// 16 warps of 8 rows, 2 CTAs an SM (__launch_bounds__: at most 64 registers a thread; ptxas -v:
+// 48 for bf16 and f16, 64 for f32, no spills): 32 warps an SM, where 8 warps of 16 rows at 3 CTAs
+// (bf16) had 24 and 2 (f16, f32) 16. The kernel is bound by memory and runs load, reduce, store
+// per CTA: more warps overlap one CTA's stores with another's loads.
+constexpr int kThreads = 512;
+constexpr int kCtasPerSm = 2;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowsPerWarp = kBlock / kWarps; // 8
 constexpr int kValuesPerLane = kBlock / 32;   // 4 consecutive columns of a row
 
 template <class T>
-__global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
+__global__ void __launch_bounds__(kThreads, kCtasPerSm)
     quantize_weight_kernel(const QuantizeFp8Params<T> p) {
   // codes [row][col]; +4: rows 4 bytes apart in banks (and 4-byte aligned, for word writes)
   __shared__ alignas(16) uint8_t tile[kBlock][kBlock + 4];
@@ -75,7 +81,7 @@ __global__ void __launch_bounds__(kWarps * 32, kQuantizerCtasPerSm<T>)
   }
   if (p.codes_t == nullptr) return;
   __syncthreads();
-  // Wᵀ: warp w writes columns k0 + 16 w .. + 15 of W as rows of codes_t, each lane 4 of their
+  // Wᵀ: warp w writes columns k0 + 8 w .. + 7 of W as rows of codes_t, each lane 4 of their
   // 128 entries (rows n0 + 4 lane ..: all in or all out, N being a multiple of 16) as one word.
   const int r = kValuesPerLane * lane;
 #pragma unroll
@@ -96,8 +102,8 @@ void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream) {
   // A CTA per 128 x 128 block of w: x along K, y along N.
   const dim3 grid(unsigned(num_fp8_scale_blocks(args.k())),
                   unsigned(num_fp8_scale_blocks(args.n())));
-  aux::run_quantizer("quantize_weight_fp8", args.w, args, "N", args.n(), grid, stream,
-                     [](auto t) { return &aux::quantize_weight_kernel<decltype(t)>; });
+  aux::run_quantizer("quantize_weight_fp8", args.w, args, "N", args.n(), grid, aux::kThreads,
+                     stream, [](auto t) { return &aux::quantize_weight_kernel<decltype(t)>; });
 }
 
 } // namespace coda::gpu

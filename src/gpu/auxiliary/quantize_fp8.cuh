@@ -55,18 +55,52 @@ template <class T> struct Lane4 {
   // The largest |value| of the four, as the bits of a non-negative float (NaN and infinity
   // above every finite magnitude when compared as unsigned integers).
   __device__ __forceinline__ uint32_t magnitude() const {
-    uint32_t m = 0;
+    if constexpr (kWide) {
+      uint32_t m = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) m = max(m, float_bits(at(j)) & 0x7fffffffu);
-    return m;
+      for (int j = 0; j < 4; ++j) m = max(m, word[j] & 0x7fffffffu);
+      return m;
+    } else {
+      const uint32_t pair = __vmaxu2(word[0] & kMagnitudes2, word[1] & kMagnitudes2);
+      return widened(max(pair & 0xffffu, pair >> 16));
+    }
+  }
+  // The largest |value| of each of the 4 columns over `rows` (float bits, as magnitude()).
+  template <int kRows>
+  __device__ __forceinline__ static void column_magnitudes(const Lane4 (&rows)[kRows],
+                                                           uint32_t (&out)[4]) {
+    if constexpr (kWide) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        out[j] = 0;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) out[j] = max(out[j], rows[i].word[j] & 0x7fffffffu);
+      }
+    } else {
+      uint32_t pair[2] = {0, 0}; // columns (0, 1) and (2, 3), two 16-bit maxima each
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) pair[c] = __vmaxu2(pair[c], rows[i].word[c] & kMagnitudes2);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        out[2 * c] = widened(pair[c] & 0xffffu);
+        out[2 * c + 1] = widened(pair[c] >> 16);
+      }
+    }
+  }
+
+private:
+  // A 16-bit type's sign bits cleared in a pair. Its magnitudes order as unsigned integers as
+  // the values' magnitudes do (sign and magnitude formats, NaN and infinity above every finite
+  // one), and widening to fp32 is exact and keeps that order: so the largest of the 16-bit
+  // magnitudes (__vmaxu2, two at a time) widened is the largest of the widened magnitudes, bit
+  // for bit, in fewer instructions and registers than widening each value first.
+  static constexpr uint32_t kMagnitudes2 = 0x7fff7fffu;
+  __device__ __forceinline__ static uint32_t widened(uint32_t magnitude16) {
+    return float_bits(dev::to_float<T>(uint16_t(magnitude16)));
   }
 };
-
-// The CTAs an SM should hold at once (the kernels' __launch_bounds__, so at most 85 registers a
-// thread for bf16): a bf16 tile held as loaded fits 3 (ptxas -v: 80 registers, no spills; 4 CTAs
-// spill); f16's conversions are instructions ptxas keeps the results of (3 CTAs spilled 52 bytes),
-// and an f32 tile needs twice the registers: 2 for both.
-template <class T> constexpr int kQuantizerCtasPerSm = std::is_same_v<T, bf16> ? 3 : 2;
 
 // Four values already multiplied by 2^-k as E4M3 codes, the first in the low byte.
 __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
@@ -118,19 +152,18 @@ inline void require_quantizer_sizes(const char* kernel, int64_t rows, int64_t co
 }
 
 // A quantizer's GPU entry point: the device and the sizes checked, then kernel_of(T{}) (the
-// kernel for input type T) on `grid` CTAs of kQuantizerThreads for the input's dtype, its
-// parameters from the call's Args. (The validator has checked the dtype; anything else is an
-// internal error here.)
-constexpr int kQuantizerThreads = 256; // 8 warps
+// kernel for input type T) on `grid` CTAs of `threads` for the input's dtype, its parameters
+// from the call's Args. (The validator has checked the dtype; anything else is an internal error
+// here.)
 template <class Args, class KernelOf>
 void run_quantizer(const char* name, const TensorView& in, const Args& args,
-                   const char* grid_y_name, int64_t grid_y_extent, dim3 grid, Stream stream,
-                   KernelOf kernel_of) {
+                   const char* grid_y_name, int64_t grid_y_extent, dim3 grid, int threads,
+                   Stream stream, KernelOf kernel_of) {
   require_device(name);
   require_quantizer_sizes(name, in.shape[0], in.shape[1], grid_y_name, grid_y_extent);
   const auto launch = [&](auto t) {
     using T = decltype(t);
-    kernel_of(t)<<<grid, kQuantizerThreads, 0, stream>>>(quantize_fp8_params<T>(in, args));
+    kernel_of(t)<<<grid, threads, 0, stream>>>(quantize_fp8_params<T>(in, args));
     check_launch(name);
   };
   switch (in.dtype) {
