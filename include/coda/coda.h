@@ -202,11 +202,12 @@ CODA_API coda_status coda_gemm_fp8(const coda_fp8_gemm_args* args, coda_stream_t
 /* A weight's FP8 copies for coda_gemm_fp8 (coda::quantize_weight_fp8, docs/fp8.md), made from
  * its master copy:
  *   w        [N, K]                       CODA_BF16, CODA_F16 or CODA_F32  as nn.Linear stores it
- *   codes    [N, K]                       CODA_E4M3  coda_gemm_fp8's b for the forward
- *   scales   [ceil(N/128), ceil(K/128)]   CODA_E8M0  one per 128 x 128 block (its b_scales)
+ *   codes    [N, K]                       CODA_E4M3  optional: coda_gemm_fp8's b for the forward
+ *   scales   [ceil(N/128), ceil(K/128)]   CODA_E8M0  with codes: one per 128 x 128 block
  *   codes_t  [K, N]                       CODA_E4M3  optional: w^T, b for the input gradient
  *   scales_t [ceil(K/128), ceil(N/128)]   CODA_E8M0  with codes_t: the scales, transposed
- * codes_t and scales_t are given together or both absent (data NULL). Per 128 x 128 block (the
+ * Each copy's codes and scales are given together or both absent (data NULL), and at least one
+ * copy is given (a backward reads only w^T). Per 128 x 128 block (the
  * last of each dimension may be short): amax of |w|, k the smallest integer with amax <= 448 2^k
  * (at least -126), the scale byte k + 127, each code w 2^-k rounded to nearest even E4M3; the
  * transposed copy holds the same codes and scales, transposed. A block holding a NaN or an

@@ -32,8 +32,8 @@ size_t gemm_workspace_size(GemmLayout layout, int64_t m, int64_t n, int64_t k, D
 // D = dequant(A) · dequant(B)ᵀ with FP8 (E4M3) operands and power-of-two block scales: the
 // shapes, scale layouts and order of accumulation are Fp8GemmArgs's (coda/gemm/problem.hpp).
 void gemm_fp8(const Fp8GemmArgs& args, Stream stream = nullptr);
-// A weight's E4M3 codes and 128 x 128 block scales for gemm_fp8, and optionally its transposed
-// copy (QuantizeWeightFp8Args, coda/gemm/problem.hpp).
+// A weight's E4M3 codes and 128 x 128 block scales for gemm_fp8, its transposed copy, or both
+// (QuantizeWeightFp8Args, coda/gemm/problem.hpp).
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args, Stream stream = nullptr);
 // An activation's (or a gradient's) E4M3 codes with a scale per row and 128-column block for
 // gemm_fp8, and optionally its transposed copy blocked along M for the weight gradient

@@ -86,8 +86,16 @@ Device validate(const QuantizeWeightFp8Args& args) {
   v.gemm_dim("K", K, "w", /*multiple=*/16);
   const Dim n_blocks = exactly("ceil(N/128)", num_fp8_scale_blocks(N));
   const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
-  v.output("codes", args.codes, Elem::e4m3, {exactly("N", N), exactly("K", K)});
-  v.output("scales", args.scales, Elem::e8m0, {n_blocks, k_blocks});
+  // Either copy may be left out (a backward reads only the transposed one), not both.
+  if (args.codes.data == nullptr && args.codes_t.data == nullptr)
+    v.fail(Status::invalid_argument,
+           "neither codes nor codes_t is given; pass codes and scales, codes_t and scales_t, or "
+           "all four");
+  v.optional_output("codes", args.codes, Elem::e4m3, {exactly("N", N), exactly("K", K)});
+  if (args.codes.data != nullptr)
+    v.output("scales", args.scales, Elem::e8m0, {n_blocks, k_blocks});
+  else if (args.scales.data != nullptr)
+    v.fail(Status::invalid_argument, "scales is given but codes is absent; pass both or neither");
   v.optional_output("codes_t", args.codes_t, Elem::e4m3, {exactly("K", K), exactly("N", N)});
   if (args.codes_t.data != nullptr)
     v.output("scales_t", args.scales_t, Elem::e8m0, {k_blocks, n_blocks});

@@ -147,24 +147,15 @@ void carve_fp8_activation_both(Arena& arena, int64_t m, int64_t k, Fp8Operand& r
              arena.matrix(DType::e8m0, k, num_fp8_scale_blocks(m))};
 }
 
-// The activation a weight gradient reads (its B, X [M, K] along the tokens) in 128 x 128 blocks,
-// as quantize_weight_fp8 writes a weight: its codes [M, K] (the quantizer's required output) and
-// the transposed codes [K, M] gemm_fp8 reads, with B scaled by blocks (steps.cpp,
-// fp8_weight_gradient; docs/fp8.md, "The weight gradient's activation in blocks").
-void carve_fp8_activation_blocks(Arena& arena, int64_t m, int64_t k, Fp8Operand& rows,
-                                 Fp8Operand& columns) {
-  rows = carve_fp8_weight(arena, m, k);
-  columns = carve_fp8_weight(arena, k, m);
-}
-
-// K: the consumer's output width (dz's), the consumer weight [K, D].
+// K: the consumer's output width (dz's), the consumer weight [K, D]. The weight and h_hat [M, D]
+// (the weight gradient's B in 128 x 128 blocks, as quantize_weight_fp8 writes a weight: steps.cpp,
+// fp8_weight_gradient; docs/fp8.md, "The weight gradient's activation in blocks") transposed only.
 Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, int64_t m,
                                                int64_t k) {
   Fp8NormBackwardScratch s;
   carve_fp8_activation_both(arena, m, k, s.dz, s.dz_t);
-  s.w = carve_fp8_weight(arena, k, c.hidden);
   s.w_t = carve_fp8_weight(arena, c.hidden, k);
-  carve_fp8_activation_blocks(arena, m, c.hidden, s.h_hat, s.h_hat_t);
+  s.h_hat_t = carve_fp8_weight(arena, c.hidden, m);
   return s;
 }
 
@@ -180,16 +171,14 @@ Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int6
       arena,
       [&] { // B3, B4
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
-        s.w_down = carve_fp8_weight(arena, d, f);
         s.w_down_t = carve_fp8_weight(arena, f, d);
-        carve_fp8_activation_blocks(arena, m, f, s.y1, s.y1_t);
+        s.y1_t = carve_fp8_weight(arena, f, m);
       },
       [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
       [&] { // B7, B8
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
-        s.w_out = carve_fp8_weight(arena, d, a);
         s.w_out_t = carve_fp8_weight(arena, a, d);
-        carve_fp8_activation_blocks(arena, m, a, s.y0, s.y0_t);
+        s.y0_t = carve_fp8_weight(arena, a, m);
       });
   return s;
 }

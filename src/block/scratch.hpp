@@ -69,27 +69,26 @@ struct Fp8ForwardScratch {
 
 // The FP8 operands of one RMSNorm backward (Precision::fp8): K6 reads dz by rows and the
 // consumer weight's transposed codes, the weight gradient dz by columns (blocked along the
-// tokens) and h_hat in 128 x 128 blocks, transposed (B scaled by blocks). The quantizers write
-// each tensor's row codes too (w's and h_hat's unused here).
+// tokens) and h_hat in 128 x 128 blocks, transposed (B scaled by blocks). The weight and h_hat
+// are quantized into their transposed copies alone (quantize_weight_fp8 without codes).
 struct Fp8NormBackwardScratch {
-  Fp8Operand dz, dz_t;       // [M, K] and [K, M]: K the consumer's output width
-  Fp8Operand w, w_t;         // the consumer weight [K, D] and its transpose [D, K]
-  Fp8Operand h_hat, h_hat_t; // [M, D] and [D, M], 128 x 128 blocks
+  Fp8Operand dz, dz_t; // [M, K] and [K, M]: K the consumer's output width
+  Fp8Operand w_t;      // the consumer weight [K, D], transposed: [D, K]
+  Fp8Operand h_hat_t;  // h_hat [M, D] transposed: [D, M], 128 x 128 blocks
 };
 
 // The FP8 operands of the MLP's backward (B3..B8, Precision::fp8): dx by rows and columns (after
 // B1 for K7 and dW_down, again after B5 for dy0 and dW_out), W_down's and W_out's transposed
 // codes (K7's and dy0's B), y1 and y0 in 128 x 128 blocks, transposed (dW_down's and dW_out's
-// B, scaled by blocks), and the ffn norm
-// backward's own (B5, B6). Each tensor's row codes are the quantizers' required output. The
-// phases' operands lie over one another (carve_fp8_mlp_backward): no two phases read at once.
+// B, scaled by blocks), and the ffn norm backward's own (B5, B6). The phases' operands lie over
+// one another (carve_fp8_mlp_backward): no two phases read at once.
 struct Fp8MlpBackwardScratch {
-  Fp8Operand dx, dx_t;         // [M, D], [D, M]
-  Fp8Operand w_down, w_down_t; // [D, F], [F, D]
-  Fp8Operand y1, y1_t;         // [M, F], [F, M], 128 x 128 blocks
-  Fp8Operand w_out, w_out_t;   // [D, A], [A, D]
-  Fp8Operand y0, y0_t;         // [M, A], [A, M], 128 x 128 blocks
-  Fp8NormBackwardScratch ffn;  // K = 2F: dz1 and W_gate_up
+  Fp8Operand dx, dx_t;  // [M, D], [D, M]
+  Fp8Operand w_down_t;  // W_down [D, F] transposed: [F, D]
+  Fp8Operand y1_t;      // y1 [M, F] transposed: [F, M], 128 x 128 blocks
+  Fp8Operand w_out_t;   // W_out [D, A] transposed: [A, D]
+  Fp8Operand y0_t;      // y0 [M, A] transposed: [A, M], 128 x 128 blocks
+  Fp8NormBackwardScratch ffn; // K = 2F: dz1 and W_gate_up
 };
 
 // One RMSNorm backward (K6 + dgamma reduce + the consumer's weight gradient). In the middle and

@@ -1,6 +1,6 @@
 // The FP8 quantizers on the CPU: a weight's codes and 128 x 128 block scales
 // (QuantizeWeightFp8Args) and an activation's codes with 1 x 128 block scales
-// (QuantizeActivationFp8Args), each with its transposed copy: the GPU kernels' math
+// (QuantizeActivationFp8Args), each with its transposed copy (a weight's may be the only one): the GPU kernels' math
 // (coda/core/fp8.hpp), block by block.
 #include <algorithm>
 #include <utility>
@@ -14,7 +14,7 @@ namespace coda::cpu {
 void quantize_weight_fp8(const QuantizeWeightFp8Args& args) {
   using epilogue::element_offset;
   const int64_t N = args.n(), K = args.k();
-  const bool transposed = args.codes_t.data != nullptr;
+  const bool rows = args.codes.data != nullptr, transposed = args.codes_t.data != nullptr;
   for (int64_t n0 = 0; n0 < N; n0 += kFp8ScaleBlock)
     for (int64_t k0 = 0; k0 < K; k0 += kFp8ScaleBlock) {
       const int64_t n1 = std::min<int64_t>(N, n0 + kFp8ScaleBlock);
@@ -29,12 +29,15 @@ void quantize_weight_fp8(const QuantizeWeightFp8Args& args) {
                               },
                               [&](int64_t i, e4m3 q) {
                                 const auto [n, k] = at(i);
-                                args.codes.ptr<e4m3>()[element_offset(args.codes, n, k)] = q;
+                                if (rows)
+                                  args.codes.ptr<e4m3>()[element_offset(args.codes, n, k)] = q;
                                 if (transposed)
                                   args.codes_t.ptr<e4m3>()[element_offset(args.codes_t, k, n)] = q;
                               });
       const int64_t nb = n0 / kFp8ScaleBlock, kb = k0 / kFp8ScaleBlock;
-      args.scales.ptr<e8m0>()[element_offset(args.scales, nb, kb)] = e8m0::of_exponent(exponent);
+      if (rows)
+        args.scales.ptr<e8m0>()[element_offset(args.scales, nb, kb)] =
+            e8m0::of_exponent(exponent);
       if (transposed)
         args.scales_t.ptr<e8m0>()[element_offset(args.scales_t, kb, nb)] =
             e8m0::of_exponent(exponent);

@@ -69,6 +69,18 @@ struct Fp8GemmCase {
   std::vector<double> magnitude() const;
 };
 
+// Which copies a weight's quantization writes: codes and scales (rows), codes_t and scales_t
+// (transposed), or both.
+enum class Fp8Copies { rows, transposed, both };
+inline bool has_rows(Fp8Copies c) { return c != Fp8Copies::transposed; }
+inline bool has_transposed(Fp8Copies c) { return c != Fp8Copies::rows; }
+// An activation's codes are always written; `transposed` adds its transposed copy.
+inline bool has_rows(bool) { return true; }
+inline bool has_transposed(bool transposed) { return transposed; }
+inline const char* copies_name(Fp8Copies c) {
+  return c == Fp8Copies::rows ? "codes" : c == Fp8Copies::transposed ? "codes_t" : "both copies";
+}
+
 // One weight to quantize (QuantizeWeightFp8Args) for the CPU and GPU suites: values of one
 // magnitude per 128 x 128 block (2^-max_binade .. 2^max_binade from block to block), optionally a
 // NaN in one block and an infinity in another; the outputs poisoned (NaN codes and scales) with
@@ -79,11 +91,11 @@ struct Fp8WeightCase {
 
   Fp8WeightCase(int64_t n, int64_t k, DType dtype, bool non_finite, Seeds& seeds,
                 int max_binade = 20);
-  QuantizeWeightFp8Args args(bool transposed);
-  // Empty when codes and scales (and, with `transposed`, codes_t and scales_t) are the format's
-  // definition applied to w block by block (e4m3_block_exponent, e4m3_nearest_code) and the
-  // guard bytes are intact; else the first differences.
-  std::string check(bool transposed) const;
+  QuantizeWeightFp8Args args(Fp8Copies copies);
+  // Empty when the copies asked for are the format's definition applied to w block by block
+  // (e4m3_block_exponent, e4m3_nearest_code) and the guard bytes are intact; else the first
+  // differences.
+  std::string check(Fp8Copies copies) const;
 };
 
 // One activation (or gradient) to quantize (QuantizeActivationFp8Args) for the CPU and GPU suites:

@@ -395,8 +395,8 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   const int64_t nb = num_fp8_scale_blocks(N), kb = num_fp8_scale_blocks(K);
   test::Seeds seeds;
   test::Fp8WeightCase cpp(N, K, DType::bf16, /*non_finite=*/true, seeds);
-  quantize_weight_fp8(cpp.args(true));
-  ASSERT_EQ(cpp.check(true), ""); // the format's definition, block by block
+  quantize_weight_fp8(cpp.args(test::Fp8Copies::both));
+  ASSERT_EQ(cpp.check(test::Fp8Copies::both), ""); // the format's definition, block by block
 
   // The C call's outputs start as bytes the quantizer never writes (0xFF: a negative NaN code,
   // which it writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so a byte the call

@@ -33,19 +33,21 @@ const Shape kShapes[] = {{128, 128}, {208, 304}, {16, 16}, {272, 528}};
 TEST(QuantizeWeightFp8, CodesScalesAndTransposeFollowTheFormat) {
   for (const Shape& s : kShapes)
     for (DType dtype : {DType::bf16, DType::f16, DType::f32})
-      for (bool transposed : {true, false})
+      for (Fp8Copies copies : {Fp8Copies::both, Fp8Copies::rows, Fp8Copies::transposed})
         for (bool non_finite : {false, true}) {
           SCOPED_TRACE("N " + std::to_string(s.n) + " K " + std::to_string(s.k) + " " +
-                       dtype_name(dtype) + (transposed ? " with" : " without") + " the transpose" +
+                       dtype_name(dtype) + ", " + copies_name(copies) +
                        (non_finite ? ", NaN and infinity" : ""));
           Seeds seeds;
           Fp8WeightCase c(s.n, s.k, dtype, non_finite, seeds, dtype == DType::f16 ? 10 : 20);
-          quantize_weight_fp8(c.args(transposed));
-          EXPECT_EQ(c.check(transposed), "");
-          if (!transposed) { // codes_t and scales_t untouched: still their poison
-            for (double v : c.codes_t.values()) EXPECT_TRUE(std::isnan(v));
-            for (double v : c.scales_t.values()) EXPECT_TRUE(std::isnan(v));
-          }
+          quantize_weight_fp8(c.args(copies));
+          EXPECT_EQ(c.check(copies), "");
+          // A copy not asked for is untouched: still its poison.
+          const auto untouched = [](const HostTensor& t) {
+            for (double v : t.values()) EXPECT_TRUE(std::isnan(v));
+          };
+          if (!has_transposed(copies)) untouched(c.codes_t), untouched(c.scales_t);
+          if (!has_rows(copies)) untouched(c.codes), untouched(c.scales);
         }
 }
 
@@ -55,7 +57,7 @@ TEST(QuantizeWeightFp8, BothCopiesAreGemmFp8Operands) {
   constexpr int64_t M = 70, N = 272, K = 400;
   Seeds seeds;
   Fp8WeightCase weight(N, K, DType::bf16, false, seeds);
-  quantize_weight_fp8(weight.args(true));
+  quantize_weight_fp8(weight.args(Fp8Copies::both));
   const std::vector<double> w = [&] {
     std::vector<double> v(size_t(N * K));
     const std::vector<double> codes = weight.codes.values(), scales = weight.scales.values();
@@ -121,12 +123,16 @@ TEST(QuantizeWeightFp8, RejectsBadArgumentsBeforeWritingAnything) {
       {"codes of the wrong dtype", [&](auto& a) { a.codes = bf16_codes.view(); }, "codes"},
       {"an integer weight", [&](auto& a) { a.w = i32_weight.view(); }, "w"},
       {"scales_t without codes_t", [&](auto& a) { a.codes_t = TensorView{}; }, "scales_t"},
+      {"scales without codes", [&](auto& a) { a.codes = TensorView{}; }, "scales is given"},
+      {"neither copy",
+       [&](auto& a) { a.codes = a.scales = a.codes_t = a.scales_t = TensorView{}; },
+       "neither codes nor codes_t"},
       {"codes_t the shape of codes", [&](auto& a) { a.codes_t = c.codes.view(); }, "codes_t"},
       {"K not a multiple of 16", [&](auto& a) { a.w = ragged_weight.view(); }, "multiple of"},
   };
   for (const Case& bad : cases) {
     SCOPED_TRACE(bad.name);
-    QuantizeWeightFp8Args args = c.args(true);
+    QuantizeWeightFp8Args args = c.args(Fp8Copies::both);
     bad.spoil(args);
     try {
       quantize_weight_fp8(args);
@@ -253,8 +259,8 @@ TEST(QuantizeActivationFp8, BothCopiesAreGemmFp8Operands) {
   {
     SCOPED_TRACE("Y = X Wᵀ (codes)");
     Fp8WeightCase w(N, K, DType::bf16, false, seeds, 2);
-    quantize_weight_fp8(w.args(false));
-    ASSERT_EQ(w.check(false), "");
+    quantize_weight_fp8(w.args(Fp8Copies::rows));
+    ASSERT_EQ(w.check(Fp8Copies::rows), "");
     std::vector<double> wv = w.codes.values();
     const std::vector<double> ws = w.scales.values();
     for (int64_t n = 0; n < N; ++n)

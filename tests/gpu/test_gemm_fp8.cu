@@ -394,21 +394,22 @@ TEST(GpuFp8GemmSmallForSanitizer, StagedRaggedTiles) {
 // byte past an output is written; with and without the transposed copy; a NaN and an infinity
 // each poison their block.
 
-// One quantizer case (Fp8WeightCase or Fp8ActivationCase, its input `source`): the CPU backend's
+// One quantizer case (Fp8WeightCase or Fp8ActivationCase, its input `source`, the copies to write:
+// Fp8Copies for a weight, with the transposed copy or not for an activation): the CPU backend's
 // outputs are the format's definition; the GPU's, from poisoned outputs, are the CPU's bit for
-// bit, no byte past an output is written, and without the transposed copy neither codes_t nor
-// scales_t is touched.
-template <class Case, class Args>
-void check_quantizer(Case cpu, HostTensor Case::*source, Args (Case::*host_args)(bool),
-                     void (*quantize)(const Args&, Stream), bool transposed) {
-  quantize((cpu.*host_args)(transposed), nullptr); // host tensors: the CPU backend
-  ASSERT_EQ(cpu.check(transposed), "");
+// bit, no byte past an output is written, and a copy not asked for is not touched.
+template <class Case, class Args, class Copies>
+void check_quantizer(Case cpu, HostTensor Case::*source, Args (Case::*host_args)(Copies),
+                     void (*quantize)(const Args&, Stream), Copies copies) {
+  quantize((cpu.*host_args)(copies), nullptr); // host tensors: the CPU backend
+  ASSERT_EQ(cpu.check(copies), "");
   Case gpu = cpu;
   for (HostTensor* t : {&gpu.codes, &gpu.scales, &gpu.codes_t, &gpu.scales_t}) t->poison();
   DeviceTensor in(gpu.*source), codes(gpu.codes), scales(gpu.scales), codes_t(gpu.codes_t),
       scales_t(gpu.scales_t);
-  Args args{in.view(), codes.view(), scales.view()};
-  if (transposed) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
+  Args args{in.view()}; // the input (w or x) is either Args' first field
+  if (has_rows(copies)) args.codes = codes.view(), args.scales = scales.view();
+  if (has_transposed(copies)) args.codes_t = codes_t.view(), args.scales_t = scales_t.view();
   quantize(args, nullptr);
   synchronize_ok();
   for (DeviceTensor* t : {&codes, &scales, &codes_t, &scales_t})
@@ -417,37 +418,47 @@ void check_quantizer(Case cpu, HostTensor Case::*source, Args (Case::*host_args)
     const size_t bytes = size_t(a.numel() * dtype_size(a.dtype()));
     return std::memcmp(a.host_view().data, b.host_view().data, bytes) == 0;
   };
-  EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
-  EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
-  if (transposed) {
+  const auto untouched = [](HostTensor& t, const char* name) {
+    for (double v : t.values()) ASSERT_TRUE(std::isnan(v)) << name << " written";
+  };
+  if (has_rows(copies)) {
+    EXPECT_TRUE(same(gpu.codes, cpu.codes)) << "codes";
+    EXPECT_TRUE(same(gpu.scales, cpu.scales)) << "scales";
+  } else {
+    untouched(gpu.codes, "codes");
+    untouched(gpu.scales, "scales");
+  }
+  if (has_transposed(copies)) {
     EXPECT_TRUE(same(gpu.codes_t, cpu.codes_t)) << "codes_t";
     EXPECT_TRUE(same(gpu.scales_t, cpu.scales_t)) << "scales_t";
   } else {
-    for (double v : gpu.codes_t.values()) ASSERT_TRUE(std::isnan(v)) << "codes_t written";
-    for (double v : gpu.scales_t.values()) ASSERT_TRUE(std::isnan(v)) << "scales_t written";
+    untouched(gpu.codes_t, "codes_t");
+    untouched(gpu.scales_t, "scales_t");
   }
 }
 
-void check_weight(int64_t n, int64_t k, DType dtype, bool transposed) {
+void check_weight(int64_t n, int64_t k, DType dtype, Fp8Copies copies) {
   SCOPED_TRACE("N " + std::to_string(n) + " K " + std::to_string(k) + " " + dtype_name(dtype) +
-               (transposed ? " with the transpose" : ""));
+               ", " + copies_name(copies));
   Seeds seeds;
   check_quantizer(
       Fp8WeightCase(n, k, dtype, /*non_finite=*/true, seeds, dtype == DType::f16 ? 10 : 20),
-      &Fp8WeightCase::w, &Fp8WeightCase::args, &quantize_weight_fp8, transposed);
+      &Fp8WeightCase::w, &Fp8WeightCase::args, &quantize_weight_fp8, copies);
 }
 
 TEST(GpuQuantizeWeightFp8, MatchesTheCpuBackendBitForBit) {
   CODA_REQUIRE_SM90();
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{16, 16}, {208, 304}, {1040, 2064}})
     for (DType dtype : {DType::bf16, DType::f16, DType::f32})
-      for (bool transposed : {true, false}) check_weight(n, k, dtype, transposed);
+      for (Fp8Copies copies : {Fp8Copies::both, Fp8Copies::rows, Fp8Copies::transposed})
+        check_weight(n, k, dtype, copies);
 }
 
-// A tiny case for compute-sanitizer.
+// A tiny case for compute-sanitizer, each copy alone.
 TEST(GpuFp8GemmSmallForSanitizer, QuantizeWeight) {
   CODA_REQUIRE_SM90();
-  check_weight(144, 272, DType::bf16, true);
+  check_weight(144, 272, DType::bf16, Fp8Copies::both);
+  check_weight(144, 272, DType::bf16, Fp8Copies::transposed);
 }
 
 // ---- quantize_activation_fp8: the GPU's codes and scales, and its transposed copy with blocks of

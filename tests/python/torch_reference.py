@@ -123,7 +123,7 @@ def check_loss(name, got, token_ref, token_bf16, targets, ignore_index=-100, red
     if reduction == "mean":
         n = max(int(valid.sum().item()), 1)
         base, ref = base / n, ref / n
-    err = abs(float(got) - ref)
+    err = abs(float(got.detach() if hasattr(got, "detach") else got) - ref)  # (a loss with its graph)
     assert err <= 2 * base + 1e-6, (
         "%s: coda error %.3e > 2 x torch's bf16 error %.3e + 1e-6 %s" % (name, err, base, context))
 

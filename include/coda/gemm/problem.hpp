@@ -99,11 +99,12 @@ struct Fp8GemmArgs {
 
 // A weight quantized for the FP8 GEMMs (docs/fp8.md), once per step from its master copy:
 //   w        [N, K] bf16, f16 or f32                  the weight as nn.Linear stores it
-//   codes    [N, K] e4m3                              gemm_fp8's b for the forward (Y = X Wᵀ)
-//   scales   [ceil(N/128), ceil(K/128)] e8m0          one per 128 x 128 block
+//   codes    [N, K] e4m3, optional                    gemm_fp8's b for the forward (Y = X Wᵀ)
+//   scales   [ceil(N/128), ceil(K/128)] e8m0          with codes: one per 128 x 128 block
 //   codes_t  [K, N] e4m3, optional                    Wᵀ: gemm_fp8's b for the input gradient
 //                                                     (dX = dY W reduces over N)
 //   scales_t [ceil(K/128), ceil(N/128)] e8m0          with codes_t: the same scales, transposed
+// At least one of the two copies; a backward, which reads only Wᵀ, leaves codes out.
 // Per block (the last ones of each dimension may be short): amax of |w|, k =
 // e4m3_scale_exponent(amax), each code quantize_e4m3(w, k), the scale 2^k as an E8M0 byte; a
 // block holding a NaN or an infinity gets the NaN scale and NaN codes. A 128 x 128 block has one

@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
   const int exponent = e4m3_scale_exponent(bits_float(magnitude));
   if (threadIdx.x == 0) {
     const uint8_t byte = e8m0_bits_of_exponent(exponent);
-    p.scales[blockIdx.y * p.scales_stride + blockIdx.x] = byte;
+    if (p.codes != nullptr) p.scales[blockIdx.y * p.scales_stride + blockIdx.x] = byte;
     if (p.codes_t != nullptr) p.scales_t[blockIdx.x * p.scales_t_stride + blockIdx.y] = byte;
   }
 
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                                             : e4m3x4(v[i].at(0) * scale, v[i].at(1) * scale,
                                                      v[i].at(2) * scale, v[i].at(3) * scale);
     *reinterpret_cast<uint32_t*>(&tile[r][kValuesPerLane * lane]) = q;
-    if (row < p.rows && col < p.cols)
+    if (p.codes != nullptr && row < p.rows && col < p.cols)
       *reinterpret_cast<uint32_t*>(p.codes + int64_t(row) * p.codes_stride + col) = q;
   }
   if (p.codes_t == nullptr) return;
