@@ -6,8 +6,14 @@ first quantizer on; absent where bench_block could not run it). Prints each kern
 and each side's total with its GEMMs', quantizers' and other kernels' shares.
 
   python3 tools/ncu_kernels.py block-1b-8192-kernels.csv
+  python3 tools/ncu_kernels.py --json OUT.json --commit C --date D DIR
+      writes the kernels of DIR/block-{1b,8b}-8192-kernels.csv (ncu_block.sh's output folder,
+      its GPU from DIR/block-1b-bench.json) as bench/results/experiments' ncu-block-kernels-*
+      files hold them: each kernel's full name (cut to 200 characters) and time in us.
 """
 import csv
+import json
+import os
 import sys
 
 UNIT = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
@@ -56,7 +62,8 @@ def category(text):
     return "other"
 
 
-def main(path):
+def kernels(path):
+    """(full kernel name, us) of each kernel of an ncu CSV, in launch order."""
     rows = []
     with open(path) as f:
         lines = [l for l in f if l.startswith('"')]
@@ -64,7 +71,33 @@ def main(path):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
         us = float(r["Metric Value"].replace(",", "")) * UNIT.get(r["Metric Unit"], 1.0)
-        rows.append((label(r["Kernel Name"]), us))
+        rows.append((r["Kernel Name"], us))
+    return rows
+
+
+def write_json(out, commit, date, folder):
+    with open(os.path.join(folder, "block-1b-bench.json")) as f:
+        gpu = json.load(f)["gpu"]
+    models = {}
+    for m in ("1b", "8b"):
+        path = os.path.join(folder, "block-%s-8192-kernels.csv" % m)
+        if os.path.exists(path):
+            models["llama-" + m] = [{"kernel": n[:200], "us": round(us, 3)}
+                                    for n, us in kernels(path)]
+    doc = {"gpu": gpu, "date": date, "commit": commit,
+           "how": "tools/ncu_block.sh MODEL 8192 (ncu --cache-control all --clock-control none, "
+                  "gpu__time_duration.sum, bench_block --profile 1: one forward and backward of "
+                  "each side in order coda, GEMM-only, unfused, coda FP8), kernel names cut to "
+                  "200 characters; written by tools/ncu_kernels.py --json from the CSV",
+           "models": models}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    return 0
+
+
+def main(path):
+    rows = [(label(n), us) for n, us in kernels(path)]
     # coda's side: up to the first cuBLASLt kernel; GEMM-only: the next 12; unfused: up to the
     # first quantizer after them (the unfused side has none); coda FP8: the rest.
     first_cublas = next((i for i, (n, _) in enumerate(rows) if n == "cuBLASLt"), len(rows))
@@ -89,4 +122,7 @@ def main(path):
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "--json":
+        opts = dict(zip(sys.argv[1:-1:2], sys.argv[2:-1:2]))
+        sys.exit(write_json(opts["--json"], opts["--commit"], opts["--date"], sys.argv[-1]))
     sys.exit(main(sys.argv[1]))

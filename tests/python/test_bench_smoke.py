@@ -874,3 +874,18 @@ def test_ncu_kernels_names_and_splits_the_sides(tmp_path):
     for name in ("K0 residual rms", "row_sum_kernel", "add_kernel", "quantize activation",
                  "quantize weight", "K7 swiglu backward (FP8)", "gemm_fp8"):
         assert name in out, name
+
+    # --json: ncu_block.sh's folder (the 1B CSV and its bench JSON) as an experiments file,
+    # every kernel in launch order with its full name and time.
+    csv.rename(tmp_path / "block-1b-8192-kernels.csv")
+    (tmp_path / "block-1b-bench.json").write_text('{"gpu": "Test GPU", "cases": []}')
+    out_json = tmp_path / "ncu.json"
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "ncu_kernels.py"), "--json",
+                        str(out_json), "--commit", "abc1234", "--date", "2026-12-07",
+                        str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(out_json.read_text())
+    assert (doc["gpu"], doc["commit"], doc["date"]) == ("Test GPU", "abc1234", "2026-12-07")
+    assert list(doc["models"]) == ["llama-1b"]
+    assert [k["us"] for k in doc["models"]["llama-1b"]] == times
+    assert [k["kernel"] for k in doc["models"]["llama-1b"]] == [n[:200] for n in names]
