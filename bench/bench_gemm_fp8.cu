@@ -7,7 +7,9 @@
 // 256 MB write that flushes L2; the median of the timed runs is reported.
 //
 //   bench_gemm_fp8 [--commit HASH] [--out bench/results/fp8.json] [--runs 50] [--filter SUBSTRING]
-//                  [--fast-accum 0]
+//                  [--fast-accum 0] [--shapes M,N,K;M,N,K...]
+// (--shapes: forward-layout GEMMs of these sizes, named "mMxnNxkK", instead of the block's GEMMs:
+// a sweep along one dimension with the others fixed)
 // (flags as "--name value" or "--name=value"; --commit defaults to $CODA_COMMIT; --fast-accum 1
 // runs the per-tensor cuBLASLt GEMM with CUBLASLT_MATMUL_DESC_FAST_ACCUM, no promotion out of
 // the tensor cores' accumulators)
@@ -67,6 +69,7 @@
 #include <cstring>
 #include <iterator>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -329,6 +332,26 @@ std::vector<bench::GemmCase> bench_cases() {
   return cases;
 }
 
+// --shapes "M,N,K;M,N,K": forward-layout cases of those sizes (each a multiple of 16).
+std::vector<bench::GemmCase> shape_cases(const std::string& list) {
+  std::vector<bench::GemmCase> cases;
+  size_t at = 0;
+  while (at < list.size()) {
+    const size_t end = std::min(list.find(';', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    long long m = 0, n = 0, k = 0;
+    char tail = 0;
+    if (std::sscanf(item.c_str(), "%lld,%lld,%lld%c", &m, &n, &k, &tail) != 3 || m <= 0 ||
+        n <= 0 || k <= 0 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0)
+      throw std::runtime_error("--shapes wants M,N,K;M,N,K... (positive multiples of 16); got \"" +
+                               item + "\"");
+    cases.push_back({"m" + std::to_string(m) + "xn" + std::to_string(n) + "xk" + std::to_string(k),
+                     coda::GemmLayout::fwd, "fwd", m, n, k});
+    at = end + 1;
+  }
+  return cases;
+}
+
 Result bench_case(const bench::GemmCase& c, const bench::Context& ctx, int runs, bool fast_accum) {
   const cudaStream_t s = ctx.stream;
   const int64_t m = c.m, n = c.n, k = c.k;
@@ -555,11 +578,14 @@ std::string json_number(double x, const char* format) {
 
 int main(int argc, char** argv) {
   std::string commit, out_path, filter;
+  std::vector<bench::GemmCase> cases;
   int runs = 50;
   bool fast_accum = false;
   try {
     const bench::Flags flags(argc, argv,
-                             {"--commit", "--out", "--runs", "--filter", "--fast-accum"});
+                             {"--commit", "--out", "--runs", "--filter", "--fast-accum", "--shapes"});
+    const std::string shapes = flags.get("--shapes", "");
+    cases = shapes.empty() ? bench_cases() : shape_cases(shapes);
     commit = flags.commit();
     out_path = flags.get("--out", "bench/results/fp8.json");
     runs = std::max(1, flags.get_int("--runs", runs));
@@ -580,7 +606,7 @@ int main(int argc, char** argv) {
                 cublas_minor, cublas_patch, fast_accum ? "on" : "off");
 
     std::vector<Result> results;
-    for (const bench::GemmCase& c : bench_cases()) {
+    for (const bench::GemmCase& c : cases) {
       if (c.name.find(filter) == std::string::npos) continue;
       std::printf("%s: M %lld N %lld K %lld\n", c.name.c_str(), (long long)c.m, (long long)c.n,
                   (long long)c.k);
