@@ -341,8 +341,8 @@ std::vector<bench::GemmCase> shape_cases(const std::string& list) {
     const std::string item = list.substr(at, end - at);
     long long m = 0, n = 0, k = 0;
     char tail = 0;
-    if (std::sscanf(item.c_str(), "%lld,%lld,%lld%c", &m, &n, &k, &tail) != 3 || m <= 0 ||
-        n <= 0 || k <= 0 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0)
+    if (std::sscanf(item.c_str(), "%lld,%lld,%lld%c", &m, &n, &k, &tail) != 3 || m <= 0 || n <= 0 ||
+        k <= 0 || m % 16 != 0 || n % 16 != 0 || k % 16 != 0)
       throw std::runtime_error("--shapes wants M,N,K;M,N,K... (positive multiples of 16); got \"" +
                                item + "\"");
     cases.push_back({"m" + std::to_string(m) + "xn" + std::to_string(n) + "xk" + std::to_string(k),
@@ -582,8 +582,8 @@ int main(int argc, char** argv) {
   int runs = 50;
   bool fast_accum = false;
   try {
-    const bench::Flags flags(argc, argv,
-                             {"--commit", "--out", "--runs", "--filter", "--fast-accum", "--shapes"});
+    const bench::Flags flags(
+        argc, argv, {"--commit", "--out", "--runs", "--filter", "--fast-accum", "--shapes"});
     const std::string shapes = flags.get("--shapes", "");
     cases = shapes.empty() ? bench_cases() : shape_cases(shapes);
     commit = flags.commit();

@@ -4,6 +4,22 @@
 #include "coda/core/fp8.hpp"
 
 namespace coda::api {
+namespace {
+
+// An optional FP8 copy of a quantizer: its codes and scales given together (checked as outputs)
+// or both absent.
+void optional_fp8_copy(Validator& v, const char* codes_name, const TensorView& codes,
+                       std::initializer_list<Dim> codes_shape, const char* scales_name,
+                       const TensorView& scales, std::initializer_list<Dim> scales_shape) {
+  v.optional_output(codes_name, codes, Elem::e4m3, codes_shape);
+  if (codes.data != nullptr)
+    v.output(scales_name, scales, Elem::e8m0, scales_shape);
+  else if (scales.data != nullptr)
+    v.fail(Status::invalid_argument, std::string(scales_name) + " is given but " + codes_name +
+                                         " is absent; pass both or neither");
+}
+
+} // namespace
 
 Device validate(const GemmArgs& args) {
   Validator v("gemm");
@@ -91,17 +107,10 @@ Device validate(const QuantizeWeightFp8Args& args) {
     v.fail(Status::invalid_argument,
            "neither codes nor codes_t is given; pass codes and scales, codes_t and scales_t, or "
            "all four");
-  v.optional_output("codes", args.codes, Elem::e4m3, {exactly("N", N), exactly("K", K)});
-  if (args.codes.data != nullptr)
-    v.output("scales", args.scales, Elem::e8m0, {n_blocks, k_blocks});
-  else if (args.scales.data != nullptr)
-    v.fail(Status::invalid_argument, "scales is given but codes is absent; pass both or neither");
-  v.optional_output("codes_t", args.codes_t, Elem::e4m3, {exactly("K", K), exactly("N", N)});
-  if (args.codes_t.data != nullptr)
-    v.output("scales_t", args.scales_t, Elem::e8m0, {k_blocks, n_blocks});
-  else if (args.scales_t.data != nullptr)
-    v.fail(Status::invalid_argument,
-           "scales_t is given but codes_t is absent; pass both or neither");
+  optional_fp8_copy(v, "codes", args.codes, {exactly("N", N), exactly("K", K)}, "scales",
+                    args.scales, {n_blocks, k_blocks});
+  optional_fp8_copy(v, "codes_t", args.codes_t, {exactly("K", K), exactly("N", N)}, "scales_t",
+                    args.scales_t, {k_blocks, n_blocks});
   return v.finish();
 }
 
@@ -117,20 +126,15 @@ Device validate(const QuantizeActivationFp8Args& args) {
   const Dim k_blocks = exactly("ceil(K/128)", num_fp8_scale_blocks(K));
   v.output("codes", args.codes, Elem::e4m3, {exactly("M", M), exactly("K", K)});
   v.output("scales", args.scales, Elem::e8m0, {exactly("M", M), k_blocks});
-  if (args.codes_t.data != nullptr) {
-    // Before codes_t's own checks, which would only see its row stride.
-    if (M % 16 != 0)
-      v.fail(Status::not_supported,
-             "M must be a multiple of 16 when codes_t is given (codes_t [K, M] is a gemm_fp8 "
-             "operand: 16-byte rows for TMA); got " +
-                 std::to_string(M) + " (from x); pad it to " + std::to_string((M + 15) / 16 * 16) +
-                 " or leave codes_t and scales_t absent");
-    v.output("codes_t", args.codes_t, Elem::e4m3, {exactly("K", K), exactly("M", M)});
-    v.output("scales_t", args.scales_t, Elem::e8m0, {exactly("K", K), m_blocks});
-  } else if (args.scales_t.data != nullptr) {
-    v.fail(Status::invalid_argument,
-           "scales_t is given but codes_t is absent; pass both or neither");
-  }
+  // Before codes_t's own checks, which would only see its row stride.
+  if (args.codes_t.data != nullptr && M % 16 != 0)
+    v.fail(Status::not_supported,
+           "M must be a multiple of 16 when codes_t is given (codes_t [K, M] is a gemm_fp8 "
+           "operand: 16-byte rows for TMA); got " +
+               std::to_string(M) + " (from x); pad it to " + std::to_string((M + 15) / 16 * 16) +
+               " or leave codes_t and scales_t absent");
+  optional_fp8_copy(v, "codes_t", args.codes_t, {exactly("K", K), exactly("M", M)}, "scales_t",
+                    args.scales_t, {exactly("K", K), m_blocks});
   return v.finish();
 }
 

@@ -46,21 +46,17 @@ void quantize_both(const TensorView& x, const Fp8Operand& rows, const Fp8Operand
   quantize_activation_fp8(q, stream);
 }
 
-// A weight (or an activation in 128 x 128 blocks) quantized by rows (`codes`: the forward's B)
-// or only transposed (`codes_t`: what a backward reads, its B scaled by blocks). Each call writes
-// one copy: no FP8 step reads both.
-void quantize_weight(const TensorView& w, const Fp8Operand& codes, Stream stream) {
+// A weight (or an activation in 128 x 128 blocks) quantized into `rows` (the forward's B) and
+// `columns` (its transposed copy: what a backward reads, its B scaled by blocks), each only when
+// it has tensors. No FP8 step reads both, so each call passes one.
+void quantize_weight(const TensorView& w, const Fp8Operand& rows, const Fp8Operand& columns,
+                     Stream stream) {
   QuantizeWeightFp8Args q;
   q.w = w;
-  q.codes = codes.codes;
-  q.scales = codes.scales;
-  quantize_weight_fp8(q, stream);
-}
-void quantize_weight_transposed(const TensorView& w, const Fp8Operand& codes_t, Stream stream) {
-  QuantizeWeightFp8Args q;
-  q.w = w;
-  q.codes_t = codes_t.codes;
-  q.scales_t = codes_t.scales;
+  q.codes = rows.codes;
+  q.scales = rows.scales;
+  q.codes_t = columns.codes;
+  q.scales_t = columns.scales;
   quantize_weight_fp8(q, stream);
 }
 
@@ -73,7 +69,7 @@ ForwardOperands forward_operands(const TensorView& a, const TensorView& w, const
                                  const Fp8Operand* qw, Stream stream) {
   if (qa == nullptr) return {a, w, {}, {}};
   quantize_both(a, *qa, {}, stream);
-  quantize_weight(w, *qw, stream);
+  quantize_weight(w, *qw, {}, stream);
   return {qa->codes, qw->codes, qa->scales, qw->scales};
 }
 
@@ -156,7 +152,7 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   k6.w = b.w;
   if (fp8 != nullptr) { // B1 on E4M3 operands: dz by rows, the weight's transposed codes
     quantize_both(b.dz, fp8->dz, fp8->dz_t, stream);
-    quantize_weight_transposed(b.w, fp8->w_t, stream);
+    quantize_weight(b.w, {}, fp8->w_t, stream);
     k6.dz = fp8->dz.codes;
     k6.dz_scales = fp8->dz.scales;
     k6.w = fp8->w_t.codes;
@@ -182,7 +178,7 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   if (fp8 == nullptr)
     return weight_gradient(b.dz, scratch.h_hat, b.dw, b.alpha, accumulate_grads,
                            scratch.gemm_workspace, stream);
-  quantize_weight_transposed(scratch.h_hat, fp8->h_hat_t, stream);
+  quantize_weight(scratch.h_hat, {}, fp8->h_hat_t, stream);
   fp8_weight_gradient(fp8->dz_t, fp8->h_hat_t, b.dw, accumulate_grads, stream);
 }
 
@@ -234,7 +230,7 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   k7.w = b.w_down;
   if (fp8 != nullptr) { // dx by rows (and columns, for B4), W_down's transposed codes
     quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
-    quantize_weight_transposed(b.w_down, fp8->w_down_t, stream);
+    quantize_weight(b.w_down, {}, fp8->w_down_t, stream);
     k7.dx = fp8->dx.codes;
     k7.dx_scales = fp8->dx.scales;
     k7.w = fp8->w_down_t.codes;
@@ -255,7 +251,7 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   if (fp8 == nullptr)
     return weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, gemm_workspace,
                            stream); // B4
-  quantize_weight_transposed(mlp.y1, fp8->y1_t, stream);
+  quantize_weight(mlp.y1, {}, fp8->y1_t, stream);
   fp8_weight_gradient(fp8->dx_t, fp8->y1_t, b.dw_down, accumulate_grads, stream); // B4
 }
 
@@ -275,7 +271,7 @@ void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
 
   if (fp8 != nullptr) { // B7 and B8 on dx as B5 left it, quantized again
     quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
-    quantize_weight_transposed(b.w_out, fp8->w_out_t, stream);
+    quantize_weight(b.w_out, {}, fp8->w_out_t, stream);
     Fp8GemmArgs dy0; // B7: dy0 = dx1 · W0, W0ᵀ's codes as gemm_fp8's b
     dy0.a = fp8->dx.codes;
     dy0.a_scales = fp8->dx.scales;
@@ -283,7 +279,7 @@ void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
     dy0.b_scales = fp8->w_out_t.scales;
     dy0.d = b.dy0;
     gemm_fp8(dy0, stream);
-    quantize_weight_transposed(b.y0, fp8->y0_t, stream);
+    quantize_weight(b.y0, {}, fp8->y0_t, stream);
     fp8_weight_gradient(fp8->dx_t, fp8->y0_t, b.dw_out, accumulate_grads, stream); // B8
     return;
   }

@@ -1,7 +1,7 @@
 // The FP8 quantizers on the CPU: a weight's codes and 128 x 128 block scales
 // (QuantizeWeightFp8Args) and an activation's codes with 1 x 128 block scales
-// (QuantizeActivationFp8Args), each with its transposed copy (a weight's may be the only one): the GPU kernels' math
-// (coda/core/fp8.hpp), block by block.
+// (QuantizeActivationFp8Args), each with its transposed copy (a weight's may be the only one):
+// the GPU kernels' math (coda/core/fp8.hpp), block by block.
 #include <algorithm>
 #include <utility>
 
@@ -36,8 +36,7 @@ void quantize_weight_fp8(const QuantizeWeightFp8Args& args) {
                               });
       const int64_t nb = n0 / kFp8ScaleBlock, kb = k0 / kFp8ScaleBlock;
       if (rows)
-        args.scales.ptr<e8m0>()[element_offset(args.scales, nb, kb)] =
-            e8m0::of_exponent(exponent);
+        args.scales.ptr<e8m0>()[element_offset(args.scales, nb, kb)] = e8m0::of_exponent(exponent);
       if (transposed)
         args.scales_t.ptr<e8m0>()[element_offset(args.scales_t, kb, nb)] =
             e8m0::of_exponent(exponent);
