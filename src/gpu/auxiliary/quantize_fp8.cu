@@ -1,9 +1,9 @@
 // A weight's FP8 codes and 128 x 128 block scales (QuantizeWeightFp8Args), its transposed copy,
 // or both (an absent copy's pointers are null and it is skipped): one CTA per block. Its 16 warps
 // read the block's rows, each lane 4 consecutive values of a row in one vector load (8 rows per
-// warp); the block's largest magnitude is the maximum of
-// |w|'s bits compared as unsigned integers (the order of the finite magnitudes, with an infinity
-// and every NaN above them all: such a block gets kNoScale, as the CPU backend gives); each lane
+// warp); the block's largest magnitude is the maximum of |w|'s bits compared as unsigned
+// integers (the order of the finite magnitudes, with an infinity and every NaN above them all:
+// such a block gets kNoScale, as the CPU backend gives); each lane
 // converts its values with cvt.rn.satfinite.e4m3x2.f32 (the host's float_to_e4m3_bits is its
 // twin) and stores its 4 codes as one 32-bit word, and, for the transposed copy, writes them
 // into a shared 128 x 128 byte tile whose columns the warps then read, 4 codes a lane, as
