@@ -141,6 +141,10 @@ typedef struct coda_swiglu_backward_args { /* K7; dpreact may alias preact */
   coda_tensor act, dpreact, zeta_partials /* [M, ceil(F / CODA_STAGED_REDUCE_BLOCK)] */;
   coda_tensor dx_scales, w_scales; /* with dx and w CODA_E4M3 (w the weight's transposed codes
                                       [F, K], coda_quantize_weight_fp8's codes_t): their scales */
+  coda_tensor act_codes_t, act_scales_t; /* E4M3 operands: act's transposed FP8 copy [F, M] and
+                                            its 128 x 128 block scales, in place of act (which is
+                                            then absent): coda_quantize_weight_fp8's codes_t and
+                                            scales_t of the 16-bit act, bit for bit */
 } coda_swiglu_backward_args;
 
 typedef struct coda_rms_stats_args {

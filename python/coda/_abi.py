@@ -203,7 +203,8 @@ class RmsBackwardArgs(Structure):  # coda_rms_backward_args, C++ coda::RmsBackwa
 
 class SwigluBackwardArgs(Structure):  # coda_swiglu_backward_args, C++ coda::SwigluBackwardArgs
     _fields_ = [("dx", Tensor), ("w", Tensor), ("preact", Tensor), ("act", Tensor),
-        ("dpreact", Tensor), ("zeta_partials", Tensor), ("dx_scales", Tensor), ("w_scales", Tensor)]
+        ("dpreact", Tensor), ("zeta_partials", Tensor), ("dx_scales", Tensor),
+        ("w_scales", Tensor), ("act_codes_t", Tensor), ("act_scales_t", Tensor)]
 
 
 class RmsStatsArgs(Structure):  # coda_rms_stats_args, C++ coda::RmsStatsArgs

@@ -238,7 +238,26 @@ Device validate(const SwigluBackwardArgs& args) {
   const int64_t m = p.m, f = p.n;
   const Dim M = exactly("M", m);
   v.input("preact", args.preact, Elem::half, {M, exactly("2F", 2 * f)});
-  v.output("act", args.act, Elem::half, {M, exactly("F", f)});
+  if (args.act_codes_t.data == nullptr && args.act_scales_t.data == nullptr) {
+    v.output("act", args.act, Elem::half, {M, exactly("F", f)});
+  } else {
+    // act's FP8 copy in its place (the FP8 block's down weight gradient reads only that).
+    if (args.dx.dtype != DType::e4m3)
+      v.fail(Status::invalid_argument,
+             "act_codes_t is given but dx and w are 16-bit: act's FP8 copy is written on E4M3 "
+             "operands only; pass act");
+    if (args.act.data != nullptr)
+      v.fail(Status::invalid_argument,
+             "act and act_codes_t are both given; pass one: act (16-bit), or act_codes_t with "
+             "act_scales_t (its FP8 copy)");
+    // The copy is quantize_weight_fp8's codes_t of act [M, F], which takes both multiples of 16.
+    v.gemm_dim("M", m, "dx", /*multiple=*/16);
+    v.gemm_dim("F", f, "w", /*multiple=*/16);
+    optional_fp8_copy(v, "act_codes_t", args.act_codes_t, {exactly("F", f), M}, "act_scales_t",
+                      args.act_scales_t,
+                      {exactly("ceil(F/128)", num_fp8_scale_blocks(f)),
+                       exactly("ceil(M/128)", num_fp8_scale_blocks(m))});
+  }
   v.output("dpreact", args.dpreact, Elem::half, {M, exactly("2F", 2 * f)});
   v.output("zeta_partials", args.zeta_partials, Elem::f32,
            {M, staged_reduce_blocks("ceil(F/64)", f)});

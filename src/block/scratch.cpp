@@ -69,7 +69,8 @@ NormBackwardScratch carve_norm_statistics(Arena& arena, Layer layer, const Confi
 
 // The backward of a middle or last layer after its first norm backward (B3..B8), then that norm
 // backward's own h_hat, in three phases over one region:
-//   B3..B4  y1 [M, F]        (K7 writes it; dW2 reads it: dead after B4)
+//   B3..B4  y1 [M, F]        (K7 writes it; dW2 reads it: dead after B4; with Precision::fp8
+//                             none: K7 writes y1's FP8 copy, which dW2 reads, in the FP8 scratch)
 //   B5..B6  h_hat [M, D]     (K6 writes h_hat over y1; dW1 reads it)
 //   before  first [..]       (the phase before B3)
 // dz1 [M, 2F], the largest tensor of the backward, takes no scratch: K7 (B3) writes it over the
@@ -84,7 +85,7 @@ void carve_mlp_backward(Arena& arena, Layer layer, const Config& c, int64_t m, D
   first = carve_norm_statistics(arena, layer, c, m);
   mlp.zeta_partials = arena.matrix(DType::f32, m, num_staged_reduce_blocks(c.intermediate));
   const size_t region = arena.mark();
-  mlp.y1 = arena.matrix(act, m, c.intermediate);
+  if (c.precision != Precision::fp8) mlp.y1 = arena.matrix(act, m, c.intermediate);
   arena.rewind(region); // y1 is dead after B4 (dW2): the ffn norm's h_hat over it
   ffn = first;
   ffn.h_hat = arena.matrix(act, m, c.hidden);

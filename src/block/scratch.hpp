@@ -108,7 +108,7 @@ size_t gemm_scratch_bytes(Layer layer, const Config& c, int64_t m);
 
 // B3..B6 of the backward, shared by the middle and the last layer.
 struct MlpBackwardScratch {
-  TensorView y1;            // [M, F] recomputed SwiGLU output
+  TensorView y1;            // [M, F] recomputed SwiGLU output (none with Precision::fp8)
   TensorView zeta_partials; // [M, ceil(F/64)] f32
   // (d loss / d z1 [M, 2F] has no scratch: K7 writes it over the saved z1, its last reader.)
 };

@@ -238,6 +238,11 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   }
   k7.preact = b.z1; // read, then overwritten with its gradient (no scratch for dz1)
   k7.act = mlp.y1;
+  if (fp8 != nullptr) { // act as B4 reads it: K7 writes its transposed FP8 copy, not the 16 bits
+    k7.act = {};
+    k7.act_codes_t = fp8->y1_t.codes;
+    k7.act_scales_t = fp8->y1_t.scales;
+  }
   k7.dpreact = b.z1;
   k7.zeta_partials = mlp.zeta_partials;
   gemm_swiglu_backward(k7, stream);
@@ -251,7 +256,6 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   if (fp8 == nullptr)
     return weight_gradient(b.dx, mlp.y1, b.dw_down, 1.f, accumulate_grads, gemm_workspace,
                            stream); // B4
-  quantize_weight(mlp.y1, {}, fp8->y1_t, stream);
   fp8_weight_gradient(fp8->dx_t, fp8->y1_t, b.dw_down, accumulate_grads, stream); // B4
 }
 

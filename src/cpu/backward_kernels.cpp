@@ -2,6 +2,10 @@
 // (coda/kernels/op_lists.hpp, the GPU's too) on the host ops, on their input-gradient GEMMs
 // (dgrad layout: acc = a · w, w [K, N]; on E4M3 operands gemm_fp8's forward form, w the weight's
 // transposed codes [N, K]: FusedGemm).
+#include <cstdint>
+#include <vector>
+
+#include "cpu/backend.hpp"
 #include "cpu/executor.hpp"
 
 namespace coda::cpu {
@@ -48,9 +52,25 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
   gemm.require_row_partials(args.zeta_partials, "zeta_partials");
   // dy rounded at the Stage, as an unfused dgrad stores it, on E4M3 operands too (the GPU's FP8
   // tile rounds it there as every other schedule does).
+  if (args.act_codes_t.data == nullptr) {
+    kernels::SwigluBackwardOps<HostOps> ops(
+        {args.act.dtype}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {args.act});
+    gemm.run(ops);
+    return;
+  }
+  // act's FP8 copy in its place: the 16-bit act, as the GPU's staged tile holds it before it
+  // quantizes it, then its transposed copy as quantize_weight_fp8 makes it (the GPU kernel's
+  // definition: its codes and scales are these, bit for bit).
+  const DType half = args.dpreact.dtype;
+  const int64_t m = args.dpreact.shape[0], f = args.dpreact.shape[1] / 2;
+  std::vector<uint16_t> act_values(size_t(m * f));
+  const TensorView act = make_view(act_values.data(), half, m, f);
   kernels::SwigluBackwardOps<HostOps> ops(
-      {args.act.dtype}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {args.act});
+      {half}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {act});
   gemm.run(ops);
+  quantize_weight_fp8(
+      {.w = act, .codes = {}, .scales = {}, .codes_t = args.act_codes_t,
+       .scales_t = args.act_scales_t});
 }
 
 } // namespace coda::cpu

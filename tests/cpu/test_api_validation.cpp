@@ -209,6 +209,22 @@ SwigluBackwardArgs valid_k7(Arena& ar) {
           ar.out_matrix(bf16, M, 2 * F), ar.out_matrix(f32, M, num_staged_reduce_blocks(F))};
 }
 
+// K7 on E4M3 operands writing act's transposed FP8 copy in place of act: M = 144 (a multiple
+// of 16, two 128-token blocks, the second short), F = 16, K = 32.
+SwigluBackwardArgs valid_k7_fp8_copy(Arena& ar) {
+  constexpr int64_t M16 = 144, F = 16, K8 = 32;
+  return {.dx = ar.matrix(e4m3, M16, K8),
+          .w = ar.matrix(e4m3, F, K8),
+          .preact = ar.matrix(bf16, M16, 2 * F),
+          .act = {},
+          .dpreact = ar.out_matrix(bf16, M16, 2 * F),
+          .zeta_partials = ar.out_matrix(f32, M16, num_staged_reduce_blocks(F)),
+          .dx_scales = ar.matrix(e8m0, M16, 1),
+          .w_scales = ar.matrix(e8m0, 1, 1),
+          .act_codes_t = ar.out_matrix(e4m3, F, M16),
+          .act_scales_t = ar.out_matrix(e8m0, 1, 2)};
+}
+
 RmsStatsArgs valid_stats(Arena& ar) {
   return {ar.matrix(bf16, M, N), ar.vector(bf16, N), ar.out_matrix(bf16, M, N),
           ar.out_matrix(f32, M, 1)};
@@ -331,6 +347,7 @@ TEST(ApiValidation, ValidFixturesPass) {
   EXPECT_EQ(validate_only(valid_k5(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k6(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_k7(ar)), Device::cpu);
+  EXPECT_EQ(validate_only(valid_k7_fp8_copy(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_stats(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_rstd(ar)), Device::cpu);
   EXPECT_EQ(validate_only(valid_row_reduce(ar)), Device::cpu);
@@ -438,6 +455,34 @@ const Rejection kRejections[] = {
              k7.w_scales = ar.matrix(e8m0, 1, 1);
            },
            Status::invalid_argument, {"gemm_swiglu_backward: w must have shape [F, K]"}),
+    reject("Fp8ActCopyOnlyOnE4m3OperandsK7", valid_k7,
+           [](Arena& ar, SwigluBackwardArgs& k7) {
+             k7.act = {};
+             k7.act_codes_t = ar.out_matrix(e4m3, 16, M);
+             k7.act_scales_t = ar.out_matrix(e8m0, 1, 1);
+           },
+           Status::invalid_argument,
+           {"gemm_swiglu_backward: act_codes_t is given but dx and w are 16-bit"}),
+    reject("ActAndItsFp8CopyNotBothK7", valid_k7_fp8_copy,
+           [](Arena& ar, SwigluBackwardArgs& k7) { k7.act = ar.out_matrix(bf16, 144, 16); },
+           Status::invalid_argument, {"gemm_swiglu_backward: act and act_codes_t are both given"}),
+    reject("Fp8ActCopyNeedsMMultipleOf16K7", valid_k7_fp8_copy,
+           [](Arena& ar, SwigluBackwardArgs& k7) { // M = 136: every M-long tensor remade
+             k7.dx = ar.matrix(e4m3, 136, 32);
+             k7.dx_scales = ar.matrix(e8m0, 136, 1);
+             k7.preact = ar.matrix(bf16, 136, 32);
+             k7.dpreact = ar.out_matrix(bf16, 136, 32);
+             k7.zeta_partials = ar.out_matrix(f32, 136, 1);
+             k7.act_codes_t = ar.out_matrix(e4m3, 16, 136);
+           },
+           Status::not_supported, {"gemm_swiglu_backward: M must be a multiple of 16", "pad it to 144"}),
+    reject("Fp8ActCopyNeedsItsScalesK7", valid_k7_fp8_copy,
+           [](Arena&, SwigluBackwardArgs& k7) { k7.act_scales_t = {}; }, Status::invalid_argument,
+           {"gemm_swiglu_backward: act_scales_t is required"}),
+    reject("Fp8ActCopyScalesShapeK7", valid_k7_fp8_copy,
+           [](Arena& ar, SwigluBackwardArgs& k7) { k7.act_scales_t = ar.out_matrix(e8m0, 1, 1); },
+           Status::invalid_argument,
+           {"gemm_swiglu_backward: act_scales_t must have shape [ceil(F/128), ceil(M/128)]"}),
     reject("GammaMustBe16Bit", valid_k0, [](Arena&, ResidualRmsArgs& k0) { k0.gamma.dtype = f32; },
            Status::type_error, {"gamma must be bf16 or f16; got f32"}),
     reject("ColumnReduceOutputCannotBeI32", valid_col_reduce,

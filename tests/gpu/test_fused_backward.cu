@@ -12,6 +12,7 @@
 // Skipped (not passed) where there is no sm_90 device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/fused/kernels.hpp"
 #include "reference/kernels.hpp"
@@ -425,6 +427,94 @@ TEST(FusedSwigluBackwardFp8, MatchesReferenceAndCpu) {
         SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + " " + fp8_schedule_name(schedule));
         const ScheduleScope scope(schedule);
         check_swiglu_backward_fp8(dtype, s);
+      }
+}
+
+// K7 on E4M3 operands writing act's transposed FP8 copy (act_codes_t, act_scales_t) in place of
+// act: its codes and scales bit for bit those quantize_weight_fp8 makes, on the GPU, of the act the
+// 16-bit call stores; dpreact and the zeta partials bit for bit the 16-bit call's (the same
+// mainloop and SwiGLU backward on the same staged tile). With `non_finite`, one g is +inf, so its
+// tile's act holds an infinity: that block's scale is kNoScale and its codes NaN on both sides,
+// and only that block's. Shapes: M and F multiples of 16 (which the copy takes), ragged against the
+// 128 x 128 block; one tile (M = 128: the GEMM's CTA pair along M then has a tile wholly past M,
+// which must write nothing); several waves of tiles.
+void check_swiglu_backward_fp8_copy(DType dtype, const Shape& s, bool non_finite) {
+  Seeds seeds;
+  Fp8GemmCase g(s.M, s.N, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
+  SwigluBackwardCase inputs(dtype, s, seeds); // its dx and w unused
+  const int64_t m = s.M, f = s.N, bad_row = m / 3, bad_col = f / 2;
+  if (non_finite) {
+    std::vector<double> preact = inputs.preact.values();
+    preact[size_t(bad_row * 2 * f + 2 * bad_col)] = INFINITY; // g of (bad_row, bad_col)
+    inputs.preact = HostTensor::of(dtype, {m, 2 * f}, preact);
+  }
+  DeviceTensor dx(g.a), dx_scales(g.a_scales), w(g.b), w_scales(g.b_scales);
+  const auto fp8_operands = [&](SwigluBackwardArgs a) {
+    a.dx = dx.view(), a.dx_scales = dx_scales.view(), a.w = w.view(), a.w_scales = w_scales.view();
+    return a;
+  };
+  const int64_t f_blocks = num_fp8_scale_blocks(f), m_blocks = num_fp8_scale_blocks(m);
+
+  // The 16-bit act, then its copy by the weight quantizer.
+  SwigluBackwardCase sixteen = inputs;
+  DeviceSwigluBackward d16(sixteen);
+  gemm_swiglu_backward(fp8_operands(d16.args()));
+  HostTensor want_codes(DType::e4m3, {f, m}), want_scales(DType::e8m0, {f_blocks, m_blocks});
+  DeviceTensor d_want_codes(want_codes), d_want_scales(want_scales);
+  quantize_weight_fp8({.w = d16.act.view(),
+                       .codes = {},
+                       .scales = {},
+                       .codes_t = d_want_codes.view(),
+                       .scales_t = d_want_scales.view()});
+
+  // The copy K7 writes.
+  SwigluBackwardCase emitted = inputs;
+  DeviceSwigluBackward de(emitted);
+  HostTensor codes(DType::e4m3, {f, m}), scales(DType::e8m0, {f_blocks, m_blocks});
+  DeviceTensor d_codes(codes), d_scales(scales);
+  SwigluBackwardArgs a = fp8_operands(de.args());
+  a.act = {};
+  a.act_codes_t = d_codes.view();
+  a.act_scales_t = d_scales.view();
+  gemm_swiglu_backward(a);
+  synchronize_ok();
+  EXPECT_TRUE(d16.act.copy_back() && d16.dpreact.copy_back() && d16.partials.copy_back() &&
+              d_want_codes.copy_back() && d_want_scales.copy_back())
+      << "a write past the end of an output of the 16-bit call or the quantizer";
+  EXPECT_TRUE(d_codes.copy_back()) << "a write past the end of act_codes_t";
+  EXPECT_TRUE(d_scales.copy_back()) << "a write past the end of act_scales_t";
+  EXPECT_TRUE(de.dpreact.copy_back() && de.partials.copy_back())
+      << "a write past the end of dpreact or zeta_partials";
+
+  // Not vacuous: every block's scale written and finite but the non-finite one's, and the codes
+  // finite outside that block (a poisoned output would be NaN where nothing was written).
+  const std::vector<double> want_s = want_scales.values(), want_c = want_codes.values();
+  for (int64_t fb = 0; fb < f_blocks; ++fb)
+    for (int64_t mb = 0; mb < m_blocks; ++mb) {
+      const bool bad = non_finite && fb == bad_col / 128 && mb == bad_row / 128;
+      ASSERT_EQ(std::isnan(want_s[size_t(fb * m_blocks + mb)]), bad)
+          << "the quantizer's scale of block (" << fb << ", " << mb << ")";
+    }
+  for (int64_t j = 0; j < f; ++j)
+    for (int64_t t = 0; t < m; ++t) {
+      const bool bad = non_finite && j / 128 == bad_col / 128 && t / 128 == bad_row / 128;
+      ASSERT_EQ(std::isnan(want_c[size_t(j * m + t)]), bad)
+          << "the quantizer's code of (" << j << ", " << t << ")";
+    }
+  expect_bitwise_equal("act_codes_t", want_codes, codes);
+  expect_bitwise_equal("act_scales_t", want_scales, scales);
+  expect_bitwise_equal("dpreact", sixteen.dpreact, emitted.dpreact);
+  expect_bitwise_equal("zeta_partials", sixteen.partials, emitted.partials);
+}
+
+TEST(FusedSwigluBackwardFp8, ActCopyIsTheQuantizedAct) {
+  CODA_REQUIRE_SM90();
+  for (DType dtype : kHalfTypes)
+    for (const Shape& s : {Shape{128, 128, 16}, Shape{144, 136, 144}, Shape{304, 528, 3200},
+                           Shape{2048, 1024, 256}})
+      for (const bool non_finite : {false, true}) {
+        SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + (non_finite ? " non-finite" : ""));
+        check_swiglu_backward_fp8_copy(dtype, s, non_finite);
       }
 }
 

@@ -28,4 +28,16 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t smem_addr, uint32_t& r0, ui
                : "memory");
 }
 
+// PTX ISA "ldmatrix", .m8n8.x4.trans.b16: the same four matrices read transposed. Register r_i of
+// lane l holds rows 2(l%4), 2(l%4)+1 of column l/4 of matrix i (low half first), where lanes
+// 8i..8i+7 give the addresses of its 8 rows, 16 bytes each: a lane gets two consecutive rows of
+// one column, e.g. two consecutive tokens of one feature of a row-major activation tile.
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t smem_addr, uint32_t& r0, uint32_t& r1,
+                                                  uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared::cta.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(smem_addr)
+               : "memory");
+}
+
 } // namespace coda::arch

@@ -157,11 +157,15 @@ struct RmsBackwardArgs {
 // E4M3 operands (docs/fp8.md), gemm_fp8's in its forward form as K6's: dx as codes with
 // dx_scales [M, ceil(K/128)], and w then the weight's transposed codes [F, K]
 // (quantize_weight_fp8's codes_t) with w_scales its scales_t [ceil(F/128), ceil(K/128)]; dy is
-// still rounded to the 16-bit type before the SwiGLU backward, and every output stays 16-bit.
+// still rounded to the 16-bit type before the SwiGLU backward, and every output stays 16-bit;
+// or, in place of act, act_codes_t [F, M] e4m3 with act_scales_t [ceil(F/128), ceil(M/128)]:
+// act's transposed copy in 128 x 128 blocks, bit for bit quantize_weight_fp8's codes_t and
+// scales_t of the 16-bit act (the down weight gradient's B; M a multiple of 16).
 struct SwigluBackwardArgs {
   TensorView dx, w, preact;
   TensorView act, dpreact, zeta_partials;
   TensorView dx_scales = {}, w_scales = {};
+  TensorView act_codes_t = {}, act_scales_t = {};
 };
 
 // First-layer RMSNorm statistics (no producing GEMM): h = round(x * gamma), row partials of x^2.

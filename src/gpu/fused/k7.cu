@@ -24,6 +24,10 @@
 // pipeline stages, 1 KB to spare) on the cooperative 128 x 128 tile (Fp8Shape: each warpgroup's
 // 64 x 128 half). Either tile's 128 columns are two zeta reduction blocks; dy is rounded at its
 // Stage as on the 16-bit tiles.
+// With act_codes_t (E4M3 operands only): act's transposed FP8 copy in place of act, the MainStore
+// role played by QuantizeTileTransposed (a staged 128 x 128 tile is one of its scale blocks), on
+// the staged FP8 tile whatever schedule is forced (the op needs the staged tile; its 16 bytes of
+// shared memory keep the 6 stages).
 #include "gpu/fused/common.cuh"
 
 namespace coda::gpu {
@@ -56,6 +60,21 @@ using Fp8StagedGemm = dev::FusedGemm<SwigluBackwardEpilogue<dev::Fp8StagedShape,
 static_assert(SwigluBackwardEpilogue<dev::Fp8StagedShape, bf16>::kWarpLocal,
               "the staged FP8 K7's epilogue runs warp-local, as the 16-bit staged one");
 
+// The staged FP8 K7 writing act's transposed FP8 copy (act_codes_t) in place of act.
+template <class T> struct SwigluBackwardFp8CopyOps : SwigluBackwardDeviceOps<dev::Fp8StagedShape, T> {
+  using MainStore = dev::QuantizeTileTransposed<dev::Fp8StagedShape, T>;
+};
+template <class T>
+using Fp8CopyEpilogue = kernels::SwigluBackwardOps<SwigluBackwardFp8CopyOps<T>>;
+static_assert(Fp8CopyEpilogue<bf16>::kWarpLocal && Fp8CopyEpilogue<f16>::kWarpLocal,
+              "each warp stores its rows of the FP8 copy and releases the staged tile itself, "
+              "which the driver's per-warp release wait covers only on a warp-local list");
+static_assert(dev::FusedGemm<Fp8CopyEpilogue<bf16>, e4m3>::Config::kStages ==
+                      Fp8StagedGemm<bf16>::Config::kStages &&
+                  dev::FusedGemm<Fp8CopyEpilogue<f16>, e4m3>::Config::kStages ==
+                      Fp8StagedGemm<f16>::Config::kStages,
+              "the FP8 copy's 16 bytes of shared memory keep the staged FP8 K7's stages");
+
 // Shape's tile, T the outputs' 16-bit type, Operand dx's and w's: T in the dgrad layout (w
 // [K, F]), or e4m3 on Fp8Shape in the forward form (w the weight's transposed codes [F, K],
 // SwigluBackwardArgs).
@@ -70,6 +89,18 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
           {Ops::SwigluBackward::params(args.preact, args.dpreact),
            row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f)},
           Ops::MainStore::params("act", args.act));
+}
+
+// act's FP8 copy (act_codes_t, act_scales_t) on the staged FP8 tile, T the outputs' 16-bit type.
+template <class T> void run_swiglu_backward_fp8_copy(const SwigluBackwardArgs& args, Stream stream) {
+  using Ops = SwigluBackwardFp8CopyOps<T>;
+  const int64_t f = args.w.shape[0];
+  Launch<kernels::SwigluBackwardOps<Ops>, e4m3, GemmLayout::fwd>::run_operands(
+      args.dx, args.dx_scales, args.w, args.w_scales, stream, {},
+      {Ops::SwigluBackward::params(args.preact, args.dpreact),
+       row_partials_params<dev::Fp8StagedShape, epilogue::Sum, kStagedReduceBlock>(
+           args.zeta_partials, f)},
+      Ops::MainStore::params(args.act_codes_t, args.act_scales_t));
 }
 
 // Ping-pong or staged, staged by default. With its epilogue's instruction count trimmed
@@ -88,6 +119,10 @@ template <class F> void with_k7_schedule(F&& f) {
 
 void gemm_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
   fused::require_device("gemm_swiglu_backward");
+  if (args.dx.dtype == DType::e4m3 && args.act_codes_t.data != nullptr)
+    return fused::with_half_type(args.dpreact.dtype, [&](auto t) {
+      fused::run_swiglu_backward_fp8_copy<decltype(t)>(args, stream);
+    });
   if (args.dx.dtype == DType::e4m3)
     return fused::with_half_type(args.act.dtype, [&](auto t) {
       fused::with_fp8_schedule([&](auto shape) {

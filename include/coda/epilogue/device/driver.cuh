@@ -18,6 +18,10 @@
 //   prefetch(next)           one thread, at the start of a subtile: TMA loads of the next one;
 //   end_tile(tile)           per-tile reductions that cross warps.
 // On the staged schedule the ops after the Stage also get
+//   end_visits(tile, staged) after the tile's last subtile visit, before the staged tile's
+//                            release: work on the whole staged tile (`staged`, its first byte;
+//                            e.g. reading it back transposed), whose bulk stores from it the
+//                            release waits for (on a warp-local list, each warp's own);
 //   prefetch_tile(rows)      from the consumer warpgroups, as they start the tile's mainloop,
 //                            each for its 64-row block: L2 prefetches of what the epilogue
 //                            warpgroup will read, a whole mainloop ahead of its begin_tile.
@@ -142,6 +146,7 @@ struct OpBase {
   template <class C> __device__ void prefetch_tile(const C&, sm90::EpilogueTile) {}
   template <class C> __device__ void visit(const C&, const Subtile&, float (&)[16]) {}
   template <class C> __device__ void issue(const C&, const Subtile&) {}
+  template <class C> __device__ void end_visits(const C&, sm90::EpilogueTile, uint8_t*) {}
   template <class C> __device__ void end_tile(const C&, sm90::EpilogueTile) {}
 };
 
@@ -164,7 +169,7 @@ concept EpilogueOp =
     } &&
     requires(Op op, const OpContext<typename Op::Params, typename Op::SharedStorage>& c,
              typename Op::SharedStorage& smem, const Subtile& st, float (&v)[16],
-             sm90::EpilogueTile tile, uint32_t slot) {
+             sm90::EpilogueTile tile, uint32_t slot, uint8_t* staged) {
       Op::init(smem);
       op.begin_kernel(c);
       op.begin_tile(c, tile, slot);
@@ -173,6 +178,7 @@ concept EpilogueOp =
       op.prefetch_tile(c, tile);
       op.visit(c, st, v);
       op.issue(c, st);
+      op.end_visits(c, tile, staged);
       op.end_tile(c, tile);
     };
 
@@ -477,6 +483,9 @@ public:
         }
       }
     }
+    uint8_t* const staged = &smem_.staged_tiles.subtile[0][0][0];
+    for_each<kFirstEpilogueOp, kOps>(
+        [&](auto& op, const auto& c) { op.end_visits(c, tile, staged); });
     // Every read of the staged tile is done (each thread's, before the last subtile's barrier;
     // the bulk stores', once thread 0's wait returns; warp-local: each warp's, its lane 0's):
     // the consumers may write the next one.

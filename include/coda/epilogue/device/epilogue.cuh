@@ -10,6 +10,7 @@
 #include "coda/epilogue/device/launch.cuh"
 #include "coda/epilogue/device/ops/aux_reduce.cuh"
 #include "coda/epilogue/device/ops/gated_pair.cuh"
+#include "coda/epilogue/device/ops/quantize_tile_transposed.cuh"
 #include "coda/epilogue/device/ops/reduce_over_m.cuh"
 #include "coda/epilogue/device/ops/reduce_over_n.cuh"
 #include "coda/epilogue/device/ops/residual_add.cuh"
