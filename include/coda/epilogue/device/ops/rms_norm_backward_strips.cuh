@@ -1,7 +1,12 @@
-// K6's RMSNorm backward on the staged_wide schedule (gemm/config.hpp): the whole op of the
-// cooperative list's AuxReduce<RmsNormBackward, ReduceOverM<Sum>> (+ ResidualAdd when dx
-// accumulates), for three epilogue warps that take the staged 128 x 256 tile's strip-subtiles
-// (16 rows by 32 columns) in turn (driver.cuh, kStrips). Per element, rms_norm_backward():
+// K6's RMSNorm backward on a staged tile whose 128 rows are one dgamma reduction block: the whole
+// op of the cooperative list's AuxReduce<RmsNormBackward, ReduceOverM<Sum>> (+ ResidualAdd when
+// dx accumulates), for the warps that read the staged tile in 16-row strip-subtiles (16 rows by
+// 32 columns), on either of two tiles (StripStream says which warp takes which):
+//  - staged_wide (gemm/config.hpp): the 128 x 256 tile, three epilogue warps that take its
+//    strip-subtiles in turn (driver.cuh, kStrips);
+//  - the FP8 mainloop's staged 128 x 128 tile (Fp8StagedShape): four epilogue warps, the list
+//    warp-local (driver.cuh, kWarpLocal), each warp its own 16 rows of every subtile.
+// Per element, rms_norm_backward():
 //   dx = rstd (g gamma - xh zeta) (+ dx as read)   -> the fragment (an in-place TileStore after)
 //   h_hat = xh gamma                              -> TMA-stored from a strip buffer of the warp
 //   g xh                                          -> dgamma partials, column sums over the
@@ -10,12 +15,14 @@
 //
 // Everything it moves goes by TMA in 16-row strips (4-byte global accesses from these warps slow
 // the whole kernel: docs/epilogue.md, "The staged_wide schedule"). Shared memory is what limits
-// it: beside the 64 KB staged tile and 3 pipeline stages there are ~18 KB, so each warp has a
-// ring of kSlots strips of x (and of dx, loaded with it, on one barrier), one h_hat buffer, and
-// its dgamma column sums in registers: a strip-subtile's 32 column sums are reduce-scattered
-// over the warp, one per lane, and each lane keeps one sum per slab (8 registers hold the warp's
-// 256 columns). At the tile's end the warps merge them through their first ring slot
-// (the ring is drained then) in a fixed order: one writer per partial, no atomics.
+// it: beside staged_wide's 64 KB staged tile and 3 pipeline stages there are ~18 KB (on the
+// staged FP8 tile the buffers, 20 KB with dx accumulated and 12 KB without, leave 5 pipeline
+// stages of 32 KB where K7 has 6), so each warp has a ring of kSlots strips of x (and of dx,
+// loaded with it, on one barrier), one h_hat buffer, and its dgamma column sums in registers: a
+// strip-subtile's 32 column sums are reduce-scattered over the warp, one per lane, and each lane
+// keeps one sum per slab (kSubtilesN registers: 8 hold a warp's 256 columns). At the tile's end
+// the warps merge them through their first ring slot (the ring is drained then) in a fixed
+// order: one writer per partial, no atomics.
 // gamma comes from global memory (pairs; N is a multiple of 8, so a pair never straddles the
 // end), rstd and zeta per strip from global memory: small, L1- and L2-resident.
 #pragma once
@@ -37,17 +44,32 @@
 
 namespace coda::epilogue::device {
 
-// Where an epilogue warp's stream of strip-subtiles goes, in the driver's order (driver.cuh,
-// kStrips): unit u of the tile is slab u % kSlabs of strip u / kSlabs (strip s: rows 16 (s % 4)
-// of 64-row block s / 4), and epilogue warp e takes units e, e + kEpilogueWarps, ..; its
-// position n is unit e + kEpilogueWarps n.
+// Where an epilogue warp's stream of strip-subtiles goes, in the driver's order. Strip s of the
+// tile: rows 16 (s % 4) of 64-row block s / 4; unit u of the tile: slab u % kSlabs of strip
+// u / kSlabs.
+//  - Dealt (fewer than 4 epilogue warps, driver.cuh kStrips): epilogue warp e takes units e,
+//    e + kEpilogueWarps, ..; its position n is unit e + kEpilogueWarps n.
+//  - Warp-local (4 epilogue warps): warp e visits its own rows of every subtile, block by block
+//    and each block's slabs left to right (driver.cuh, visit_staged_slabs); its position n is
+//    slab n % kSlabs of strip 4 (n / kSlabs) + e.
 template <class Shape> struct StripStream {
   static constexpr int kSlabs = Shape::kSubtilesN;
   static constexpr int kStripsPerBlock = Shape::kSubRows / kStripRows;
   static constexpr int kUnits = Shape::kBlocks * kStripsPerBlock * kSlabs;
-  __device__ static int unit(int warp, int n) { return warp + Shape::kEpilogueWarps * n; }
+  static constexpr bool kDealt = Shape::kEpilogueWarps < kStripsPerBlock;
+  static_assert(kDealt || Shape::kEpilogueWarps == kStripsPerBlock,
+                "a warp-local stream has one epilogue warp per strip of a block");
+  __device__ static int unit(int warp, int n) {
+    if constexpr (kDealt)
+      return warp + Shape::kEpilogueWarps * n;
+    else
+      return (n / kSlabs * kStripsPerBlock + warp) * kSlabs + n % kSlabs;
+  }
   __device__ static int positions(int warp) {
-    return (kUnits - warp + Shape::kEpilogueWarps - 1) / Shape::kEpilogueWarps;
+    if constexpr (kDealt)
+      return (kUnits - warp + Shape::kEpilogueWarps - 1) / Shape::kEpilogueWarps;
+    else
+      return kUnits / kStripsPerBlock;
   }
   // The tile's strip and unit of strip-subtile `st`, visited as virtual warp w (its rows 16 w ..),
   // and the epilogue warp whose stream holds it, at which position.
@@ -56,19 +78,25 @@ template <class Shape> struct StripStream {
     return strip(st, w) * kSlabs + st.slab;
   }
   __device__ static int owner(const Subtile& st, int w) {
-    return unit_of(st, w) % Shape::kEpilogueWarps;
+    if constexpr (kDealt)
+      return unit_of(st, w) % Shape::kEpilogueWarps;
+    else
+      return w;
   }
   __device__ static int position(const Subtile& st, int w) {
-    return unit_of(st, w) / Shape::kEpilogueWarps;
+    if constexpr (kDealt)
+      return unit_of(st, w) / Shape::kEpilogueWarps;
+    else
+      return st.block * kSlabs + st.slab;
   }
 };
 
 template <class Shape, class T, bool kAccumulate, int kSlots = 2>
 struct RmsNormBackwardStrips : OpBase {
   static_assert(sizeof(T) == 2, "16-bit x, dx, gamma and h_hat");
-  static_assert(Shape::kStaged && Shape::kEpilogueWarps < 4 && Shape::kCols == 256 &&
-                    Shape::kBlocks * Shape::kSubRows == kReduceBlock,
-                "the staged_wide epilogue's op: a 128 x 256 tile, one dgamma block of rows");
+  static_assert(Shape::kStaged && Shape::kBlocks * Shape::kSubRows == kReduceBlock &&
+                    Shape::kSubtilesN <= 8,
+                "a staged tile of 128 rows (one dgamma block) and at most 256 columns");
   using Stream = StripStream<Shape>;
   static constexpr int kWarps = Shape::kEpilogueWarps;
   static constexpr int kInputs = kAccumulate ? 2 : 1; // x (and dx) per slot
@@ -100,7 +128,8 @@ struct RmsNormBackwardStrips : OpBase {
   uint32_t phase;         // bit s: the parity the next wait on slot s expects
   int rows_strip;         // the tile's strip whose rows rstd and zeta hold (-1: none yet)
   float rstd[2], zeta[2]; // of the thread's two rows of that strip
-  float dgamma[8];        // [slab]: the warp's sum of column 8 (k / 2) + 2 q + k % 2, lane 4 k + q
+  // [slab]: the warp's sum of column 8 (k / 2) + 2 q + k % 2 of the slab, lane 4 k + q
+  float dgamma[Shape::kSubtilesN];
 
   __device__ static void init(SharedStorage& s) {
     for (int w = 0; w < kWarps; ++w)
@@ -112,7 +141,7 @@ struct RmsNormBackwardStrips : OpBase {
   // after end_tile's fence and barrier, free of the dgamma merge).
   __device__ void begin_tile(const Ctx& c, sm90::EpilogueTile tile, uint32_t) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) dgamma[k] = 0.f;
+    for (int k = 0; k < Shape::kSubtilesN; ++k) dgamma[k] = 0.f;
     rows_strip = -1;
     const int warp = epilogue_warp(c);
     if (c.wg.lane() != 0) return;
@@ -199,9 +228,18 @@ struct RmsNormBackwardStrips : OpBase {
 #pragma unroll
     for (int k = 0; k < 2; ++k) half2[k] = reduce_half(half4[k], half4[k + 2], b3, 8);
     const float sum = reduce_half(half2[0], half2[1], b2, 4);
+    // Warp-local, the slab is the driver's rolled loop counter, and the compiler folded the
+    // branches below into one store at dgamma[st.slab]: a run-time index, which put the op's state
+    // (and the driver's) in local memory (a 96-byte stack frame, ptxas). Adding 0 to the other
+    // slabs' sums keeps every index constant; the dealt stream keeps the branches (staged_wide's
+    // code unchanged).
 #pragma unroll
     for (int k = 0; k < Shape::kSubtilesN; ++k)
-      if (st.slab == k) dgamma[k] += sum;
+      if constexpr (Stream::kDealt) {
+        if (st.slab == k) dgamma[k] += sum;
+      } else {
+        dgamma[k] += st.slab == k ? sum : 0.f;
+      }
   }
 
   // Lane 0, after the driver's fence: the warp's h_hat strip (st is the strip: kStripRows rows
@@ -210,7 +248,7 @@ struct RmsNormBackwardStrips : OpBase {
     store_subtile(&c.params.h_hat, c.smem.h_hat[Stream::owner(st, c.wg.warp())], st.col0, st.row0);
   }
 
-  // The three warps' column sums merged in a fixed order, one partial per column.
+  // The warps' column sums merged in a fixed order, one partial per column.
   __device__ void end_tile(const Ctx& c, sm90::EpilogueTile tile) {
     const Params& p = c.params;
     const int warp = epilogue_warp(c), lane = c.wg.lane();
