@@ -32,10 +32,10 @@ void gemm_rms_backward(const RmsBackwardArgs& args, Tile tile) {
                         {args.dgamma_partials}};
   const ep::ResidualAdd::Args existing{args.dx, 1.f}; // read once, rounded once by the store
   const ep::TileStore::Args dx{args.dx};
-  // From K = kRmsBackwardRoundedGradientMinK g is rounded to the 16-bit type (the GPU's
-  // staged_wide hand-over, its Stage<T>: as an unfused dgrad stores it); below it stays fp32, and
-  // at every K on E4M3 operands (the GPU's FP8 tile hands nothing over).
-  const bool round = args.dz.dtype != DType::e4m3 && gemm.k >= kRmsBackwardRoundedGradientMinK;
+  // From K = kRmsBackwardRoundedGradientMinK g is rounded to the 16-bit type (the GPU's staged
+  // hand-over, its Stage<T>: staged_wide on 16-bit operands, the staged FP8 tile on E4M3 ones; as
+  // an unfused dgrad stores it); below it stays fp32.
+  const bool round = gemm.k >= kRmsBackwardRoundedGradientMinK;
   if (round && args.accumulate)
     run_rms_backward<true, true>(gemm, alpha, rounded, norm, existing, dx);
   else if (round)

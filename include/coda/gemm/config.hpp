@@ -105,7 +105,8 @@ struct GemmConfig {
   //    64 accumulators and 64 partial sums): 128 x (24 + 2 x 192 + 104) = 65536. The consumers
   //    hold the ops before the Stage too (the rstd partials in registers): with 184 K2 spilled
   //    4 bytes and K4 24, with 176 44-56 (ptxas, sm_90a, 2026-12-06); the epilogue warpgroup
-  //    runs K1's, K2's and K4's ops after the Stage in 104 without spills.
+  //    runs K1's, K2's and K4's ops after the Stage in 104 without spills, and K6's
+  //    (RmsNormBackwardStrips warp-local on four warps, alpha in the consumers) too (2026-12-07).
   //  - the same with no ops before the Stage (K7, whose consumers only round dy into the staged
   //    tile): 128 x (24 + 2 x 176 + 136) = 65536. K7's epilogue (the SwiGLU backward from
   //    global preact, zeta partials, act's store) spilled 12 bytes in 104 (ptxas, sm_90a,

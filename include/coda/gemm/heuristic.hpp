@@ -142,7 +142,9 @@ inline GemmPlan choose_plan(int64_t m, int64_t n, int64_t k, int32_t num_sms,
 //   K6:      staged_wide where its gradient is rounded (`rounded_gradient`: K from
 //            kRmsBackwardRoundedGradientMinK, the rounding the staged tile's hand-over makes part
 //            of its contract), cooperative below (the strip warps need about that much mainloop
-//            per tile: 1B K = 3072 1.226 against cooperative 1.297, 765784c).
+//            per tile: 1B K = 3072 1.226 against cooperative 1.297, 765784c). On E4M3 operands
+//            the same rule picks the FP8 mainloop's staged 128 x 128 tile (src/gpu/fused/k6.cu),
+//            from the 16-bit threshold, not yet measured for FP8.
 enum class FusedKernel : int32_t { k0, k1, k2, k4, k5, k6, k7 };
 inline Schedule fused_schedule(FusedKernel kernel, int32_t head_dim = 0,
                                bool rounded_gradient = false) {

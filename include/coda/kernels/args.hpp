@@ -123,8 +123,9 @@ struct RmsLseArgs {
 //   g = alpha * (dz · w)     dz [M, K] gradient of the consumer's output, w [K, N] its weight;
 //                            from K = kRmsBackwardRoundedGradientMinK rounded to the call's
 //                            16-bit type, as an unfused input-gradient GEMM stores it (the GPU
-//                            runs those calls on the staged_wide schedule, which hands g over
-//                            so); below, fp32. Everything after it in fp32.
+//                            runs those calls on a staged schedule, which hands g over so:
+//                            staged_wide, or on E4M3 operands the staged FP8 tile); below,
+//                            fp32. Everything after it in fp32.
 //   xh = x[m, n] * rstd[m]
 //   result = rstd[m] * (g * gamma[n] - xh * zeta[m])
 //   dx = accumulate ? dx + result : result          [M, N] (dx read and rounded once)
@@ -134,8 +135,9 @@ struct RmsLseArgs {
 inline constexpr int64_t kRmsBackwardRoundedGradientMinK = 3072;
 // E4M3 operands (docs/fp8.md), gemm_fp8's in its forward form: dz as codes with dz_scales
 // [M, ceil(K/128)], and w then the weight's transposed codes [N, K] (quantize_weight_fp8's
-// codes_t) with w_scales its scales_t [ceil(N/128), ceil(K/128)]; g stays fp32 at every K (the
-// FP8 tile hands nothing over).
+// codes_t) with w_scales its scales_t [ceil(N/128), ceil(K/128)]; g rounded by the same rule of K
+// (the threshold is the 16-bit kernel's, not yet measured for FP8: docs/fp8.md, "K6 on the
+// staged FP8 tile").
 struct RmsBackwardArgs {
   TensorView dz, w, x, rstd, zeta, gamma;
   Scalar alpha;

@@ -19,7 +19,7 @@
 //     mainloop (one partial, as MainloopFor's): the consumers hand their 64 x 128 over as 16
 //     bits and start the next tile, the ops after the Stage run in the fourth warpgroup. The
 //     default of the fused kernels that have a staged list (src/gpu/fused/common.cuh,
-//     with_fp8_rstd_variant).
+//     with_fp8_rstd_variant, with_fp8_schedule; K6 from K = 3072, src/gpu/fused/k6.cu).
 //   StagedShape (128 x 192, read by the epilogue warpgroup): the staged schedule; the op list
 //     is cut at its Stage<T> op (driver.cuh). 192 columns: with 4 warpgroups a 256-wide tile
 //     needs two 128-wide wgmmas per block, measured 6.5% slower than 192 (gemm-worklog step 9).
