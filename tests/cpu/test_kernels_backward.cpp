@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
+#include "reference/fp8.hpp"
 #include "reference/gemm.hpp"
 #include "reference/kernels.hpp"
 #include "tests/common/check.hpp"
@@ -110,8 +114,9 @@ INSTANTIATE_TEST_SUITE_P(Kernels, RmsBackward,
                          });
 
 // K6 on E4M3 operands (docs/fp8.md): dz as codes with row-block scales and w the weight's
-// transposed copy [N, K] with 128 x 128 block scales (gemm_fp8's forward form), g fp32 at every
-// K; against the reference on the values they stand for (w back in [K, N]). f16 with blocks of
+// transposed copy [N, K] with 128 x 128 block scales (gemm_fp8's forward form), g fp32 below
+// kRmsBackwardRoundedGradientMinK (every K here; from there RoundsGradientFromRoundingK, below);
+// against the reference on the values they stand for (w back in [K, N]). f16 with blocks of
 // 2^+-2, whose products stay in its range.
 TEST(RmsBackwardFp8, OutputsOfE4m3OperandsMatchReference) {
   for (DType dtype : kHalfTypes)
@@ -240,19 +245,11 @@ void feed_stored_gradient(DType dtype, int64_t M, int64_t N, int64_t K, std::vec
   for (int64_t n = 0; n < N; ++n) w[size_t(n * N + n)] = 1.0;
 }
 
-void expect_fp32_dgamma_partials(DType dtype, const Shape& s) {
-  Seeds seeds;
-  auto dz = sixteenths(dtype, s.M, s.K, seeds.next());
-  auto w = sixteenths(dtype, s.K, s.N, seeds.next());
-  auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
-  auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
-  auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
-  auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
-  RmsBackwardCall k6(dz, w, x, rstd, zeta, gamma);
-  gemm_rms_backward(k6.args());
-  ref::RmsBackwardInputs in = k6.inputs();
-  if (s.K >= kRmsBackwardRoundedGradientMinK)
-    feed_stored_gradient(dtype, s.M, s.N, s.K, in.dz, in.w, in.K);
+// K6's dgamma partials against the reference on `in`, whose gradient is the one K6 sums (the
+// fp32 g, or g as stored fed by feed_stored_gradient).
+void expect_dgamma_partials_within_fp32_sum(const HostTensor& partials,
+                                            const ref::RmsBackwardInputs& in) {
+  const Shape s{in.M, in.N, in.K};
   // Held to the classical bound of an fp32 sum (any order) of k terms, each the product of two
   // fp32 roundings (xh = x rstd, then g xh): |out - exact| <= gamma_{k+2} sum |terms|, with
   // gamma_n = n u / (1 - n u), u = 2^-24. An fp32 implementation cannot fail it, one that
@@ -262,7 +259,7 @@ void expect_fp32_dgamma_partials(DType dtype, const Shape& s) {
   std::vector<double> g(size_t(s.M * s.N));
   ref::gemm(ref::Layout::dgrad, s.M, s.N, in.K, in.dz.data(), in.w.data(), g.data());
   const std::vector<double> exact = ref::rms_backward({}, in).dgamma_partials;
-  const std::vector<double> out = k6.dgamma_partials.values();
+  const std::vector<double> out = partials.values();
   const int64_t blocks = ref::partial_blocks(s.M);
   const double u = std::ldexp(1.0, -24);
   int64_t violations = 0;
@@ -282,6 +279,22 @@ void expect_fp32_dgamma_partials(DType dtype, const Shape& s) {
                 ", fp32 sum bound " + std::to_string(bound);
     }
   EXPECT_EQ(violations, 0) << first;
+}
+
+void expect_fp32_dgamma_partials(DType dtype, const Shape& s) {
+  Seeds seeds;
+  auto dz = sixteenths(dtype, s.M, s.K, seeds.next());
+  auto w = sixteenths(dtype, s.K, s.N, seeds.next());
+  auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
+  auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
+  auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
+  auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
+  RmsBackwardCall k6(dz, w, x, rstd, zeta, gamma);
+  gemm_rms_backward(k6.args());
+  ref::RmsBackwardInputs in = k6.inputs();
+  if (s.K >= kRmsBackwardRoundedGradientMinK)
+    feed_stored_gradient(dtype, s.M, s.N, s.K, in.dz, in.w, in.K);
+  expect_dgamma_partials_within_fp32_sum(k6.dgamma_partials, in);
 }
 
 TEST_P(Fp32Partials, RmsBackwardDgammaPartialsUseUnroundedGradient) {
@@ -306,6 +319,82 @@ TEST_P(Fp32Partials, SwigluBackwardZetaPartialsUseStoredGradient) {
   CODA_EXPECT_PASSES(check_output("zeta_partials", k7.zeta_partials,
                                   ref::swiglu_backward({}, in).zeta_partials,
                                   ref::swiglu_backward(kFp32, in).zeta_partials));
+}
+
+// K6 on E4M3 operands from K = kRmsBackwardRoundedGradientMinK: g rounded to the 16-bit type,
+// as the GPU's default there (the staged FP8 tile) hands it over. dz and w are sixteenths
+// quantized by the recipe (at most 4 significant bits, so exact in E4M3 under any power-of-two
+// scale), so the fp32 product is exact and g as stored is known here: dx is held to it
+// (rms_backward_dx_from_stored_g) and the dgamma partials to the fp32 sum of the stored g's
+// terms (which g left unrounded would miss by far), as for 16-bit operands above.
+TEST(RmsBackwardFp8, RoundsGradientFromRoundingK) {
+  for (DType dtype : kHalfTypes)
+    for (const bool accumulate : {false, true})
+      for (const Shape& s : {Shape{1, 8, kRmsBackwardRoundedGradientMinK}, Shape{200, 264, 3200}}) {
+        SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + (accumulate ? "_accumulate" : ""));
+        Seeds seeds;
+        const std::vector<double> dz_values = sixteenths(dtype, s.M, s.K, seeds.next()).values();
+        const std::vector<double> w_t_values = sixteenths(dtype, s.N, s.K, seeds.next()).values();
+        const ref::Fp8Blocks qdz = ref::quantize_fp8_blocks(
+            std::vector<float>(dz_values.begin(), dz_values.end()), s.M, s.K, 1);
+        const ref::Fp8Blocks qw = ref::quantize_fp8_blocks(
+            std::vector<float>(w_t_values.begin(), w_t_values.end()), s.N, s.K, kFp8ScaleBlock);
+        ASSERT_EQ(ref::dequantize_fp8_blocks(qdz, s.M, s.K, 1), dz_values) << "dz not exact";
+        ASSERT_EQ(ref::dequantize_fp8_blocks(qw, s.N, s.K, kFp8ScaleBlock), w_t_values)
+            << "w not exact";
+        const int64_t blocks_k = num_fp8_scale_blocks(s.K);
+        auto bytes = [](DType dtype, int64_t rows, int64_t cols, const std::vector<uint8_t>& v) {
+          HostTensor t(dtype, {rows, cols});
+          std::memcpy(t.host_view().data, v.data(), v.size());
+          return t;
+        };
+        HostTensor dz = bytes(DType::e4m3, s.M, s.K, qdz.codes);
+        HostTensor dz_scales = bytes(DType::e8m0, s.M, blocks_k, qdz.scales);
+        HostTensor w = bytes(DType::e4m3, s.N, s.K, qw.codes);
+        HostTensor w_scales = bytes(DType::e8m0, num_fp8_scale_blocks(s.N), blocks_k, qw.scales);
+        auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
+        auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
+        auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
+        auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
+        HostTensor dx = accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
+                                   : HostTensor(dtype, {s.M, s.N});
+        HostTensor h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
+        const std::vector<double> dx_in = accumulate ? dx.values() : std::vector<double>{};
+        gemm_rms_backward({.dz = dz.view(),
+                           .w = w.view(),
+                           .x = x.view(),
+                           .rstd = rstd.view(),
+                           .zeta = zeta.view(),
+                           .gamma = gamma.view(),
+                           .alpha = Scalar{0.46875f, {}},
+                           .accumulate = accumulate,
+                           .dx = dx.view(),
+                           .h_hat = h_hat.view(),
+                           .dgamma_partials = partials.view(),
+                           .dz_scales = dz_scales.view(),
+                           .w_scales = w_scales.view()});
+        std::vector<double> w_values(size_t(s.K * s.N)); // the reference's w is [K, N]
+        for (int64_t n = 0; n < s.N; ++n)
+          for (int64_t k = 0; k < s.K; ++k)
+            w_values[size_t(k * s.N + n)] = w_t_values[size_t(n * s.K + k)];
+        ref::RmsBackwardInputs in{s.M,           s.N,           s.K,
+                                  dz_values,     w_values,      x.values(),
+                                  rstd.values(), zeta.values(), gamma.values(),
+                                  0.46875,       accumulate,    dx_in};
+        const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
+        const StoredGradientDx from_stored = rms_backward_dx_from_stored_g(in, dtype);
+        CODA_EXPECT_PASSES(check_rounded_output("dx", dx, from_stored.exact, from_stored.unfused));
+        CODA_EXPECT_PASSES(check_output("h_hat", h_hat, exact.h_hat, unfused.h_hat));
+        // The reference's view of g as stored, round(alpha dz · w): dz = g, w = I, alpha = 1.
+        std::vector<double> g(size_t(s.M * s.N));
+        ref::gemm(ref::Layout::dgrad, s.M, s.N, s.K, in.dz.data(), in.w.data(), g.data());
+        for (double& v : g) v *= in.alpha;
+        in.dz = ref::rounded(lowp(dtype), g);
+        in.K = s.N, in.alpha = 1;
+        in.w.assign(size_t(s.N * s.N), 0.0);
+        for (int64_t n = 0; n < s.N; ++n) in.w[size_t(n * s.N + n)] = 1.0;
+        expect_dgamma_partials_within_fp32_sum(partials, in);
+      }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, Fp32Partials, testing::ValuesIn(kHalfTypes),
