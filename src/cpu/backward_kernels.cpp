@@ -51,26 +51,27 @@ void gemm_swiglu_backward(const SwigluBackwardArgs& args, Tile tile) {
                        args.dx_scales, args.w_scales);
   gemm.require_row_partials(args.zeta_partials, "zeta_partials");
   // dy rounded at the Stage, as an unfused dgrad stores it, on E4M3 operands too (the GPU's FP8
-  // tile rounds it there as every other schedule does).
-  if (args.act_codes_t.data == nullptr) {
-    kernels::SwigluBackwardOps<HostOps> ops(
-        {args.act.dtype}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {args.act});
-    gemm.run(ops);
-    return;
+  // tile rounds it there as every other schedule does). With act's FP8 copy in place of act: the
+  // 16-bit act, as the GPU's staged tile holds it before it quantizes it, into a buffer of its
+  // own, then its transposed copy as quantize_weight_fp8 makes it (the GPU kernel's definition:
+  // its codes and scales are these, bit for bit).
+  const bool fp8_copy = args.act_codes_t.data != nullptr;
+  std::vector<uint16_t> act_values;
+  TensorView act = args.act;
+  if (fp8_copy) {
+    const int64_t m = args.dpreact.shape[0], f = args.dpreact.shape[1] / 2;
+    act_values.resize(size_t(m * f));
+    act = make_view(act_values.data(), args.dpreact.dtype, m, f);
   }
-  // act's FP8 copy in its place: the 16-bit act, as the GPU's staged tile holds it before it
-  // quantizes it, then its transposed copy as quantize_weight_fp8 makes it (the GPU kernel's
-  // definition: its codes and scales are these, bit for bit).
-  const DType half = args.dpreact.dtype;
-  const int64_t m = args.dpreact.shape[0], f = args.dpreact.shape[1] / 2;
-  std::vector<uint16_t> act_values(size_t(m * f));
-  const TensorView act = make_view(act_values.data(), half, m, f);
   kernels::SwigluBackwardOps<HostOps> ops(
-      {half}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {act});
+      {act.dtype}, {{args.preact, args.dpreact}, {args.zeta_partials}}, {act});
   gemm.run(ops);
-  quantize_weight_fp8(
-      {.w = act, .codes = {}, .scales = {}, .codes_t = args.act_codes_t,
-       .scales_t = args.act_scales_t});
+  if (fp8_copy)
+    quantize_weight_fp8({.w = act,
+                         .codes = {},
+                         .scales = {},
+                         .codes_t = args.act_codes_t,
+                         .scales_t = args.act_scales_t});
 }
 
 } // namespace coda::cpu

@@ -46,6 +46,47 @@ std::vector<double> rstd_of(const std::vector<double>& x, int64_t M, int64_t N, 
 // ---- K6: dx (+)= rstd (g gamma - xh zeta), h_hat, column partials of g * xh.
 // N is the RMSNorm width, K the consumer's output width; M = 200 spans two column blocks.
 
+// K6's tensors besides its GEMM operands dz and w, drawn from `seeds` in this order (x, gamma,
+// zeta, then dx's input when accumulating), its outputs poisoned.
+struct RmsBackwardRest {
+  Shape s;
+  bool accumulate;
+  HostTensor x, gamma, rstd, zeta, dx, h_hat, partials;
+  std::vector<double> dx_in; // dx before the call (accumulating), else empty
+  RmsBackwardRest(DType dtype, const Shape& s_, bool accumulate_, Seeds& seeds)
+      : s(s_), accumulate(accumulate_), x(HostTensor::random(dtype, {s.M, s.N}, seeds.next())),
+        gamma(HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5)),
+        rstd(HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6))),
+        zeta(HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5)),
+        dx(accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
+                      : HostTensor(dtype, {s.M, s.N})),
+        h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)}),
+        dx_in(accumulate ? dx.values() : std::vector<double>{}) {}
+  // The call on these tensors; dz_scales and w_scales with E4M3 dz and w.
+  RmsBackwardArgs args(const TensorView& dz, const TensorView& w, const Scalar& alpha,
+                       const TensorView& dz_scales = {}, const TensorView& w_scales = {}) {
+    return {.dz = dz,
+            .w = w,
+            .x = x.view(),
+            .rstd = rstd.view(),
+            .zeta = zeta.view(),
+            .gamma = gamma.view(),
+            .alpha = alpha,
+            .accumulate = accumulate,
+            .dx = dx.view(),
+            .h_hat = h_hat.view(),
+            .dgamma_partials = partials.view(),
+            .dz_scales = dz_scales,
+            .w_scales = w_scales};
+  }
+  // The reference's inputs for dz [M, K], w [K, N] and alpha.
+  ref::RmsBackwardInputs inputs(std::vector<double> dz, std::vector<double> w, double alpha) const {
+    return {s.M,        s.N,           s.K,           std::move(dz),  std::move(w),
+            x.values(), rstd.values(), zeta.values(), gamma.values(), alpha,
+            accumulate, dx_in};
+  }
+};
+
 using RmsBackwardParam = std::tuple<DType, Shape, bool /*accumulate*/, bool /*alpha tensor*/>;
 class RmsBackward : public testing::TestWithParam<RmsBackwardParam> {};
 
@@ -55,34 +96,14 @@ TEST_P(RmsBackward, OutputsAndDgammaPartialsMatchReference) {
   // dz and w in sixteenths: g as K6 stores it is known exactly here (for dx, below).
   auto dz = sixteenths(dtype, s.M, s.K, seeds.next());
   auto w = sixteenths(dtype, s.K, s.N, seeds.next());
-  auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
-  auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
-  auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
-  auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
+  RmsBackwardRest r(dtype, s, accumulate, seeds);
   // alpha = 0.46875 either as a value or as value * [1] tensor (e.g. dloss on the device).
   auto alpha_t = HostTensor::of(DType::f32, {1}, {0.3125});
   const Scalar alpha = alpha_tensor ? Scalar{1.5f, alpha_t.view()} : Scalar{0.46875f, {}};
-  HostTensor dx = accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
-                             : HostTensor(dtype, {s.M, s.N});
-  HostTensor h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
-  const std::vector<double> dx_in = accumulate ? dx.values() : std::vector<double>{};
+  gemm_rms_backward(r.args(dz.view(), w.view(), alpha));
+  const HostTensor &dx = r.dx, &h_hat = r.h_hat, &partials = r.partials;
 
-  gemm_rms_backward({.dz = dz.view(),
-                     .w = w.view(),
-                     .x = x.view(),
-                     .rstd = rstd.view(),
-                     .zeta = zeta.view(),
-                     .gamma = gamma.view(),
-                     .alpha = alpha,
-                     .accumulate = accumulate,
-                     .dx = dx.view(),
-                     .h_hat = h_hat.view(),
-                     .dgamma_partials = partials.view()});
-
-  const ref::RmsBackwardInputs in{s.M,           s.N,           s.K,
-                                  dz.values(),   w.values(),    x.values(),
-                                  rstd.values(), zeta.values(), gamma.values(),
-                                  0.46875,       accumulate,    dx_in};
+  const ref::RmsBackwardInputs in = r.inputs(dz.values(), w.values(), 0.46875);
   const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
   if (s.K >= kRmsBackwardRoundedGradientMinK) {
     // dx from g as stored (rounded to the 16-bit type, as an unfused dgrad stores it): after
@@ -125,31 +146,11 @@ TEST(RmsBackwardFp8, OutputsOfE4m3OperandsMatchReference) {
         SCOPED_TRACE(dtype_label(dtype) + "_" + label(s) + (accumulate ? "_accumulate" : ""));
         Seeds seeds;
         Fp8GemmCase g(s.M, s.N, s.K, seeds, {.max_binade = dtype == DType::f16 ? 2 : 6});
-        auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
-        auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
-        auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
-        auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
-        HostTensor dx = accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
-                                   : HostTensor(dtype, {s.M, s.N});
-        HostTensor h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
-        const std::vector<double> dx_in = accumulate ? dx.values() : std::vector<double>{};
-        gemm_rms_backward({.dz = g.a.view(),
-                           .w = g.b.view(),
-                           .x = x.view(),
-                           .rstd = rstd.view(),
-                           .zeta = zeta.view(),
-                           .gamma = gamma.view(),
-                           .alpha = Scalar{0.46875f, {}},
-                           .accumulate = accumulate,
-                           .dx = dx.view(),
-                           .h_hat = h_hat.view(),
-                           .dgamma_partials = partials.view(),
-                           .dz_scales = g.a_scales.view(),
-                           .w_scales = g.b_scales.view()});
-        const ref::RmsBackwardInputs in{
-            s.M,        s.N,           s.K,           g.a_values(),   g.b_values_transposed(),
-            x.values(), rstd.values(), zeta.values(), gamma.values(), 0.46875,
-            accumulate, dx_in};
+        RmsBackwardRest r(dtype, s, accumulate, seeds);
+        gemm_rms_backward(r.args(g.a.view(), g.b.view(), Scalar{0.46875f, {}}, g.a_scales.view(),
+                                 g.b_scales.view()));
+        const HostTensor &dx = r.dx, &h_hat = r.h_hat, &partials = r.partials;
+        const ref::RmsBackwardInputs in = r.inputs(g.a_values(), g.b_values_transposed(), 0.46875);
         const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
         CODA_EXPECT_PASSES(check_output("dx", dx, exact.dx, unfused.dx));
         CODA_EXPECT_PASSES(check_output("h_hat", h_hat, exact.h_hat, unfused.h_hat));
@@ -352,35 +353,15 @@ TEST(RmsBackwardFp8, RoundsGradientFromRoundingK) {
         HostTensor dz_scales = bytes(DType::e8m0, s.M, blocks_k, qdz.scales);
         HostTensor w = bytes(DType::e4m3, s.N, s.K, qw.codes);
         HostTensor w_scales = bytes(DType::e8m0, num_fp8_scale_blocks(s.N), blocks_k, qw.scales);
-        auto x = HostTensor::random(dtype, {s.M, s.N}, seeds.next());
-        auto gamma = HostTensor::random(dtype, {s.N}, seeds.next(), 0.5, 1.5);
-        auto rstd = HostTensor::of(DType::f32, {s.M}, rstd_of(x.values(), s.M, s.N, 1e-6));
-        auto zeta = HostTensor::random(DType::f32, {s.M}, seeds.next(), -0.5, 0.5);
-        HostTensor dx = accumulate ? HostTensor::random(dtype, {s.M, s.N}, seeds.next())
-                                   : HostTensor(dtype, {s.M, s.N});
-        HostTensor h_hat(dtype, {s.M, s.N}), partials(DType::f32, {s.N, ref::partial_blocks(s.M)});
-        const std::vector<double> dx_in = accumulate ? dx.values() : std::vector<double>{};
-        gemm_rms_backward({.dz = dz.view(),
-                           .w = w.view(),
-                           .x = x.view(),
-                           .rstd = rstd.view(),
-                           .zeta = zeta.view(),
-                           .gamma = gamma.view(),
-                           .alpha = Scalar{0.46875f, {}},
-                           .accumulate = accumulate,
-                           .dx = dx.view(),
-                           .h_hat = h_hat.view(),
-                           .dgamma_partials = partials.view(),
-                           .dz_scales = dz_scales.view(),
-                           .w_scales = w_scales.view()});
+        RmsBackwardRest r(dtype, s, accumulate, seeds);
+        gemm_rms_backward(
+            r.args(dz.view(), w.view(), Scalar{0.46875f, {}}, dz_scales.view(), w_scales.view()));
+        const HostTensor &dx = r.dx, &h_hat = r.h_hat, &partials = r.partials;
         std::vector<double> w_values(size_t(s.K * s.N)); // the reference's w is [K, N]
         for (int64_t n = 0; n < s.N; ++n)
           for (int64_t k = 0; k < s.K; ++k)
             w_values[size_t(k * s.N + n)] = w_t_values[size_t(n * s.K + k)];
-        ref::RmsBackwardInputs in{s.M,           s.N,           s.K,
-                                  dz_values,     w_values,      x.values(),
-                                  rstd.values(), zeta.values(), gamma.values(),
-                                  0.46875,       accumulate,    dx_in};
+        ref::RmsBackwardInputs in = r.inputs(dz_values, w_values, 0.46875);
         const auto exact = ref::rms_backward({}, in), unfused = ref::rms_backward(lowp(dtype), in);
         const StoredGradientDx from_stored = rms_backward_dx_from_stored_g(in, dtype);
         CODA_EXPECT_PASSES(check_rounded_output("dx", dx, from_stored.exact, from_stored.unfused));

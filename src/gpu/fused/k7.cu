@@ -61,11 +61,11 @@ static_assert(SwigluBackwardEpilogue<dev::Fp8StagedShape, bf16>::kWarpLocal,
               "the staged FP8 K7's epilogue runs warp-local, as the 16-bit staged one");
 
 // The staged FP8 K7 writing act's transposed FP8 copy (act_codes_t) in place of act.
-template <class T> struct SwigluBackwardFp8CopyOps : SwigluBackwardDeviceOps<dev::Fp8StagedShape, T> {
+template <class T>
+struct SwigluBackwardFp8CopyOps : SwigluBackwardDeviceOps<dev::Fp8StagedShape, T> {
   using MainStore = dev::QuantizeTileTransposed<dev::Fp8StagedShape, T>;
 };
-template <class T>
-using Fp8CopyEpilogue = kernels::SwigluBackwardOps<SwigluBackwardFp8CopyOps<T>>;
+template <class T> using Fp8CopyEpilogue = kernels::SwigluBackwardOps<SwigluBackwardFp8CopyOps<T>>;
 static_assert(Fp8CopyEpilogue<bf16>::kWarpLocal && Fp8CopyEpilogue<f16>::kWarpLocal,
               "each warp stores its rows of the FP8 copy and releases the staged tile itself, "
               "which the driver's per-warp release wait covers only on a warp-local list");
@@ -75,12 +75,13 @@ static_assert(dev::FusedGemm<Fp8CopyEpilogue<bf16>, e4m3>::Config::kStages ==
                       Fp8StagedGemm<f16>::Config::kStages,
               "the FP8 copy's 16 bytes of shared memory keep the staged FP8 K7's stages");
 
-// Shape's tile, T the outputs' 16-bit type, Operand dx's and w's: T in the dgrad layout (w
-// [K, F]), or e4m3 on Fp8Shape in the forward form (w the weight's transposed codes [F, K],
-// SwigluBackwardArgs).
-template <class Shape, class T, class Operand = T>
-void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
-  using Ops = SwigluBackwardDeviceOps<Shape, T>;
+// K7 on Shape's tile with the device ops Ops, Operand dx's and w's: the outputs' 16-bit type in
+// the dgrad layout (w [K, F]), or e4m3 on an FP8 tile in the forward form (w the weight's
+// transposed codes [F, K], SwigluBackwardArgs); `main_store` the list's MainStore parameters
+// (act's 16-bit store, or its FP8 copy).
+template <class Shape, class Ops, class Operand>
+void launch_swiglu_backward(const SwigluBackwardArgs& args,
+                            const typename Ops::MainStore::Params& main_store, Stream stream) {
   constexpr bool kFp8 = std::is_same_v<Operand, e4m3>;
   const int64_t f = kFp8 ? args.w.shape[0] : args.w.shape[1];
   Launch<kernels::SwigluBackwardOps<Ops>, Operand, kFp8 ? GemmLayout::fwd : GemmLayout::dgrad>::
@@ -88,19 +89,23 @@ void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
           args.dx, args.dx_scales, args.w, args.w_scales, stream, {},
           {Ops::SwigluBackward::params(args.preact, args.dpreact),
            row_partials_params<Shape, epilogue::Sum, kStagedReduceBlock>(args.zeta_partials, f)},
-          Ops::MainStore::params("act", args.act));
+          main_store);
+}
+
+// Shape's tile, T the outputs' 16-bit type, act stored in 16 bits.
+template <class Shape, class T, class Operand = T>
+void run_swiglu_backward(const SwigluBackwardArgs& args, Stream stream) {
+  using Ops = SwigluBackwardDeviceOps<Shape, T>;
+  launch_swiglu_backward<Shape, Ops, Operand>(args, Ops::MainStore::params("act", args.act),
+                                              stream);
 }
 
 // act's FP8 copy (act_codes_t, act_scales_t) on the staged FP8 tile, T the outputs' 16-bit type.
-template <class T> void run_swiglu_backward_fp8_copy(const SwigluBackwardArgs& args, Stream stream) {
+template <class T>
+void run_swiglu_backward_fp8_copy(const SwigluBackwardArgs& args, Stream stream) {
   using Ops = SwigluBackwardFp8CopyOps<T>;
-  const int64_t f = args.w.shape[0];
-  Launch<kernels::SwigluBackwardOps<Ops>, e4m3, GemmLayout::fwd>::run_operands(
-      args.dx, args.dx_scales, args.w, args.w_scales, stream, {},
-      {Ops::SwigluBackward::params(args.preact, args.dpreact),
-       row_partials_params<dev::Fp8StagedShape, epilogue::Sum, kStagedReduceBlock>(
-           args.zeta_partials, f)},
-      Ops::MainStore::params(args.act_codes_t, args.act_scales_t));
+  launch_swiglu_backward<dev::Fp8StagedShape, Ops, e4m3>(
+      args, Ops::MainStore::params(args.act_codes_t, args.act_scales_t), stream);
 }
 
 // Ping-pong or staged, staged by default. With its epilogue's instruction count trimmed

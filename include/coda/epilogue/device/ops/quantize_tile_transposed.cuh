@@ -52,7 +52,7 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
                 "mainloop's staged tile): a tile is one scale block");
   static_assert(sizeof(T) == 2, "the staged tile holds 16-bit values");
   using Sub = sm90::Subtile16;
-  static constexpr int kWarps = 4;
+  static constexpr int kWarps = Shape::kEpilogueWarps;
   static constexpr int kColsPerWarp = kBlock / kWarps; // 32: one slab
   static_assert(kColsPerWarp == Sub::kCols, "each warp transposes the slab of its columns");
   // A warp's codes_t rows (its 32 columns) are 4 KB of the box: exactly the staged subtile of its
@@ -63,7 +63,7 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
   static constexpr bool kWarpLocal = true;
 
   struct Params {
-    CUtensorMap map;            // codes_t [N, M] e4m3: boxes of 32 rows x 128 codes, 128B swizzle
+    CUtensorMap map;             // codes_t [N, M] e4m3: boxes of 32 rows x 128 codes, 128B swizzle
     uint8_t* scales_t = nullptr; // [ceil(N/128), ceil(M/128)] e8m0
     int64_t scales_t_stride = 0;
     int32_t rows = 0, cols = 0; // M, N
@@ -76,10 +76,9 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
   static Params params(const TensorView& codes_t, const TensorView& scales_t) {
     Params p;
     p.map = sm90::make_tensor_map(
-        "act_codes_t",
-        sm90::TensorMapShape{codes_t.data, codes_t.dtype, uint64_t(codes_t.shape[1]),
-                             uint64_t(codes_t.shape[0]), uint64_t(codes_t.stride[0]), kBlock,
-                             kColsPerWarp, CU_TENSOR_MAP_SWIZZLE_128B});
+        "act_codes_t", sm90::TensorMapShape{codes_t.data, codes_t.dtype, uint64_t(codes_t.shape[1]),
+                                            uint64_t(codes_t.shape[0]), uint64_t(codes_t.stride[0]),
+                                            kBlock, kColsPerWarp, CU_TENSOR_MAP_SWIZZLE_128B});
     p.scales_t = scales_t.ptr<uint8_t>();
     p.scales_t_stride = scales_t.stride[0];
     p.rows = int32_t(codes_t.shape[1]);
@@ -121,8 +120,8 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
       p.scales_t[int64_t(tile.col0 / kBlock) * p.scales_t_stride + tile.row0 / kBlock] =
           e8m0_bits_of_exponent(exponent);
 
-    // The next tile's reads of warp_magnitude come after every warp's reads above: each warp
-    // passes this tile's barrier again only after them (next tile's end_visits).
+    // No warp writes warp_magnitude for the next tile before every warp has read it above: the
+    // driver's begin_visit barrier (every staged tile's start, warp-local lists too) lies between.
     const float scale = scale_exp2(-exponent); // exact (a power of two); NaN for kNoScale
     const uint32_t staged_base = uint32_t(__cvta_generic_to_shared(staged));
     uint8_t* const codes = staged + warp * Sub::kBytes; // this warp's 32 rows of the box
@@ -139,8 +138,7 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
 #pragma unroll
     for (int k = 0; k < 32; ++k)
       store_code_pair(codes, k, 0, lane, uint16_t(first[k / 2] >> (16 * (k % 2))));
-    transpose_block(staged_base, 1, warp, lane, scale, exponent, [&](int k, int block,
-                                                                   uint16_t q) {
+    transpose_block(staged_base, 1, warp, lane, scale, exponent, [&](int k, int block, uint16_t q) {
       store_code_pair(codes, k, block, lane, q);
     });
     cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); // the codes, visible to the TMA store
@@ -157,8 +155,8 @@ private:
   // Code pair k (0..31) of this lane in a 64-row block: ldmatrix k / 4 (h = k / 16: tokens 32 h
   // .. + 31 of the block, g = k / 4 % 4: columns 8 g .. + 7 of the slab), register k % 4 (matrix
   // i: tokens 32 h + 8 i ..), whose lane l holds tokens + 2 (l % 4), + 1 of column 8 g + l / 4.
-  // Its place in the box: row 8 g + l / 4 of the warp's 32, token 64 block + 32 h + 8 i + 2 (l % 4),
-  // the row's 16-byte chunks swizzled by the row's bits 0..2 (the 128-byte swizzle, the box
+  // Its place in the box: row 8 g + l / 4 of the warp's 32, token 64 block + 32 h + 8 i + 2 (l %
+  // 4), the row's 16-byte chunks swizzled by the row's bits 0..2 (the 128-byte swizzle, the box
   // 1024-byte aligned).
   __device__ static void store_code_pair(uint8_t* codes, int k, int block, int lane, uint16_t q) {
     const int h = k / 16, g = k / 4 % 4, i = k % 4;
@@ -172,7 +170,8 @@ private:
   template <class F>
   __device__ static void transpose_block(uint32_t staged_base, int block, int warp, int lane,
                                          float scale, int exponent, F&& f) {
-    const uint32_t subtile = staged_base + uint32_t((block * Shape::kSubtilesN + warp) * Sub::kBytes);
+    const uint32_t subtile =
+        staged_base + uint32_t((block * Shape::kSubtilesN + warp) * Sub::kBytes);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
