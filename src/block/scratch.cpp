@@ -176,7 +176,7 @@ Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int6
         s.y1_t = carve_fp8_weight(arena, f, m);
       },
       [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
-      [&] { // B7, B8
+      [&] {                                                         // B7, B8
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
         s.w_out_t = carve_fp8_weight(arena, a, d);
         s.y0_t = carve_fp8_weight(arena, a, m);
@@ -278,6 +278,50 @@ LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m
     s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
   }
   return s;
+}
+
+namespace {
+
+// A weight's copies as the forward's B (codes [N, K]) and as the input gradient's (codes_t).
+Fp8Operand given_rows(const Fp8Weight& w) { return {w.codes, w.scales, true}; }
+Fp8Operand given_columns(const Fp8Weight& w) { return {w.codes_t, w.scales_t, true}; }
+
+// B3..B8's weights: W_down's and W_out's transposed copies, and W_gate_up's in the ffn norm's.
+template <class Fp8Weights>
+void use_fp8_mlp_weights(Fp8MlpBackwardScratch& s, const Fp8Weights& w) {
+  s.w_down_t = given_columns(w.w_down);
+  s.w_out_t = given_columns(w.w_out);
+  s.ffn.w_t = given_columns(w.w_gate_up);
+}
+
+template <class Fp8Weights> void use_fp8_mlp_weights(Fp8ForwardScratch& s, const Fp8Weights& w) {
+  s.w_out = given_rows(w.w_out);
+  s.w_gate_up = given_rows(w.w_gate_up);
+  s.w_down = given_rows(w.w_down);
+}
+
+} // namespace
+
+void use_fp8_weights(Fp8ForwardScratch& s, const FirstFp8Weights& w) {
+  s.w_qkv = given_rows(w.w_qkv);
+}
+void use_fp8_weights(Fp8ForwardScratch& s, const MiddleFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
+  s.w_qkv = given_rows(w.w_qkv);
+}
+void use_fp8_weights(Fp8ForwardScratch& s, const LastFp8Weights& w) { use_fp8_mlp_weights(s, w); }
+void use_fp8_weights(Fp8NormBackwardScratch& s, const FirstFp8Weights& w) {
+  s.w_t = given_columns(w.w_qkv);
+}
+void use_fp8_weights(MiddleBackwardScratch& s, const MiddleFp8Weights& w) {
+  s.fp8_attn.w_t = given_columns(w.w_qkv);
+  use_fp8_mlp_weights(s.fp8_mlp, w);
+}
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const MiddleFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
+}
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const LastFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
 }
 
 } // namespace coda::llama::detail

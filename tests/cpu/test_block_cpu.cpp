@@ -646,8 +646,10 @@ TEST_F(BlockArguments, CAbiMatchesCpp) {
                                      c_tensor(w.w_gate_up), c_tensor(w.w_down),
                                      c_tensor(w.attn_norm), c_tensor(w.w_qkv)};
   const llama::MiddleInputs in = inputs();
-  const coda_llama_middle_inputs ci{
-      c_tensor(in.x0), c_tensor(in.y0), {c_tensor(in.rope.positions), c_tensor(in.rope.inv_freq)}};
+  const coda_llama_middle_inputs ci{c_tensor(in.x0),
+                                    c_tensor(in.y0),
+                                    {c_tensor(in.rope.positions), c_tensor(in.rope.inv_freq)},
+                                    {}};
   const coda_llama_middle_outputs co{c_tensor(x2.view()), c_tensor(qkv.view())};
   const coda_llama_middle_saved cs{c_tensor(x1.view()), c_tensor(z1.view()), c_tensor(r1.view()),
                                    c_tensor(r2.view())};
@@ -689,7 +691,7 @@ TEST_F(BlockArguments, CAbiReportsInsteadOfThrowing) {
   odd.head_dim = 31;
   const coda_tensor none{};
   const coda_llama_first_weights w{none, none};
-  const coda_llama_first_inputs in{none, {none, none}};
+  const coda_llama_first_inputs in{none, {none, none}, {}};
   const coda_llama_first_outputs out{none};
   const coda_llama_first_saved saved{none};
   EXPECT_EQ(coda_llama_first_forward(&odd, &w, &in, &out, &saved, &none, nullptr),
