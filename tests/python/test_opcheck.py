@@ -136,6 +136,28 @@ def test_llama_middle(device, precision):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_llama_middle_given_fp8_weights(device):
+    """The middle ops given their weights' FP8 copies (ops.llama_fp8_weights: a Tensor[] of
+    uint8 codes and scales, read, never written): the same schema, autograd and fake-tensor
+    checks as without them."""
+    gen = R.generator(SEED, 39)
+    m, c = tokens(1), cfg(1)
+    positions, inv_freq = rope(gen, device, m)
+    x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
+    weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
+    fp8 = ops.llama_fp8_weights("middle", [t.detach() for t in weights],
+                                ops.BlockConfig(H, KV, HD, EPS, precision="fp8"))
+    args = (x0, y0, *weights, positions, inv_freq, *c, fp8)
+    opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
+    with torch.no_grad():
+        outs = coda_ops.llama_middle_forward(*args)
+    plain = [t.detach() for t in (x0, y0, *weights)]
+    opcheck(coda_ops.llama_middle_backward.default,
+            (act(gen, device, m, D), act(gen, device, m, QKV), *plain, positions, inv_freq,
+             *outs, *c, fp8))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("return_logits", [False, True])
 def test_llama_last(device, return_logits, precision):
