@@ -1,6 +1,7 @@
 // The FP8 copies of a layer's weights (coda/block/llama.hpp, Fp8Weight): quantize_weights, their
 // size, and their checks where a layer call is given them.
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "block/validate.hpp"

@@ -176,7 +176,7 @@ Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int6
         s.y1_t = carve_fp8_weight(arena, f, m);
       },
       [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
-      [&] {                                                         // B7, B8
+      [&] { // B7, B8
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
         s.w_out_t = carve_fp8_weight(arena, a, d);
         s.y0_t = carve_fp8_weight(arena, a, m);
