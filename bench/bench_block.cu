@@ -7,6 +7,11 @@
 //   gemm_only: the same 4 + 8 GEMMs (same layouts and dtypes) run by cuBLASLt, nothing else;
 //   coda_fp8:  the block calls with Config::precision = fp8 (docs/fp8.md, "The FP8 block"): the
 //              GEMMs on block-scaled E4M3 operands, each input and weight quantized before it;
+//   coda_fp8_once: the same FP8 calls given the weights' FP8 copies (MiddleInputs::fp8_weights),
+//              made by llama::quantize_weights at the start of each forward, both copies in one
+//              pass (docs/fp8.md, "The weights quantized once per step"): fwd+bwd is one
+//              training step of one micro-batch, quantizing each weight once where coda_fp8
+//              quantizes it twice; bwd alone reads the copies and quantizes nothing;
 //   unfused:   those cuBLASLt GEMMs plus the simplest correct separate CUDA kernels for the rest
 //              (bench/unfused_block.cuh), one per operation, in PyTorch eager's order (eager
 //              launches more: its RMSNorm alone is several kernels): residual add, RMSNorm (saving
@@ -56,6 +61,7 @@
 #include "coda/block/llama.hpp"
 #include "coda/coda.hpp"
 #include "coda/core/error.hpp"
+#include "coda/core/fp8.hpp"
 #include "gpu/backend.hpp"
 #include "harness.cuh"
 #include "reference/llama.hpp"
@@ -114,6 +120,10 @@ struct Shape {
         A(int64_t(model.q_heads) * model.head_dim), Nq(cfg.qkv_width()), grad_dtype(grads),
         cfg_fp8(cfg) {
     cfg_fp8.precision = llama::Precision::fp8;
+  }
+  // Bytes of the four weights' FP8 copies (coda_fp8_once), their 16 tensors 256 bytes apart.
+  size_t fp8_copies_bytes() const {
+    return llama::fp8_weights_size(llama::Layer::middle, cfg_fp8) + 16 * 256;
   }
   size_t workspace_bytes() const {
     return std::max(
@@ -187,6 +197,7 @@ struct Block : Shape {
       d_w_gate_up{gsize * size_t(2 * F * D)}, d_w_down{gsize * size_t(D * F)},
       d_attn_norm{gsize * size_t(D)}, d_w_qkv{gsize * size_t(Nq * D)};
   Buffer workspace{workspace_bytes()};
+  Buffer fp8_copies{fp8_copies_bytes()}; // coda_fp8_once: MiddleFp8Weights, fp8_weights()
 
   // The unfused path (which the GEMM-only side shares), on the same inputs.
   const bench::UnfusedBlock unfused;
@@ -262,6 +273,40 @@ struct Block : Shape {
   }
   void coda_fp8_backward(cudaStream_t s) const {
     coda_middle_backward(cfg_fp8, weights(), inputs(), outputs(), saved(), grads(),
+                         workspace_view(), s);
+  }
+
+  // The FP8 copies of W_out, W_gate_up, W_down and W_qkv in fp8_copies: codes, scales, codes_t
+  // and scales_t of each (llama.hpp, Fp8Weight), each tensor 256-byte aligned.
+  llama::MiddleFp8Weights fp8_weights() const {
+    size_t at = 0;
+    const auto take = [&](DType t, int64_t rows, int64_t cols) {
+      TensorView v =
+          coda::make_view(static_cast<char*>(fp8_copies.p) + at, t, rows, cols, Device::cuda);
+      at += (size_t(rows * cols) + 255) / 256 * 256; // 1-byte elements
+      return v;
+    };
+    const auto weight = [&](int64_t n, int64_t k) {
+      const int64_t nb = coda::num_fp8_scale_blocks(n), kb = coda::num_fp8_scale_blocks(k);
+      return llama::Fp8Weight{take(DType::e4m3, n, k), take(DType::e8m0, nb, kb),
+                              take(DType::e4m3, k, n), take(DType::e8m0, kb, nb)};
+    };
+    return {weight(D, A), weight(2 * F, D), weight(D, F), weight(Nq, D)};
+  }
+  llama::MiddleInputs inputs_with_fp8_weights() const {
+    llama::MiddleInputs in = inputs();
+    in.fp8_weights = fp8_weights();
+    return in;
+  }
+  // The step's one weight quantization (the copies of a training step come after its optimizer
+  // step, so before its first forward), then the forward reading them.
+  void coda_fp8_once_forward(cudaStream_t s) const {
+    llama::quantize_weights(cfg_fp8, weights(), fp8_weights(), s);
+    llama::middle_forward(cfg_fp8, weights(), inputs_with_fp8_weights(), outputs(), saved(),
+                          workspace_view(), s);
+  }
+  void coda_fp8_once_backward(cudaStream_t s) const {
+    coda_middle_backward(cfg_fp8, weights(), inputs_with_fp8_weights(), outputs(), saved(), grads(),
                          workspace_view(), s);
   }
 };
@@ -504,7 +549,7 @@ bool run_check(const bench::Context* ctx, DType grad_dtype) {
 // Timing one case.
 
 enum Pass { kFwd, kBwd, kFwdBwd, kPasses };
-enum Side { kCoda, kGemm, kUnfused, kCodaFp8, kSides };
+enum Side { kCoda, kGemm, kUnfused, kCodaFp8, kCodaFp8Once, kSides };
 constexpr const char* kPassNames[] = {"fwd", "bwd", "fwd+bwd"};
 
 struct Result {
@@ -521,20 +566,23 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
   const cudaStream_t s = ctx.stream;
   const auto reset_dx = [&](Side side) { // the incoming residual gradient, which bwd overwrites
     if (side == kGemm) return;
-    const Buffer& dx = side == kCoda || side == kCodaFp8 ? b.dx : b.unfused.dx;
+    const Buffer& dx =
+        side == kCoda || side == kCodaFp8 || side == kCodaFp8Once ? b.dx : b.unfused.dx;
     check(cudaMemcpyAsync(dx.p, b.dx_init.p, b.dx_init.bytes, cudaMemcpyDeviceToDevice, s), "dx");
   };
   const auto forward = [&](Side side) {
-    side == kCoda      ? b.coda_forward(s)
-    : side == kCodaFp8 ? b.coda_fp8_forward(s)
-    : side == kGemm    ? b.unfused.gemm_forward(s)
-                       : b.unfused.forward(s);
+    side == kCoda          ? b.coda_forward(s)
+    : side == kCodaFp8     ? b.coda_fp8_forward(s)
+    : side == kCodaFp8Once ? b.coda_fp8_once_forward(s)
+    : side == kGemm        ? b.unfused.gemm_forward(s)
+                           : b.unfused.forward(s);
   };
   const auto backward = [&](Side side) {
-    side == kCoda      ? b.coda_backward(s)
-    : side == kCodaFp8 ? b.coda_fp8_backward(s)
-    : side == kGemm    ? b.unfused.gemm_backward(s)
-                       : b.unfused.backward(s);
+    side == kCoda          ? b.coda_backward(s)
+    : side == kCodaFp8     ? b.coda_fp8_backward(s)
+    : side == kCodaFp8Once ? b.coda_fp8_once_backward(s)
+    : side == kGemm        ? b.unfused.gemm_backward(s)
+                           : b.unfused.backward(s);
   };
 
   bool runs_on[kPasses][kSides];
@@ -545,11 +593,18 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
   reset_dx(kCodaFp8);
   const bool fp8_fwd = supported("FP8 forward", [&] { b.coda_fp8_forward(s); });
   const bool fp8_bwd = fp8_fwd && supported("FP8 backward", [&] { b.coda_fp8_backward(s); });
+  reset_dx(kCodaFp8Once);
+  const bool once_fwd =
+      supported("FP8 forward, weights given", [&] { b.coda_fp8_once_forward(s); });
+  const bool once_bwd =
+      once_fwd && supported("FP8 backward, weights given", [&] { b.coda_fp8_once_backward(s); });
   check(cudaStreamSynchronize(s), "coda probe");
   runs_on[kFwd][kCoda] = coda_fwd;
   runs_on[kBwd][kCoda] = runs_on[kFwdBwd][kCoda] = coda_bwd;
   runs_on[kFwd][kCodaFp8] = fp8_fwd;
   runs_on[kBwd][kCodaFp8] = runs_on[kFwdBwd][kCodaFp8] = fp8_bwd;
+  runs_on[kFwd][kCodaFp8Once] = once_fwd;
+  runs_on[kBwd][kCodaFp8Once] = runs_on[kFwdBwd][kCodaFp8Once] = once_bwd;
 
   bench::Timer timer = ctx.timer();
   std::vector<float> times[kPasses][kSides];
@@ -574,8 +629,8 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
       for (int j = 0; j < kSides; ++j) // rotated, so no side always runs first
         once(Pass(p), Side((i + j) % kSides), true);
   check(cudaGetLastError(), "timed runs");
-  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, coda FP8, in that
-  // order; a pass a side cannot run is skipped)
+  // --profile: one forward and backward of each side (coda, GEMM-only, unfused, coda FP8, coda
+  // FP8 with its weights quantized once, in that order; a pass a side cannot run is skipped)
   // inside the profiler's range, for `ncu --profile-from-start off` (tools/ncu_block.sh).
   if (profile) {
     check(cudaStreamSynchronize(s), "before the profiled range");
@@ -603,6 +658,29 @@ std::vector<Result> bench_case(const Model& md, int64_t tokens, DType grad_dtype
   std::printf("%-9s %6lld  coda vs unfused, max relative difference: fwd (qkv, x2) %.2e, bwd "
               "(dx0, dy0) %.2e\n",
               md.name, (long long)tokens, fwd_diff, bwd_diff);
+  // The FP8 step with its weights given is the self-quantizing one, bit for bit (one quantizer
+  // makes both copies): its outputs and input gradients compared byte by byte.
+  if (fp8_bwd && once_bwd) {
+    const Buffer* compared[] = {&b.x2, &b.qkv, &b.dx, &b.dy0};
+    std::vector<std::vector<unsigned char>> own;
+    for (bool given : {false, true}) {
+      reset_dx(kCodaFp8);
+      given ? (b.coda_fp8_once_forward(s), b.coda_fp8_once_backward(s))
+            : (b.coda_fp8_forward(s), b.coda_fp8_backward(s));
+      check(cudaStreamSynchronize(s), "compare FP8");
+      for (size_t i = 0; i < 4; ++i) {
+        std::vector<unsigned char> bytes(compared[i]->bytes);
+        check(cudaMemcpy(bytes.data(), compared[i]->p, bytes.size(), cudaMemcpyDeviceToHost),
+              "compare FP8");
+        if (!given)
+          own.push_back(std::move(bytes));
+        else if (bytes != own[i])
+          std::printf("%-9s %6lld  FP8 with its weights given differs from the self-quantizing "
+                      "FP8 call in output %zu (x2, qkv, dx0, dy0): a defect\n",
+                      md.name, (long long)tokens, i);
+      }
+    }
+  }
 
   std::vector<Result> results;
   for (int p = 0; p < kPasses; ++p) {
@@ -691,15 +769,17 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
 
-    std::printf("\n%-9s %6s %-8s %9s %9s %9s  %9s %12s %9s %10s\n", "model", "tokens", "pass",
-                "coda ms", "gemm ms", "unfused", "coda/gemm", "unfused/coda", "fp8 ms", "coda/fp8");
+    std::printf("\n%-9s %6s %-8s %9s %9s %9s  %9s %12s %9s %10s %9s %9s\n", "model", "tokens",
+                "pass", "coda ms", "gemm ms", "unfused", "coda/gemm", "unfused/coda", "fp8 ms",
+                "coda/fp8", "once ms", "fp8/once");
     for (const Result& r : results)
-      std::printf("%-9s %6lld %-8s %9s %9s %9s  %9s %12s %9s %10s\n", r.md->name,
+      std::printf("%-9s %6lld %-8s %9s %9s %9s  %9s %12s %9s %10s %9s %9s\n", r.md->name,
                   (long long)r.tokens, kPassNames[r.pass], number(r.ms[kCoda]).c_str(),
                   number(r.ms[kGemm]).c_str(), number(r.ms[kUnfused]).c_str(),
                   number(r.ms[kCoda] / r.ms[kGemm]).c_str(),
                   number(r.ms[kUnfused] / r.ms[kCoda]).c_str(), number(r.ms[kCodaFp8]).c_str(),
-                  number(r.ms[kCoda] / r.ms[kCodaFp8]).c_str());
+                  number(r.ms[kCoda] / r.ms[kCodaFp8]).c_str(), number(r.ms[kCodaFp8Once]).c_str(),
+                  number(r.ms[kCodaFp8] / r.ms[kCodaFp8Once]).c_str());
 
     FILE* f = bench::open_json(
         out_path, ctx.prop, commit, runs,
@@ -709,11 +789,12 @@ int main(int argc, char** argv) {
       const Result& r = results[i];
       std::fprintf(f,
                    "    {\"model\": \"%s\", \"tokens\": %lld, \"pass\": \"%s\", \"coda_ms\": %s, "
-                   "\"gemm_only_ms\": %s, \"unfused_ms\": %s, \"coda_fp8_ms\": %s}%s\n",
+                   "\"gemm_only_ms\": %s, \"unfused_ms\": %s, \"coda_fp8_ms\": %s, "
+                   "\"coda_fp8_once_ms\": %s}%s\n",
                    r.md->name, (long long)r.tokens, kPassNames[r.pass],
                    json_ms(r.ms[kCoda]).c_str(), json_ms(r.ms[kGemm]).c_str(),
                    json_ms(r.ms[kUnfused]).c_str(), json_ms(r.ms[kCodaFp8]).c_str(),
-                   i + 1 < results.size() ? "," : "");
+                   json_ms(r.ms[kCodaFp8Once]).c_str(), i + 1 < results.size() ? "," : "");
     }
     bench::close_json(f);
     std::printf("wrote %s\n", out_path.c_str());

@@ -72,12 +72,20 @@ class LlamaRope(Structure):  # coda_llama_rope, C++ coda::llama::Rope
     _fields_ = [("positions", Tensor), ("inv_freq", Tensor)]
 
 
+class LlamaFp8Weight(Structure):  # coda_llama_fp8_weight, C++ coda::llama::Fp8Weight
+    _fields_ = [("codes", Tensor), ("scales", Tensor), ("codes_t", Tensor), ("scales_t", Tensor)]
+
+
 class LlamaFirstWeights(Structure):  # coda_llama_first_weights, C++ coda::llama::FirstWeights
     _fields_ = [("attn_norm", Tensor), ("w_qkv", Tensor)]
 
 
+class LlamaFirstFp8Weights(Structure):  # coda_llama_first_fp8_weights, C++ coda::llama::FirstFp8Weights
+    _fields_ = [("w_qkv", LlamaFp8Weight)]
+
+
 class LlamaFirstInputs(Structure):  # coda_llama_first_inputs, C++ coda::llama::FirstInputs
-    _fields_ = [("x", Tensor), ("rope", LlamaRope)]
+    _fields_ = [("x", Tensor), ("rope", LlamaRope), ("fp8_weights", LlamaFirstFp8Weights)]
 
 
 class LlamaFirstOutputs(Structure):  # coda_llama_first_outputs, C++ coda::llama::FirstOutputs
@@ -97,8 +105,14 @@ class LlamaMiddleWeights(Structure):  # coda_llama_middle_weights, C++ coda::lla
         ("attn_norm", Tensor), ("w_qkv", Tensor)]
 
 
+class LlamaMiddleFp8Weights(Structure):  # coda_llama_middle_fp8_weights, C++ coda::llama::MiddleFp8Weights
+    _fields_ = [("w_out", LlamaFp8Weight), ("w_gate_up", LlamaFp8Weight),
+        ("w_down", LlamaFp8Weight), ("w_qkv", LlamaFp8Weight)]
+
+
 class LlamaMiddleInputs(Structure):  # coda_llama_middle_inputs, C++ coda::llama::MiddleInputs
-    _fields_ = [("x0", Tensor), ("y0", Tensor), ("rope", LlamaRope)]
+    _fields_ = [("x0", Tensor), ("y0", Tensor), ("rope", LlamaRope),
+        ("fp8_weights", LlamaMiddleFp8Weights)]
 
 
 class LlamaMiddleOutputs(Structure):  # coda_llama_middle_outputs, C++ coda::llama::MiddleOutputs
@@ -118,8 +132,14 @@ class LlamaLastWeights(Structure):  # coda_llama_last_weights, C++ coda::llama::
         ("final_norm", Tensor), ("lm_head", Tensor)]
 
 
+class LlamaLastFp8Weights(Structure):  # coda_llama_last_fp8_weights, C++ coda::llama::LastFp8Weights
+    _fields_ = [("w_out", LlamaFp8Weight), ("w_gate_up", LlamaFp8Weight),
+        ("w_down", LlamaFp8Weight)]
+
+
 class LlamaLastInputs(Structure):  # coda_llama_last_inputs, C++ coda::llama::LastInputs
-    _fields_ = [("x0", Tensor), ("y0", Tensor), ("targets", Tensor)]
+    _fields_ = [("x0", Tensor), ("y0", Tensor), ("targets", Tensor),
+        ("fp8_weights", LlamaLastFp8Weights)]
 
 
 class LlamaLastOutputs(Structure):  # coda_llama_last_outputs, C++ coda::llama::LastOutputs
@@ -236,15 +256,20 @@ class CrossEntropyArgs(Structure):  # coda_cross_entropy_args, C++ coda::CrossEn
 
 
 STRUCTS = {"coda_tensor": Tensor, "coda_scalar": Scalar, "coda_llama_config": LlamaConfig,
-    "coda_llama_rope": LlamaRope, "coda_llama_first_weights": LlamaFirstWeights,
+    "coda_llama_rope": LlamaRope, "coda_llama_fp8_weight": LlamaFp8Weight,
+    "coda_llama_first_weights": LlamaFirstWeights,
+    "coda_llama_first_fp8_weights": LlamaFirstFp8Weights,
     "coda_llama_first_inputs": LlamaFirstInputs, "coda_llama_first_outputs": LlamaFirstOutputs,
     "coda_llama_first_saved": LlamaFirstSaved, "coda_llama_first_grads": LlamaFirstGrads,
-    "coda_llama_middle_weights": LlamaMiddleWeights, "coda_llama_middle_inputs": LlamaMiddleInputs,
-    "coda_llama_middle_outputs": LlamaMiddleOutputs, "coda_llama_middle_saved": LlamaMiddleSaved,
-    "coda_llama_middle_grads": LlamaMiddleGrads, "coda_llama_last_weights": LlamaLastWeights,
-    "coda_llama_last_inputs": LlamaLastInputs, "coda_llama_last_outputs": LlamaLastOutputs,
-    "coda_llama_last_saved": LlamaLastSaved, "coda_llama_last_grads": LlamaLastGrads,
-    "coda_rope_spec": RopeSpec, "coda_gemm_args": GemmArgs, "coda_fp8_gemm_args": Fp8GemmArgs,
+    "coda_llama_middle_weights": LlamaMiddleWeights,
+    "coda_llama_middle_fp8_weights": LlamaMiddleFp8Weights,
+    "coda_llama_middle_inputs": LlamaMiddleInputs, "coda_llama_middle_outputs": LlamaMiddleOutputs,
+    "coda_llama_middle_saved": LlamaMiddleSaved, "coda_llama_middle_grads": LlamaMiddleGrads,
+    "coda_llama_last_weights": LlamaLastWeights,
+    "coda_llama_last_fp8_weights": LlamaLastFp8Weights, "coda_llama_last_inputs": LlamaLastInputs,
+    "coda_llama_last_outputs": LlamaLastOutputs, "coda_llama_last_saved": LlamaLastSaved,
+    "coda_llama_last_grads": LlamaLastGrads, "coda_rope_spec": RopeSpec,
+    "coda_gemm_args": GemmArgs, "coda_fp8_gemm_args": Fp8GemmArgs,
     "coda_quantize_weight_fp8_args": QuantizeWeightFp8Args,
     "coda_quantize_activation_fp8_args": QuantizeActivationFp8Args,
     "coda_residual_rms_args": ResidualRmsArgs, "coda_rms_scale_args": RmsScaleArgs,
@@ -280,6 +305,13 @@ SIGNATURES = {
     "coda_llama_last_backward": (c_int32, [POINTER(LlamaConfig), POINTER(LlamaLastWeights),
         POINTER(LlamaLastInputs), POINTER(LlamaLastSaved), POINTER(LlamaLastGrads), c_int32,
         POINTER(Tensor), c_void_p]),
+    "coda_llama_fp8_weights_size": (c_int32, [c_int32, POINTER(LlamaConfig), POINTER(c_size_t)]),
+    "coda_llama_first_quantize_weights": (c_int32, [POINTER(LlamaConfig),
+        POINTER(LlamaFirstWeights), POINTER(LlamaFirstFp8Weights), c_void_p]),
+    "coda_llama_middle_quantize_weights": (c_int32, [POINTER(LlamaConfig),
+        POINTER(LlamaMiddleWeights), POINTER(LlamaMiddleFp8Weights), c_void_p]),
+    "coda_llama_last_quantize_weights": (c_int32, [POINTER(LlamaConfig), POINTER(LlamaLastWeights),
+        POINTER(LlamaLastFp8Weights), c_void_p]),
     "coda_gemm": (c_int32, [POINTER(GemmArgs), c_void_p]),
     "coda_gemm_workspace_size": (c_int32, [POINTER(GemmArgs), POINTER(c_size_t)]),
     "coda_gemm_fp8": (c_int32, [POINTER(Fp8GemmArgs), c_void_p]),

@@ -295,6 +295,25 @@ def llama_workspace_size(layer, pass_, config, tokens):
     return n.value
 
 
+def llama_fp8_weights_size(layer, config):
+    """Bytes of a layer's FP8 weight copies (coda_llama_fp8_weights_size; config FP8)."""
+    n = c_size_t()
+    call("coda_llama_fp8_weights_size", int(layer), ctypes.byref(config), ctypes.byref(n))
+    return n.value
+
+
+def llama_quantize_weights(layer, config, weights, fp8_weights, stream=None):
+    """coda_llama_{first,middle,last}_quantize_weights: both FP8 copies of each of the layer's
+    GEMM weights, one pass over each; layer: "first", "middle" or "last"."""
+    call(
+        "coda_llama_%s_quantize_weights" % layer,
+        ctypes.byref(config),
+        ctypes.byref(weights),
+        ctypes.byref(fp8_weights),
+        stream,
+    )
+
+
 def llama_forward(layer, config, weights, inputs, outputs, saved, workspace, stream=None):
     """coda_llama_{first,middle,last}_forward; layer: "first", "middle" or "last"."""
     call(

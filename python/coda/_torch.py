@@ -126,15 +126,76 @@ def pack(cls, *tensors):
     """A `cls` (a ctypes Structure made only of coda_tensors, nested ones included, e.g.
     LlamaMiddleInputs: x0, y0, rope.positions, rope.inv_freq) over `tensors` in its fields'
     order (None: absent); errors name the field."""
+    names = pack_names(cls)
+    if len(tensors) != len(names):
+        raise TypeError("%s: %d tensors for %d fields" % (cls.__name__, len(tensors), len(names)))
+    return cls.from_buffer_copy(b"".join([_packed(t, n) for t, n in zip(tensors, names)]))
+
+
+def _pack_bytes(t, dtype, name):
+    """The coda_tensor bytes of a torch.uint8 matrix holding E4M3 codes or E8M0 scales (coda
+    dtype `dtype`): torch has no E8M0 dtype before 2.7, so the block's FP8 weight copies are
+    kept as bytes. None: absent."""
+    if t is None:
+        return _ABSENT
+    if t.dtype != torch.uint8 or t.dim() != 2:
+        raise L.DTypeError("%s: an FP8 copy is a 2-D torch.uint8 tensor (E4M3 codes or E8M0 "
+                           "scales); got %s of shape %s" % (name, t.dtype, tuple(t.shape)),
+                           L.TYPE_ERROR)
+    key = (t.data_ptr(), t.shape, t.stride(), dtype, t.device)
+    packed = _packs.get(key)
+    if packed is None:
+        if t.device.type == "cuda":
+            device, index = L.DEVICE_CUDA, t.device.index or 0
+        elif t.device.type == "cpu":
+            device, index = L.DEVICE_CPU, 0
+        else:
+            raise L.InvalidArgument("%s: coda runs on CUDA (Hopper) or CPU tensors; got a %s "
+                                    "tensor" % (name, t.device.type), L.INVALID_ARGUMENT)
+        packed = _TENSOR.pack(t.data_ptr(), dtype, 2, *t.shape, *_PAD[2], *t.stride(), *_PAD[2],
+                              device, index)
+        if len(_packs) >= _PACKS_MAX:
+            _packs.clear()
+        _packs[key] = packed
+    return packed
+
+
+def pack_fp8_weights(cls, tensors):
+    """A coda_llama_*_fp8_weights `cls` over `tensors`: for each of its weights, in its fields'
+    order, codes, scales, codes_t and scales_t (torch.uint8; coda.ops.llama_fp8_weights makes
+    them). Empty: every field absent (the call quantizes its own)."""
+    names = pack_names(cls)
+    if not tensors:
+        return cls()
+    if len(tensors) != len(names):
+        raise TypeError("%s: %d tensors for %d fields (codes, scales, codes_t, scales_t of each "
+                        "weight)" % (cls.__name__, len(tensors), len(names)))
+    # Codes and scales alternate: codes, scales, codes_t, scales_t.
+    return cls.from_buffer_copy(b"".join(
+        [_pack_bytes(t, L.E8M0 if i % 2 else L.E4M3, "fp8_weights." + n)
+         for i, (t, n) in enumerate(zip(tensors, names))]))
+
+
+def pack_names(cls):
+    """The dotted names of a struct of coda_tensors' fields, in order."""
     names = _layouts.get(cls)
     if names is None:
         names = _tensor_fields(cls)
         if names is None or len(names) * _TENSOR.size != ctypes.sizeof(cls):
             raise TypeError("%s is not a struct of coda_tensors" % cls.__name__)
         _layouts[cls] = names
-    if len(tensors) != len(names):
-        raise TypeError("%s: %d tensors for %d fields" % (cls.__name__, len(tensors), len(names)))
-    return cls.from_buffer_copy(b"".join([_packed(t, n) for t, n in zip(tensors, names)]))
+    return names
+
+
+def pack_inputs(cls, fp8_weights, *tensors):
+    """A layer's inputs struct `cls` (LlamaFirstInputs, ...) over `tensors` in its fields' order
+    but for its last, fp8_weights, which holds the FP8 copies `fp8_weights` (pack_fp8_weights;
+    empty: absent)."""
+    fp8_cls = dict(cls._fields_)["fp8_weights"]
+    inputs = pack(cls, *tensors, *(None,) * len(pack_names(fp8_cls)))
+    if fp8_weights:
+        inputs.fp8_weights = pack_fp8_weights(fp8_cls, fp8_weights)
+    return inputs
 
 
 # The current stream's cudaStream_t without making a torch.cuda.Stream object (what

@@ -10,6 +10,7 @@ one), on the post-RoPE q, k, v of the fused qkv. ``coda.from_hf`` builds one fro
 
 import dataclasses
 import math
+import weakref
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -20,8 +21,8 @@ from torch import nn
 
 from . import ops
 
-__all__ = ["LlamaConfig", "Llama", "LlamaLayer", "AttentionInput", "Mlp", "rope_inv_freq",
-           "attention", "padding_keys", "shift_labels", "run_layers"]
+__all__ = ["LlamaConfig", "Llama", "LlamaLayer", "AttentionInput", "Mlp", "Fp8WeightCopies",
+           "rope_inv_freq", "attention", "padding_keys", "shift_labels", "run_layers"]
 
 _ROPE_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor",
                      "original_max_position_embeddings")
@@ -395,6 +396,61 @@ def _recomputed(fn, *args):
 
 
 # ---------------------------------------------------------------------------------------------
+# The FP8 weight copies kept across calls (Llama's fp8_weights_once)
+
+
+class Fp8WeightCopies:
+    """The FP8 copies of the weights one coda op reads (coda.ops.llama_fp8_weights), kept from
+    call to call and made again when a weight they came from has changed since: another tensor,
+    or the same one written (its version counter, which every in-place write through torch bumps:
+    the optimizer's step, load_state_dict, copy_). So a training step quantizes each weight once
+    (both copies in one pass) for its forward and backward calls, and for every micro-batch's.
+    A write that bypasses the version counter (through .data, or outside torch) is not seen:
+    call drop() after one. Not under torch.compile or a CUDA graph capture (the checks read the
+    host's view of the tensors), nor on a module FSDP2 shards (its all-gathers rewrite the
+    unsharded weights): there the op quantizes its own, as without copies."""
+
+    __slots__ = ("_refs", "_state", "_copies")
+
+    def __init__(self):
+        self.drop()
+
+    def __reduce__(self):  # copied or pickled empty: the copies are made again on use
+        return (Fp8WeightCopies, ())
+
+    def drop(self):
+        """Forget the copies (their memory goes with the last call that saved them)."""
+        self._refs, self._state, self._copies = (), None, None
+
+    def get(self, layer, weights, block, modules=()):
+        """The copies of `weights` (the op's, a tuple) for `block`: the kept ones while every
+        weight is the tensor they came from, unwritten since; None where they cannot be kept
+        (above). `modules`: those holding the weights, checked for FSDP2."""
+        if block.precision != "fp8" or _tracing(weights[0]) or any(map(_fsdp_managed, modules)):
+            return None
+        state = tuple((w.data_ptr(), w._version) for w in weights)
+        if (state != self._state or len(self._refs) != len(weights)
+                or any(ref() is not w for ref, w in zip(self._refs, weights))):
+            self._copies = ops.llama_fp8_weights(layer, weights, block)
+            self._refs = tuple(weakref.ref(w) for w in weights)
+            self._state = state
+        return self._copies
+
+
+def _fp8_weights(copies, layer, weights, block, *modules):
+    """The op's fp8_weights keyword: {} where no copies are kept (`copies` None) or none can be
+    (Fp8WeightCopies.get), so that the op's call is the plain one."""
+    fp8 = copies.get(layer, weights, block, modules) if copies is not None else None
+    return {} if fp8 is None else {"fp8_weights": fp8}
+
+
+def _fsdp_managed(module):
+    """True for a module FSDP2's fully_shard manages (its class derives from FSDPModule; by
+    name, as ops._not_sharded checks: no torch.distributed import on the call path)."""
+    return any(c.__name__ == "FSDPModule" for c in type(module).__mro__)
+
+
+# ---------------------------------------------------------------------------------------------
 # The module
 
 
@@ -409,11 +465,14 @@ class AttentionInput(nn.Module):
         d, h, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.attn_norm = nn.Parameter(torch.ones(d, **kw))
         self.w_qkv = nn.Parameter(torch.empty((h + 2 * kv) * hd, d, **kw))
+        # The first op's FP8 weight copies, where Llama keeps them (fp8_weights_once).
+        self.fp8_copies = None
 
     def forward(self, x, rope, block):
         """Layer 0's post-RoPE qkv from the embedding output x (coda.ops.llama_first)."""
-        return ops.llama_first(x, (self.attn_norm, self.w_qkv), rope.positions, rope.inv_freq,
-                               block)
+        weights = (self.attn_norm, self.w_qkv)
+        return ops.llama_first(x, weights, rope.positions, rope.inv_freq, block,
+                               **_fp8_weights(self.fp8_copies, "first", weights, block, self))
 
 
 class Mlp(nn.Module):
@@ -432,6 +491,9 @@ class Mlp(nn.Module):
         self.ffn_norm = nn.Parameter(torch.ones(d, **kw))
         self.w_gate_up = nn.Parameter(torch.empty(2 * f, d, **kw))
         self.w_down = nn.Parameter(torch.empty(d, f, **kw))
+        # Its op's FP8 weight copies (the following layer's w_qkv among them in a middle op),
+        # where Llama keeps them (fp8_weights_once).
+        self.fp8_copies = None
 
     def weights(self):
         return (self.w_out, self.ffn_norm, self.w_gate_up, self.w_down)
@@ -442,10 +504,14 @@ class Mlp(nn.Module):
         layer). Otherwise head = (final_norm, lm_head): the last op, -> (loss, logits or
         None)."""
         if following is not None:
-            return ops.llama_middle(x, y, self.weights() + (following.attn_norm, following.w_qkv),
-                                    rope.positions, rope.inv_freq, block)
-        return ops.llama_last(x, y, targets, self.weights() + tuple(head), block,
-                              return_logits=return_logits, reduction=reduction)
+            weights = self.weights() + (following.attn_norm, following.w_qkv)
+            return ops.llama_middle(
+                x, y, weights, rope.positions, rope.inv_freq, block,
+                **_fp8_weights(self.fp8_copies, "middle", weights, block, self, following))
+        weights = self.weights() + tuple(head)
+        return ops.llama_last(x, y, targets, weights, block, return_logits=return_logits,
+                              reduction=reduction,
+                              **_fp8_weights(self.fp8_copies, "last", weights, block, self))
 
 
 class LlamaLayer(nn.Module):
@@ -515,10 +581,20 @@ class Llama(nn.Module):
     multiples of 16, a token count (B * S) that is a multiple of 16 for the backward, and bf16
     for training; docs/python.md, "FP8". "native" (the default): 16-bit GEMMs. The attribute
     may be changed between steps. Anything else raises ValueError.
+
+    fp8_weights_once=True (with precision "fp8"): each coda op keeps the FP8 copies of the
+    weights it reads (Fp8WeightCopies) and makes them again only after a weight changes (the
+    optimizer's step), so a step quantizes each weight once, both copies in one pass, instead of
+    once per forward and once per backward of every micro-batch; the results are the same bit
+    for bit. It costs the copies' memory across the step, 2 bytes a decoder-layer parameter
+    (docs/python.md, "FP8"). Without effect under torch.compile, in a CUDA graph capture and on
+    FSDP2-sharded units, where the ops quantize their own. The attribute may be changed between
+    steps (False drops the copies); drop_fp8_weights() forgets them after a write the version
+    counters do not see (through .data).
     """
 
     def __init__(self, config, device="cuda", dtype=torch.bfloat16, init_weights=True,
-                 checkpoint=False, precision="native"):
+                 checkpoint=False, precision="native", fp8_weights_once=False):
         super().__init__()
         self.checkpoint = bool(checkpoint)
         if dtype not in (torch.bfloat16, torch.float16):
@@ -539,8 +615,30 @@ class Llama(nn.Module):
         bits = rope_inv_freq(config).view(torch.int32)
         self.register_buffer("rope_inv_freq_bits", bits.to(device), persistent=False)
         self.block = config.block(precision=precision)
+        self.fp8_weights_once = fp8_weights_once
         if init_weights:
             self.reset_parameters()
+
+    def _fp8_copy_holders(self):
+        """The modules whose coda op's FP8 weight copies they hold: layer 0's attention input
+        (the first op) and every layer's MLP (a middle op, or the last)."""
+        return [self.layers[0].attn_input] + [layer.mlp for layer in self.layers]
+
+    @property
+    def fp8_weights_once(self):
+        """Whether the ops keep their FP8 weight copies from call to call (see the class)."""
+        return self.layers[0].attn_input.fp8_copies is not None
+
+    @fp8_weights_once.setter
+    def fp8_weights_once(self, value):
+        for module in self._fp8_copy_holders():
+            module.fp8_copies = Fp8WeightCopies() if value else None
+
+    def drop_fp8_weights(self):
+        """Forget every kept FP8 weight copy: the next calls make them again."""
+        for module in self._fp8_copy_holders():
+            if module.fp8_copies is not None:
+                module.fp8_copies.drop()
 
     @property
     def precision(self):

@@ -28,7 +28,8 @@ CPU tensors) and takes its workspace from the caching allocator.
 
 The layer ops' non-tensor arguments are n_heads, n_kv_heads, head_dim, eps and precision (0:
 native 16-bit GEMMs, 1: FP8, ``coda_llama_precision``), then, for the last layer, ignore_index,
-reduction (and the forward's return_logits).
+reduction (and the forward's return_logits); last, every layer op takes fp8_weights, the FP8
+copies of its GEMM weights (``llama_fp8_weights``; an empty list: the op quantizes its own).
 
 The functions at the bottom (``gemm``, ``llama_first``, ``llama_middle``, ``llama_last``, ...)
 are the Python-friendly entry points: they convert positions/targets, accept weights as a dict
@@ -40,7 +41,7 @@ are always used.
 
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -57,6 +58,7 @@ __all__ = [
     "llama_first",
     "llama_middle",
     "llama_last",
+    "llama_fp8_weights",
     "FIRST_WEIGHTS",
     "MIDDLE_WEIGHTS",
     "LAST_WEIGHTS",
@@ -66,6 +68,9 @@ __all__ = [
 FIRST_WEIGHTS = ("attn_norm", "w_qkv")
 MIDDLE_WEIGHTS = ("w_out", "ffn_norm", "w_gate_up", "w_down", "attn_norm", "w_qkv")
 LAST_WEIGHTS = ("w_out", "ffn_norm", "w_gate_up", "w_down", "final_norm", "lm_head")
+# The GEMM weights of each layer with FP8 copies (llama_fp8_weights), in the C structs' order.
+FP8_WEIGHTS = {"first": ("w_qkv",), "middle": ("w_out", "w_gate_up", "w_down", "w_qkv"),
+               "last": ("w_out", "w_gate_up", "w_down")}
 
 _LAYOUTS = {"fwd": L.GEMM_FWD, "dgrad": L.GEMM_DGRAD, "wgrad": L.GEMM_WGRAD}
 _REDUCTIONS = {"mean": L.LOSS_MEAN, "sum": L.LOSS_SUM}
@@ -412,13 +417,14 @@ def _first_forward_impl(
     head_dim: int,
     eps: float,
     precision: int,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor]:
     m, d = x.shape[0], x.shape[-1]
     qkv = x.new_empty((m, _qkv_width(n_heads, n_kv_heads, head_dim)))
     rstd = _f32(x)
     cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
-    inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
+    inputs = T.pack_inputs(L.LlamaFirstInputs, fp8_weights, x, positions, inv_freq)
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
     saved = T.pack(L.LlamaFirstSaved, rstd)
     _run_layer("first", L.LLAMA_FORWARD, cfg, m, x, w, inputs, outputs, saved)
@@ -426,7 +432,7 @@ def _first_forward_impl(
 
 
 def _first_forward_fake(x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads,
-                        head_dim, eps, precision):
+                        head_dim, eps, precision, fp8_weights):
     return x.new_empty((x.shape[0], _qkv_width(n_heads, n_kv_heads, head_dim))), _f32(x)
 
 
@@ -444,6 +450,7 @@ def _first_backward_impl(
     head_dim: int,
     eps: float,
     precision: int,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor]:
     m, d = x.shape[0], x.shape[-1]
     dx = torch.zeros_like(x, memory_format=torch.contiguous_format)  # accumulated into
@@ -451,7 +458,7 @@ def _first_backward_impl(
     d_w_qkv = torch.empty_like(w_qkv, memory_format=torch.contiguous_format)
     cfg = _c_config(d, 0, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w = T.pack(L.LlamaFirstWeights, attn_norm, w_qkv)
-    inputs = T.pack(L.LlamaFirstInputs, x, positions, inv_freq)
+    inputs = T.pack_inputs(L.LlamaFirstInputs, fp8_weights, x, positions, inv_freq)
     outputs = T.pack(L.LlamaFirstOutputs, qkv)
     saved = T.pack(L.LlamaFirstSaved, rstd)
     grads = T.pack(L.LlamaFirstGrads, dx, dqkv, d_attn_norm, d_w_qkv)
@@ -460,7 +467,7 @@ def _first_backward_impl(
 
 
 def _first_backward_fake(dqkv, x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, n_heads,
-                         n_kv_heads, head_dim, eps, precision):
+                         n_kv_heads, head_dim, eps, precision, fp8_weights):
     return _like(x), _like(attn_norm), _like(w_qkv)
 
 
@@ -468,22 +475,23 @@ _FIRST_BWD = _define("llama_first_backward", _first_backward_impl, _first_backwa
 
 
 def _first_setup(ctx, inputs, output):
-    x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision = (
-        inputs)
+    (x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision,
+     fp8_weights) = inputs
     qkv, rstd = output
     _grads_only(ctx, rstd)
-    ctx.save_for_backward(x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd)
+    ctx.save_for_backward(x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, *fp8_weights)
     ctx.cfg = (n_heads, n_kv_heads, head_dim, eps, precision)
 
 
 def _first_backward(ctx, dqkv, _drstd):
     if dqkv is None:
-        return (None,) * 10
-    x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd = ctx.saved_tensors
+        return (None,) * 11
+    x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, *fp8_weights = ctx.saved_tensors
     dx, dg, dw = _run(_FIRST_BWD, _dense(dqkv, qkv), x, attn_norm, w_qkv, positions, inv_freq,
-                      qkv, rstd, *ctx.cfg)
-    # inputs: x, attn_norm, w_qkv, positions, inv_freq, 5 non-tensors (n_heads .. precision)
-    return dx, dg, dw, None, None, None, None, None, None, None
+                      qkv, rstd, *ctx.cfg, fp8_weights)
+    # inputs: x, attn_norm, w_qkv, positions, inv_freq, 5 non-tensors (n_heads .. precision),
+    # fp8_weights
+    return dx, dg, dw, None, None, None, None, None, None, None, None
 
 
 _FIRST_FWD = _define(
@@ -496,9 +504,9 @@ _FIRST_FWD = _define(
 
 
 def _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions,
-                    inv_freq, x2, qkv, x1, z1, r1, r2):
+                    inv_freq, x2, qkv, x1, z1, r1, r2, fp8_weights=()):
     return (T.pack(L.LlamaMiddleWeights, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv),
-            T.pack(L.LlamaMiddleInputs, x0, y0, positions, inv_freq),
+            T.pack_inputs(L.LlamaMiddleInputs, fp8_weights, x0, y0, positions, inv_freq),
             T.pack(L.LlamaMiddleOutputs, x2, qkv),
             T.pack(L.LlamaMiddleSaved, x1, z1, r1, r2))
 
@@ -519,21 +527,23 @@ def _middle_forward_impl(
     head_dim: int,
     eps: float,
     precision: int,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     x2, qkv, x1, z1, r1, r2 = _middle_forward_fake(
         x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv, positions, inv_freq,
-        n_heads, n_kv_heads, head_dim, eps, precision)
+        n_heads, n_kv_heads, head_dim, eps, precision, fp8_weights)
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
-                                                x1, z1, r1, r2)
+                                                x1, z1, r1, r2, fp8_weights)
     _run_layer("middle", L.LLAMA_FORWARD, cfg, m, x0, w, inputs, outputs, saved)
     return x2, qkv, x1, z1, r1, r2
 
 
 def _middle_forward_fake(x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
-                         positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision):
+                         positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision,
+                         fp8_weights=()):
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     return (
         x0.new_empty((m, d)),
@@ -569,13 +579,14 @@ def _middle_backward_impl(
     head_dim: int,
     eps: float,
     precision: int,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     dx = dx2.clone(memory_format=torch.contiguous_format)  # in: d/d x2, out: d/d x0
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
                                                 attn_norm, w_qkv, positions, inv_freq, x2, qkv,
-                                                x1, z1, r1, r2)
+                                                x1, z1, r1, r2, fp8_weights)
 
     def empty(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -595,7 +606,7 @@ def _middle_backward_impl(
 
 def _middle_backward_fake(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
                           w_qkv, positions, inv_freq, x2, qkv, x1, z1, r1, r2, n_heads,
-                          n_kv_heads, head_dim, eps, precision):
+                          n_kv_heads, head_dim, eps, precision, fp8_weights):
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv))
 
 
@@ -640,21 +651,23 @@ def _overwritable(saved, index):
 def _middle_setup(ctx, inputs, output):
     x2, qkv, x1, z1, r1, r2 = output
     _grads_only(ctx, x1, z1, r1, r2)
-    ctx.save_for_backward(*inputs[:10], x2, qkv, x1, z1, r1, r2)
-    ctx.cfg = tuple(inputs[10:])
+    ctx.save_for_backward(*inputs[:10], x2, qkv, x1, z1, r1, r2, *inputs[15])
+    ctx.cfg = tuple(inputs[10:15])
 
 
 def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     if dx2 is None and dqkv is None:
-        return (None,) * 15
+        return (None,) * 16
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
+    saved, fp8_weights = saved[:16], saved[16:]
     x2, qkv = saved[10], saved[11]
     saved[13], saved[15] = _overwritable(saved, 13), _overwritable(saved, 15)  # z1, r2
-    grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg)
+    grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg, fp8_weights)
     dx0, dy0 = grads[0], grads[1]
-    # inputs: x0, y0, 6 weights, positions, inv_freq, 5 non-tensors (n_heads .. precision)
-    return (dx0, dy0, *grads[2:], None, None, None, None, None, None, None)
+    # inputs: x0, y0, 6 weights, positions, inv_freq, 5 non-tensors (n_heads .. precision),
+    # fp8_weights
+    return (dx0, dy0, *grads[2:], None, None, None, None, None, None, None, None)
 
 
 _MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forward_fake,
@@ -665,9 +678,9 @@ _MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forw
 
 
 def _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head,
-                  x1, z1, r1, x2, r2, dlogits, grad_scale, zeta):
+                  x1, z1, r1, x2, r2, dlogits, grad_scale, zeta, fp8_weights):
     return (T.pack(L.LlamaLastWeights, w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head),
-            T.pack(L.LlamaLastInputs, x0, y0, targets),
+            T.pack_inputs(L.LlamaLastInputs, fp8_weights, x0, y0, targets),
             T.pack(L.LlamaLastSaved, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta))
 
 
@@ -689,17 +702,18 @@ def _last_forward_impl(
     ignore_index: int,
     reduction: int,
     return_logits: bool,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     out = _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                              lm_head, n_heads, n_kv_heads, head_dim, eps, precision,
-                             ignore_index, reduction, return_logits)
+                             ignore_index, reduction, return_logits, fp8_weights)
     loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = out
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction,
                     precision)
     w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
                                      final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
-                                     grad_scale, zeta)
+                                     grad_scale, zeta, fp8_weights)
     outputs = T.pack(L.LlamaLastOutputs, loss, logits if return_logits else None)
     _run_layer("last", L.LLAMA_FORWARD, cfg, m, x0, w, inputs, outputs, saved)
     return out
@@ -707,7 +721,7 @@ def _last_forward_impl(
 
 def _last_forward_fake(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                        lm_head, n_heads, n_kv_heads, head_dim, eps, precision, ignore_index,
-                       reduction, return_logits):
+                       reduction, return_logits, fp8_weights):
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
     one = x0.new_empty((1,), dtype=torch.float32)
     return (
@@ -750,6 +764,7 @@ def _last_backward_impl(
     precision: int,
     ignore_index: int,
     reduction: int,
+    fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     m, d, f, v = x0.shape[0], x0.shape[-1], w_down.shape[-1], lm_head.shape[0]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, v, eps, ignore_index, reduction,
@@ -760,7 +775,7 @@ def _last_backward_impl(
           for t in (w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head)]
     w, inputs, saved = _last_tensors(x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down,
                                      final_norm, lm_head, x1, z1, r1, x2, r2, dlogits,
-                                     grad_scale, zeta)
+                                     grad_scale, zeta, fp8_weights)
     # d(outer loss)/d(loss) stays on the device: coda reads it there (no host synchronization).
     dloss = dloss.reshape(1).to(torch.float32).contiguous()
     grads = L.LlamaLastGrads(
@@ -775,7 +790,8 @@ def _last_backward_impl(
 
 def _last_backward_fake(dloss, x0, y0, targets, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                         lm_head, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta, n_heads,
-                        n_kv_heads, head_dim, eps, precision, ignore_index, reduction):
+                        n_kv_heads, head_dim, eps, precision, ignore_index, reduction,
+                        fp8_weights):
     return tuple(_like(t) for t in (x0, y0, w_out, ffn_norm, w_gate_up, w_down, final_norm,
                                     lm_head))
 
@@ -787,20 +803,22 @@ _LAST_BWD = _define("llama_last_backward", _last_backward_impl, _last_backward_f
 def _last_setup(ctx, inputs, output):
     loss, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta = output
     _grads_only(ctx, logits, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
-    ctx.save_for_backward(*inputs[:9], x1, z1, r1, x2, r2, dlogits, grad_scale, zeta)
+    ctx.save_for_backward(*inputs[:9], x1, z1, r1, x2, r2, dlogits, grad_scale, zeta,
+                          *inputs[17])
     ctx.cfg = tuple(inputs[9:16])  # n_heads .. reduction (precision after eps)
 
 
 def _last_backward(ctx, dloss, *_other_grads):
     if dloss is None:
-        return (None,) * 17
+        return (None,) * 18
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
+    saved, fp8_weights = saved[:17], saved[17:]
     saved[10] = _overwritable(saved, 10)  # z1
-    grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg)
+    grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg, fp8_weights)
     dx0, dy0 = grads[0], grads[1]
-    # inputs: x0, y0, targets, 6 weights, 8 non-tensors (n_heads .. return_logits)
-    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None, None)
+    # inputs: x0, y0, targets, 6 weights, 8 non-tensors (n_heads .. return_logits), fp8_weights
+    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None, None, None)
 
 
 _LAST_FWD = _define("llama_last_forward", _last_forward_impl, _last_forward_fake, _last_setup,
@@ -882,47 +900,95 @@ def _inv_freq(inv_freq, like):
     return inv_freq.to(device=like.device, dtype=torch.float32)
 
 
-def llama_first(x, weights, positions, inv_freq, config):
+def llama_first(x, weights, positions, inv_freq, config, fp8_weights=None):
     """The first layer: x [M, D] (the embedding output) -> qkv [M, (H + 2 KV) head_dim], the
     post-RoPE queries, keys and values of layer 0.
 
     weights: dict or tuple (attn_norm [D], w_qkv [(H + 2 KV) head_dim, D]); positions [M]
     (per-token RoPE positions, any integer dtype); inv_freq [head_dim / 2] f32; config: a
-    BlockConfig, or any config block_config() accepts."""
+    BlockConfig, or any config block_config() accepts. fp8_weights (precision "fp8"): the FP8
+    copies of these weights, llama_fp8_weights("first", weights, config), made since they last
+    changed; None: the op quantizes them itself. The same results either way, bit for bit."""
     c = block_config(config)
     attn_norm, w_qkv = _weights(weights, FIRST_WEIGHTS)
     qkv, _ = _run(_FIRST_FWD, x, attn_norm, w_qkv, _positions(positions, x),
                   _inv_freq(inv_freq, x), c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-                  _PRECISIONS[c.precision])
+                  _PRECISIONS[c.precision], list(fp8_weights or ()))
     return qkv
 
 
-def llama_middle(x0, y0, weights, positions, inv_freq, config):
+def llama_middle(x0, y0, weights, positions, inv_freq, config, fp8_weights=None):
     """A middle layer: (x0 [M, D] residual stream, y0 [M, H head_dim] attention output of layer
     l) -> (x2 [M, D] the residual stream leaving layer l, qkv of layer l + 1).
 
     weights: dict or tuple (w_out, ffn_norm, w_gate_up (interleaved), w_down of layer l;
-    attn_norm, w_qkv of layer l + 1)."""
+    attn_norm, w_qkv of layer l + 1). fp8_weights: as llama_first's, of these weights."""
     c = block_config(config)
     w = _weights(weights, MIDDLE_WEIGHTS)
     x2, qkv, *_ = _run(_MIDDLE_FWD, x0, y0, *w, _positions(positions, x0),
                        _inv_freq(inv_freq, x0), c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-                       _PRECISIONS[c.precision])
+                       _PRECISIONS[c.precision], list(fp8_weights or ()))
     return x2, qkv
 
 
-def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction="mean"):
+def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction="mean",
+               fp8_weights=None):
     """The last layer: (x0, y0, targets [M]) -> (loss, logits or None).
 
     targets are the token ids each position predicts, or config.ignore_index (-100); the loss
     is their cross-entropy, "mean" over the non-ignored targets (0 when there are none) or
     "sum". weights: dict or tuple (w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head).
-    The loss is differentiable; the logits ([M, V], in the activations' dtype) are not."""
+    The loss is differentiable; the logits ([M, V], in the activations' dtype) are not.
+    fp8_weights: as llama_first's, of these weights (the LM head has none: it stays 16-bit)."""
     c = block_config(config)
     w = _weights(weights, LAST_WEIGHTS)
     targets = targets.reshape(-1).to(device=x0.device, dtype=torch.int32)
     out = _run(_LAST_FWD, x0, y0, targets, *w, c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
                _PRECISIONS[c.precision], c.ignore_index, _REDUCTIONS[reduction],
-               bool(return_logits))
+               bool(return_logits), list(fp8_weights or ()))
     loss, logits = out[0], out[1]
     return loss.reshape(()), (logits if return_logits else None)
+
+
+_LAYER_WEIGHTS = {"first": FIRST_WEIGHTS, "middle": MIDDLE_WEIGHTS, "last": LAST_WEIGHTS}
+_FP8_WEIGHTS_STRUCTS = {"first": ("LlamaFirstWeights", "LlamaFirstFp8Weights"),
+                        "middle": ("LlamaMiddleWeights", "LlamaMiddleFp8Weights"),
+                        "last": ("LlamaLastWeights", "LlamaLastFp8Weights")}
+
+
+@torch.no_grad()
+def llama_fp8_weights(layer, weights, config):
+    """The FP8 copies of the GEMM weights a layer op reads (layer "first", "middle" or "last";
+    FP8_WEIGHTS[layer] names them; the LM head has none), for its fp8_weights argument: per
+    weight [N, K] its codes [N, K], scales [ceil(N/128), ceil(K/128)], codes_t [K, N] and
+    scales_t [ceil(K/128), ceil(N/128)], torch.uint8 tensors holding E4M3 codes and E8M0 block
+    scales (coda/block/llama.hpp, Fp8Weight), both copies of each weight written in one pass
+    over it (coda_llama_<layer>_quantize_weights). 2 bytes a parameter: made once per step (the
+    weights' forward and backward calls, of every micro-batch, all read them), again after the
+    weights change (docs/fp8.md, "The weights quantized once per step").
+
+    weights: as the op takes them (a dict or tuple of all its weights); config: as the op's
+    (its precision must be "fp8"). Not differentiable."""
+    c = block_config(config)
+    w = _weights(weights, _LAYER_WEIGHTS[layer])
+    named = dict(zip(_LAYER_WEIGHTS[layer], w))
+    copies = []
+    for name in FP8_WEIGHTS[layer]:
+        t = named[name]
+        n, k = t.shape
+        nb, kb = -(-n // 128), -(-k // 128)
+        copies += [t.new_empty(shape, dtype=torch.uint8)
+                   for shape in ((n, k), (nb, kb), (k, n), (kb, nb))]
+    # The widths the config's checks need: D and F from the weights; the LM head's rows (the
+    # last layer's config names a vocab; the head is not read).
+    d = named["w_qkv"].shape[1] if layer == "first" else named["w_out"].shape[0]
+    f = named["w_down"].shape[1] if layer != "first" else 0
+    v = named["lm_head"].shape[0] if layer == "last" else 0
+    cfg = _c_config(d, f, c.n_heads, c.n_kv_heads, c.head_dim, v, c.eps,
+                    precision=_PRECISIONS[c.precision])
+    weights_cls, fp8_cls = (getattr(L, name) for name in _FP8_WEIGHTS_STRUCTS[layer])
+    x = w[0]
+    with T.device_guard(x.device):
+        L.llama_quantize_weights(layer, cfg, T.pack(weights_cls, *w),
+                                 T.pack_fp8_weights(fp8_cls, copies), T.stream(x))
+    return copies

@@ -92,6 +92,31 @@ coda_status coda_llama_middle_backward_part(
   });
 }
 
+coda_status coda_llama_fp8_weights_size(int32_t layer, const coda_llama_config* config,
+                                        size_t* bytes) {
+  const char* fn = "coda_llama_fp8_weights_size";
+  return coda::api::size_query(fn, bytes, [&] {
+    return coda::llama::fp8_weights_size(coda::llama::Layer(layer), arg(fn, "config", config));
+  });
+}
+
+// coda_llama_{first,middle,last}_quantize_weights: coda::llama::quantize_weights on the layer's
+// C++ twins.
+#define CODA_LLAMA_QUANTIZE_WEIGHTS(layer)                                                         \
+  coda_status coda_llama_##layer##_quantize_weights(                                               \
+      const coda_llama_config* config, const coda_llama_##layer##_weights* weights,                \
+      const coda_llama_##layer##_fp8_weights* fp8_weights, coda_stream_t stream) {                 \
+    const char* fn = "coda_llama_" #layer "_quantize_weights";                                     \
+    return guarded(fn, [&] {                                                                       \
+      coda::llama::quantize_weights(arg(fn, "config", config), arg(fn, "weights", weights),        \
+                                    arg(fn, "fp8_weights", fp8_weights), stream);                  \
+    });                                                                                            \
+  }
+CODA_LLAMA_QUANTIZE_WEIGHTS(first)
+CODA_LLAMA_QUANTIZE_WEIGHTS(middle)
+CODA_LLAMA_QUANTIZE_WEIGHTS(last)
+#undef CODA_LLAMA_QUANTIZE_WEIGHTS
+
 coda_status coda_llama_last_backward(const coda_llama_config* config,
                                      const coda_llama_last_weights* weights,
                                      const coda_llama_last_inputs* inputs,

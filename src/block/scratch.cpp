@@ -280,4 +280,48 @@ LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m
   return s;
 }
 
+namespace {
+
+// A weight's copies as the forward's B (codes [N, K]) and as the input gradient's (codes_t).
+Fp8Operand given_rows(const Fp8Weight& w) { return {w.codes, w.scales, true}; }
+Fp8Operand given_columns(const Fp8Weight& w) { return {w.codes_t, w.scales_t, true}; }
+
+// B3..B8's weights: W_down's and W_out's transposed copies, and W_gate_up's in the ffn norm's.
+template <class Fp8Weights>
+void use_fp8_mlp_weights(Fp8MlpBackwardScratch& s, const Fp8Weights& w) {
+  s.w_down_t = given_columns(w.w_down);
+  s.w_out_t = given_columns(w.w_out);
+  s.ffn.w_t = given_columns(w.w_gate_up);
+}
+
+template <class Fp8Weights> void use_fp8_mlp_weights(Fp8ForwardScratch& s, const Fp8Weights& w) {
+  s.w_out = given_rows(w.w_out);
+  s.w_gate_up = given_rows(w.w_gate_up);
+  s.w_down = given_rows(w.w_down);
+}
+
+} // namespace
+
+void use_fp8_weights(Fp8ForwardScratch& s, const FirstFp8Weights& w) {
+  s.w_qkv = given_rows(w.w_qkv);
+}
+void use_fp8_weights(Fp8ForwardScratch& s, const MiddleFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
+  s.w_qkv = given_rows(w.w_qkv);
+}
+void use_fp8_weights(Fp8ForwardScratch& s, const LastFp8Weights& w) { use_fp8_mlp_weights(s, w); }
+void use_fp8_weights(Fp8NormBackwardScratch& s, const FirstFp8Weights& w) {
+  s.w_t = given_columns(w.w_qkv);
+}
+void use_fp8_weights(MiddleBackwardScratch& s, const MiddleFp8Weights& w) {
+  s.fp8_attn.w_t = given_columns(w.w_qkv);
+  use_fp8_mlp_weights(s.fp8_mlp, w);
+}
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const MiddleFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
+}
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const LastFp8Weights& w) {
+  use_fp8_mlp_weights(s, w);
+}
+
 } // namespace coda::llama::detail

@@ -53,9 +53,11 @@ struct MlpForwardScratch {
 
 // A GEMM operand in FP8 (Precision::fp8): E4M3 codes and their E8M0 block scales, as gemm_fp8
 // reads them (an activation: [M, K] and [M, ceil(K/128)]; a weight: [N, K] and
-// [ceil(N/128), ceil(K/128)]).
+// [ceil(N/128), ceil(K/128)]). `given`: a weight's copy that the caller made (inputs.fp8_weights,
+// use_fp8_weights): the step reads it instead of quantizing the weight into the scratch's.
 struct Fp8Operand {
   TensorView codes, scales;
+  bool given = false;
 };
 
 // The FP8 forward's operands: each GEMM's activation and weight, quantized just before it. No
@@ -161,6 +163,18 @@ struct LastBackwardScratch {
   TensorView alpha;        // [1] f32: dloss * grad_scale, the scale of dlogits (last_layer.cpp)
   Fp8MlpBackwardScratch fp8_mlp; // Precision::fp8: B3..B8's operands (the LM head stays 16-bit)
 };
+
+// The caller's FP8 weights (a layer's inputs.fp8_weights, checked as given) in place of the
+// scratch's copies of them: every weight operand then reads its given copy (Fp8Operand::given)
+// and no step quantizes a weight. The scratch's own regions stay carved, unused: the workspace is
+// one size whether the copies are given or not.
+void use_fp8_weights(Fp8ForwardScratch& s, const FirstFp8Weights& w);
+void use_fp8_weights(Fp8ForwardScratch& s, const MiddleFp8Weights& w);
+void use_fp8_weights(Fp8ForwardScratch& s, const LastFp8Weights& w);
+void use_fp8_weights(Fp8NormBackwardScratch& s, const FirstFp8Weights& w);
+void use_fp8_weights(MiddleBackwardScratch& s, const MiddleFp8Weights& w);
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const MiddleFp8Weights& w);
+void use_fp8_weights(Fp8MlpBackwardScratch& s, const LastFp8Weights& w);
 
 // `act` is the 16-bit activation dtype of the call.
 Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m);

@@ -60,8 +60,22 @@ void quantize_weight(const TensorView& w, const Fp8Operand& rows, const Fp8Opera
   quantize_weight_fp8(q, stream);
 }
 
+// A weight's copy as a GEMM reads it: by rows (the forward's B) or transposed (`columns`, the
+// input gradient's), the caller's where given (Fp8Operand::given), else quantized from w now.
+enum class Copy { rows, columns };
+const Fp8Operand& weight_copy(const TensorView& w, const Fp8Operand& copy, Copy which,
+                              Stream stream) {
+  if (copy.given) return copy;
+  if (which == Copy::rows)
+    quantize_weight(w, copy, {}, stream);
+  else
+    quantize_weight(w, {}, copy, stream);
+  return copy;
+}
+
 // One forward GEMM's operands as a fused kernel's Args take them: a [M, K] and w [N, K]
-// themselves, or (FP8) their codes and scales, quantized into `qa` and `qw` first.
+// themselves, or (FP8) their codes and scales: a quantized into `qa` first, and w's copy `qw`
+// (weight_copy).
 struct ForwardOperands {
   TensorView a, w, a_scales, w_scales;
 };
@@ -69,8 +83,8 @@ ForwardOperands forward_operands(const TensorView& a, const TensorView& w, const
                                  const Fp8Operand* qw, Stream stream) {
   if (qa == nullptr) return {a, w, {}, {}};
   quantize_both(a, *qa, {}, stream);
-  quantize_weight(w, *qw, {}, stream);
-  return {qa->codes, qw->codes, qa->scales, qw->scales};
+  const Fp8Operand& b = weight_copy(w, *qw, Copy::rows, stream);
+  return {qa->codes, b.codes, qa->scales, b.scales};
 }
 
 // The operand pair of one GEMM of the FP8 forward (null for native precision).
@@ -152,11 +166,11 @@ void norm_backward(const NormBackward& b, bool accumulate_grads, const NormBackw
   k6.w = b.w;
   if (fp8 != nullptr) { // B1 on E4M3 operands: dz by rows, the weight's transposed codes
     quantize_both(b.dz, fp8->dz, fp8->dz_t, stream);
-    quantize_weight(b.w, {}, fp8->w_t, stream);
+    const Fp8Operand& w_t = weight_copy(b.w, fp8->w_t, Copy::columns, stream);
     k6.dz = fp8->dz.codes;
     k6.dz_scales = fp8->dz.scales;
-    k6.w = fp8->w_t.codes;
-    k6.w_scales = fp8->w_t.scales;
+    k6.w = w_t.codes;
+    k6.w_scales = w_t.scales;
   }
   k6.x = b.x;
   k6.rstd = b.rstd;
@@ -230,11 +244,11 @@ void swiglu_and_down_backward(const MlpBackward& b, int64_t hidden, bool accumul
   k7.w = b.w_down;
   if (fp8 != nullptr) { // dx by rows (and columns, for B4), W_down's transposed codes
     quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
-    quantize_weight(b.w_down, {}, fp8->w_down_t, stream);
+    const Fp8Operand& w_t = weight_copy(b.w_down, fp8->w_down_t, Copy::columns, stream);
     k7.dx = fp8->dx.codes;
     k7.dx_scales = fp8->dx.scales;
-    k7.w = fp8->w_down_t.codes;
-    k7.w_scales = fp8->w_down_t.scales;
+    k7.w = w_t.codes;
+    k7.w_scales = w_t.scales;
   }
   k7.preact = b.z1; // read, then overwritten with its gradient (no scratch for dz1)
   k7.act = mlp.y1;
@@ -275,12 +289,12 @@ void gate_up_and_out_backward(const MlpBackward& b, bool accumulate_grads,
 
   if (fp8 != nullptr) { // B7 and B8 on dx as B5 left it, quantized again
     quantize_both(b.dx, fp8->dx, fp8->dx_t, stream);
-    quantize_weight(b.w_out, {}, fp8->w_out_t, stream);
+    const Fp8Operand& w_out_t = weight_copy(b.w_out, fp8->w_out_t, Copy::columns, stream);
     Fp8GemmArgs dy0; // B7: dy0 = dx1 · W0, W0ᵀ's codes as gemm_fp8's b
     dy0.a = fp8->dx.codes;
     dy0.a_scales = fp8->dx.scales;
-    dy0.b = fp8->w_out_t.codes;
-    dy0.b_scales = fp8->w_out_t.scales;
+    dy0.b = w_out_t.codes;
+    dy0.b_scales = w_out_t.scales;
     dy0.d = b.dy0;
     gemm_fp8(dy0, stream);
     quantize_weight(b.y0, {}, fp8->y0_t, stream);

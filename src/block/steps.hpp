@@ -53,7 +53,8 @@ struct MlpForward {
   TensorView x1, z1, r1, x2;                                // outputs (saved for the backward)
 };
 // `fp8` (Precision::fp8): the three GEMMs on E4M3 operands, each GEMM's input and weight
-// quantized just before it (quantize_activation_fp8, quantize_weight_fp8).
+// quantized just before it (quantize_activation_fp8, quantize_weight_fp8), each weight only where
+// the scratch does not hold the caller's copy of it (Fp8Operand::given), here and below.
 void mlp_forward(const MlpForward& f, float eps, const MlpForwardScratch& scratch, Stream stream,
                  const Fp8ForwardScratch* fp8 = nullptr);
 

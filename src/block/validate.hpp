@@ -46,6 +46,17 @@ void check_fp8_mlp_backward(const api::Validator& v, int64_t m, DType act, const
   check_fp8_mlp_activations(v, act);
 }
 
+// A layer call's inputs.fp8_weights (coda/block/llama.hpp, Fp8Weight): false where absent (every
+// tensor's data null). Where any is given: true, once all are, each e4m3 or e8m0 in the shape
+// of its weight's copy (registered as inputs), and config.precision is fp8; invalid_argument or
+// type_error naming the tensor otherwise (src/block/fp8_weights.cpp).
+bool check_given_fp8_weights(api::Validator& v, const Config& c, const FirstWeights& weights,
+                             const FirstFp8Weights& fp8_weights);
+bool check_given_fp8_weights(api::Validator& v, const Config& c, const MiddleWeights& weights,
+                             const MiddleFp8Weights& fp8_weights);
+bool check_given_fp8_weights(api::Validator& v, const Config& c, const LastWeights& weights,
+                             const LastFp8Weights& fp8_weights);
+
 // The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's
 // precision, check_precision).
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,

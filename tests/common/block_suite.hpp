@@ -27,6 +27,7 @@
 #include "coda/block/llama.h"
 #include "coda/block/llama.hpp"
 #include "coda/coda.hpp"
+#include "coda/core/fp8.hpp"
 #include "reference/llama.hpp"
 #include "reference/llama_fused.hpp"
 #include "tests/common/check.hpp"
@@ -239,6 +240,58 @@ struct RopeTensors {
   HostTensor positions, inv_freq;
 };
 
+// A layer's FP8 weight copies (coda/block/llama.hpp, Fp8Weight): four tensors a weight [N, K],
+// poisoned until quantize_weights writes them.
+class WeightCopies {
+public:
+  // The weights with copies of each layer, [N, K] in the Fp8Weights structs' field order.
+  static WeightCopies first(const llama::Config& c) { return {{{c.qkv_width(), c.hidden}}}; }
+  static WeightCopies middle(const llama::Config& c) {
+    return {{{c.hidden, c.attention_width()},
+             {2 * c.intermediate, c.hidden},
+             {c.hidden, c.intermediate},
+             {c.qkv_width(), c.hidden}}};
+  }
+  static WeightCopies last(const llama::Config& c) {
+    return {{{c.hidden, c.attention_width()},
+             {2 * c.intermediate, c.hidden},
+             {c.hidden, c.intermediate}}};
+  }
+
+  llama::Fp8Weight weight(size_t i) {
+    return {tensors[4 * i].view(), tensors[4 * i + 1].view(), tensors[4 * i + 2].view(),
+            tensors[4 * i + 3].view()};
+  }
+  llama::FirstFp8Weights first() { return {weight(0)}; }
+  llama::MiddleFp8Weights middle() { return {weight(0), weight(1), weight(2), weight(3)}; }
+  llama::LastFp8Weights last() { return {weight(0), weight(1), weight(2)}; }
+  size_t weights() const { return tensors.size() / 4; }
+
+  // The copies with weight i's scales doubled, those of its transposed copy or of its forward
+  // one: the values that copy stands for, doubled exactly (the scales are powers of two).
+  WeightCopies with_scales_doubled(size_t i, bool transposed) const {
+    WeightCopies changed = *this;
+    HostTensor& scales = changed.tensors[4 * i + (transposed ? 3 : 1)];
+    Values doubled = scales.values();
+    for (double& v : doubled) v *= 2;
+    scales = HostTensor::of(DType::e8m0, scales.shape(), doubled);
+    return changed;
+  }
+
+  std::vector<HostTensor> tensors; // codes, scales, codes_t, scales_t of each weight
+
+private:
+  WeightCopies(std::initializer_list<std::pair<int64_t, int64_t>> shapes) {
+    for (const auto& [n, k] : shapes) {
+      const int64_t nb = coda::num_fp8_scale_blocks(n), kb = coda::num_fp8_scale_blocks(k);
+      tensors.emplace_back(DType::e4m3, std::vector<int64_t>{n, k});
+      tensors.emplace_back(DType::e8m0, std::vector<int64_t>{nb, kb});
+      tensors.emplace_back(DType::e4m3, std::vector<int64_t>{k, n});
+      tensors.emplace_back(DType::e8m0, std::vector<int64_t>{kb, nb});
+    }
+  }
+};
+
 class Block : public ::testing::TestWithParam<BlockCase> {
 protected:
   void SetUp() override {
@@ -333,6 +386,20 @@ struct MiddleResult {
   HostTensor z1_forward; // z1 as the forward saved it (the backward overwrites z1)
   HostTensor r2_forward; // r2 likewise (the two-part backward leaves zeta1 over it)
 
+  // What the forward wrote (saved.z1 and .r2 as it left them), and what the backward wrote.
+  std::vector<HostTensor*> forward() { return {&x2, &qkv, &x1, &z1_forward, &r1, &r2_forward}; }
+  std::vector<HostTensor*> backward() {
+    return {&z1,
+            &dx,
+            &dy0,
+            &d_out.tensor,
+            &d_ffn.tensor,
+            &d_gate_up.tensor,
+            &d_down.tensor,
+            &d_attn.tensor,
+            &d_qkv.tensor};
+  }
+
   // Everything the block wrote but saved.r2 (one backward keeps it, the other does not).
   std::vector<HostTensor*> all() {
     return {&x2,
@@ -366,11 +433,13 @@ template <class Call> void block_call(const Call& call) {
 }
 
 // The middle backward as one call (middle_backward) or as its two parts (middle_backward_part),
-// each part given only its own gradients.
+// each part given only its own gradients. `fp8`: the weights' FP8 copies given to every call
+// (inputs.fp8_weights), already written.
 enum class BackwardCalls { one, two_parts };
 
 inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, bool accumulate,
-                               BackwardCalls calls = BackwardCalls::one) {
+                               BackwardCalls calls = BackwardCalls::one,
+                               WeightCopies* fp8 = nullptr) {
   const llama::Config& c = make.c;
   const int64_t D = c.hidden, F = c.intermediate;
   MiddleResult r{make.output(D),
@@ -389,7 +458,10 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
                  make.grad(grad_dtype, {c.qkv_width(), D}, accumulate),
                  HostTensor(),
                  HostTensor()};
-  const auto inputs = [&] { return llama::MiddleInputs{p.x0.view(), p.y0.view(), p.rope.view()}; };
+  const auto inputs = [&] {
+    return llama::MiddleInputs{p.x0.view(), p.y0.view(), p.rope.view(),
+                               fp8 != nullptr ? fp8->middle() : llama::MiddleFp8Weights{}};
+  };
   const auto outputs = [&] { return llama::MiddleOutputs{r.x2.view(), r.qkv.view()}; };
   const auto saved = [&] {
     return llama::MiddleSaved{r.x1.view(), r.z1.view(), r.r1.view(), r.r2.view()};
@@ -536,6 +608,21 @@ struct LastResult {
   Grad d_out, d_ffn, d_gate_up, d_down, d_final, d_head;
   HostTensor z1_forward; // z1 as the forward saved it (the backward overwrites z1)
 
+  std::vector<HostTensor*> forward() {
+    return {&loss, &x1, &z1_forward, &r1, &x2, &r2, &dlogits, &grad_scale, &zeta};
+  }
+  std::vector<HostTensor*> backward() {
+    return {&z1,
+            &dx,
+            &dy0,
+            &d_out.tensor,
+            &d_ffn.tensor,
+            &d_gate_up.tensor,
+            &d_down.tensor,
+            &d_final.tensor,
+            &d_head.tensor};
+  }
+
   std::vector<HostTensor*> all() {
     return {&loss,
             &x1,
@@ -568,9 +655,9 @@ struct Dloss {
 };
 
 // with_logits: also write the logits to outputs.logits (otherwise they only pass through
-// saved.dlogits, which the cross-entropy overwrites in place).
+// saved.dlogits, which the cross-entropy overwrites in place). `fp8`: as run_middle's.
 inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate,
-                           Dloss dloss, bool with_logits) {
+                           Dloss dloss, bool with_logits, WeightCopies* fp8 = nullptr) {
   const llama::Config& c = make.c;
   const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
   LastResult r{HostTensor(DType::f32, {1}),
@@ -592,7 +679,10 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
                make.grad(grad_dtype, {D}, accumulate),
                make.grad(grad_dtype, {V, D}, accumulate),
                HostTensor()};
-  const auto inputs = [&] { return llama::LastInputs{p.x0.view(), p.y0.view(), p.targets.view()}; };
+  const auto inputs = [&] {
+    return llama::LastInputs{p.x0.view(), p.y0.view(), p.targets.view(),
+                             fp8 != nullptr ? fp8->last() : llama::LastFp8Weights{}};
+  };
   const auto saved = [&] {
     return llama::LastSaved{r.x1.view(), r.z1.view(),      r.r1.view(),         r.x2.view(),
                             r.r2.view(), r.dlogits.view(), r.grad_scale.view(), r.zeta.view()};
@@ -1133,6 +1223,156 @@ TEST_P(Block, LastLayerFp8Forward) {
   const LossGradient tg = loss_gradient({}, exact.logits, p, M, V);
   const LossGradient lg = loss_gradient(fp8, unfused_fp8.logits, p, M, V);
   expect_rms("saved.dlogits", dlogits, tg.dlogits, lg.dlogits);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The weights' FP8 copies given (coda/block/llama.hpp, Fp8Weight): quantize_weights writes both
+// copies of each weight, and an FP8 call given them in its inputs reads them in place of its own
+// weight quantizations. One quantizer makes both, so the results are the self-quantizing calls'
+// bit for bit; and each copy is read by the GEMMs it is for: a copy whose scales are doubled
+// changes the results of its pass (the forward's copy the forward's, the transposed one the
+// backward's, in either backward form) and leaves the forward alone where it is the backward's.
+// A call that quantized its weights anyway, or read one copy for the other, fails. The configs
+// whose FP8 backward is refused (MiddleLayerFp8Backward says which) have nothing to compare.
+
+// The copies of `make`'s layer written by quantize_weights from `weights`; `view` makes the
+// layer's Fp8Weights of them.
+template <class Weights, class View>
+WeightCopies quantized(Maker& make, WeightCopies copies, const Weights& weights, const View& view) {
+  llama::quantize_weights(make.c, weights, view(copies));
+  coda::test::sync_views();
+  return copies;
+}
+
+// `changed`'s results against `base`'s: where the change was to a transposed copy, the forward's
+// bits are base's and some backward result differs; where to a forward copy, some forward
+// result differs.
+template <class Result>
+void expect_changed_by(Result& changed, Result& base, bool transposed, const std::string& what) {
+  const auto differs = [](const std::vector<HostTensor*>& a, const std::vector<HostTensor*>& b) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!same_bits(*a[i], *b[i])) return true;
+    return false;
+  };
+  const std::vector<HostTensor*> fa = changed.forward(), fb = base.forward();
+  if (!transposed) {
+    EXPECT_TRUE(differs(fa, fb)) << what << ": the forward did not read its given copy";
+    return;
+  }
+  for (size_t i = 0; i < fa.size(); ++i)
+    EXPECT_TRUE(same_bits(*fa[i], *fb[i])) << what << ": the forward read the transposed copy ("
+                                           << "forward result " << i << ")";
+  EXPECT_TRUE(differs(changed.backward(), base.backward()))
+      << what << ": the backward did not read its given transposed copy";
+}
+
+// The first layer's forward and backward (dx accumulated into, gradients written), with the
+// copies given where `fp8` is.
+struct FirstResult {
+  HostTensor qkv, rstd, dx, d_norm, d_qkv;
+  std::vector<HostTensor*> forward() { return {&qkv, &rstd}; }
+  std::vector<HostTensor*> backward() { return {&dx, &d_norm, &d_qkv}; }
+};
+struct FirstProblem {
+  explicit FirstProblem(Maker& make)
+      : rope(make.M, make.c.head_dim), attn_norm(make.norm()),
+        w_qkv(make.weight(make.c.qkv_width(), make.c.hidden)), x(make.activation(make.c.hidden)),
+        dqkv(make.activation(make.c.qkv_width())), dx(make.activation(make.c.hidden)) {}
+  llama::FirstWeights weights() { return {attn_norm.view(), w_qkv.view()}; }
+  RopeTensors rope;
+  HostTensor attn_norm, w_qkv, x, dqkv, dx;
+};
+inline FirstResult run_first(Maker& make, FirstProblem& p, DType grad_dtype,
+                             WeightCopies* fp8 = nullptr) {
+  const llama::Config& c = make.c;
+  FirstResult r{make.output(c.qkv_width()), make.stat(), p.dx, HostTensor(grad_dtype, {c.hidden}),
+                HostTensor(grad_dtype, {c.qkv_width(), c.hidden})};
+  const auto inputs = [&] {
+    return llama::FirstInputs{p.x.view(), p.rope.view(),
+                              fp8 != nullptr ? fp8->first() : llama::FirstFp8Weights{}};
+  };
+  HostTensor ws_f = make.workspace(llama::Layer::first, llama::Pass::forward);
+  HostTensor ws_b = make.workspace(llama::Layer::first, llama::Pass::backward);
+  block_call([&] {
+    llama::first_forward(c, p.weights(), inputs(), {r.qkv.view()}, {r.rstd.view()}, ws_f.view());
+    llama::first_backward(c, p.weights(), inputs(), {r.qkv.view()}, {r.rstd.view()},
+                          {r.dx.view(), p.dqkv.view(), {r.d_norm.view(), r.d_qkv.view()}}, false,
+                          ws_b.view());
+  });
+  coda::test::sync_views();
+  return r;
+}
+
+TEST_P(Block, FirstLayerFp8GivenWeights) {
+  make.c.precision = llama::Precision::fp8;
+  if (!fp8_widths_fit(c, llama::Layer::first)) return;
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, GetParam().grad_dtype}, seeds);
+  const DType g = GetParam().grad_dtype == DType::f16 ? DType::f32 : GetParam().grad_dtype;
+  FirstProblem p(m16);
+  WeightCopies q = quantized(m16, WeightCopies::first(c), p.weights(),
+                             [](WeightCopies& w) { return w.first(); });
+  FirstResult own = run_first(m16, p, g), given = run_first(m16, p, g, &q);
+  const std::vector<HostTensor*> fa = own.forward(), fb = given.forward();
+  const std::vector<HostTensor*> ba = own.backward(), bb = given.backward();
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_TRUE(same_bits(*fa[i], *fb[i])) << "forward " << i;
+  for (size_t i = 0; i < ba.size(); ++i) EXPECT_TRUE(same_bits(*ba[i], *bb[i])) << "backward " << i;
+  for (bool transposed : {false, true}) {
+    WeightCopies changed = q.with_scales_doubled(0, transposed);
+    FirstResult r = run_first(m16, p, g, &changed);
+    expect_changed_by(r, given, transposed, transposed ? "w_qkv's codes_t" : "w_qkv's codes");
+  }
+}
+
+TEST_P(Block, MiddleLayerFp8GivenWeights) {
+  make.c.precision = llama::Precision::fp8;
+  if (!fp8_widths_fit(c, llama::Layer::middle) || make.dt != DType::bf16) return;
+  const DType g = GetParam().grad_dtype;
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, g}, seeds);
+  MiddleProblem p(m16);
+  WeightCopies q = quantized(m16, WeightCopies::middle(c), p.weights(),
+                             [](WeightCopies& w) { return w.middle(); });
+  for (BackwardCalls calls : {BackwardCalls::one, BackwardCalls::two_parts}) {
+    SCOPED_TRACE(calls == BackwardCalls::one ? "one backward call" : "the backward in two parts");
+    MiddleResult own = run_middle(m16, p, g, false, calls);
+    MiddleResult given = run_middle(m16, p, g, false, calls, &q);
+    const std::vector<HostTensor*> a = own.all(), b = given.all();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+    EXPECT_TRUE(same_bits(own.r2, given.r2));
+  }
+  MiddleResult base = run_middle(m16, p, g, false, BackwardCalls::one, &q);
+  const char* names[] = {"w_out", "w_gate_up", "w_down", "w_qkv"};
+  for (size_t w = 0; w < q.weights(); ++w)
+    for (bool transposed : {false, true}) {
+      WeightCopies changed = q.with_scales_doubled(w, transposed);
+      const std::string what = std::string(names[w]) + (transposed ? "'s codes_t" : "'s codes");
+      MiddleResult one = run_middle(m16, p, g, false, BackwardCalls::one, &changed);
+      expect_changed_by(one, base, transposed, what);
+      if (!transposed) continue;
+      MiddleResult two = run_middle(m16, p, g, false, BackwardCalls::two_parts, &changed);
+      expect_changed_by(two, base, transposed, what + ", two parts");
+    }
+}
+
+TEST_P(Block, LastLayerFp8GivenWeights) {
+  make.c.precision = llama::Precision::fp8;
+  if (!fp8_widths_fit(c, llama::Layer::last) || make.dt != DType::bf16) return;
+  const DType g = GetParam().grad_dtype;
+  Maker m16(BlockCase{"fp8", c, (M + 15) / 16 * 16, make.dt, g}, seeds);
+  LastProblem p(m16, ref::Reduction::mean);
+  WeightCopies q =
+      quantized(m16, WeightCopies::last(c), p.weights(), [](WeightCopies& w) { return w.last(); });
+  LastResult own = run_last(m16, p, g, false, Dloss{0.75f}, false);
+  LastResult given = run_last(m16, p, g, false, Dloss{0.75f}, false, &q);
+  const std::vector<HostTensor*> a = own.all(), b = given.all();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+  const char* names[] = {"w_out", "w_gate_up", "w_down"};
+  for (size_t w = 0; w < q.weights(); ++w)
+    for (bool transposed : {false, true}) {
+      WeightCopies changed = q.with_scales_doubled(w, transposed);
+      LastResult r = run_last(m16, p, g, false, Dloss{0.75f}, false, &changed);
+      expect_changed_by(r, given, transposed,
+                        std::string(names[w]) + (transposed ? "'s codes_t" : "'s codes"));
+    }
 }
 
 } // namespace coda_block_suite

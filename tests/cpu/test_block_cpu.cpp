@@ -603,6 +603,171 @@ TEST_F(BlockArguments, BackwardPartsCheckTheirArguments) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The weights' FP8 copies (coda/block/llama.hpp, Fp8Weight): quantize_weights against the
+// quantizer, their size, and bad copies refused by name with nothing written. (The Block suite's
+// *Fp8GivenWeights tests check what a call does with good ones.)
+
+// Every tensor of `copies` still poisoned: nothing wrote it.
+void expect_unwritten(const WeightCopies& copies, const std::string& what) {
+  for (const HostTensor& t : copies.tensors) {
+    for (double v : t.values()) ASSERT_TRUE(std::isnan(v)) << what << ": a copy was written";
+    EXPECT_TRUE(t.guard_intact());
+  }
+}
+
+// quantize_weights writes each weight's two copies as quantize_weight_fp8 does alone, one copy a
+// call (the block's own calls, in which a forward or backward quantizes one copy of each weight it
+// reads), bit for bit; it reads no norm (absent here). fp8_weights_size counts every copy's byte.
+TEST_F(BlockArguments, QuantizeWeightsIsTheQuantizerOnEachWeight) {
+  llama::Config fp8 = make.c;
+  fp8.precision = llama::Precision::fp8;
+  WeightCopies q = WeightCopies::middle(fp8);
+  llama::MiddleWeights w = p.weights();
+  w.ffn_norm = w.attn_norm = coda::TensorView{};
+  llama::quantize_weights(fp8, w, q.middle());
+  const coda::TensorView weights[] = {w.w_out, w.w_gate_up, w.w_down, w.w_qkv};
+  WeightCopies alone = WeightCopies::middle(fp8);
+  for (size_t i = 0; i < 4; ++i) {
+    coda::QuantizeWeightFp8Args rows, columns;
+    rows.w = columns.w = weights[i];
+    rows.codes = alone.tensors[4 * i].view();
+    rows.scales = alone.tensors[4 * i + 1].view();
+    columns.codes_t = alone.tensors[4 * i + 2].view();
+    columns.scales_t = alone.tensors[4 * i + 3].view();
+    coda::quantize_weight_fp8(rows);
+    coda::quantize_weight_fp8(columns);
+  }
+  for (size_t t = 0; t < q.tensors.size(); ++t)
+    EXPECT_TRUE(same_bits(q.tensors[t], alone.tensors[t])) << "copy tensor " << t;
+
+  size_t bytes = 0; // 1 byte an element: E4M3 codes, E8M0 scales
+  for (const HostTensor& t : q.tensors) bytes += size_t(t.numel());
+  EXPECT_EQ(llama::fp8_weights_size(llama::Layer::middle, fp8), bytes);
+  for (const auto& [layer, copies] : {std::pair{llama::Layer::first, WeightCopies::first(fp8)},
+                                      std::pair{llama::Layer::last, WeightCopies::last(fp8)}}) {
+    size_t layer_bytes = 0;
+    for (const HostTensor& t : copies.tensors) layer_bytes += size_t(t.numel());
+    EXPECT_EQ(llama::fp8_weights_size(layer, fp8), layer_bytes) << int(layer);
+  }
+  EXPECT_THROW(llama::fp8_weights_size(llama::Layer::middle, make.c), coda::Error); // native
+  EXPECT_THROW(llama::fp8_weights_size(llama::Layer(7), fp8), coda::Error);
+}
+
+// quantize_weights' refusals: a native config, a copy of the wrong shape, a copy or a weight
+// absent, two copies over one another; each names what to fix and writes nothing.
+TEST_F(BlockArguments, QuantizeWeightsChecksItsArguments) {
+  llama::Config fp8 = make.c;
+  fp8.precision = llama::Precision::fp8;
+  WeightCopies q = WeightCopies::middle(fp8);
+  const auto expect_rejected = [&](const llama::Config& config, const llama::MiddleWeights& w,
+                                   const llama::MiddleFp8Weights& copies, coda::Status status,
+                                   const std::string& message) {
+    try {
+      llama::quantize_weights(config, w, copies);
+      ADD_FAILURE() << "accepted a call that should fail on " << message;
+    } catch (const coda::Error& e) {
+      EXPECT_EQ(int(e.status()), int(status)) << e.what();
+      EXPECT_NE(std::string(e.what()).find("coda::llama::quantize_weights"), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    expect_unwritten(q, message);
+  };
+  expect_rejected(make.c, p.weights(), q.middle(), coda::Status::invalid_argument,
+                  "config.precision must be Precision::fp8");
+  llama::MiddleFp8Weights copies = q.middle();
+  copies.w_down.scales = q.middle().w_gate_up.scales; // [2, 1] for [1, 1]
+  expect_rejected(fp8, p.weights(), copies, coda::Status::invalid_argument,
+                  "fp8_weights.w_down.scales must have shape [ceil(hidden/128), "
+                  "ceil(intermediate/128)] = [1, 1]; got [2, 1]");
+  copies = q.middle();
+  copies.w_out.codes = {};
+  expect_rejected(fp8, p.weights(), copies, coda::Status::invalid_argument,
+                  "fp8_weights.w_out.codes is required");
+  copies = q.middle();
+  copies.w_out.codes_t = copies.w_out.codes; // [64, 64] both: the shapes allow it
+  expect_rejected(fp8, p.weights(), copies, coda::Status::invalid_argument, "overlaps");
+  llama::MiddleWeights w = p.weights();
+  w.w_qkv = {};
+  expect_rejected(fp8, w, q.middle(), coda::Status::invalid_argument, "weights.w_qkv is required");
+}
+
+// Copies given to a call: refused with a native config, when some are absent, in a wrong shape or
+// dtype, or under an output; by name, with every output still poisoned. The backward checks them
+// as the forward does.
+TEST_F(BlockArguments, GivenFp8WeightsAreChecked) {
+  llama::Config fp8 = make.c;
+  fp8.precision = llama::Precision::fp8;
+  HostTensor ws = HostTensor(
+      DType::f32,
+      {int64_t(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, fp8, make.M) / 4 +
+               1)});
+  WeightCopies q = WeightCopies::middle(fp8);
+  llama::quantize_weights(fp8, p.weights(), q.middle());
+  const auto given = [&](const llama::MiddleFp8Weights& copies) {
+    llama::MiddleInputs in = inputs();
+    in.fp8_weights = copies;
+    return in;
+  };
+  expect_rejected(coda::Status::invalid_argument,
+                  "inputs.fp8_weights.w_out.codes is given, but config.precision is not fp8",
+                  make.c, p.weights(), given(q.middle()), outputs(), workspace.view());
+  llama::MiddleFp8Weights copies = q.middle();
+  copies.w_down.codes_t = {};
+  expect_rejected(coda::Status::invalid_argument,
+                  "inputs.fp8_weights.w_out.codes is given but inputs.fp8_weights.w_down.codes_t "
+                  "is absent",
+                  fp8, p.weights(), given(copies), outputs(), ws.view());
+  copies = q.middle();
+  copies.w_gate_up.codes_t = copies.w_gate_up.codes; // the forward copy for the transposed one
+  expect_rejected(coda::Status::invalid_argument,
+                  "inputs.fp8_weights.w_gate_up.codes_t must have shape [hidden, 2*intermediate] "
+                  "= [64, 192]; got [192, 64]",
+                  fp8, p.weights(), given(copies), outputs(), ws.view());
+  copies = q.middle();
+  copies.w_qkv.scales.dtype = DType::e4m3;
+  expect_rejected(coda::Status::type_error, "inputs.fp8_weights.w_qkv.scales must be e8m0", fp8,
+                  p.weights(), given(copies), outputs(), ws.view());
+  llama::MiddleOutputs out = outputs();
+  out.x2 = make_view(q.tensors[0].view().data, make.dt, make.M, 64); // over w_out's codes
+  expect_rejected(coda::Status::invalid_argument, "x2 overlaps inputs.fp8_weights.w_out.codes", fp8,
+                  p.weights(), given(q.middle()), out, ws.view());
+
+  // The last layer's backward, given copies with a native config: refused before it writes.
+  LastProblem last(make, ref::Reduction::mean);
+  WeightCopies lq = WeightCopies::last(fp8);
+  llama::quantize_weights(fp8, last.weights(), lq.last());
+  HostTensor x1 = make.activation(64), z1 = make.activation(192), r1 = make.stat();
+  HostTensor x2 = make.activation(64), r2 = make.stat(), dlogits = make.activation(72);
+  HostTensor grad_scale(DType::f32, {1}), zeta = make.stat(), dx = make.output(64);
+  HostTensor dy0 = make.output(64), d_out(DType::f32, {64, 64}), d_ffn(DType::f32, {64});
+  HostTensor d_gate_up(DType::f32, {192, 64}), d_down(DType::f32, {64, 96});
+  HostTensor d_final(DType::f32, {64}), d_head(DType::f32, {72, 64});
+  const Values z1_before = z1.values();
+  const llama::LastGrads grads{
+      coda::Scalar{1.f, {}},
+      dx.view(),
+      dy0.view(),
+      {d_out.view(), d_ffn.view(), d_gate_up.view(), d_down.view(), d_final.view(), d_head.view()}};
+  try {
+    llama::last_backward(make.c, last.weights(), {last.x0.view(), last.y0.view(), {}, lq.last()},
+                         {x1.view(), z1.view(), r1.view(), x2.view(), r2.view(), dlogits.view(),
+                          grad_scale.view(), zeta.view()},
+                         grads, false, workspace.view());
+    ADD_FAILURE() << "a native backward given FP8 copies was accepted";
+  } catch (const coda::Error& e) {
+    EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("coda::llama::last_backward: inputs.fp8_weights.w_out."
+                                         "codes is given, but config.precision is not fp8"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(z1.values(), z1_before) << "saved.z1 was written";
+  for (HostTensor* t : {&dx, &dy0, &d_out, &d_ffn, &d_gate_up, &d_down, &d_final, &d_head})
+    for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "a gradient was written";
+}
+
+// ---------------------------------------------------------------------------------------------
 // The C ABI: the same bits as the C++ API, statuses instead of exceptions.
 
 coda_tensor c_tensor(const coda::TensorView& v) {
@@ -646,8 +811,10 @@ TEST_F(BlockArguments, CAbiMatchesCpp) {
                                      c_tensor(w.w_gate_up), c_tensor(w.w_down),
                                      c_tensor(w.attn_norm), c_tensor(w.w_qkv)};
   const llama::MiddleInputs in = inputs();
-  const coda_llama_middle_inputs ci{
-      c_tensor(in.x0), c_tensor(in.y0), {c_tensor(in.rope.positions), c_tensor(in.rope.inv_freq)}};
+  const coda_llama_middle_inputs ci{c_tensor(in.x0),
+                                    c_tensor(in.y0),
+                                    {c_tensor(in.rope.positions), c_tensor(in.rope.inv_freq)},
+                                    {}};
   const coda_llama_middle_outputs co{c_tensor(x2.view()), c_tensor(qkv.view())};
   const coda_llama_middle_saved cs{c_tensor(x1.view()), c_tensor(z1.view()), c_tensor(r1.view()),
                                    c_tensor(r2.view())};
@@ -689,7 +856,7 @@ TEST_F(BlockArguments, CAbiReportsInsteadOfThrowing) {
   odd.head_dim = 31;
   const coda_tensor none{};
   const coda_llama_first_weights w{none, none};
-  const coda_llama_first_inputs in{none, {none, none}};
+  const coda_llama_first_inputs in{none, {none, none}, {}};
   const coda_llama_first_outputs out{none};
   const coda_llama_first_saved saved{none};
   EXPECT_EQ(coda_llama_first_forward(&odd, &w, &in, &out, &saved, &none, nullptr),

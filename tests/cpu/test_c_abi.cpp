@@ -9,6 +9,8 @@
 #include <thread>
 #include <vector>
 
+#include "coda/block/llama.h"
+#include "coda/block/llama.hpp"
 #include "coda/coda.h"
 #include "coda/coda.hpp"
 #include "coda/core/fp8.hpp"
@@ -471,6 +473,101 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t}) EXPECT_TRUE(t->guard_intact());
   EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
+}
+
+// The block's FP8 weight copies through the C ABI, built field by field as a C caller would:
+// coda_llama_fp8_weights_size and coda_llama_first_quantize_weights give the C++ entry points'
+// number and bytes; a first-layer forward given the copies in its inputs' appended fp8_weights
+// gives the self-quantizing forward's bits, and other bits where a given scale is doubled (the
+// field is read); a bad call returns its status and message and writes nothing.
+TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
+  constexpr int64_t M = 48, D = 64, Nq = 128; // 2 query heads and 1 key/value head of 32
+  llama::Config cpp_config;
+  cpp_config.hidden = D;
+  cpp_config.n_heads = 2;
+  cpp_config.n_kv_heads = 1;
+  cpp_config.head_dim = 32;
+  cpp_config.precision = llama::Precision::fp8;
+  const coda_llama_config config{D, 0, 2, 1, 32, 0, 1e-6f, -100, CODA_LOSS_MEAN, CODA_LLAMA_FP8};
+  size_t bytes = 0;
+  ASSERT_EQ(coda_llama_fp8_weights_size(CODA_LLAMA_FIRST, &config, &bytes), CODA_OK)
+      << coda_last_error();
+  EXPECT_EQ(bytes, llama::fp8_weights_size(llama::Layer::first, cpp_config));
+  EXPECT_EQ(bytes, size_t(2 * Nq * D + 2)); // both copies' codes, one 128 x 128 block's scales
+
+  test::Seeds seeds;
+  test::HostTensor w_qkv =
+      test::HostTensor::random(DType::bf16, {Nq, D}, seeds.next(), -0.125, 0.125);
+  test::HostTensor attn_norm = test::HostTensor::random(DType::bf16, {D}, seeds.next(), 0.5, 1.5);
+  test::HostTensor x = test::HostTensor::random(DType::bf16, {M, D}, seeds.next());
+  test::HostTensor codes(DType::e4m3, {Nq, D}), scales(DType::e8m0, {1, 1});
+  test::HostTensor codes_t(DType::e4m3, {D, Nq}), scales_t(DType::e8m0, {1, 1});
+  test::HostTensor cpp_copies[] = {
+      test::HostTensor(DType::e4m3, {Nq, D}), test::HostTensor(DType::e8m0, {1, 1}),
+      test::HostTensor(DType::e4m3, {D, Nq}), test::HostTensor(DType::e8m0, {1, 1})};
+  const auto bytes_of = [](test::HostTensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
+    return std::vector<uint8_t>(p, p + t.numel() * dtype_size(t.dtype()));
+  };
+  const coda_device host = CODA_DEVICE_CPU;
+  const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
+  const coda_llama_first_weights weights{coda_vector(ptr(attn_norm), CODA_BF16, D, host),
+                                         coda_matrix(ptr(w_qkv), CODA_BF16, Nq, D, host)};
+  const coda_llama_first_fp8_weights copies{{coda_matrix(ptr(codes), CODA_E4M3, Nq, D, host),
+                                             coda_matrix(ptr(scales), CODA_E8M0, 1, 1, host),
+                                             coda_matrix(ptr(codes_t), CODA_E4M3, D, Nq, host),
+                                             coda_matrix(ptr(scales_t), CODA_E8M0, 1, 1, host)}};
+
+  // A bad call first, on poisoned copies: nothing written.
+  coda_llama_first_fp8_weights bad = copies;
+  bad.w_qkv.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, Nq, D, host); // the forward's shape
+  EXPECT_EQ(coda_llama_first_quantize_weights(&config, &weights, &bad, nullptr),
+            CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error())
+                .find("coda::llama::quantize_weights: fp8_weights.w_qkv.codes_t must have shape "
+                      "[hidden, qkv_width] = [64, 128]; got [128, 64]"),
+            std::string::npos)
+      << coda_last_error();
+  for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t})
+    for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "a rejected call wrote a copy";
+  EXPECT_EQ(coda_llama_first_quantize_weights(&config, &weights, nullptr, nullptr),
+            CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_llama_first_quantize_weights: fp8_weights is NULL");
+
+  ASSERT_EQ(coda_llama_first_quantize_weights(&config, &weights, &copies, nullptr), CODA_OK)
+      << coda_last_error();
+  const llama::FirstFp8Weights cpp_fp8{
+      {cpp_copies[0].view(), cpp_copies[1].view(), cpp_copies[2].view(), cpp_copies[3].view()}};
+  llama::quantize_weights(cpp_config, llama::FirstWeights{attn_norm.view(), w_qkv.view()}, cpp_fp8);
+  EXPECT_EQ(bytes_of(codes), bytes_of(cpp_copies[0]));
+  EXPECT_EQ(bytes_of(scales), bytes_of(cpp_copies[1]));
+  EXPECT_EQ(bytes_of(codes_t), bytes_of(cpp_copies[2]));
+  EXPECT_EQ(bytes_of(scales_t), bytes_of(cpp_copies[3]));
+
+  // The forward without the copies, with them, and with their scale doubled.
+  test::HostTensor positions = test::HostTensor::of_ints({M}, test::packed_positions(M, 61, 0));
+  test::HostTensor inv_freq = test::HostTensor::of(DType::f32, {16}, test::rope_inv_freq_f32(32));
+  ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_FIRST, CODA_LLAMA_FORWARD, &config, M, &bytes),
+            CODA_OK);
+  test::HostTensor workspace(DType::f32, {int64_t(bytes / 4 + 1)});
+  const auto forward = [&](const coda_llama_first_fp8_weights& fp8) {
+    test::HostTensor qkv(DType::bf16, {M, Nq}), rstd(DType::f32, {M});
+    const coda_llama_first_inputs inputs{coda_matrix(ptr(x), CODA_BF16, M, D, host),
+                                         {coda_vector(ptr(positions), CODA_I32, M, host),
+                                          coda_vector(ptr(inv_freq), CODA_F32, 16, host)},
+                                         fp8};
+    const coda_llama_first_outputs outputs{coda_matrix(ptr(qkv), CODA_BF16, M, Nq, host)};
+    const coda_llama_first_saved saved{coda_vector(ptr(rstd), CODA_F32, M, host)};
+    const coda_tensor ws = coda_vector(ptr(workspace), CODA_F32, workspace.numel(), host);
+    EXPECT_EQ(coda_llama_first_forward(&config, &weights, &inputs, &outputs, &saved, &ws, nullptr),
+              CODA_OK)
+        << coda_last_error();
+    return bytes_of(qkv);
+  };
+  const std::vector<uint8_t> own = forward({}), given = forward(copies);
+  EXPECT_EQ(own, given) << "the given copies' forward is not the self-quantizing one";
+  *static_cast<uint8_t*>(ptr(scales)) += 1; // 2^(k + 1): the codes stand for twice the weight
+  EXPECT_NE(forward(copies), given) << "the forward did not read inputs.fp8_weights";
 }
 
 // The activation quantizer through the C ABI (coda_quantize_activation_fp8 on

@@ -1011,7 +1011,7 @@ void fuzz_llama(Call& c) {
   };
   if (layer == CODA_LLAMA_FIRST) {
     coda_llama_first_weights w{c.input("attn_norm", t, {d}), c.input("w_qkv", t, {qkv, d})};
-    coda_llama_first_inputs x{c.input("x", t, {m, d}), rope()};
+    coda_llama_first_inputs x{c.input("x", t, {m, d}), rope(), {}};
     coda_llama_first_outputs o{maybe("qkv", saved, t, {m, qkv})};
     coda_llama_first_saved s{maybe("rstd", saved, CODA_F32, {m})};
     if (!backward) {
@@ -1039,7 +1039,7 @@ void fuzz_llama(Call& c) {
     coda_llama_middle_weights w{mlp.w_out, mlp.ffn_norm, mlp.w_gate_up, mlp.w_down, {}, {}};
     w.attn_norm = c.input("attn_norm", t, {d});
     w.w_qkv = c.input("w_qkv", t, {qkv, d});
-    coda_llama_middle_inputs x{c.input("x0", t, {m, d}), c.input("y0", t, {m, attn}), rope()};
+    coda_llama_middle_inputs x{c.input("x0", t, {m, d}), c.input("y0", t, {m, attn}), rope(), {}};
     coda_llama_middle_outputs o{maybe("x2", saved, t, {m, d}), maybe("qkv", saved, t, {m, qkv})};
     // The backward overwrites z1 with its gradient (coda/block/llama.hpp, MiddleSaved).
     const coda_tensor z1 = backward ? c.inout("z1", t, {m, 2 * f}) : c.output("z1", t, {m, 2 * f});
@@ -1082,8 +1082,10 @@ void fuzz_llama(Call& c) {
   coda_llama_last_weights w{mlp.w_out, mlp.ffn_norm, mlp.w_gate_up, mlp.w_down, {}, {}};
   w.final_norm = c.input("final_norm", t, {d});
   w.lm_head = c.input("lm_head", t, {v, d});
-  coda_llama_last_inputs x{c.input("x0", t, {m, d}), c.input("y0", t, {m, attn}),
-                           c.indices("targets", {m}, -1, int32_t(v))};
+  coda_llama_last_inputs x{c.input("x0", t, {m, d}),
+                           c.input("y0", t, {m, attn}),
+                           c.indices("targets", {m}, -1, int32_t(v)),
+                           {}};
   if (!backward) {
     coda_llama_last_outputs o{c.output("loss", CODA_F32, {1}),
                               c.optional("logits", Role::output, t, {m, v})};

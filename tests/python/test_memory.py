@@ -288,7 +288,7 @@ def test_middle_backward_equals_its_kernels_one_by_one(device):
     with torch.no_grad():
         x2, qkv, x1, z1, r1, r2 = ops._middle_forward_impl(
             x0, y0, *[w[n] for n in ops.MIDDLE_WEIGHTS], positions, inv_freq, H, KV, HD,
-            BLOCK.eps, L.LLAMA_NATIVE)
+            BLOCK.eps, L.LLAMA_NATIVE, [])
         assert torch.equal(x2, outs[0]) and torch.equal(qkv, outs[1])
         dz2, zeta = K.rope_backward(dqkv, qkv, positions, inv_freq, H, KV, HD, 1.0 / D)  # B0
         dx, h_hat, partials = K.gemm_rms_backward(dz2, w["w_qkv"], x2, r2, zeta,
@@ -313,7 +313,8 @@ def test_last_backward_equals_its_kernels_one_by_one(device):
 
     with torch.no_grad():
         out = ops._last_forward_impl(x0, y0, targets, *weights, H, KV, HD, BLOCK.eps,
-                                     L.LLAMA_NATIVE, BLOCK.ignore_index, L.LOSS_MEAN, False)
+                                     L.LLAMA_NATIVE, BLOCK.ignore_index, L.LOSS_MEAN, False,
+                                     [])
         _, _, x1, z1, r1, x2, r2, dlogits, grad_scale, zeta_loss = out
         # d loss_outer / d loss as autograd hands it to the op: a [1] f32 tensor.
         g = torch.full((1,), dloss, dtype=torch.float32, device=x0.device)

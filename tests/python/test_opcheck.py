@@ -102,13 +102,14 @@ def test_llama_first(device, precision):
     x = act(gen, device, m, D, grad=True)
     attn_norm, w_qkv = g(gen, device, D), w(gen, device, QKV, D)
     opcheck(coda_ops.llama_first_forward.default,
-            (x, attn_norm, w_qkv, positions, inv_freq, *c))
+            (x, attn_norm, w_qkv, positions, inv_freq, *c, []))
     with torch.no_grad():
-        qkv, rstd = coda_ops.llama_first_forward(x, attn_norm, w_qkv, positions, inv_freq, *c)
+        qkv, rstd = coda_ops.llama_first_forward(x, attn_norm, w_qkv, positions, inv_freq, *c,
+                                                 [])
     dqkv = act(gen, device, m, QKV)
     opcheck(coda_ops.llama_first_backward.default,
             (dqkv, x.detach(), attn_norm.detach(), w_qkv.detach(), positions, inv_freq, qkv,
-             rstd, *c))
+             rstd, *c, []))
 
 
 def mlp(gen, device):
@@ -124,14 +125,36 @@ def test_llama_middle(device, precision):
     positions, inv_freq = rope(gen, device, m)
     x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
     weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
-    args = (x0, y0, *weights, positions, inv_freq, *c)
+    args = (x0, y0, *weights, positions, inv_freq, *c, [])
     opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
     with torch.no_grad():
         outs = coda_ops.llama_middle_forward(*args)
     plain = [t.detach() for t in (x0, y0, *weights)]
     opcheck(coda_ops.llama_middle_backward.default,
             (act(gen, device, m, D), act(gen, device, m, QKV), *plain, positions, inv_freq,
-             *outs, *c))
+             *outs, *c, []))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_llama_middle_given_fp8_weights(device):
+    """The middle ops given their weights' FP8 copies (ops.llama_fp8_weights: a Tensor[] of
+    uint8 codes and scales, read, never written): the same schema, autograd and fake-tensor
+    checks as without them."""
+    gen = R.generator(SEED, 39)
+    m, c = tokens(1), cfg(1)
+    positions, inv_freq = rope(gen, device, m)
+    x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
+    weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
+    fp8 = ops.llama_fp8_weights("middle", [t.detach() for t in weights],
+                                ops.BlockConfig(H, KV, HD, EPS, precision="fp8"))
+    args = (x0, y0, *weights, positions, inv_freq, *c, fp8)
+    opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
+    with torch.no_grad():
+        outs = coda_ops.llama_middle_forward(*args)
+    plain = [t.detach() for t in (x0, y0, *weights)]
+    opcheck(coda_ops.llama_middle_backward.default,
+            (act(gen, device, m, D), act(gen, device, m, QKV), *plain, positions, inv_freq,
+             *outs, *c, fp8))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -144,11 +167,11 @@ def test_llama_last(device, return_logits, precision):
     weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, V, D)]
     targets = torch.randint(0, V, (m,), generator=gen).to(device=device, dtype=torch.int32)
     targets[::5] = -100
-    args = (x0, y0, targets, *weights, *c, -100, 0, return_logits)
+    args = (x0, y0, targets, *weights, *c, -100, 0, return_logits, [])
     opcheck_consuming_saved(coda_ops.llama_last_forward.default, args)
     with torch.no_grad():
         loss, logits, *saved = coda_ops.llama_last_forward(*args)
     plain = [t.detach() for t in (x0, y0)] + [targets] + [t.detach() for t in weights]
     dloss = torch.full((1,), 0.5, device=device)
     opcheck(coda_ops.llama_last_backward.default,
-            (dloss, *plain, *saved, *c, -100, 0))
+            (dloss, *plain, *saved, *c, -100, 0, []))

@@ -287,11 +287,21 @@ def test_descriptors_match_field_by_field():
     x0, y0, pos, inv = cases[3], cases[4], cases[1], None
     nested = L.LlamaMiddleInputs(x0=by_fields(x0), y0=by_fields(y0),
                                  rope=L.LlamaRope(positions=by_fields(pos), inv_freq=L.absent()))
-    assert bytes(T.pack(L.LlamaMiddleInputs, x0, y0, pos, inv)) == bytes(nested)
+    assert bytes(T.pack_inputs(L.LlamaMiddleInputs, [], x0, y0, pos, inv)) == bytes(nested)
+    # The FP8 weight copies (uint8 tensors) as E4M3 codes and E8M0 scales, in their fields.
+    copies = [torch.empty(s, dtype=torch.uint8) for s in ((32, 48), (1, 1), (48, 32), (1, 1))]
+    nested.fp8_weights.w_down = L.LlamaFp8Weight(*(
+        L.tensor(t.data_ptr(), L.E8M0 if i % 2 else L.E4M3, t.shape, t.stride())
+        for i, t in enumerate(copies)))
+    four = [None] * 4
+    assert bytes(T.pack_inputs(L.LlamaMiddleInputs, four + four + copies + four,
+                               x0, y0, pos, inv)) == bytes(nested)
+    with pytest.raises(TypeError, match="fp8_weights.w_out.codes.*uint8"):
+        T.pack_fp8_weights(L.LlamaMiddleFp8Weights, [x0] * 16)
     buf = torch.empty(64, dtype=torch.uint8)
     assert bytes(T.workspace_view(buf, 37)) == bytes(L.tensor(buf.data_ptr(), L.I32, (10,)))
     with pytest.raises(TypeError, match="rope.positions"):
-        T.pack(L.LlamaMiddleInputs, x0, y0, pos.double(), inv)
+        T.pack_inputs(L.LlamaMiddleInputs, [], x0, y0, pos.double(), inv)
     with pytest.raises(ValueError, match="dweights.w_qkv: rank 5"):
         T.pack(L.LlamaMiddleGrads, *(cases * 2)[:8], torch.zeros(1, 1, 1, 1, 1))
     with pytest.raises(TypeError):  # not a struct of coda_tensors

@@ -348,28 +348,33 @@ def record_chain(monkeypatch, ops, models):
         return (ops._positions(positions, x), ops._inv_freq(inv_freq, x), c.n_heads,
                 c.n_kv_heads, c.head_dim, c.eps, ops._PRECISIONS[c.precision])
 
-    def first_(x, weights, positions, inv_freq, config):
-        qkv = first(x, weights, positions, inv_freq, config)
+    # kw: fp8_weights, the op's FP8 weight copies where the model keeps them (models.Llama's
+    # fp8_weights_once), passed on to the op and to the re-run of its forward.
+    def first_(x, weights, positions, inv_freq, config, **kw):
+        qkv = first(x, weights, positions, inv_freq, config, **kw)
         c = ops.block_config(config)
         saved = forward_outputs(ops._FIRST_FWD, ("qkv", "r"), x.detach(),
                                 *[w.detach() for w in weights],
-                                *rope_args(positions, inv_freq, x, c))
+                                *rope_args(positions, inv_freq, x, c),
+                                list(kw.get("fp8_weights") or ()))
         assert torch.equal(saved["qkv"], qkv)
         step("first", [x], weights, [qkv], (positions, inv_freq, c), saved)
         return qkv
 
-    def middle_(x0, y0, weights, positions, inv_freq, config):
-        x2, qkv = middle(x0, y0, weights, positions, inv_freq, config)
+    def middle_(x0, y0, weights, positions, inv_freq, config, **kw):
+        x2, qkv = middle(x0, y0, weights, positions, inv_freq, config, **kw)
         c = ops.block_config(config)
         saved = forward_outputs(ops._MIDDLE_FWD, ("x2", "qkv", "x1", "z1", "r1", "r2"),
                                 x0.detach(), y0.detach(), *[w.detach() for w in weights],
-                                *rope_args(positions, inv_freq, x0, c))
+                                *rope_args(positions, inv_freq, x0, c),
+                                list(kw.get("fp8_weights") or ()))
         assert torch.equal(saved["x2"], x2) and torch.equal(saved["qkv"], qkv)
         step("middle", [x0, y0], weights, [x2, qkv], (positions, inv_freq, c), saved)
         return x2, qkv
 
     def last_(x0, y0, targets, weights, config, **kw):
         loss, logits = last(x0, y0, targets, weights, config, **kw)
+        fp8_weights = list(kw.get("fp8_weights") or ())
         c = ops.block_config(config)
         reduction = kw.get("reduction", "mean")
         saved = forward_outputs(
@@ -377,7 +382,8 @@ def record_chain(monkeypatch, ops, models):
                             "grad_scale"), x0.detach(),
             y0.detach(), targets.reshape(-1).to(device=x0.device, dtype=torch.int32),
             *[w.detach() for w in weights], c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-            ops._PRECISIONS[c.precision], c.ignore_index, ops._REDUCTIONS[reduction], True)
+            ops._PRECISIONS[c.precision], c.ignore_index, ops._REDUCTIONS[reduction], True,
+            fp8_weights)
         step("last", [x0, y0], weights, [loss], (targets, c, reduction), saved)
         return loss, logits
 

@@ -51,13 +51,25 @@ typedef struct coda_llama_rope {
   coda_tensor inv_freq;  /* [head_dim / 2] f32 */
 } coda_llama_rope;
 
+/* The FP8 copies of a weight [N, K] (coda::llama::Fp8Weight, llama.hpp: shapes and use): codes
+ * [N, K] e4m3, scales [ceil(N/128), ceil(K/128)] e8m0, codes_t [K, N] e4m3 and scales_t
+ * [ceil(K/128), ceil(N/128)] e8m0, written by coda_llama_<layer>_quantize_weights and read by an
+ * FP8 call given them in its inputs' fp8_weights (all of a layer's or none: all NULL). */
+typedef struct coda_llama_fp8_weight {
+  coda_tensor codes, scales, codes_t, scales_t;
+} coda_llama_fp8_weight;
+
 /* ---- first layer */
 typedef struct coda_llama_first_weights {
   coda_tensor attn_norm, w_qkv;
 } coda_llama_first_weights;
+typedef struct coda_llama_first_fp8_weights {
+  coda_llama_fp8_weight w_qkv;
+} coda_llama_first_fp8_weights;
 typedef struct coda_llama_first_inputs {
   coda_tensor x;
   coda_llama_rope rope;
+  coda_llama_first_fp8_weights fp8_weights; /* optional (all NULL: the call quantizes its own) */
 } coda_llama_first_inputs;
 typedef struct coda_llama_first_outputs {
   coda_tensor qkv;
@@ -75,9 +87,13 @@ typedef struct coda_llama_first_grads {
 typedef struct coda_llama_middle_weights {
   coda_tensor w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv;
 } coda_llama_middle_weights;
+typedef struct coda_llama_middle_fp8_weights {
+  coda_llama_fp8_weight w_out, w_gate_up, w_down, w_qkv;
+} coda_llama_middle_fp8_weights;
 typedef struct coda_llama_middle_inputs {
   coda_tensor x0, y0;
   coda_llama_rope rope;
+  coda_llama_middle_fp8_weights fp8_weights; /* optional */
 } coda_llama_middle_inputs;
 typedef struct coda_llama_middle_outputs {
   coda_tensor x2, qkv;
@@ -99,8 +115,12 @@ typedef struct coda_llama_middle_grads {
 typedef struct coda_llama_last_weights {
   coda_tensor w_out, ffn_norm, w_gate_up, w_down, final_norm, lm_head;
 } coda_llama_last_weights;
+typedef struct coda_llama_last_fp8_weights {
+  coda_llama_fp8_weight w_out, w_gate_up, w_down; /* the LM head stays 16-bit */
+} coda_llama_last_fp8_weights;
 typedef struct coda_llama_last_inputs {
   coda_tensor x0, y0, targets;
+  coda_llama_last_fp8_weights fp8_weights; /* optional */
 } coda_llama_last_inputs;
 typedef struct coda_llama_last_outputs {
   coda_tensor loss;   /* [1] f32 */
@@ -168,6 +188,22 @@ CODA_API coda_status coda_llama_last_backward(const coda_llama_config* config,
                                               const coda_llama_last_grads* grads,
                                               int32_t accumulate, const coda_tensor* workspace,
                                               coda_stream_t stream);
+
+/* The weights' FP8 copies, made once per step (config->precision CODA_LLAMA_FP8; coda::llama::
+ * fp8_weights_size and quantize_weights in llama.hpp): the bytes of a layer's copies, and both
+ * copies of each of its weights written in one pass. Each quantize call reads only the weights
+ * its fp8_weights hold (the norms and the LM head may be NULL). */
+CODA_API coda_status coda_llama_fp8_weights_size(int32_t layer, const coda_llama_config* config,
+                                                 size_t* bytes);
+CODA_API coda_status coda_llama_first_quantize_weights(
+    const coda_llama_config* config, const coda_llama_first_weights* weights,
+    const coda_llama_first_fp8_weights* fp8_weights, coda_stream_t stream);
+CODA_API coda_status coda_llama_middle_quantize_weights(
+    const coda_llama_config* config, const coda_llama_middle_weights* weights,
+    const coda_llama_middle_fp8_weights* fp8_weights, coda_stream_t stream);
+CODA_API coda_status coda_llama_last_quantize_weights(
+    const coda_llama_config* config, const coda_llama_last_weights* weights,
+    const coda_llama_last_fp8_weights* fp8_weights, coda_stream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -45,10 +45,11 @@ namespace coda::llama {
 //           everything else as native; the LM head and the loss stay 16-bit. Every call,
 //           the middle layer's two-part backward included; a backward needs M a
 //           multiple of 16, the GEMMs' weight gradients bf16 or f32 and, in the middle and
-//           last layers, bf16 activations. The weights stay 16-bit; each
-//           call quantizes the ones it reads into its workspace, and each GEMM's activation
-//           operand is quantized by a pass of its own before it (the fused kernels do not emit
-//           FP8 yet).
+//           last layers, bf16 activations. The weights stay 16-bit; a call quantizes the ones
+//           it reads into its workspace unless its inputs carry their FP8 copies (fp8_weights,
+//           made once per step by quantize_weights, at the end of this file), and each GEMM's
+//           activation operand is quantized by a pass of its own before it (the fused kernels
+//           do not emit FP8 yet).
 enum class Precision : int32_t { native = 0, fp8 = 1 };
 
 struct Config {
@@ -86,6 +87,41 @@ struct Rope {
 };
 
 // ---------------------------------------------------------------------------------------------
+// The weights' FP8 copies, made once per step (Precision::fp8; docs/fp8.md, "The weights
+// quantized once per step").
+//
+// Without them, each FP8 call quantizes the weights its GEMMs read: the forward each weight's
+// copy in 128 x 128 blocks, the backward its transposed copy, so a training step of N
+// micro-batches reads every weight 2N times. quantize_weights (at the end of this file) writes
+// both copies of each weight in one pass over it. Given in a layer's inputs
+// (FirstInputs::fp8_weights, ...) to its forward and backward calls, they are read instead: the
+// call quantizes no weight, and its results are bit for bit the self-quantizing call's (one
+// quantizer, quantize_weight_fp8, makes both). The copies must be made again whenever a weight
+// changes (after the optimizer step): the block cannot tell stale copies from fresh ones.
+//
+// Each copy holds a weight [N, K] (the weights struct's field of its name, as nn.Linear stores
+// it; N and K multiples of 16):
+//   codes    [N, K] e4m3                       the forward GEMM's B
+//   scales   [ceil(N/128), ceil(K/128)] e8m0   one per 128 x 128 block
+//   codes_t  [K, N] e4m3                       the transposed codes: the input gradient's B
+//   scales_t [ceil(K/128), ceil(N/128)] e8m0   the same scales, transposed
+// 2 bytes a parameter and 2 a block, alive from the forward to the backward (fp8_weights_size).
+// A layer's copies are all given or all absent (every tensor's data null: the call quantizes its
+// own), and given only with Precision::fp8. The LM head has none: it stays 16-bit.
+struct Fp8Weight {
+  TensorView codes, scales, codes_t, scales_t;
+};
+struct FirstFp8Weights {
+  Fp8Weight w_qkv;
+};
+struct MiddleFp8Weights {
+  Fp8Weight w_out, w_gate_up, w_down, w_qkv; // of MiddleWeights' fields of these names
+};
+struct LastFp8Weights {
+  Fp8Weight w_out, w_gate_up, w_down;
+};
+
+// ---------------------------------------------------------------------------------------------
 // First layer: h = x * gamma (no producing GEMM to fuse into), full-row rstd, then K4.
 
 struct FirstWeights {
@@ -95,6 +131,8 @@ struct FirstWeights {
 struct FirstInputs {
   TensorView x; // [M, D] the residual stream (embedding output)
   Rope rope;
+  // Optional, Precision::fp8: W_qkv's FP8 copies (quantize_weights), as MiddleInputs'.
+  FirstFp8Weights fp8_weights = {};
 };
 struct FirstOutputs {
   TensorView qkv; // [M, qkv_width] post-RoPE, for attention of layer 0
@@ -134,6 +172,9 @@ struct MiddleInputs {
   TensorView x0; // [M, D] residual stream entering layer l's attention residual
   TensorView y0; // [M, n_heads head_dim] attention output of layer l
   Rope rope;     // of layer l+1's tokens
+  // Optional, Precision::fp8: the weights' FP8 copies (quantize_weights), read by the forward and
+  // both backwards in place of their own quantizations.
+  MiddleFp8Weights fp8_weights = {};
 };
 struct MiddleOutputs {
   TensorView x2;  // [M, D] residual stream leaving layer l
@@ -203,6 +244,8 @@ struct LastInputs {
   TensorView x0;      // [M, D]
   TensorView y0;      // [M, n_heads head_dim]
   TensorView targets; // [M] i32, in [0, V) or config.ignore_index
+  // Optional, Precision::fp8: the weights' FP8 copies (quantize_weights), as MiddleInputs'.
+  LastFp8Weights fp8_weights = {};
 };
 struct LastOutputs {
   TensorView loss;   // [1] f32, mean or sum over non-ignored tokens (config.loss_reduction)
@@ -238,5 +281,23 @@ void last_forward(const Config& config, const LastWeights& weights, const LastIn
 void last_backward(const Config& config, const LastWeights& weights, const LastInputs& inputs,
                    const LastSaved& saved, const LastGrads& grads, bool accumulate,
                    const TensorView& workspace, Stream stream = nullptr);
+
+// ---------------------------------------------------------------------------------------------
+// The FP8 copies of a layer's weights (Fp8Weight, above the first layer, says what they hold).
+
+// Bytes of a layer's copies (their tensors' sizes, unpadded), for a caller that sizes their
+// memory; config.precision must be fp8.
+size_t fp8_weights_size(Layer layer, const Config& config);
+
+// Writes both copies of every weight `fp8_weights` holds, from the 16-bit weight of its name, in
+// one pass over each (config.precision must be fp8). Reads only those weights: the norms and the
+// LM head may be absent. Then pass them in the inputs of every call that reads these weights
+// until they change (a middle layer's: its forward and its backward or backward parts).
+void quantize_weights(const Config& config, const FirstWeights& weights,
+                      const FirstFp8Weights& fp8_weights, Stream stream = nullptr);
+void quantize_weights(const Config& config, const MiddleWeights& weights,
+                      const MiddleFp8Weights& fp8_weights, Stream stream = nullptr);
+void quantize_weights(const Config& config, const LastWeights& weights,
+                      const LastFp8Weights& fp8_weights, Stream stream = nullptr);
 
 } // namespace coda::llama

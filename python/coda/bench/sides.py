@@ -205,6 +205,12 @@ class ModelSide:
         self.module, self.inputs, self.fn = module, inputs, (module if fn is None else fn)
 
     def forward(self):
+        # A timed forward + backward stands for a training step, whose optimizer step changes
+        # every weight: a coda Llama keeping its FP8 weight copies (fp8_weights_once) makes
+        # them again in each, as training would, not once for all the repetitions.
+        drop = getattr(self.module, "drop_fp8_weights", None)
+        if drop is not None:
+            drop()
         return self.fn(self.inputs.input_ids, labels=self.inputs.labels)
 
     def backward(self, loss):
