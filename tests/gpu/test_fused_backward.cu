@@ -226,15 +226,19 @@ void check_rms_backward_fp8(DType dtype, const Shape& s, const RmsBackwardOption
     EXPECT_TRUE(d.dx.copy_back() && d.h_hat.copy_back() && d.partials.copy_back())
         << "a write past the end of an output";
     expect_matches("h_hat", gpu.h_hat, cpu.h_hat, exact.h_hat, unfused.h_hat);
+    // dx is rounded once from an fp32 value whose error is of the baseline's size (the tensor
+    // cores' FP8 sums against the reference's, and g's rounding where it rounds), so it is held
+    // with its final rounding's half ulp (check_rounded_output says why): without it, seeds 2, 23
+    // and 27 of 30 failed on dx (H100, 2026-12-07, 46a7f40; 1.516 of the bound at seed 27).
     if (rounds == cpu_rounds) {
       // Rounded on both backends, from products that may differ by their fp32 sums (the
       // tensor cores' FP8 accumulation against the CPU's), so g as stored may land one ulp apart:
       // the partials are an fp32 statistic of g rounded to T.
-      expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx);
+      expect_matches("dx", gpu.dx, cpu.dx, exact.dx, unfused.dx, FinalRounding::allowed);
       expect_matches("dgamma_partials", gpu.partials, cpu.partials, exact.dgamma_partials,
                      unfused.dgamma_partials, FinalRounding::counted, rounds ? dtype : DType::f32);
     } else {
-      CODA_EXPECT_PASSES(check_output("dx", gpu.dx, exact.dx, unfused.dx));
+      CODA_EXPECT_PASSES(check_rounded_output("dx", gpu.dx, exact.dx, unfused.dx));
       CODA_EXPECT_PASSES(check_output("dgamma_partials", gpu.partials, exact.dgamma_partials,
                                       unfused.dgamma_partials));
     }
