@@ -474,6 +474,16 @@ def _first_backward_fake(dqkv, x, attn_norm, w_qkv, positions, inv_freq, qkv, rs
 _FIRST_BWD = _define("llama_first_backward", _first_backward_impl, _first_backward_fake)
 
 
+def _with_fp8_weights_grads(ctx, grads):
+    """A layer op's backward result, whose last input is the list fp8_weights: through the
+    dispatcher (a custom op's autograd) its gradient is a list of the list's length, one None per
+    copy, as torch checks the structure against the inputs'; through the eager bypass
+    (_Bypass, an autograd.Function) the list is one non-tensor argument, whose gradient is None."""
+    if getattr(ctx, "coda_spec", None) is not None:
+        return grads
+    return grads[:-1] + ([None] * ctx.coda_fp8_count,)
+
+
 def _first_setup(ctx, inputs, output):
     (x, attn_norm, w_qkv, positions, inv_freq, n_heads, n_kv_heads, head_dim, eps, precision,
      fp8_weights) = inputs
@@ -481,17 +491,19 @@ def _first_setup(ctx, inputs, output):
     _grads_only(ctx, rstd)
     ctx.save_for_backward(x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, *fp8_weights)
     ctx.cfg = (n_heads, n_kv_heads, head_dim, eps, precision)
+    ctx.coda_fp8_count = len(fp8_weights)
 
 
 def _first_backward(ctx, dqkv, _drstd):
     if dqkv is None:
-        return (None,) * 11
+        return _with_fp8_weights_grads(ctx, (None,) * 11)
     x, attn_norm, w_qkv, positions, inv_freq, qkv, rstd, *fp8_weights = ctx.saved_tensors
     dx, dg, dw = _run(_FIRST_BWD, _dense(dqkv, qkv), x, attn_norm, w_qkv, positions, inv_freq,
                       qkv, rstd, *ctx.cfg, fp8_weights)
     # inputs: x, attn_norm, w_qkv, positions, inv_freq, 5 non-tensors (n_heads .. precision),
     # fp8_weights
-    return dx, dg, dw, None, None, None, None, None, None, None, None
+    return _with_fp8_weights_grads(
+        ctx, (dx, dg, dw, None, None, None, None, None, None, None, None))
 
 
 _FIRST_FWD = _define(
@@ -653,11 +665,12 @@ def _middle_setup(ctx, inputs, output):
     _grads_only(ctx, x1, z1, r1, r2)
     ctx.save_for_backward(*inputs[:10], x2, qkv, x1, z1, r1, r2, *inputs[15])
     ctx.cfg = tuple(inputs[10:15])
+    ctx.coda_fp8_count = len(inputs[15])
 
 
 def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     if dx2 is None and dqkv is None:
-        return (None,) * 16
+        return _with_fp8_weights_grads(ctx, (None,) * 16)
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
     saved, fp8_weights = saved[:16], saved[16:]
@@ -667,7 +680,8 @@ def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     dx0, dy0 = grads[0], grads[1]
     # inputs: x0, y0, 6 weights, positions, inv_freq, 5 non-tensors (n_heads .. precision),
     # fp8_weights
-    return (dx0, dy0, *grads[2:], None, None, None, None, None, None, None, None)
+    return _with_fp8_weights_grads(
+        ctx, (dx0, dy0, *grads[2:], None, None, None, None, None, None, None, None))
 
 
 _MIDDLE_FWD = _define("llama_middle_forward", _middle_forward_impl, _middle_forward_fake,
@@ -806,11 +820,12 @@ def _last_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:9], x1, z1, r1, x2, r2, dlogits, grad_scale, zeta,
                           *inputs[17])
     ctx.cfg = tuple(inputs[9:16])  # n_heads .. reduction (precision after eps)
+    ctx.coda_fp8_count = len(inputs[17])
 
 
 def _last_backward(ctx, dloss, *_other_grads):
     if dloss is None:
-        return (None,) * 18
+        return _with_fp8_weights_grads(ctx, (None,) * 18)
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
     saved, fp8_weights = saved[:17], saved[17:]
@@ -818,7 +833,8 @@ def _last_backward(ctx, dloss, *_other_grads):
     grads = _run(_LAST_BWD, dloss, *saved, *ctx.cfg, fp8_weights)
     dx0, dy0 = grads[0], grads[1]
     # inputs: x0, y0, targets, 6 weights, 8 non-tensors (n_heads .. return_logits), fp8_weights
-    return (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None, None, None)
+    return _with_fp8_weights_grads(
+        ctx, (dx0, dy0, None, *grads[2:], None, None, None, None, None, None, None, None, None))
 
 
 _LAST_FWD = _define("llama_last_forward", _last_forward_impl, _last_forward_fake, _last_setup,
