@@ -547,7 +547,15 @@ def status_table(results):
                                         r.get("torch_fp8_ms") else "-" for r in both.values()),
                              "/".join(sorted({str(r["tokens"]) for r in both.values()})),
                              " / ".join(m.replace("llama-", "").upper() for m in both),
-                             _short(fp8_block["commit"]))))
+                             _short(fp8_block["commit"]))
+                         + ("; with the weights' FP8 copies made once per step"
+                            " (`fp8_weights_once`) %s and %s" % (
+                                " / ".join("%.2fx" % (r["bf16_ms"] / r["fp8_once_ms"]) for r in
+                                           both.values()),
+                                " / ".join("%.2fx" % (r["torch_fp8_ms"] / r["fp8_once_ms"]) if
+                                           r.get("torch_fp8_ms") else "-" for r in
+                                           both.values()))
+                            if all(r.get("fp8_once_ms") for r in both.values()) else "")))
     fused_fp8 = results.get("fused_fp8")
     fp8_cases = _fp8_cases(fused_fp8)
     if fp8_cases:
@@ -583,7 +591,9 @@ def fp8_block_table(results):
         " Llama layer without attention, %s tokens; median of %s after %s warm-ups, L2 flushed"
         " before each, the four sides pass by pass in turn on the same bf16 weights and inputs."
         " coda FP8: E4M3 with 1 x 128 / 128 x 128 power-of-two block scales, quantized in the"
-        " call (docs/fp8.md); torch FP8: torchao's tensorwise recipe in plain torch ops with"
+        " call (docs/fp8.md); weights once: the same given its weights' FP8 copies, made in one"
+        " pass at the start of each forward (a training step quantizing each weight once);"
+        " torch FP8: torchao's tensorwise recipe in plain torch ops with"
         " `torch._scaled_mm`, dY in %s, compiled; torch bf16: the same block compiled. Error:"
         " the largest relative Frobenius error of an output or gradient against the side's bf16"
         " counterpart." % (results["gpu"], results["date"], results["commit"],
@@ -592,10 +602,11 @@ def fp8_block_table(results):
                            results.get("iters", "?"), results.get("warmup", "?"),
                            results.get("torch_fp8_grad", "e4m3").upper()),
         "",
-        "| model | pass | coda FP8 ms | coda bf16 ms | torch FP8 ms | torch bf16 ms |"
-        " coda bf16 / coda FP8 | torch FP8 / coda FP8 | torch bf16 / torch FP8 |"
+        "| model | pass | coda FP8 ms | coda FP8, weights once ms | coda bf16 ms | torch FP8 ms |"
+        " torch bf16 ms | coda bf16 / coda FP8 | torch FP8 / coda FP8 |"
+        " coda FP8 / weights once | torch bf16 / torch FP8 |"
         " coda FP8 error | torch FP8 error | coda FP8 MiB | torch FP8 MiB |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def ratio(a, b):
@@ -605,12 +616,15 @@ def fp8_block_table(results):
         return "%.3f" % max(check["outputs"], check["grads"]) if check else "-"
 
     for r in results["block"]:
-        f, b, t, c = (r.get(k) for k in ("fp8_ms", "bf16_ms", "torch_fp8_ms", "torch_bf16_ms"))
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            r["model"], r["pass"], *(_fmt(v, "%.3f") for v in (f, b, t, c)),
-            ratio(b, f), ratio(t, f), ratio(c, t), worst(r.get("fp8_vs_bf16")),
-            worst(r.get("torch_fp8_vs_bf16")),
-            *(_fmt(r.get(k), "%.0f") for k in ("fp8_peak_mib", "torch_fp8_peak_mib"))))
+        f, o, b, t, c = (r.get(k) for k in ("fp8_ms", "fp8_once_ms", "bf16_ms", "torch_fp8_ms",
+                                            "torch_bf16_ms"))
+        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |"
+                     % (r["model"], r["pass"], *(_fmt(v, "%.3f") for v in (f, o, b, t, c)),
+                        ratio(b, f), ratio(t, f), ratio(f, o), ratio(c, t),
+                        worst(r.get("fp8_vs_bf16")),
+                        worst(r.get("torch_fp8_vs_bf16")),
+                        *(_fmt(r.get(k), "%.0f") for k in ("fp8_peak_mib",
+                                                          "torch_fp8_peak_mib"))))
     return "\n".join(lines)
 
 

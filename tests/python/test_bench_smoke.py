@@ -710,7 +710,8 @@ def test_fp8_records_follow_issue_13s_schema():
 def test_coda_fp8_side_agrees_with_its_bf16_side_on_the_cpu():
     """The coda_fp8 side (coda.ops.llama_middle with precision fp8) on the CPU backend: its
     outputs and gradients within the FP8 check's bounds of the coda bf16 side's, with FP8
-    noise present."""
+    noise present; the coda_fp8_once side (the same op given the weights' FP8 copies, made in
+    its forward) bit for bit the coda_fp8 side's (the same quantizer makes both)."""
     torch = pytest.importorskip("torch")
     import coda
 
@@ -725,19 +726,25 @@ def test_coda_fp8_side_agrees_with_its_bf16_side_on_the_cpu():
     inputs = BlockInputs(cfg, 64, 1, False, device="cpu", seed=5)
     ref = build_reference_block(cfg, False, seed=6, device="cpu")
     measured = {}
-    for name, precision in (("coda", "native"), ("coda_fp8", "fp8")):
-        side = CodaBlockSide(ref, inputs, precision=precision)
+    full = {}
+    for name, precision, once in (("coda", "native", False), ("coda_fp8", "fp8", False),
+                                  ("coda_fp8_once", "fp8", True)):
+        side = CodaBlockSide(ref, inputs, precision=precision, fp8_weights_once=once)
         try:
             outs = side.forward()
         except NotImplementedError as e:
             pytest.skip("coda's FP8 block unavailable here: %s" % e)
         side.backward(outs)
-        measured[name] = {"results": {k: runner._light(v) for k, v in side.results(outs).items()}}
+        full[name] = {k: v.clone() for k, v in side.results(outs).items()}
+        measured[name] = {"results": {k: runner._light(v) for k, v in full[name].items()}}
         side.zero_grad()
     lines = []
     fields, warnings = runner._fp8_check(measured, lines.append)
     assert not warnings, (warnings, lines)
     assert fields["fp8_vs_bf16"]["outputs"] > runner.FP8_NOISE_FLOOR
+    assert full["coda_fp8_once"].keys() == full["coda_fp8"].keys()
+    for k, v in full["coda_fp8"].items():
+        assert torch.equal(full["coda_fp8_once"][k], v), k
 
 
 def test_bench_tiny_fp8(torch_cuda, tmp_path):
@@ -766,13 +773,14 @@ def test_bench_tiny_fp8(torch_cuda, tmp_path):
     # The coda sides' errors go by their JSON names (bf16, fp8): a build or GPU without coda's
     # (FP8) block answers as _coda_unavailable's do.
     errors = recs[0].get("errors") or {}
-    coda_missing = [e for side, e in errors.items() if side in ("bf16", "fp8") and
+    coda_missing = [e for side, e in errors.items() if side in ("bf16", "fp8", "fp8_once") and
                     _coda_unavailable({"errors": {"coda": e}})]
     if not coda_missing and not torch_missing:
         for r in recs:
             assert not r.get("errors") and not r.get("warnings"), r
-            assert r["fp8_ms"] > 0 and r["bf16_ms"] > 0, r
+            assert r["fp8_ms"] > 0 and r["fp8_once_ms"] > 0 and r["bf16_ms"] > 0, r
             assert r["fp8_vs_bf16"]["outputs"] <= 0.10, r
+            assert r["fp8_once_vs_bf16"]["outputs"] == r["fp8_vs_bf16"]["outputs"], r
     assert "t.fp8/fp8" in bench_main.summary_fp8(results)
     if torch_missing:
         pytest.skip(torch_missing)

@@ -37,7 +37,8 @@ def parse_args(argv):
     p.add_argument("--sides", default=None,
                    help="comma-separated subset of eager,compile,coda,native (default: all; "
                         "native: block cases only; coda's layer through its C ABI, timed in "
-                        "turn with coda); with --fp8, of coda,coda_fp8,torch_fp8,compile "
+                        "turn with coda); with --fp8, of coda,coda_fp8,coda_fp8_once,"
+                        "torch_fp8,compile "
                         "(default: all)")
     p.add_argument("--profile", action="store_true",
                    help="after timing, run one fwd+bwd of the coda and native sides under "
@@ -223,9 +224,9 @@ def main_fp8(args, cases, opts):
 def summary_fp8(results):
     """The --fp8 table: the four times, coda FP8's speed-up over coda bf16 and over torch FP8,
     torch FP8's over torch bf16."""
-    lines = ["%-9s %6s %-8s %9s %9s %9s %9s %9s %9s %9s" % (
-        "model", "tokens", "pass", "fp8 ms", "bf16 ms", "t.fp8 ms", "t.bf16 ms", "bf16/fp8",
-        "t.fp8/fp8", "t.bf16/t.fp8")]
+    lines = ["%-9s %6s %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
+        "model", "tokens", "pass", "fp8 ms", "once ms", "bf16 ms", "t.fp8 ms", "t.bf16 ms",
+        "bf16/fp8", "t.fp8/fp8", "fp8/once", "t.bf16/t.fp8")]
 
     def f(v, fmt):
         return fmt % v if v is not None else "-"
@@ -236,10 +237,12 @@ def summary_fp8(results):
     for r in results["block"]:
         fp8, bf16, tfp8, tbf16 = r["fp8_ms"], r["bf16_ms"], r["torch_fp8_ms"], r.get(
             "torch_bf16_ms")
-        lines.append("%-9s %6d %-8s %9s %9s %9s %9s %9s %9s %9s" % (
-            r["model"], r["tokens"], r["pass"], f(fp8, "%.3f"), f(bf16, "%.3f"),
+        once = r.get("fp8_once_ms")
+        lines.append("%-9s %6d %-8s %9s %9s %9s %9s %9s %9s %9s %9s %9s" % (
+            r["model"], r["tokens"], r["pass"], f(fp8, "%.3f"), f(once, "%.3f"), f(bf16, "%.3f"),
             f(tfp8, "%.3f"), f(tbf16, "%.3f"), f(ratio(bf16, fp8), "%.3fx"),
-            f(ratio(tfp8, fp8), "%.3fx"), f(ratio(tbf16, tfp8), "%.3fx")))
+            f(ratio(tfp8, fp8), "%.3fx"), f(ratio(fp8, once), "%.3fx"),
+            f(ratio(tbf16, tfp8), "%.3fx")))
     # Every pass's record carries its case's warnings and errors: say each once.
     said = []
     for r in results["block"]:

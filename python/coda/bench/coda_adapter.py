@@ -44,17 +44,21 @@ def block_weights_from_reference(ref, grads=False):
     return {"d" + k: v for k, v in w.items()} if grads else w
 
 
-def middle_op(n_heads, n_kv_heads, head_dim, eps, precision="native"):
+def middle_op(n_heads, n_kv_heads, head_dim, eps, precision="native", fp8_weights_once=False):
     """A function (x0 [M, D], y0 [M, H hd], weights dict, positions [M] i32, inv_freq [hd/2] f32)
     -> (x2 [M, D], qkv [M, (H + 2 Hkv) hd]) running coda's fused middle layer with autograd;
-    precision: coda.ops.BlockConfig's ("native": bf16 GEMMs, "fp8": E4M3 operands)."""
+    precision: coda.ops.BlockConfig's ("native": bf16 GEMMs, "fp8": E4M3 operands).
+    fp8_weights_once (fp8): each call first makes the weights' FP8 copies in one pass
+    (coda.ops.llama_fp8_weights) and hands them to the op, whose forward and backward then read
+    them: a training step's cost with the copies made once per step (one micro-batch)."""
     import coda.ops
 
     block = coda.ops.BlockConfig(int(n_heads), int(n_kv_heads), int(head_dim), float(eps),
                                  precision=precision)
 
     def run(x0, y0, w, positions, inv_freq):
-        return coda.ops.llama_middle(x0, y0, w, positions, inv_freq, block)
+        fp8 = coda.ops.llama_fp8_weights("middle", w, block) if fp8_weights_once else None
+        return coda.ops.llama_middle(x0, y0, w, positions, inv_freq, block, fp8_weights=fp8)
 
     return run
 

@@ -40,14 +40,17 @@ TIMING_DEFINITION = (
 # bf16 time, the agreement check, the definitions below).
 FP8_BLOCK_MODELS = ("llama-1b", "llama-8b")
 FP8_BLOCK_KEYS = ("model", "tokens", "pass", "fp8_ms", "bf16_ms", "torch_fp8_ms")
-FP8_BLOCK_SIDES = ("fp8", "bf16", "torch_fp8", "torch_bf16")
+FP8_BLOCK_SIDES = ("fp8", "fp8_once", "bf16", "torch_fp8", "torch_bf16")
 FP8_BLOCK_DEFINITION = (
     "coda's middle Llama layer (out-proj + residual, RMSNorm, gate/up, SwiGLU, down + residual, "
     "RMSNorm, QKV of layer l+1 with RoPE; no attention), forward, backward and both, on the same "
-    "bf16 weights and inputs, in one process, the four sides timed pass by pass in turn: fp8_ms "
+    "bf16 weights and inputs, in one process, the five sides timed pass by pass in turn: fp8_ms "
     "= coda.ops.llama_middle with BlockConfig(precision='fp8') (E4M3 operands, 1 x 128 and "
-    "128 x 128 power-of-two block scales, quantized by coda in the call; docs/fp8.md), bf16_ms = "
-    "the same op in bf16, torch_fp8_ms = the plain-PyTorch reference block with every linear "
+    "128 x 128 power-of-two block scales, quantized by coda in the call; docs/fp8.md), "
+    "fp8_once_ms = the same op given its weights' FP8 copies, made by coda.ops.llama_fp8_weights "
+    "(both copies of each weight in one pass) at the start of each forward, so that a fwd+bwd is "
+    "a training step quantizing each weight once (fwd includes the copies, bwd reads them), "
+    "bf16_ms = the same op in bf16, torch_fp8_ms = the plain-PyTorch reference block with every linear "
     "(o, gate, up, down, q, k, v) in torchao's tensorwise float8 recipe under torch.compile "
     "(torch_fp8 says how), torch_bf16_ms = the bf16 reference block under torch.compile.")
 TORCH_FP8_DEFINITION = (
@@ -63,7 +66,8 @@ TORCH_FP8_DEFINITION = (
 FP8_CHECK_DEFINITION = (
     "before timing, one fwd+bwd of each side; each FP8 side's outputs (x2, qkv) and gradients "
     "(dx0, dy0 and the six weights', the largest capped to their first 2^24 elements) against "
-    "its bf16 counterpart's (fp8 against bf16, torch_fp8 against torch_bf16, or the other bf16 "
+    "its bf16 counterpart's (fp8 and fp8_once against bf16, torch_fp8 against torch_bf16, or "
+    "the other bf16 "
     "side where that one did not run): relative Frobenius error ||a - b|| / ||b|| per tensor; "
     "'outputs' and 'grads' are the largest of each. A warning when outputs exceed 0.10 or "
     "gradients 0.20 (FP8 rounding gives a few percent; a wrong layout, scale or operand gives "

@@ -47,15 +47,19 @@ PAIRED = ("coda", "native")
 # without attention: SDPA would be the same bf16 call on every side.
 FP8_CASES = {"fp8-1b": ("1b", 8192, 1), "fp8-8b": ("8b", 8192, 1)}
 # Its sides, every one timed pass by pass in turn with the others (one _groups group): coda's
-# block in bf16 and in FP8, the reference block with FP8 linears (torch_fp8.py) and the bf16
-# reference, both under torch.compile.
-FP8_SIDE_ORDER = ("coda", "coda_fp8", "torch_fp8", "compile")
+# block in bf16 and in FP8 (each call quantizing the weights it reads), coda's FP8 block given
+# its weights' FP8 copies made in one pass at the start of each forward (fp8_once: a training
+# step with the copies made once per step, docs/fp8.md "The weights quantized once per step"),
+# the reference block with FP8 linears (torch_fp8.py) and the bf16 reference, both under
+# torch.compile.
+FP8_SIDE_ORDER = ("coda", "coda_fp8", "coda_fp8_once", "torch_fp8", "compile")
 # side -> its name in the results (issue 13's bf16_ms, fp8_ms and torch_fp8_ms, then the rest).
-FP8_KEYS = {"coda": "bf16", "coda_fp8": "fp8", "torch_fp8": "torch_fp8", "compile": "torch_bf16"}
+FP8_KEYS = {"coda": "bf16", "coda_fp8": "fp8", "coda_fp8_once": "fp8_once",
+            "torch_fp8": "torch_fp8", "compile": "torch_bf16"}
 FP8_MODELS = {"1b": "llama-1b", "8b": "llama-8b"}
 # The agreement check: each FP8 side against its own bf16 counterpart (the other bf16 side where
 # that one did not run), relative Frobenius error per tensor (report.FP8_CHECK_DEFINITION).
-FP8_COUNTERPART = {"coda_fp8": "coda", "torch_fp8": "compile"}
+FP8_COUNTERPART = {"coda_fp8": "coda", "coda_fp8_once": "coda", "torch_fp8": "compile"}
 FP8_OUTPUTS = ("x2", "qkv")
 # FP8 rounding of random Llama-init data gives 1-7% (tiny shape, 64-256 tokens, on the CPU:
 # coda's block-scaled recipe on its CPU backend x2 0.9%, qkv 3.9%, the gradients 1.6-7.1%; the
@@ -530,12 +534,13 @@ def run_fp8_block(case, shape, tokens, batch, opts, flush, seed=0):
                                      c.extra(0))
         except Exception as e:
             builders["torch_fp8"] = e
-    for name, precision in (("coda", "native"), ("coda_fp8", "fp8")):
+    for name, precision, once in (("coda", "native", False), ("coda_fp8", "fp8", False),
+                                  ("coda_fp8_once", "fp8", True)):
         if name not in opts.sides:
             continue
         try:
             with timing.Construction() as c:
-                side = CodaBlockSide(ref, inputs, precision=precision)
+                side = CodaBlockSide(ref, inputs, precision=precision, fp8_weights_once=once)
             builders[name] = (side, c.extra(timing.param_bytes(side.param_tensors())))
         except Exception as e:
             builders[name] = e

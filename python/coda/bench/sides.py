@@ -97,16 +97,18 @@ class TorchBlockSide:
 
 class CodaBlockSide:
     """coda's middle-layer op on weights converted from the same ReferenceMiddle; precision
-    "fp8" runs its FP8 form (coda.ops.BlockConfig.precision) on the same bf16 weights."""
+    "fp8" runs its FP8 form (coda.ops.BlockConfig.precision) on the same bf16 weights, and with
+    fp8_weights_once its forward makes the weights' FP8 copies first (coda_adapter.middle_op)."""
 
-    def __init__(self, module, inputs, precision="native"):
+    def __init__(self, module, inputs, precision="native", fp8_weights_once=False):
         self.inputs = inputs
         self.weights = {k: v.detach().clone().requires_grad_()
                         for k, v in coda_adapter.block_weights_from_reference(module).items()}
         self.config = (module.n_heads, module.n_kv, module.head_dim,
                        module.post_attention_layernorm.variance_epsilon)
         self.precision = precision
-        self.op = coda_adapter.middle_op(*self.config, precision=precision)
+        self.op = coda_adapter.middle_op(*self.config, precision=precision,
+                                         fp8_weights_once=fp8_weights_once)
 
     def forward(self):
         i = self.inputs
