@@ -799,19 +799,26 @@ def test_fp8_block_table_and_status_row():
     results = {"gpu": "NVIDIA H100 80GB HBM3", "date": "2026-12-06", "commit": "abc1234def",
                "torch": "2.11", "iters": 20, "warmup": 3, "block": [
                    _fp8_block_record("llama-1b", "fwd+bwd", 4.0, 5.0, 6.0, 5.4,
-                                     fp8_vs_bf16=check, fp8_peak_mib=1017.4),
+                                     fp8_vs_bf16=check, fp8_peak_mib=1017.4, fp8_once_ms=3.2),
                    _fp8_block_record("llama-8b", "fwd+bwd", 10.0, 16.0, 8.0, None)]}
     text = pt.fp8_block_table(results)
-    # bf16 / FP8 5/4, torch FP8 / coda FP8 6/4, torch bf16 / torch FP8 5.4/6; the larger error.
-    assert ("| llama-1b | fwd+bwd | 4.000 | 5.000 | 6.000 | 5.400 | 1.250 | 1.500 | 0.900 |"
-            " 0.080 | - | 1017 | - |") in text
+    # bf16 / FP8 5/4, torch FP8 / coda FP8 6/4, FP8 / once 4/3.2, torch bf16 / torch FP8 5.4/6;
+    # the larger error.
+    assert ("| llama-1b | fwd+bwd | 4.000 | 3.200 | 5.000 | 6.000 | 5.400 | 1.250 | 1.500 |"
+            " 1.250 | 0.900 | 0.080 | - | 1017 | - |") in text
     # A side that did not run is a dash, and so is every ratio that needs it.
-    assert "| llama-8b | fwd+bwd | 10.000 | 16.000 | 8.000 | - | 1.600 | 0.800 | - |" in text
+    assert ("| llama-8b | fwd+bwd | 10.000 | - | 16.000 | 8.000 | - | 1.600 | 0.800 | - | - |"
+            in text)
     assert "Commit: `abc1234def`" in text and "median of 20 after 3 warm-ups" in text
     status = pt.status_table({"fp8_block": results})
     assert "1.25x / 1.60x coda's bf16 speed" in status
     assert "1.50x / 0.80x the speed of PyTorch's FP8 block" in status
     assert "(1B / 8B; docs/fp8.md), at `abc1234`" in status
+    # The once numbers join the row only when every model has them.
+    assert "made once per step" not in status
+    results["block"][1]["fp8_once_ms"] = 8.0
+    status = pt.status_table({"fp8_block": results})
+    assert "(`fp8_weights_once`) 1.56x / 2.00x and 1.88x / 1.00x" in status
 
 
 def _train_llama(*argv):
