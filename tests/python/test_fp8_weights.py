@@ -16,37 +16,11 @@ from coda import models, ops  # noqa: E402
 
 import torch_reference as R  # noqa: E402
 from conftest import SEED  # noqa: E402
+# test_models' small model (every GEMM width a multiple of 16, FP8's rule; hidden above 128, so
+# that the weights have more than one 128 x 128 block), its weights and its batches.
+from test_models import batch, randomize, small_config  # noqa: E402
 
 DEVICES = R.device_params()
-IGNORE = -100
-
-
-def small_config(**overrides):
-    # Every GEMM width a multiple of 16 (FP8's rule); hidden above 128 so that the weights have
-    # more than one 128 x 128 block.
-    fields = dict(hidden_size=256, intermediate_size=352, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, vocab_size=520, num_hidden_layers=3,
-                  rms_norm_eps=1e-5, rope_theta=10000.0)
-    fields.update(overrides)
-    return models.LlamaConfig(**fields)
-
-
-@torch.no_grad()
-def randomize(model, gen):
-    for name, p in model.named_parameters():
-        if name.endswith("norm"):
-            v = torch.rand(p.shape, generator=gen) + 0.5
-        else:
-            b = p.shape[1] ** -0.5
-            v = (torch.rand(p.shape, generator=gen) * 2 - 1) * b
-        p.copy_(v.to(p.dtype))
-
-
-def batch(gen, config, device, b=2, s=40):
-    ids = torch.randint(0, config.vocab_size, (b, s), generator=gen)
-    labels = ids.clone()
-    labels[torch.rand(b, s, generator=gen) < 0.1] = IGNORE
-    return ids.to(device), labels.to(device)
 
 
 def grads(model):

@@ -24,6 +24,8 @@ coda_ops = torch.ops.coda
 # middle layer's in one call instead of two parts). FP8 needs the tokens a multiple of 16 for
 # its backward, and every width here is one.
 PRECISIONS = [pytest.param(0, id="native"), pytest.param(1, id="fp8")]
+# The same with the FP8 copies not given (the ops quantize their own).
+PRECISIONS_GIVEN = [pytest.param(0, False, id="native"), pytest.param(1, False, id="fp8")]
 
 
 def cfg(precision):
@@ -118,35 +120,20 @@ def mlp(gen, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("precision", PRECISIONS)
-def test_llama_middle(device, precision):
-    gen = R.generator(SEED, 36)
+@pytest.mark.parametrize("precision, given",
+                         PRECISIONS_GIVEN + [pytest.param(1, True, id="fp8-given")])
+def test_llama_middle(device, precision, given):
+    """given: the ops handed their weights' FP8 copies (ops.llama_fp8_weights: a Tensor[] of
+    uint8 codes and scales, read, never written), under the same schema, autograd and
+    fake-tensor checks as without them."""
+    gen = R.generator(SEED, 39 if given else 36)
     m, c = tokens(precision), cfg(precision)
     positions, inv_freq = rope(gen, device, m)
     x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
     weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
-    args = (x0, y0, *weights, positions, inv_freq, *c, [])
-    opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
-    with torch.no_grad():
-        outs = coda_ops.llama_middle_forward(*args)
-    plain = [t.detach() for t in (x0, y0, *weights)]
-    opcheck(coda_ops.llama_middle_backward.default,
-            (act(gen, device, m, D), act(gen, device, m, QKV), *plain, positions, inv_freq,
-             *outs, *c, []))
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_llama_middle_given_fp8_weights(device):
-    """The middle ops given their weights' FP8 copies (ops.llama_fp8_weights: a Tensor[] of
-    uint8 codes and scales, read, never written): the same schema, autograd and fake-tensor
-    checks as without them."""
-    gen = R.generator(SEED, 39)
-    m, c = tokens(1), cfg(1)
-    positions, inv_freq = rope(gen, device, m)
-    x0, y0 = act(gen, device, m, D, grad=True), act(gen, device, m, H * HD, grad=True)
-    weights = mlp(gen, device) + [g(gen, device, D), w(gen, device, QKV, D)]
-    fp8 = ops.llama_fp8_weights("middle", [t.detach() for t in weights],
-                                ops.BlockConfig(H, KV, HD, EPS, precision="fp8"))
+    fp8 = (ops.llama_fp8_weights("middle", [t.detach() for t in weights],
+                                 ops.BlockConfig(H, KV, HD, EPS, precision="fp8"))
+           if given else [])
     args = (x0, y0, *weights, positions, inv_freq, *c, fp8)
     opcheck_consuming_saved(coda_ops.llama_middle_forward.default, args)
     with torch.no_grad():
