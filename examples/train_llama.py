@@ -512,6 +512,10 @@ def run(args, ranks):
     if "coda" in sides:
         models["coda"] = coda_adapter.model_from_reference(reference)  # a converted copy
         models["coda"].precision = args.precision  # its layer GEMMs: native or fp8
+        # FP8: each op's weight copies made once a step (after the optimizer's step moves the
+        # weights), not in each call: the same results bit for bit (docs/fp8.md, "The weights
+        # quantized once per step").
+        models["coda"].fp8_weights_once = args.precision == "fp8"
     if "torch" in sides:
         models["torch"] = reference
     curves = {}
