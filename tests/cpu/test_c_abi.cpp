@@ -387,6 +387,38 @@ TEST(CAbi, GemmFp8ByRowsAccumulatingMatchesCppApi) {
   EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c))) << "a rejected call wrote d";
 }
 
+// The four outputs of a quantizer's C call (codes, scales and the transposed copies), filled
+// before each call with bytes the quantizer never writes (0xFF: a negative NaN code, which it
+// writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so that a byte the call left
+// alone differs from the C++ call's and a rejected call's untouched outputs show.
+struct QuantizerOutputs {
+  test::HostTensor codes, scales, codes_t, scales_t;
+
+  void fill() {
+    for (test::HostTensor* t : {&codes, &codes_t}) std::memset(t->host_view().data, 0xFF, size(*t));
+    for (test::HostTensor* t : {&scales, &scales_t})
+      std::memset(t->host_view().data, 0xFE, size(*t));
+  }
+  static std::vector<uint8_t> bytes(test::HostTensor& t) {
+    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
+    return std::vector<uint8_t>(p, p + t.numel());
+  }
+  static bool untouched(test::HostTensor& t, uint8_t byte) {
+    return bytes(t) == std::vector<uint8_t>(size(t), byte);
+  }
+  bool transposed_untouched() { return untouched(codes_t, 0xFF) && untouched(scales_t, 0xFE); }
+  bool all_untouched() {
+    return untouched(codes, 0xFF) && untouched(scales, 0xFE) && transposed_untouched();
+  }
+  bool guards_intact() {
+    return codes.guard_intact() && scales.guard_intact() && codes_t.guard_intact() &&
+           scales_t.guard_intact();
+  }
+
+private:
+  static size_t size(test::HostTensor& t) { return size_t(t.numel()); }
+};
+
 // The weight quantizer through the C ABI (coda_quantize_weight_fp8 on
 // coda_quantize_weight_fp8_args, built here field by field as a C caller would) gives the C++
 // entry point's bytes, with the transposed copy and without it (codes_t and scales_t left zero:
@@ -400,27 +432,11 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   quantize_weight_fp8(cpp.args(test::Fp8Copies::both));
   ASSERT_EQ(cpp.check(test::Fp8Copies::both), ""); // the format's definition, block by block
 
-  // The C call's outputs start as bytes the quantizer never writes (0xFF: a negative NaN code,
-  // which it writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so a byte the call
-  // left alone differs from the C++ call's.
-  test::HostTensor codes(DType::e4m3, {N, K}), scales(DType::e8m0, {nb, kb});
-  test::HostTensor codes_t(DType::e4m3, {K, N}), scales_t(DType::e8m0, {kb, nb});
-  const auto fill = [](test::HostTensor& t, uint8_t byte) {
-    std::memset(t.host_view().data, byte, size_t(t.numel()));
-  };
-  const auto fill_all = [&] {
-    fill(codes, 0xFF);
-    fill(codes_t, 0xFF);
-    fill(scales, 0xFE);
-    fill(scales_t, 0xFE);
-  };
-  const auto bytes = [](test::HostTensor& t) {
-    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
-    return std::vector<uint8_t>(p, p + t.numel());
-  };
-  const auto untouched = [&](test::HostTensor& t, uint8_t byte) {
-    return bytes(t) == std::vector<uint8_t>(size_t(t.numel()), byte);
-  };
+  QuantizerOutputs out{
+      test::HostTensor(DType::e4m3, {N, K}), test::HostTensor(DType::e8m0, {nb, kb}),
+      test::HostTensor(DType::e4m3, {K, N}), test::HostTensor(DType::e8m0, {kb, nb})};
+  auto &codes = out.codes, &scales = out.scales, &codes_t = out.codes_t, &scales_t = out.scales_t;
+  const auto bytes = &QuantizerOutputs::bytes;
 
   const coda_device host = CODA_DEVICE_CPU;
   const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
@@ -432,28 +448,25 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, N, host);
   ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, kb, nb, host);
 
-  fill_all();
+  out.fill();
   ASSERT_EQ(coda_quantize_weight_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
   EXPECT_EQ(bytes(codes), bytes(cpp.codes));
   EXPECT_EQ(bytes(scales), bytes(cpp.scales));
   EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
   EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
 
-  fill_all();
+  out.fill();
   ASSERT_EQ(coda_quantize_weight_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
   EXPECT_EQ(bytes(codes), bytes(cpp.codes));
   EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_TRUE(untouched(codes_t, 0xFF) && untouched(scales_t, 0xFE))
-      << "an absent copy was written";
+  EXPECT_TRUE(out.transposed_untouched()) << "an absent copy was written";
 
   const auto expect_rejected = [&](const coda_quantize_weight_fp8_args& bad, coda_status status,
                                    const char* message) {
-    fill_all();
+    out.fill();
     EXPECT_EQ(coda_quantize_weight_fp8(&bad, nullptr), status);
     EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
-    EXPECT_TRUE(untouched(codes, 0xFF) && untouched(codes_t, 0xFF) && untouched(scales, 0xFE) &&
-                untouched(scales_t, 0xFE))
-        << "a rejected call wrote an output: " << message;
+    EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
   };
   coda_quantize_weight_fp8_args bad = ca;
   bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
@@ -470,7 +483,7 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   bad = ca;
   bad.w.shape[1] = bad.codes.shape[1] = K - 8; // rows still K elements apart
   expect_rejected(bad, CODA_NOT_SUPPORTED, "quantize_weight_fp8: K must be a multiple of 16");
-  for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t}) EXPECT_TRUE(t->guard_intact());
+  EXPECT_TRUE(out.guards_intact());
   EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
 }
@@ -584,27 +597,11 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
   quantize_activation_fp8(cpp.args(true));
   ASSERT_EQ(cpp.check(true), ""); // the format's definition, block by block
 
-  // The C call's outputs start as bytes the quantizer never writes (0xFF: a negative NaN code,
-  // which it writes as 0x7F; 0xFE: the scale 2^127, above any finite block's), so a byte the call
-  // left alone differs from the C++ call's.
-  test::HostTensor codes(DType::e4m3, {M, K}), scales(DType::e8m0, {M, kb});
-  test::HostTensor codes_t(DType::e4m3, {K, M}), scales_t(DType::e8m0, {K, mb});
-  const auto fill = [](test::HostTensor& t, uint8_t byte) {
-    std::memset(t.host_view().data, byte, size_t(t.numel()));
-  };
-  const auto fill_all = [&] {
-    fill(codes, 0xFF);
-    fill(codes_t, 0xFF);
-    fill(scales, 0xFE);
-    fill(scales_t, 0xFE);
-  };
-  const auto bytes = [](test::HostTensor& t) {
-    const auto* p = static_cast<const uint8_t*>(t.host_view().data);
-    return std::vector<uint8_t>(p, p + t.numel());
-  };
-  const auto untouched = [&](test::HostTensor& t, uint8_t byte) {
-    return bytes(t) == std::vector<uint8_t>(size_t(t.numel()), byte);
-  };
+  QuantizerOutputs out{
+      test::HostTensor(DType::e4m3, {M, K}), test::HostTensor(DType::e8m0, {M, kb}),
+      test::HostTensor(DType::e4m3, {K, M}), test::HostTensor(DType::e8m0, {K, mb})};
+  auto &codes = out.codes, &scales = out.scales, &codes_t = out.codes_t, &scales_t = out.scales_t;
+  const auto bytes = &QuantizerOutputs::bytes;
 
   const coda_device host = CODA_DEVICE_CPU;
   const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
@@ -616,28 +613,25 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
   ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, M, host);
   ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, K, mb, host);
 
-  fill_all();
+  out.fill();
   ASSERT_EQ(coda_quantize_activation_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
   EXPECT_EQ(bytes(codes), bytes(cpp.codes));
   EXPECT_EQ(bytes(scales), bytes(cpp.scales));
   EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
   EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
 
-  fill_all();
+  out.fill();
   ASSERT_EQ(coda_quantize_activation_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
   EXPECT_EQ(bytes(codes), bytes(cpp.codes));
   EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_TRUE(untouched(codes_t, 0xFF) && untouched(scales_t, 0xFE))
-      << "an absent copy was written";
+  EXPECT_TRUE(out.transposed_untouched()) << "an absent copy was written";
 
   const auto expect_rejected = [&](const coda_quantize_activation_fp8_args& bad, coda_status status,
                                    const char* message) {
-    fill_all();
+    out.fill();
     EXPECT_EQ(coda_quantize_activation_fp8(&bad, nullptr), status);
     EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
-    EXPECT_TRUE(untouched(codes, 0xFF) && untouched(codes_t, 0xFF) && untouched(scales, 0xFE) &&
-                untouched(scales_t, 0xFE))
-        << "a rejected call wrote an output: " << message;
+    EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
   };
   coda_quantize_activation_fp8_args bad = ca;
   bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
@@ -658,7 +652,7 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
   bad.x.shape[0] = bad.codes.shape[0] = bad.scales.shape[0] = bad.codes_t.shape[1] = M - 8;
   expect_rejected(bad, CODA_NOT_SUPPORTED,
                   "quantize_activation_fp8: M must be a multiple of 16 when codes_t is given");
-  for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t}) EXPECT_TRUE(t->guard_intact());
+  EXPECT_TRUE(out.guards_intact());
   EXPECT_EQ(coda_quantize_activation_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_activation_fp8: args is NULL");
 }
