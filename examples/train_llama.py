@@ -6,7 +6,8 @@ initial weights and the same batches, then plot both loss curves and check that 
     python examples/train_llama.py [--steps 400] [--out train_llama_out]
 
 Tokens are bytes (vocabulary 256) of the tracked *.md, *.cpp, *.cu, *.cuh, *.hpp, *.h, *.c and
-*.py files; the last 5% is held out. The model is a 4-layer Llama (hidden 512, MLP 1536, 8
+*.py files as they are in the working tree; the last 5% is held out. (So runs compare only on
+one tree: an edit to any of those files changes the batches and every loss.) The model is a 4-layer Llama (hidden 512, MLP 1536, 8
 query / 4 key-value heads of 64; coda's GPU RoPE needs head_dim 64 or 128 and every width a
 multiple of 8). Both sides train in bf16 with fp32 master weights and the same AdamW, warm-up
 and cosine schedule, and gradient clipping; there is no dropout, so the only difference is the
