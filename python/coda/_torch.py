@@ -44,18 +44,21 @@ def _classify(t, name):
         raise L.DTypeError(
             "%s: coda takes bf16, f16, f32 or i32 tensors; got %s" % (name, t.dtype), L.TYPE_ERROR
         )
+    where = _where[(t.dtype, t.device)] = (dtype, *_device_of(t, name))
+    return where
+
+
+def _device_of(t, name):
+    """(coda device, device index) of t's device."""
     kind = t.device.type
     if kind == "cuda":
-        device, index = L.DEVICE_CUDA, t.device.index or 0
-    elif kind == "cpu":
-        device, index = L.DEVICE_CPU, 0
-    else:
-        raise L.InvalidArgument(
-            "%s: coda runs on CUDA (Hopper) or CPU tensors; got a %s tensor" % (name, kind),
-            L.INVALID_ARGUMENT,
-        )
-    where = _where[(t.dtype, t.device)] = (dtype, device, index)
-    return where
+        return L.DEVICE_CUDA, t.device.index or 0
+    if kind == "cpu":
+        return L.DEVICE_CPU, 0
+    raise L.InvalidArgument(
+        "%s: coda runs on CUDA (Hopper) or CPU tensors; got a %s tensor" % (name, kind),
+        L.INVALID_ARGUMENT,
+    )
 
 
 # Packed descriptors by everything they are made of: (data_ptr, shape, stride, dtype, device)
@@ -67,22 +70,27 @@ _packs = {}
 _PACKS_MAX = 1024
 
 
-def _packed(t, name):
-    """The bytes of t's coda_tensor (see view())."""
+def _packed(t, name, as_dtype=None):
+    """The bytes of t's coda_tensor (see view()). as_dtype: the coda dtype of a tensor of bytes
+    (torch.uint8) that holds another type (E4M3 codes, E8M0 scales), instead of t's own."""
     if t is None:
         return _ABSENT
-    key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+    key = (t.data_ptr(), t.shape, t.stride(), t.dtype if as_dtype is None else as_dtype,
+           t.device)
     packed = _packs.get(key)
     if packed is None:
-        packed = _pack_new(t, name)
+        packed = _pack_new(t, name, as_dtype)
         if len(_packs) >= _PACKS_MAX:
             _packs.clear()
         _packs[key] = packed
     return packed
 
 
-def _pack_new(t, name):
-    where = _where.get((t.dtype, t.device)) or _classify(t, name)
+def _pack_new(t, name, as_dtype=None):
+    if as_dtype is None:
+        where = _where.get((t.dtype, t.device)) or _classify(t, name)
+    else:
+        where = (as_dtype, *_device_of(t, name))
     shape = t.shape
     rank = len(shape)
     if rank == 0:
@@ -142,22 +150,7 @@ def _pack_bytes(t, dtype, name):
         raise L.DTypeError("%s: an FP8 copy is a 2-D torch.uint8 tensor (E4M3 codes or E8M0 "
                            "scales); got %s of shape %s" % (name, t.dtype, tuple(t.shape)),
                            L.TYPE_ERROR)
-    key = (t.data_ptr(), t.shape, t.stride(), dtype, t.device)
-    packed = _packs.get(key)
-    if packed is None:
-        if t.device.type == "cuda":
-            device, index = L.DEVICE_CUDA, t.device.index or 0
-        elif t.device.type == "cpu":
-            device, index = L.DEVICE_CPU, 0
-        else:
-            raise L.InvalidArgument("%s: coda runs on CUDA (Hopper) or CPU tensors; got a %s "
-                                    "tensor" % (name, t.device.type), L.INVALID_ARGUMENT)
-        packed = _TENSOR.pack(t.data_ptr(), dtype, 2, *t.shape, *_PAD[2], *t.stride(), *_PAD[2],
-                              device, index)
-        if len(_packs) >= _PACKS_MAX:
-            _packs.clear()
-        _packs[key] = packed
-    return packed
+    return _packed(t, name, as_dtype=dtype)
 
 
 def pack_fp8_weights(cls, tensors):
