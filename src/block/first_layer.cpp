@@ -37,13 +37,13 @@ void first_forward(const Config& config, const FirstWeights& weights, const Firs
                    const TensorView& workspace, Stream stream) {
   api::Validator v("coda::llama::first_forward");
   const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved);
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::first, Pass::forward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::first, Pass::forward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  FirstForwardScratch s = carve_first_forward(arena, config, m, inputs.x.dtype);
-  if (given) use_fp8_weights(s.fp8, inputs.fp8_weights);
+  FirstForwardScratch s = carve_first_forward(arena, config, m, inputs.x.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8, inputs.fp8_weights);
 
   RmsStatsArgs stats; // h = x * gamma, row partials of x^2
   stats.x = inputs.x;
@@ -68,13 +68,13 @@ void first_backward(const Config& config, const FirstWeights& weights, const Fir
   check_attention_input_gradients(v, config, grads.dweights.attn_norm, grads.dweights.w_qkv);
   if (config.precision == Precision::fp8)
     check_fp8_backward(v, m, {{"grads.dweights.w_qkv", grads.dweights.w_qkv}});
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::first, Pass::backward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::first, Pass::backward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  FirstBackwardScratch s = carve_first_backward(arena, config, m, inputs.x.dtype);
-  if (given) use_fp8_weights(s.fp8, inputs.fp8_weights);
+  FirstBackwardScratch s = carve_first_backward(arena, config, m, inputs.x.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8, inputs.fp8_weights);
 
   const AttentionInputGrads g{grads.dqkv, grads.dx, grads.dweights.attn_norm, grads.dweights.w_qkv};
   attention_input_backward(attention_input_of(weights, inputs, outputs, saved), g, config,

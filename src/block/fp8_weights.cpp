@@ -116,7 +116,8 @@ void quantize_layer(Layer layer, const Config& config, const Weights& weights,
 }
 
 // Whether a layer call's inputs.fp8_weights are given, checked (check_given_fp8_weights).
-bool check_given(api::Validator& v, const Config& c, const std::vector<Fp8WeightEntry>& all) {
+Fp8WeightCopies check_given(api::Validator& v, const Config& c,
+                            const std::vector<Fp8WeightEntry>& all) {
   const char *present = nullptr, *absent = nullptr;
   for (const Fp8WeightEntry& e : all) {
     const std::pair<const char*, const TensorView*> tensors[] = {
@@ -129,7 +130,7 @@ bool check_given(api::Validator& v, const Config& c, const std::vector<Fp8Weight
       if (first == nullptr) first = name;
     }
   }
-  if (present == nullptr) return false;
+  if (present == nullptr) return Fp8WeightCopies::in_workspace;
   if (c.precision != Precision::fp8)
     v.fail(Status::invalid_argument,
            std::string(present) +
@@ -141,7 +142,7 @@ bool check_given(api::Validator& v, const Config& c, const std::vector<Fp8Weight
                        "(quantize_weights writes them all); ") +
                present + " is given but " + absent + " is absent");
   for (const Fp8WeightEntry& e : all) add_copies(v, Role::input, e.given, e);
-  return true;
+  return Fp8WeightCopies::given;
 }
 
 } // namespace
@@ -193,16 +194,19 @@ void quantize_weights(const Config& config, const LastWeights& weights,
 
 namespace detail {
 
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const FirstWeights& weights,
-                             const FirstFp8Weights& fp8_weights) {
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const FirstWeights& weights,
+                                        const FirstFp8Weights& fp8_weights) {
   return check_given(v, c, entries(c, weights, fp8_weights));
 }
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const MiddleWeights& weights,
-                             const MiddleFp8Weights& fp8_weights) {
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const MiddleWeights& weights,
+                                        const MiddleFp8Weights& fp8_weights) {
   return check_given(v, c, entries(c, weights, fp8_weights));
 }
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const LastWeights& weights,
-                             const LastFp8Weights& fp8_weights) {
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const LastWeights& weights,
+                                        const LastFp8Weights& fp8_weights) {
   return check_given(v, c, entries(c, weights, fp8_weights));
 }
 

@@ -71,13 +71,13 @@ void last_forward(const Config& config, const LastWeights& weights, const LastIn
   v.output("outputs.loss", outputs.loss, Elem::f32, {exactly("1", 1)});
   v.optional_output("outputs.logits", outputs.logits, Elem::half,
                     {tokens_dim(m), exactly("vocab", config.vocab)});
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::last, Pass::forward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::last, Pass::forward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  LastForwardScratch s = carve_last_forward(arena, config, m, inputs.x0.dtype);
-  if (given) use_fp8_weights(s.fp8, inputs.fp8_weights);
+  LastForwardScratch s = carve_last_forward(arena, config, m, inputs.x0.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8, inputs.fp8_weights);
   mlp_forward(mlp_forward_of(weights, inputs, saved), config.eps, s.mlp, stream,
               config.precision == Precision::fp8 ? &s.fp8 : nullptr); // F1..F3
 
@@ -132,13 +132,13 @@ void last_backward(const Config& config, const LastWeights& weights, const LastI
            {exactly("vocab", config.vocab), hidden_dim(config)});
   const bool fp8 = config.precision == Precision::fp8;
   if (fp8) check_fp8_mlp_backward(v, m, inputs.x0.dtype, dw);
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::last, Pass::backward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::last, Pass::backward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  LastBackwardScratch s = carve_last_backward(arena, config, m, inputs.x0.dtype);
-  if (given) use_fp8_weights(s.fp8_mlp, inputs.fp8_weights);
+  LastBackwardScratch s = carve_last_backward(arena, config, m, inputs.x0.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8_mlp, inputs.fp8_weights);
   const TensorView alpha = form_alpha(grads.dloss, saved.grad_scale, s.alpha, stream);
 
   RowReduceArgs zeta; // zeta = alpha * zetaL / D: the loss's zeta, scaled like its gradient

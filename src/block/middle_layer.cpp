@@ -67,13 +67,13 @@ void middle_forward(const Config& config, const MiddleWeights& weights, const Mi
   api::Validator v("coda::llama::middle_forward");
   const int64_t m =
       check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved, Role::output);
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::middle, Pass::forward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::middle, Pass::forward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  MiddleForwardScratch s = carve_middle_forward(arena, config, m, inputs.x0.dtype);
-  if (given) use_fp8_weights(s.fp8, inputs.fp8_weights);
+  MiddleForwardScratch s = carve_middle_forward(arena, config, m, inputs.x0.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8, inputs.fp8_weights);
   const Fp8ForwardScratch* fp8 = config.precision == Precision::fp8 ? &s.fp8 : nullptr;
   mlp_forward(mlp_forward_of(weights, inputs, outputs, saved), config.eps, s.mlp, stream,
               fp8); // F1..F3
@@ -99,13 +99,13 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
     check_fp8_mlp_backward(v, m, inputs.x0.dtype, grads.dweights);
     check_fp8_backward(v, m, {{"grads.dweights.w_qkv", grads.dweights.w_qkv}});
   }
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::middle, Pass::backward, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::middle, Pass::backward, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
-  MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
-  if (given) use_fp8_weights(s, inputs.fp8_weights);
+  MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype, copies);
+  if (copies == Fp8WeightCopies::given) use_fp8_weights(s, inputs.fp8_weights);
 
   attention_input_backward_of(config, weights, inputs, outputs, saved, grads, accumulate, s,
                               stream); // B0..B2
@@ -144,23 +144,24 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
           v, m, {{"grads.dweights.w_out", dw.w_out}, {"grads.dweights.w_gate_up", dw.w_gate_up}});
     check_fp8_mlp_activations(v, inputs.x0.dtype);
   }
-  const bool given = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
-  check_workspace(v, workspace, Layer::middle, part, config, m);
+  const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
+  check_workspace(v, workspace, Layer::middle, part, config, m, copies);
   v.finish();
 
   Arena arena(workspace);
   if (first) {
-    MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype);
-    if (given) use_fp8_weights(s, inputs.fp8_weights);
+    MiddleBackwardScratch s = carve_middle_backward(arena, config, m, inputs.x0.dtype, copies);
+    if (copies == Fp8WeightCopies::given) use_fp8_weights(s, inputs.fp8_weights);
     attention_input_backward_of(config, weights, inputs, outputs, saved, grads, accumulate, s,
                                 stream); // B0..B2
     // B3, A4, B4: zeta1 over r2, whose one reader (B1's K6) has run.
     swiglu_and_down_backward(mlp, config.hidden, accumulate, s.mlp, saved.r2, s.norm.gemm_workspace,
                              stream, fp8 ? &s.fp8_mlp : nullptr);
   } else {
-    MiddleBackwardPart2Scratch s = carve_middle_backward_part2(arena, config, m, inputs.x0.dtype);
+    MiddleBackwardPart2Scratch s =
+        carve_middle_backward_part2(arena, config, m, inputs.x0.dtype, copies);
     s.ffn.zeta = saved.r2; // zeta1, from part 1
-    if (given) use_fp8_weights(s.fp8_mlp, inputs.fp8_weights);
+    if (copies == Fp8WeightCopies::given) use_fp8_weights(s.fp8_mlp, inputs.fp8_weights);
     gate_up_and_out_backward(mlp, accumulate, s.ffn, stream,
                              fp8 ? &s.fp8_mlp : nullptr); // B5..B8
   }

@@ -104,6 +104,11 @@ Fp8Operand carve_fp8_weight(Arena& arena, int64_t n, int64_t k) {
   return {arena.matrix(DType::e4m3, n, k),
           arena.matrix(DType::e8m0, num_fp8_scale_blocks(n), num_fp8_scale_blocks(k))};
 }
+// A weight's copy [n, k] (its codes or its transposed codes) that a step quantizes the weight
+// into; none where the caller gives the copies (use_fp8_weights puts them there).
+Fp8Operand carve_weight_copy(Arena& arena, int64_t n, int64_t k, Fp8WeightCopies copies) {
+  return copies == Fp8WeightCopies::given ? Fp8Operand{} : carve_fp8_weight(arena, n, k);
+}
 
 // Each of `carves` from the same mark, over one another (tensors no two of which are alive at
 // once, in stream order), then the arena after the longest.
@@ -116,12 +121,13 @@ template <class... Carve> void carve_over_one_another(Arena& arena, const Carve&
 
 } // namespace
 
-Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m) {
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m,
+                                    Fp8WeightCopies copies) {
   Fp8ForwardScratch s;
   const int64_t d = c.hidden, f = c.intermediate;
   if (layer == Layer::first) {
     s.h = carve_fp8_activation(arena, m, d);
-    s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d);
+    s.w_qkv = carve_weight_copy(arena, c.qkv_width(), d, copies);
     return s;
   }
   carve_over_one_another(
@@ -129,11 +135,11 @@ Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, 
       [&] { s.h = carve_fp8_activation(arena, m, d); },
       [&] { s.y1 = carve_fp8_activation(arena, m, f); });
   carve_over_one_another(
-      arena, [&] { s.w_out = carve_fp8_weight(arena, d, c.attention_width()); },
-      [&] { s.w_gate_up = carve_fp8_weight(arena, 2 * f, d); },
-      [&] { s.w_down = carve_fp8_weight(arena, d, f); },
+      arena, [&] { s.w_out = carve_weight_copy(arena, d, c.attention_width(), copies); },
+      [&] { s.w_gate_up = carve_weight_copy(arena, 2 * f, d, copies); },
+      [&] { s.w_down = carve_weight_copy(arena, d, f, copies); },
       [&] {
-        if (layer == Layer::middle) s.w_qkv = carve_fp8_weight(arena, c.qkv_width(), d);
+        if (layer == Layer::middle) s.w_qkv = carve_weight_copy(arena, c.qkv_width(), d, copies);
       });
   return s;
 }
@@ -151,11 +157,11 @@ void carve_fp8_activation_both(Arena& arena, int64_t m, int64_t k, Fp8Operand& r
 // K: the consumer's output width (dz's), the consumer weight [K, D]. The weight and h_hat [M, D]
 // (the weight gradient's B in 128 x 128 blocks, as quantize_weight_fp8 writes a weight: steps.cpp,
 // fp8_weight_gradient; docs/fp8.md, "The weight gradient's activation in blocks") transposed only.
-Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, int64_t m,
-                                               int64_t k) {
+Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, int64_t m, int64_t k,
+                                               Fp8WeightCopies copies) {
   Fp8NormBackwardScratch s;
   carve_fp8_activation_both(arena, m, k, s.dz, s.dz_t);
-  s.w_t = carve_fp8_weight(arena, c.hidden, k);
+  s.w_t = carve_weight_copy(arena, c.hidden, k, copies);
   s.h_hat_t = carve_fp8_weight(arena, c.hidden, m);
   return s;
 }
@@ -165,20 +171,23 @@ Fp8NormBackwardScratch carve_fp8_norm_backward(Arena& arena, const Config& c, in
 // one another, the largest phase (the ffn norm's dz1 [M, 2F] twice) setting the size. dx is
 // carved first in both of its phases, from the same mark: the same region, which each of them
 // quantizes dx into anew.
-Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int64_t m) {
+Fp8MlpBackwardScratch carve_fp8_mlp_backward(Arena& arena, const Config& c, int64_t m,
+                                             Fp8WeightCopies copies) {
   Fp8MlpBackwardScratch s;
   const int64_t d = c.hidden, f = c.intermediate, a = c.attention_width();
   carve_over_one_another(
       arena,
       [&] { // B3, B4
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
-        s.w_down_t = carve_fp8_weight(arena, f, d);
+        s.w_down_t = carve_weight_copy(arena, f, d, copies);
         s.y1_t = carve_fp8_weight(arena, f, m);
       },
-      [&] { s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f); }, // B5, B6
+      [&] { // B5, B6
+        s.ffn = carve_fp8_norm_backward(arena, c, m, 2 * f, copies);
+      },
       [&] { // B7, B8
         carve_fp8_activation_both(arena, m, d, s.dx, s.dx_t);
-        s.w_out_t = carve_fp8_weight(arena, a, d);
+        s.w_out_t = carve_weight_copy(arena, a, d, copies);
         s.y0_t = carve_fp8_weight(arena, a, m);
       });
   return s;
@@ -194,31 +203,36 @@ MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DT
   return s;
 }
 
-MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act) {
+MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                          Fp8WeightCopies copies) {
   MiddleForwardScratch s;
   s.mlp = carve_mlp_forward(arena, c, m, act);
-  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::middle, c, m);
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::middle, c, m, copies);
   return s;
 }
 
-FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act) {
+FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                        Fp8WeightCopies copies) {
   FirstForwardScratch s;
   s.h = arena.matrix(act, m, c.hidden);
   s.sumsq = arena.matrix(DType::f32, m, num_reduce_blocks(c.hidden));
-  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::first, c, m);
+  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_forward(arena, Layer::first, c, m, copies);
   return s;
 }
 
-FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act) {
+FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                          Fp8WeightCopies copies) {
   FirstBackwardScratch s; // one phase: rope_backward's dz, then K6's h_hat, both read by dW_qkv
   s.dz = arena.matrix(act, m, c.qkv_width());
   s.norm = carve_norm_statistics(arena, Layer::first, c, m);
   s.norm.h_hat = arena.matrix(act, m, c.hidden);
-  if (c.precision == Precision::fp8) s.fp8 = carve_fp8_norm_backward(arena, c, m, c.qkv_width());
+  if (c.precision == Precision::fp8)
+    s.fp8 = carve_fp8_norm_backward(arena, c, m, c.qkv_width(), copies);
   return s;
 }
 
-LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act) {
+LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                      Fp8WeightCopies copies) {
   LastForwardScratch s;
   s.mlp.h = arena.matrix(act, m, c.hidden);
   s.mlp.sumsq = arena.matrix(DType::f32, m, num_reduce_blocks(c.hidden));
@@ -234,12 +248,13 @@ LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, 
   // region K5's partials reuse.
   if (c.precision == Precision::fp8) {
     arena.rewind(arena.used()); // past y1, which the quantizer reads before F3
-    s.fp8 = carve_fp8_forward(arena, Layer::last, c, m);
+    s.fp8 = carve_fp8_forward(arena, Layer::last, c, m, copies);
   }
   return s;
 }
 
-MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act) {
+MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                            Fp8WeightCopies copies) {
   MiddleBackwardScratch s;
   // B0..B2 (rope_backward's dz2, K6's h_hat; dW_qkv is their last reader) over the MLP's phases.
   carve_mlp_backward(arena, Layer::middle, c, m, act, s.norm, s.mlp, s.ffn, [&] {
@@ -250,24 +265,25 @@ MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64
     arena.rewind(arena.used());
     // B1 and B2 read theirs before B3 starts: the two lie over one another.
     carve_over_one_another(
-        arena, [&] { s.fp8_attn = carve_fp8_norm_backward(arena, c, m, c.qkv_width()); },
-        [&] { s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m); });
+        arena, [&] { s.fp8_attn = carve_fp8_norm_backward(arena, c, m, c.qkv_width(), copies); },
+        [&] { s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m, copies); });
   }
   return s;
 }
 
 MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
-                                                       DType act) {
+                                                       DType act, Fp8WeightCopies copies) {
   MiddleBackwardPart2Scratch s;
   s.ffn = carve_norm_statistics(arena, Layer::middle, c, m, Zeta::provided);
   s.ffn.h_hat = arena.matrix(act, m, c.hidden);
-  // NOTE: the one-call backward's regions, W_down's and y1's codes among them, which part 2
-  // does not use: one layout for both parts' callers, at the cost of those bytes.
-  if (c.precision == Precision::fp8) s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
+  // NOTE: the one-call backward's regions, y1's codes and (not given) W_down's among them, which
+  // part 2 does not use: one layout for both parts' callers, at the cost of those bytes.
+  if (c.precision == Precision::fp8) s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m, copies);
   return s;
 }
 
-LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act) {
+LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                        Fp8WeightCopies copies) {
   LastBackwardScratch s;
   s.alpha = arena.vector(DType::f32, 1);
   // The final norm's K6 and dW_lm (h_hat's last reader) over the MLP's phases.
@@ -275,7 +291,7 @@ LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m
                      [&] { s.norm.h_hat = arena.matrix(act, m, c.hidden); });
   if (c.precision == Precision::fp8) { // after every phase: the codes are alive across them
     arena.rewind(arena.used());
-    s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m);
+    s.fp8_mlp = carve_fp8_mlp_backward(arena, c, m, copies);
   }
   return s;
 }

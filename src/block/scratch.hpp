@@ -85,11 +85,11 @@ struct Fp8NormBackwardScratch {
 // B, scaled by blocks), and the ffn norm backward's own (B5, B6). The phases' operands lie over
 // one another (carve_fp8_mlp_backward): no two phases read at once.
 struct Fp8MlpBackwardScratch {
-  Fp8Operand dx, dx_t;  // [M, D], [D, M]
-  Fp8Operand w_down_t;  // W_down [D, F] transposed: [F, D]
-  Fp8Operand y1_t;      // y1 [M, F] transposed: [F, M], 128 x 128 blocks
-  Fp8Operand w_out_t;   // W_out [D, A] transposed: [A, D]
-  Fp8Operand y0_t;      // y0 [M, A] transposed: [A, M], 128 x 128 blocks
+  Fp8Operand dx, dx_t;        // [M, D], [D, M]
+  Fp8Operand w_down_t;        // W_down [D, F] transposed: [F, D]
+  Fp8Operand y1_t;            // y1 [M, F] transposed: [F, M], 128 x 128 blocks
+  Fp8Operand w_out_t;         // W_out [D, A] transposed: [A, D]
+  Fp8Operand y0_t;            // y0 [M, A] transposed: [A, M], 128 x 128 blocks
   Fp8NormBackwardScratch ffn; // K = 2F: dz1 and W_gate_up
 };
 
@@ -164,10 +164,9 @@ struct LastBackwardScratch {
   Fp8MlpBackwardScratch fp8_mlp; // Precision::fp8: B3..B8's operands (the LM head stays 16-bit)
 };
 
-// The caller's FP8 weights (a layer's inputs.fp8_weights, checked as given) in place of the
-// scratch's copies of them: every weight operand then reads its given copy (Fp8Operand::given)
-// and no step quantizes a weight. The scratch's own regions stay carved, unused: the workspace is
-// one size whether the copies are given or not.
+// The caller's FP8 weights (a layer's inputs.fp8_weights, checked as given) as the scratch's
+// weight operands, which a carve with Fp8WeightCopies::given left absent: every weight operand
+// then reads its given copy (Fp8Operand::given) and no step quantizes a weight.
 void use_fp8_weights(Fp8ForwardScratch& s, const FirstFp8Weights& w);
 void use_fp8_weights(Fp8ForwardScratch& s, const MiddleFp8Weights& w);
 void use_fp8_weights(Fp8ForwardScratch& s, const LastFp8Weights& w);
@@ -176,16 +175,25 @@ void use_fp8_weights(MiddleBackwardScratch& s, const MiddleFp8Weights& w);
 void use_fp8_weights(Fp8MlpBackwardScratch& s, const MiddleFp8Weights& w);
 void use_fp8_weights(Fp8MlpBackwardScratch& s, const LastFp8Weights& w);
 
-// `act` is the 16-bit activation dtype of the call.
-Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m);
+// `act` is the 16-bit activation dtype of the call. With Precision::fp8 and
+// Fp8WeightCopies::given, the weights' operands are not carved (absent until use_fp8_weights
+// puts the given copies there); the activations' FP8 operands are, in the same phases.
+Fp8ForwardScratch carve_fp8_forward(Arena& arena, Layer layer, const Config& c, int64_t m,
+                                    Fp8WeightCopies copies);
 MlpForwardScratch carve_mlp_forward(Arena& arena, const Config& c, int64_t m, DType act);
-MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act);
-FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act);
-FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act);
-LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act);
-MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act);
+MiddleForwardScratch carve_middle_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                          Fp8WeightCopies copies);
+FirstForwardScratch carve_first_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                        Fp8WeightCopies copies);
+FirstBackwardScratch carve_first_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                          Fp8WeightCopies copies);
+LastForwardScratch carve_last_forward(Arena& arena, const Config& c, int64_t m, DType act,
+                                      Fp8WeightCopies copies);
+MiddleBackwardScratch carve_middle_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                            Fp8WeightCopies copies);
 MiddleBackwardPart2Scratch carve_middle_backward_part2(Arena& arena, const Config& c, int64_t m,
-                                                       DType act);
-LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act);
+                                                       DType act, Fp8WeightCopies copies);
+LastBackwardScratch carve_last_backward(Arena& arena, const Config& c, int64_t m, DType act,
+                                        Fp8WeightCopies copies);
 
 } // namespace coda::llama::detail

@@ -105,16 +105,26 @@ void check_fp8_mlp_activations(const api::Validator& v, DType act) {
 }
 
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
-                     const Config& c, int64_t tokens) {
+                     const Config& c, int64_t tokens, Fp8WeightCopies copies) {
   check_precision(v, c, layer);
   v.output("workspace", workspace, api::Elem::any, {api::any("bytes / element size")});
-  const size_t needed = workspace_size(layer, pass, c, tokens);
+  const bool given = copies == Fp8WeightCopies::given;
+  const size_t needed = workspace_size(layer, pass, c, tokens, copies);
   const size_t held = size_t(workspace.numel() * dtype_size(workspace.dtype));
   if (held >= needed) return;
+  // A workspace sized for a call given the copies, handed to one that quantizes its own.
+  const bool sized_for_given =
+      !given && c.precision == Precision::fp8 &&
+      held >= workspace_size(layer, pass, c, tokens, Fp8WeightCopies::given);
   v.fail(Status::invalid_argument,
          "workspace holds " + std::to_string(held) + " bytes but this call needs " +
              std::to_string(needed) + " (coda::llama::workspace_size(Layer::" + layer_name(layer) +
-             ", Pass::" + pass_name(pass) + ", config, M=" + std::to_string(tokens) + "))");
+             ", Pass::" + pass_name(pass) + ", config, M=" + std::to_string(tokens) +
+             (given ? ", Fp8WeightCopies::given))" : "))") +
+             (sized_for_given
+                  ? ": inputs.fp8_weights are absent, so the call quantizes the weights into its "
+                    "workspace; the Fp8WeightCopies::given size is for a call given them"
+                  : ""));
 }
 
 void check_scalar(api::Validator& v, const char* value_name, const char* tensor_name,

@@ -46,21 +46,25 @@ void check_fp8_mlp_backward(const api::Validator& v, int64_t m, DType act, const
   check_fp8_mlp_activations(v, act);
 }
 
-// A layer call's inputs.fp8_weights (coda/block/llama.hpp, Fp8Weight): false where absent (every
-// tensor's data null). Where any is given: true, once all are, each e4m3 or e8m0 in the shape
-// of its weight's copy (registered as inputs), and config.precision is fp8; invalid_argument or
-// type_error naming the tensor otherwise (src/block/fp8_weights.cpp).
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const FirstWeights& weights,
-                             const FirstFp8Weights& fp8_weights);
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const MiddleWeights& weights,
-                             const MiddleFp8Weights& fp8_weights);
-bool check_given_fp8_weights(api::Validator& v, const Config& c, const LastWeights& weights,
-                             const LastFp8Weights& fp8_weights);
+// A layer call's inputs.fp8_weights (coda/block/llama.hpp, Fp8Weight): in_workspace where absent
+// (every tensor's data null). Where any is given: given, once all are, each e4m3 or e8m0 in the
+// shape of its weight's copy (registered as inputs), and config.precision is fp8;
+// invalid_argument or type_error naming the tensor otherwise (src/block/fp8_weights.cpp).
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const FirstWeights& weights,
+                                        const FirstFp8Weights& fp8_weights);
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const MiddleWeights& weights,
+                                        const MiddleFp8Weights& fp8_weights);
+Fp8WeightCopies check_given_fp8_weights(api::Validator& v, const Config& c,
+                                        const LastWeights& weights,
+                                        const LastFp8Weights& fp8_weights);
 
-// The workspace: 1-D, any dtype, at least `needed` bytes, on the call's device (and the call's
-// precision, check_precision).
+// The workspace: 1-D, any dtype, on the call's device (and the call's precision,
+// check_precision), of at least workspace_size(layer, pass, c, tokens, copies) bytes, `copies`
+// being check_given_fp8_weights' answer for the call.
 void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer, Pass pass,
-                     const Config& c, int64_t tokens);
+                     const Config& c, int64_t tokens, Fp8WeightCopies copies);
 
 // A Scalar argument: a finite value and an optional [1] f32 tensor. The Validator keeps the
 // names, so they must be string literals.

@@ -6,6 +6,11 @@
 namespace coda::llama {
 
 size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens) {
+  return workspace_size(layer, pass, config, tokens, Fp8WeightCopies::in_workspace);
+}
+
+size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens,
+                      Fp8WeightCopies copies) {
   api::Validator v("coda::llama::workspace_size");
   detail::check_config(v, config, layer);
   v.at_least_one("tokens", tokens, "the tokens argument");
@@ -20,6 +25,16 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
            "layer " +
                std::to_string(int(layer)));
 
+  if (copies != Fp8WeightCopies::in_workspace && copies != Fp8WeightCopies::given)
+    v.fail(Status::invalid_argument, "copies must be Fp8WeightCopies::in_workspace or given; got " +
+                                         std::to_string(int(copies)));
+  if (copies == Fp8WeightCopies::given && config.precision != Precision::fp8)
+    v.fail(Status::invalid_argument,
+           "Fp8WeightCopies::given needs config.precision = Precision::fp8 (only an FP8 call reads "
+           "the weights' FP8 copies; a native call's size is the in_workspace one); got "
+           "config.precision " +
+               std::to_string(int(config.precision)));
+
   detail::check_precision(v, config, layer);
   // The activation dtype does not matter here: bf16 and f16 are both 2 bytes.
   constexpr DType act = DType::bf16;
@@ -27,9 +42,9 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
   // The layer's carve for the pass, into the counting arena.
   const auto carve = [&](auto carve_forward, auto carve_backward) {
     if (pass == Pass::forward)
-      carve_forward(counter, config, tokens, act);
+      carve_forward(counter, config, tokens, act, copies);
     else
-      carve_backward(counter, config, tokens, act);
+      carve_backward(counter, config, tokens, act, copies);
   };
   switch (layer) {
   case Layer::first:
@@ -37,7 +52,7 @@ size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t toke
     break;
   case Layer::middle:
     if (pass == Pass::backward_part2)
-      detail::carve_middle_backward_part2(counter, config, tokens, act);
+      detail::carve_middle_backward_part2(counter, config, tokens, act, copies);
     else
       carve(detail::carve_middle_forward, detail::carve_middle_backward);
     break;

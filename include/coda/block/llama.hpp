@@ -23,9 +23,10 @@
 //
 // Scratch space: each call takes a caller-owned workspace of at least
 // workspace_size(layer, pass, config, tokens) bytes (any dtype, contiguous, on the tensors'
-// device). Its contents are undefined between calls. A backward's workspace includes the
-// stream-K scratch of its coda::gemm calls (GemmArgs::workspace), which the block hands to each
-// in turn.
+// device), or workspace_size(layer, pass, config, tokens, Fp8WeightCopies::given) bytes where its
+// inputs carry the weights' FP8 copies (fp8_weights). Its contents are undefined between calls.
+// A backward's workspace includes the stream-K scratch of its coda::gemm calls
+// (GemmArgs::workspace), which the block hands to each in turn.
 #pragma once
 
 #include <cstddef>
@@ -73,11 +74,26 @@ enum class Layer : int32_t { first = 0, middle = 1, last = 2 };
 // (middle_backward_part, below).
 enum class Pass : int32_t { forward = 0, backward = 1, backward_part1 = 2, backward_part2 = 3 };
 
-// Bytes of scratch one call needs: a function of the layer, pass, config and token count and,
-// for a backward, of the current CUDA device (the GEMMs' stream-K scratch depends on its SM
-// count; none where no sm_90 device is current). Query it with the device current that the call
-// will run on; the call checks the workspace against the same number.
+// Where the weights' FP8 copies that a Precision::fp8 call's GEMMs read come from, which sets
+// the size of its workspace:
+//   in_workspace: the call quantizes the weights into its workspace (its inputs' fp8_weights
+//                 absent); every native call's size too;
+//   given:        its inputs carry the copies (fp8_weights, made by quantize_weights): the
+//                 workspace holds no weight's copy, only the activations' FP8 operands, and is
+//                 smaller by at least the smallest of the pass's weight copies (docs/fp8.md, "The
+//                 weights quantized once per step"). Precision::fp8 only: a native call reads no
+//                 FP8 copy, and asking for this size with a native config is invalid_argument.
+enum class Fp8WeightCopies : int32_t { in_workspace = 0, given = 1 };
+
+// Bytes of scratch one call needs: a function of the layer, pass, config, token count and, with
+// Precision::fp8, of where its weights' FP8 copies come from (the first overload: in_workspace);
+// for a backward, also of the current CUDA device (the GEMMs' stream-K scratch depends on its
+// SM count; none where no sm_90 device is current). Query it with the device current that the
+// call will run on; the call checks the workspace against the same number, the given size where
+// its inputs carry the copies and the in_workspace size where they do not.
 size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens);
+size_t workspace_size(Layer layer, Pass pass, const Config& config, int64_t tokens,
+                      Fp8WeightCopies copies);
 
 // Per-token rotary embedding inputs (coda::RopeSpec without the head counts, which come from
 // the Config).
@@ -97,7 +113,8 @@ struct Rope {
 // (FirstInputs::fp8_weights, ...) to its forward and backward calls, they are read instead: the
 // call quantizes no weight, and its results are bit for bit the self-quantizing call's (one
 // quantizer, quantize_weight_fp8, makes both). The copies must be made again whenever a weight
-// changes (after the optimizer step): the block cannot tell stale copies from fresh ones.
+// changes (after the optimizer step): the block cannot tell stale copies from fresh ones. A call
+// given them needs only workspace_size(..., Fp8WeightCopies::given) bytes of workspace.
 //
 // Each copy holds a weight [N, K] (the weights struct's field of its name, as nn.Linear stores
 // it; N and K multiples of 16):
