@@ -35,6 +35,8 @@ LLAMA_BACKWARD_PART1 = 2
 LLAMA_BACKWARD_PART2 = 3
 LLAMA_NATIVE = 0
 LLAMA_FP8 = 1
+LLAMA_FP8_WEIGHTS_IN_WORKSPACE = 0
+LLAMA_FP8_WEIGHTS_GIVEN = 1
 
 # coda/coda.h
 VERSION_MAJOR = 0
@@ -284,6 +286,8 @@ SIGNATURES = {
     "coda_last_error": (c_char_p, []),
     "coda_llama_workspace_size": (c_int32, [c_int32, c_int32, POINTER(LlamaConfig), c_int64,
         POINTER(c_size_t)]),
+    "coda_llama_fp8_workspace_size": (c_int32, [c_int32, c_int32, POINTER(LlamaConfig), c_int64,
+        c_int32, POINTER(c_size_t)]),
     "coda_llama_first_forward": (c_int32, [POINTER(LlamaConfig), POINTER(LlamaFirstWeights),
         POINTER(LlamaFirstInputs), POINTER(LlamaFirstOutputs), POINTER(LlamaFirstSaved),
         POINTER(Tensor), c_void_p]),

@@ -58,6 +58,9 @@ static_assert(CODA_LLAMA_FORWARD == int(llama::Pass::forward) &&
 static_assert(CODA_LLAMA_NATIVE == int(llama::Precision::native) &&
                   CODA_LLAMA_FP8 == int(llama::Precision::fp8),
               "coda_llama_precision must equal coda::llama::Precision");
+static_assert(CODA_LLAMA_FP8_WEIGHTS_IN_WORKSPACE == int(llama::Fp8WeightCopies::in_workspace) &&
+                  CODA_LLAMA_FP8_WEIGHTS_GIVEN == int(llama::Fp8WeightCopies::given),
+              "coda_llama_fp8_weight_copies must equal coda::llama::Fp8WeightCopies");
 
 // The C++ twin of a C struct (CppOf<coda_gemm_args>::type is coda::GemmArgs), and back.
 template <class C> struct CppOf;

@@ -39,6 +39,17 @@ coda_status coda_llama_workspace_size(int32_t layer, int32_t pass, const coda_ll
   });
 }
 
+coda_status coda_llama_fp8_workspace_size(int32_t layer, int32_t pass,
+                                          const coda_llama_config* config, int64_t tokens,
+                                          int32_t fp8_weight_copies, size_t* bytes) {
+  const char* fn = "coda_llama_fp8_workspace_size";
+  return coda::api::size_query(fn, bytes, [&] {
+    return coda::llama::workspace_size(coda::llama::Layer(layer), coda::llama::Pass(pass),
+                                       arg(fn, "config", config), tokens,
+                                       coda::llama::Fp8WeightCopies(fp8_weight_copies));
+  });
+}
+
 // coda_llama_{first,middle,last}_forward, and the first and middle layers' backward (the last
 // layer's takes no outputs; it follows): each the C++ entry point of its name on the C++ twins of
 // its argument structs.

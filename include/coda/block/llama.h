@@ -33,6 +33,13 @@ typedef enum coda_llama_precision {
   CODA_LLAMA_FP8 = 1
 } coda_llama_precision;
 
+/* coda::llama::Fp8WeightCopies: where an FP8 call's weight copies come from, which sets its
+ * workspace's size (coda_llama_fp8_workspace_size). */
+typedef enum coda_llama_fp8_weight_copies {
+  CODA_LLAMA_FP8_WEIGHTS_IN_WORKSPACE = 0,
+  CODA_LLAMA_FP8_WEIGHTS_GIVEN = 1
+} coda_llama_fp8_weight_copies;
+
 typedef struct coda_llama_config {
   int64_t hidden;       /* D */
   int64_t intermediate; /* F (middle and last layers) */
@@ -141,6 +148,13 @@ typedef struct coda_llama_last_grads {
 CODA_API coda_status coda_llama_workspace_size(int32_t layer, int32_t pass,
                                                const coda_llama_config* config, int64_t tokens,
                                                size_t* bytes);
+/* The same, for a call whose weights' FP8 copies come from `fp8_weight_copies`
+ * (coda_llama_fp8_weight_copies): CODA_LLAMA_FP8_WEIGHTS_GIVEN, the smaller workspace of a call
+ * whose inputs carry them (fp8_weights; config->precision CODA_LLAMA_FP8 only),
+ * CODA_LLAMA_FP8_WEIGHTS_IN_WORKSPACE coda_llama_workspace_size's. */
+CODA_API coda_status coda_llama_fp8_workspace_size(int32_t layer, int32_t pass,
+                                                   const coda_llama_config* config, int64_t tokens,
+                                                   int32_t fp8_weight_copies, size_t* bytes);
 
 /* accumulate != 0: weight and gamma gradients are added into dweights instead of written. */
 CODA_API coda_status coda_llama_first_forward(const coda_llama_config* config,
