@@ -202,9 +202,11 @@ public:
     coda::interleave_gate_up(from.host_view(), fused.host_view()); // setup, on the host
     return fused;
   }
-  HostTensor workspace(llama::Layer layer, llama::Pass pass) {
-    const size_t bytes = llama::workspace_size(layer, pass, c, M);
-    return HostTensor(DType::f32, {int64_t((bytes + 3) / 4)});
+  // Exactly the bytes workspace_size asks for (a 1-byte dtype), the guard bytes right after
+  // them: `copies` given, the smaller workspace of a call given the weights' FP8 copies.
+  HostTensor workspace(llama::Layer layer, llama::Pass pass,
+                       llama::Fp8WeightCopies copies = llama::Fp8WeightCopies::in_workspace) {
+    return HostTensor(DType::e4m3, {int64_t(llama::workspace_size(layer, pass, c, M, copies))});
   }
   std::vector<int32_t> targets() { // about one in eight ignored
     const Values u = coda::test::random_doubles(size_t(M), seeds_.next(), 0, 1);
@@ -434,13 +436,29 @@ template <class Call> void block_call(const Call& call) {
 
 // The middle backward as one call (middle_backward) or as its two parts (middle_backward_part),
 // each part given only its own gradients. `fp8`: the weights' FP8 copies given to every call
-// (inputs.fp8_weights), already written.
+// (inputs.fp8_weights), already written; each call then has exactly the smaller workspace
+// (workspace_size with Fp8WeightCopies::given), unless `full_workspace`.
 enum class BackwardCalls { one, two_parts };
+
+// The workspace copies of a call given `fp8` (null: none given) and `full_workspace` ask for.
+inline llama::Fp8WeightCopies workspace_copies(const WeightCopies* fp8, bool full_workspace) {
+  return fp8 != nullptr && !full_workspace ? llama::Fp8WeightCopies::given
+                                           : llama::Fp8WeightCopies::in_workspace;
+}
+
+// After a layer's calls: none wrote past the end of its workspace (into its guard bytes).
+inline void expect_within(std::initializer_list<const HostTensor*> workspaces) {
+  for (const HostTensor* ws : workspaces)
+    if (ws->numel() > 0) {
+      EXPECT_TRUE(ws->guard_intact()) << "a call wrote past its workspace";
+    }
+}
 
 inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, bool accumulate,
                                BackwardCalls calls = BackwardCalls::one,
-                               WeightCopies* fp8 = nullptr) {
+                               WeightCopies* fp8 = nullptr, bool full_workspace = false) {
   const llama::Config& c = make.c;
+  const llama::Fp8WeightCopies copies = workspace_copies(fp8, full_workspace);
   const int64_t D = c.hidden, F = c.intermediate;
   MiddleResult r{make.output(D),
                  make.output(c.qkv_width()),
@@ -466,7 +484,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
   const auto saved = [&] {
     return llama::MiddleSaved{r.x1.view(), r.z1.view(), r.r1.view(), r.r2.view()};
   };
-  HostTensor ws_f = make.workspace(llama::Layer::middle, llama::Pass::forward);
+  HostTensor ws_f = make.workspace(llama::Layer::middle, llama::Pass::forward, copies);
   block_call(
       [&] { llama::middle_forward(c, p.weights(), inputs(), outputs(), saved(), ws_f.view()); });
   // The backward overwrites saved.z1 with its gradient: keep the forward's for its check (the
@@ -485,7 +503,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
   // memory where a device mirror is installed (device_mirror.hpp).
   HostTensor ws_b, ws_parts[2];
   if (calls == BackwardCalls::one) {
-    ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward);
+    ws_b = make.workspace(llama::Layer::middle, llama::Pass::backward, copies);
     block_call([&] {
       llama::middle_backward(c, p.weights(), inputs(), outputs(), saved(), grads, accumulate,
                              ws_b.view());
@@ -504,7 +522,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     for (const auto& call : {std::pair{llama::Pass::backward_part1, part1},
                              std::pair{llama::Pass::backward_part2, part2}}) {
       HostTensor& ws = ws_parts[i++];
-      ws = make.workspace(llama::Layer::middle, call.first);
+      ws = make.workspace(llama::Layer::middle, call.first, copies);
       block_call([&] {
         llama::middle_backward_part(call.first, c, p.weights(), inputs(), outputs(), saved(),
                                     call.second, accumulate, ws.view());
@@ -512,6 +530,7 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     }
   }
   coda::test::sync_views();
+  expect_within({&ws_f, &ws_b, &ws_parts[0], &ws_parts[1]});
   return r;
 }
 
@@ -655,10 +674,13 @@ struct Dloss {
 };
 
 // with_logits: also write the logits to outputs.logits (otherwise they only pass through
-// saved.dlogits, which the cross-entropy overwrites in place). `fp8`: as run_middle's.
+// saved.dlogits, which the cross-entropy overwrites in place). `fp8`, `full_workspace`: as
+// run_middle's.
 inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool accumulate,
-                           Dloss dloss, bool with_logits, WeightCopies* fp8 = nullptr) {
+                           Dloss dloss, bool with_logits, WeightCopies* fp8 = nullptr,
+                           bool full_workspace = false) {
   const llama::Config& c = make.c;
+  const llama::Fp8WeightCopies copies = workspace_copies(fp8, full_workspace);
   const int64_t D = c.hidden, F = c.intermediate, V = c.vocab;
   LastResult r{HostTensor(DType::f32, {1}),
                with_logits ? make.output(V) : HostTensor(),
@@ -687,7 +709,7 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
     return llama::LastSaved{r.x1.view(), r.z1.view(),      r.r1.view(),         r.x2.view(),
                             r.r2.view(), r.dlogits.view(), r.grad_scale.view(), r.zeta.view()};
   };
-  HostTensor ws_f = make.workspace(llama::Layer::last, llama::Pass::forward);
+  HostTensor ws_f = make.workspace(llama::Layer::last, llama::Pass::forward, copies);
   block_call([&] {
     llama::last_forward(c, p.weights(), inputs(), {r.loss.view(), r.logits.view()}, saved(),
                         ws_f.view());
@@ -704,11 +726,12 @@ inline LastResult run_last(Maker& make, LastProblem& p, DType grad_dtype, bool a
                                {r.d_out.tensor.view(), r.d_ffn.tensor.view(),
                                 r.d_gate_up.tensor.view(), r.d_down.tensor.view(),
                                 r.d_final.tensor.view(), r.d_head.tensor.view()}};
-  HostTensor ws_b = make.workspace(llama::Layer::last, llama::Pass::backward);
+  HostTensor ws_b = make.workspace(llama::Layer::last, llama::Pass::backward, copies);
   block_call([&] {
     llama::last_backward(c, p.weights(), inputs(), saved(), grads, accumulate, ws_b.view());
   });
   coda::test::sync_views();
+  expect_within({&ws_f, &ws_b});
   return r;
 }
 
@@ -1229,11 +1252,13 @@ TEST_P(Block, LastLayerFp8Forward) {
 // The weights' FP8 copies given (coda/block/llama.hpp, Fp8Weight): quantize_weights writes both
 // copies of each weight, and an FP8 call given them in its inputs reads them in place of its own
 // weight quantizations. One quantizer makes both, so the results are the self-quantizing calls'
-// bit for bit; and each copy is read by the GEMMs it is for: a copy whose scales are doubled
-// changes the results of its pass (the forward's copy the forward's, the transposed one the
-// backward's, in either backward form) and leaves the forward alone where it is the backward's.
-// A call that quantized its weights anyway, or read one copy for the other, fails. The configs
-// whose FP8 backward is refused (MiddleLayerFp8Backward says which) have nothing to compare.
+// bit for bit, in exactly the smaller workspace such a call asks for (workspace_size with
+// Fp8WeightCopies::given; nothing written past it) as in the full one; and each copy is read by
+// the GEMMs it is for: a copy whose scales are doubled changes the results of its pass (the
+// forward's copy the forward's, the transposed one the backward's, in either backward form) and
+// leaves the forward alone where it is the backward's. A call that quantized its weights anyway,
+// or read one copy for the other, fails. The configs whose FP8 backward is refused
+// (MiddleLayerFp8Backward says which) have nothing to compare.
 
 // The copies of `make`'s layer written by quantize_weights from `weights`; `view` makes the
 // layer's Fp8Weights of them.
@@ -1267,7 +1292,7 @@ void expect_changed_by(Result& changed, Result& base, bool transposed, const std
 }
 
 // The first layer's forward and backward (dx accumulated into, gradients written), with the
-// copies given where `fp8` is.
+// copies given where `fp8` is (`full_workspace`: as run_middle's).
 struct FirstResult {
   HostTensor qkv, rstd, dx, d_norm, d_qkv;
   std::vector<HostTensor*> forward() { return {&qkv, &rstd}; }
@@ -1283,16 +1308,17 @@ struct FirstProblem {
   HostTensor attn_norm, w_qkv, x, dqkv, dx;
 };
 inline FirstResult run_first(Maker& make, FirstProblem& p, DType grad_dtype,
-                             WeightCopies* fp8 = nullptr) {
+                             WeightCopies* fp8 = nullptr, bool full_workspace = false) {
   const llama::Config& c = make.c;
+  const llama::Fp8WeightCopies copies = workspace_copies(fp8, full_workspace);
   FirstResult r{make.output(c.qkv_width()), make.stat(), p.dx, HostTensor(grad_dtype, {c.hidden}),
                 HostTensor(grad_dtype, {c.qkv_width(), c.hidden})};
   const auto inputs = [&] {
     return llama::FirstInputs{p.x.view(), p.rope.view(),
                               fp8 != nullptr ? fp8->first() : llama::FirstFp8Weights{}};
   };
-  HostTensor ws_f = make.workspace(llama::Layer::first, llama::Pass::forward);
-  HostTensor ws_b = make.workspace(llama::Layer::first, llama::Pass::backward);
+  HostTensor ws_f = make.workspace(llama::Layer::first, llama::Pass::forward, copies);
+  HostTensor ws_b = make.workspace(llama::Layer::first, llama::Pass::backward, copies);
   block_call([&] {
     llama::first_forward(c, p.weights(), inputs(), {r.qkv.view()}, {r.rstd.view()}, ws_f.view());
     llama::first_backward(c, p.weights(), inputs(), {r.qkv.view()}, {r.rstd.view()},
@@ -1300,6 +1326,7 @@ inline FirstResult run_first(Maker& make, FirstProblem& p, DType grad_dtype,
                           ws_b.view());
   });
   coda::test::sync_views();
+  expect_within({&ws_f, &ws_b});
   return r;
 }
 
@@ -1311,11 +1338,17 @@ TEST_P(Block, FirstLayerFp8GivenWeights) {
   FirstProblem p(m16);
   WeightCopies q = quantized(m16, WeightCopies::first(c), p.weights(),
                              [](WeightCopies& w) { return w.first(); });
+  // Given the copies: in the smaller workspace, and in the full one.
   FirstResult own = run_first(m16, p, g), given = run_first(m16, p, g, &q);
-  const std::vector<HostTensor*> fa = own.forward(), fb = given.forward();
-  const std::vector<HostTensor*> ba = own.backward(), bb = given.backward();
-  for (size_t i = 0; i < fa.size(); ++i) EXPECT_TRUE(same_bits(*fa[i], *fb[i])) << "forward " << i;
-  for (size_t i = 0; i < ba.size(); ++i) EXPECT_TRUE(same_bits(*ba[i], *bb[i])) << "backward " << i;
+  FirstResult given_full = run_first(m16, p, g, &q, /*full_workspace=*/true);
+  for (FirstResult* other : {&own, &given_full}) {
+    const std::vector<HostTensor*> fa = other->forward(), fb = given.forward();
+    const std::vector<HostTensor*> ba = other->backward(), bb = given.backward();
+    for (size_t i = 0; i < fa.size(); ++i)
+      EXPECT_TRUE(same_bits(*fa[i], *fb[i])) << "forward " << i;
+    for (size_t i = 0; i < ba.size(); ++i)
+      EXPECT_TRUE(same_bits(*ba[i], *bb[i])) << "backward " << i;
+  }
   for (bool transposed : {false, true}) {
     WeightCopies changed = q.with_scales_doubled(0, transposed);
     FirstResult r = run_first(m16, p, g, &changed);
@@ -1335,9 +1368,12 @@ TEST_P(Block, MiddleLayerFp8GivenWeights) {
     SCOPED_TRACE(calls == BackwardCalls::one ? "one backward call" : "the backward in two parts");
     MiddleResult own = run_middle(m16, p, g, false, calls);
     MiddleResult given = run_middle(m16, p, g, false, calls, &q);
-    const std::vector<HostTensor*> a = own.all(), b = given.all();
-    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
-    EXPECT_TRUE(same_bits(own.r2, given.r2));
+    MiddleResult given_full = run_middle(m16, p, g, false, calls, &q, /*full_workspace=*/true);
+    for (MiddleResult* other : {&own, &given_full}) {
+      const std::vector<HostTensor*> a = other->all(), b = given.all();
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+      EXPECT_TRUE(same_bits(other->r2, given.r2));
+    }
   }
   MiddleResult base = run_middle(m16, p, g, false, BackwardCalls::one, &q);
   const char* names[] = {"w_out", "w_gate_up", "w_down", "w_qkv"};
@@ -1363,8 +1399,11 @@ TEST_P(Block, LastLayerFp8GivenWeights) {
       quantized(m16, WeightCopies::last(c), p.weights(), [](WeightCopies& w) { return w.last(); });
   LastResult own = run_last(m16, p, g, false, Dloss{0.75f}, false);
   LastResult given = run_last(m16, p, g, false, Dloss{0.75f}, false, &q);
-  const std::vector<HostTensor*> a = own.all(), b = given.all();
-  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+  LastResult given_full = run_last(m16, p, g, false, Dloss{0.75f}, false, &q, true);
+  for (LastResult* other : {&own, &given_full}) {
+    const std::vector<HostTensor*> a = other->all(), b = given.all();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(same_bits(*a[i], *b[i])) << "result " << i;
+  }
   const char* names[] = {"w_out", "w_gate_up", "w_down"};
   for (size_t w = 0; w < q.weights(); ++w)
     for (bool transposed : {false, true}) {

@@ -767,6 +767,176 @@ TEST_F(BlockArguments, GivenFp8WeightsAreChecked) {
     for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "a gradient was written";
 }
 
+// The workspace of a call given the weights' FP8 copies (workspace_size with
+// Fp8WeightCopies::given) leaves out the regions the call would quantize the weights into, and
+// only those. A weight's copy [N, K] is its codes and its scales, each carved at a 256-byte
+// boundary (Arena), so it takes
+//   bytes(N, K)  = N K + ceil(N/128) ceil(K/128)         unpadded, and
+//   padded(N, K) = align256(N K) + align256(ceil(N/128) ceil(K/128))   with the padding after.
+// Where this is exact: a forward's weight copies lie over one another after everything else,
+// the largest setting the size, so the saving is the largest forward copy (codes padded, scales
+// not: nothing follows them) plus the padding before the region; the first layer's backward
+// carves W_qkv's transposed copy between the activations' operands, so its saving is that copy,
+// padded. The middle and last layers' backwards carve one weight copy in each of the phases that
+// lie over one another, and the saving depends on which phase is longest without its copy: at
+// least the smallest of the pass's copies, at most the largest, padded. With a config whose four
+// weights differ in size, so that a copy of the wrong weight or an activation left out would
+// show.
+TEST(BlockFp8Workspace, GivenCopiesSaveTheirRegions) {
+  llama::Config c = make_config(256, 704, 4, 2, 64, 300); // W_qkv 512 rows, A = 256
+  c.precision = llama::Precision::fp8;
+  const int64_t M = 208, D = c.hidden, F = c.intermediate, A = c.attention_width();
+  const int64_t Q = c.qkv_width();
+  const auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  const auto blocks = [](int64_t n, int64_t k) {
+    return size_t(coda::num_fp8_scale_blocks(n) * coda::num_fp8_scale_blocks(k));
+  };
+  const auto bytes = [&](std::pair<int64_t, int64_t> w) {
+    return size_t(w.first * w.second) + blocks(w.first, w.second);
+  };
+  const auto padded = [&](std::pair<int64_t, int64_t> w) {
+    return align(size_t(w.first * w.second)) + align(blocks(w.first, w.second));
+  };
+  const auto forward_region = [&](std::pair<int64_t, int64_t> w) {
+    return align(size_t(w.first * w.second)) + blocks(w.first, w.second);
+  };
+  // Each weight [N, K] as nn.Linear stores it (the transposed copy has the same bytes).
+  const std::pair<int64_t, int64_t> w_qkv{Q, D}, w_out{D, A}, w_gate_up{2 * F, D}, w_down{D, F};
+  using Weights = std::vector<std::pair<int64_t, int64_t>>;
+  const Weights first{w_qkv}, mlp{w_out, w_gate_up, w_down};
+  const Weights middle{w_out, w_gate_up, w_down, w_qkv};
+
+  struct Case {
+    llama::Layer layer;
+    llama::Pass pass;
+    const Weights& weights; // the copies the call's workspace would hold
+    const char* name;
+  };
+  const Case cases[] = {
+      {llama::Layer::first, llama::Pass::forward, first, "first forward"},
+      {llama::Layer::first, llama::Pass::backward, first, "first backward"},
+      {llama::Layer::middle, llama::Pass::forward, middle, "middle forward"},
+      {llama::Layer::middle, llama::Pass::backward, middle, "middle backward"},
+      {llama::Layer::middle, llama::Pass::backward_part1, middle, "middle backward part 1"},
+      {llama::Layer::middle, llama::Pass::backward_part2, mlp, "middle backward part 2"},
+      {llama::Layer::last, llama::Pass::forward, mlp, "last forward"},
+      {llama::Layer::last, llama::Pass::backward, mlp, "last backward"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    const size_t full = llama::workspace_size(k.layer, k.pass, c, M);
+    const size_t given =
+        llama::workspace_size(k.layer, k.pass, c, M, llama::Fp8WeightCopies::given);
+    EXPECT_EQ(llama::workspace_size(k.layer, k.pass, c, M, llama::Fp8WeightCopies::in_workspace),
+              full);
+    ASSERT_LT(given, full);
+    const size_t saved = full - given;
+    size_t least = SIZE_MAX, most = 0, largest_forward = 0;
+    for (const auto& w : k.weights) {
+      least = std::min(least, bytes(w));
+      most = std::max(most, padded(w));
+      largest_forward = std::max(largest_forward, forward_region(w));
+    }
+    if (k.pass == llama::Pass::forward) {
+      EXPECT_EQ(saved, align(given) - given + largest_forward);
+    } else if (k.layer == llama::Layer::first) {
+      EXPECT_EQ(saved, padded(w_qkv));
+    }
+    EXPECT_GE(saved, least);
+    EXPECT_LE(saved, most + 255);
+  }
+
+  // Native calls read no copies: the given size is refused, as is a source that is neither.
+  llama::Config native = c;
+  native.precision = llama::Precision::native;
+  try {
+    llama::workspace_size(llama::Layer::middle, llama::Pass::forward, native, M,
+                          llama::Fp8WeightCopies::given);
+    ADD_FAILURE() << "the given-copies size of a native call was answered";
+  } catch (const coda::Error& e) {
+    EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument));
+    EXPECT_NE(std::string(e.what()).find("coda::llama::workspace_size: Fp8WeightCopies::given "
+                                         "needs config.precision = Precision::fp8"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, native, M,
+                                  llama::Fp8WeightCopies::in_workspace),
+            llama::workspace_size(llama::Layer::middle, llama::Pass::forward, native, M));
+  EXPECT_THROW(llama::workspace_size(llama::Layer::middle, llama::Pass::forward, c, M,
+                                     llama::Fp8WeightCopies(2)),
+               coda::Error);
+}
+
+// A workspace of the given-copies size serves only a call given the copies: one that quantizes
+// its own weights is refused, saying why, with nothing written; given them, it runs in that
+// workspace, and one byte less is refused naming the given-copies size.
+TEST_F(BlockArguments, GivenCopiesWorkspaceNeedsTheCopies) {
+  llama::Config fp8 = make.c;
+  fp8.precision = llama::Precision::fp8;
+  const size_t full = llama::workspace_size(llama::Layer::middle, llama::Pass::forward, fp8, 13);
+  const size_t small = llama::workspace_size(llama::Layer::middle, llama::Pass::forward, fp8, 13,
+                                             llama::Fp8WeightCopies::given);
+  ASSERT_LT(small, full);
+  HostTensor ws(DType::e4m3, {int64_t(small)}); // one byte an element
+  expect_rejected(coda::Status::invalid_argument,
+                  "workspace holds " + std::to_string(small) + " bytes but this call needs " +
+                      std::to_string(full) +
+                      " (coda::llama::workspace_size(Layer::middle, Pass::forward, config, "
+                      "M=13)): inputs.fp8_weights are absent, so the call quantizes the weights "
+                      "into its workspace",
+                  fp8, p.weights(), inputs(), outputs(), ws.view());
+
+  WeightCopies q = WeightCopies::middle(fp8);
+  llama::quantize_weights(fp8, p.weights(), q.middle());
+  llama::MiddleInputs given = inputs();
+  given.fp8_weights = q.middle();
+  coda::TensorView short_ws = ws.view();
+  short_ws.shape[0] -= 1;
+  expect_rejected(coda::Status::invalid_argument,
+                  "workspace holds " + std::to_string(small - 1) + " bytes but this call needs " +
+                      std::to_string(small) +
+                      " (coda::llama::workspace_size(Layer::middle, Pass::forward, config, M=13, "
+                      "Fp8WeightCopies::given))",
+                  fp8, p.weights(), given, outputs(), short_ws);
+  llama::middle_forward(fp8, p.weights(), given, outputs(), saved(), ws.view());
+  EXPECT_TRUE(ws.guard_intact()) << "the call wrote past its workspace";
+  for (double v : x2.values()) ASSERT_FALSE(std::isnan(v)) << "outputs.x2 was not written";
+}
+
+// The same refusal in a backward (the first layer's), with nothing written: the gradients stay
+// poisoned and dx (accumulated into) as it was.
+TEST(BlockFp8Workspace, BackwardNotGivenCopiesNeedsTheFullWorkspace) {
+  coda::test::Seeds seeds;
+  Maker make{BlockCase{"fp8", make_config(64, 96, 2, 1, 32, 72), 32, DType::bf16, DType::f32},
+             seeds};
+  make.c.precision = llama::Precision::fp8;
+  FirstProblem p(make);
+  HostTensor qkv = make.activation(make.c.qkv_width());
+  HostTensor rstd = HostTensor::of(DType::f32, {make.M}, std::vector<double>(32, 1.0));
+  HostTensor d_norm(DType::f32, {64}), d_qkv(DType::f32, {make.c.qkv_width(), 64});
+  const Values dx_before = p.dx.values();
+  HostTensor ws =
+      make.workspace(llama::Layer::first, llama::Pass::backward, llama::Fp8WeightCopies::given);
+  try {
+    llama::first_backward(
+        make.c, p.weights(), {p.x.view(), p.rope.view()}, {qkv.view()}, {rstd.view()},
+        {p.dx.view(), p.dqkv.view(), {d_norm.view(), d_qkv.view()}}, false, ws.view());
+    ADD_FAILURE() << "a backward quantizing its weights ran in the given-copies workspace";
+  } catch (const coda::Error& e) {
+    EXPECT_EQ(int(e.status()), int(coda::Status::invalid_argument)) << e.what();
+    EXPECT_NE(std::string(e.what()).find("coda::llama::first_backward: workspace holds"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("inputs.fp8_weights are absent"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(p.dx.values(), dx_before) << "grads.dx was written";
+  for (HostTensor* t : {&d_norm, &d_qkv})
+    for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "a gradient was written";
+  for (double v : ws.values()) ASSERT_TRUE(std::isnan(v)) << "the workspace was written";
+}
+
 // ---------------------------------------------------------------------------------------------
 // The C ABI: the same bits as the C++ API, statuses instead of exceptions.
 

@@ -490,9 +490,11 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
 
 // The block's FP8 weight copies through the C ABI, built field by field as a C caller would:
 // coda_llama_fp8_weights_size and coda_llama_first_quantize_weights give the C++ entry points'
-// number and bytes; a first-layer forward given the copies in its inputs' appended fp8_weights
-// gives the self-quantizing forward's bits, and other bits where a given scale is doubled (the
-// field is read); a bad call returns its status and message and writes nothing.
+// number and bytes; a first-layer forward given the copies in its inputs' appended fp8_weights,
+// in the smaller workspace coda_llama_fp8_workspace_size gives for it, gives the
+// self-quantizing forward's bits, and other bits where a given scale is doubled (the field is
+// read); the self-quantizing forward in that workspace, and any bad call, returns its status
+// and message and writes nothing.
 TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
   constexpr int64_t M = 48, D = 64, Nq = 128; // 2 query heads and 1 key/value head of 32
   llama::Config cpp_config;
@@ -562,8 +564,16 @@ TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
   test::HostTensor inv_freq = test::HostTensor::of(DType::f32, {16}, test::rope_inv_freq_f32(32));
   ASSERT_EQ(coda_llama_workspace_size(CODA_LLAMA_FIRST, CODA_LLAMA_FORWARD, &config, M, &bytes),
             CODA_OK);
-  test::HostTensor workspace(DType::f32, {int64_t(bytes / 4 + 1)});
-  const auto forward = [&](const coda_llama_first_fp8_weights& fp8) {
+  test::HostTensor workspace(DType::e4m3, {int64_t(bytes)}); // one byte an element
+  ASSERT_EQ(coda_llama_fp8_workspace_size(CODA_LLAMA_FIRST, CODA_LLAMA_FORWARD, &config, M,
+                                          CODA_LLAMA_FP8_WEIGHTS_GIVEN, &bytes),
+            CODA_OK)
+      << coda_last_error();
+  test::HostTensor given_workspace(DType::e4m3, {int64_t(bytes)});
+  ASSERT_LT(given_workspace.numel(), workspace.numel());
+  // qkv's bytes, poisoned (NaN) where the call was refused.
+  const auto forward = [&](const coda_llama_first_fp8_weights& fp8, test::HostTensor& ws_tensor,
+                           coda_status expected = CODA_OK) {
     test::HostTensor qkv(DType::bf16, {M, Nq}), rstd(DType::f32, {M});
     const coda_llama_first_inputs inputs{coda_matrix(ptr(x), CODA_BF16, M, D, host),
                                          {coda_vector(ptr(positions), CODA_I32, M, host),
@@ -571,16 +581,87 @@ TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
                                          fp8};
     const coda_llama_first_outputs outputs{coda_matrix(ptr(qkv), CODA_BF16, M, Nq, host)};
     const coda_llama_first_saved saved{coda_vector(ptr(rstd), CODA_F32, M, host)};
-    const coda_tensor ws = coda_vector(ptr(workspace), CODA_F32, workspace.numel(), host);
+    const coda_tensor ws = coda_vector(ptr(ws_tensor), CODA_E4M3, ws_tensor.numel(), host);
     EXPECT_EQ(coda_llama_first_forward(&config, &weights, &inputs, &outputs, &saved, &ws, nullptr),
-              CODA_OK)
+              expected)
         << coda_last_error();
+    EXPECT_TRUE(ws_tensor.guard_intact()) << "the forward wrote past its workspace";
+    bool poisoned = true;
+    for (test::HostTensor* t : {&qkv, &rstd})
+      for (double v : t->values()) poisoned = poisoned && std::isnan(v);
+    EXPECT_TRUE(expected == CODA_OK || poisoned) << "a refused call wrote an output";
     return bytes_of(qkv);
   };
-  const std::vector<uint8_t> own = forward({}), given = forward(copies);
+  const std::vector<uint8_t> own = forward({}, workspace);
+  const std::vector<uint8_t> given = forward(copies, given_workspace);
   EXPECT_EQ(own, given) << "the given copies' forward is not the self-quantizing one";
+  const std::vector<uint8_t> ws_before = bytes_of(given_workspace);
+  forward({}, given_workspace, CODA_INVALID_ARGUMENT); // quantizing its own: too little room
+  EXPECT_NE(std::string(coda_last_error()).find("inputs.fp8_weights are absent"), std::string::npos)
+      << coda_last_error();
+  EXPECT_EQ(bytes_of(given_workspace), ws_before) << "a refused call wrote its workspace";
   *static_cast<uint8_t*>(ptr(scales)) += 1; // 2^(k + 1): the codes stand for twice the weight
-  EXPECT_NE(forward(copies), given) << "the forward did not read inputs.fp8_weights";
+  EXPECT_NE(forward(copies, given_workspace), given)
+      << "the forward did not read inputs.fp8_weights";
+}
+
+// coda_llama_fp8_workspace_size is workspace_size(..., Fp8WeightCopies) for every layer and pass
+// and both sources of the copies; the given size of a native config, a source that is neither,
+// and a NULL bytes are each refused with the C++ message.
+TEST(CAbi, LlamaFp8WorkspaceSizeMatchesCpp) {
+  llama::Config cpp;
+  cpp.hidden = 128, cpp.intermediate = 352, cpp.vocab = 100;
+  cpp.n_heads = 4, cpp.n_kv_heads = 2, cpp.head_dim = 32;
+  cpp.precision = llama::Precision::fp8;
+  coda_llama_config config{128, 352, 4, 2, 32, 100, 1e-6f, -100, CODA_LOSS_MEAN, CODA_LLAMA_FP8};
+  const std::pair<int32_t, int32_t> calls[] = {{CODA_LLAMA_FIRST, CODA_LLAMA_FORWARD},
+                                               {CODA_LLAMA_FIRST, CODA_LLAMA_BACKWARD},
+                                               {CODA_LLAMA_MIDDLE, CODA_LLAMA_FORWARD},
+                                               {CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD},
+                                               {CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD_PART1},
+                                               {CODA_LLAMA_MIDDLE, CODA_LLAMA_BACKWARD_PART2},
+                                               {CODA_LLAMA_LAST, CODA_LLAMA_FORWARD},
+                                               {CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD}};
+  for (const auto& [layer, pass] : calls) {
+    size_t in_workspace = 0, given = 0, plain = 0;
+    ASSERT_EQ(coda_llama_fp8_workspace_size(layer, pass, &config, 80,
+                                            CODA_LLAMA_FP8_WEIGHTS_IN_WORKSPACE, &in_workspace),
+              CODA_OK)
+        << coda_last_error();
+    ASSERT_EQ(coda_llama_fp8_workspace_size(layer, pass, &config, 80, CODA_LLAMA_FP8_WEIGHTS_GIVEN,
+                                            &given),
+              CODA_OK)
+        << coda_last_error();
+    ASSERT_EQ(coda_llama_workspace_size(layer, pass, &config, 80, &plain), CODA_OK);
+    EXPECT_EQ(in_workspace, plain);
+    EXPECT_EQ(given, llama::workspace_size(llama::Layer(layer), llama::Pass(pass), cpp, 80,
+                                           llama::Fp8WeightCopies::given))
+        << layer << " " << pass;
+    EXPECT_LT(given, in_workspace) << layer << " " << pass;
+  }
+  size_t bytes = 7;
+  config.precision = CODA_LLAMA_NATIVE;
+  EXPECT_EQ(coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80,
+                                          CODA_LLAMA_FP8_WEIGHTS_GIVEN, &bytes),
+            CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error())
+                .find("coda::llama::workspace_size: Fp8WeightCopies::given needs "
+                      "config.precision = Precision::fp8"),
+            std::string::npos)
+      << coda_last_error();
+  config.precision = CODA_LLAMA_FP8;
+  EXPECT_EQ(
+      coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80, 2, &bytes),
+      CODA_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(coda_last_error())
+                .find("copies must be Fp8WeightCopies::in_workspace or given; got 2"),
+            std::string::npos)
+      << coda_last_error();
+  EXPECT_EQ(bytes, 7u) << "a refused query wrote its answer";
+  EXPECT_EQ(coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80,
+                                          CODA_LLAMA_FP8_WEIGHTS_GIVEN, nullptr),
+            CODA_INVALID_ARGUMENT);
+  EXPECT_STREQ(coda_last_error(), "coda_llama_fp8_workspace_size: bytes is NULL");
 }
 
 // The activation quantizer through the C ABI (coda_quantize_activation_fp8 on

@@ -948,6 +948,24 @@ void fuzz_size_queries(Call& c) {
            (config.precision != CODA_LLAMA_NATIVE && config.precision != CODA_LLAMA_FP8)))
         finding("coda_llama_workspace_size accepted layer " + std::to_string(layer) + ", pass " +
                 std::to_string(pass));
+      // The given-copies size: an FP8 config's only, and never above the in_workspace one.
+      for (int32_t copies = -1; copies <= 2; ++copies) {
+        size_t sized = 0;
+        const coda_status f =
+            coda_llama_fp8_workspace_size(layer, pass, &config, tokens, copies, &sized);
+        if (f < CODA_OK || f > CODA_NOT_SUPPORTED || (f != CODA_OK && *coda_last_error() == 0))
+          finding("coda_llama_fp8_workspace_size: status " + std::to_string(int(f)));
+        // (The given size may fit 64 bits where the in_workspace one overflows.)
+        const bool given = copies == CODA_LLAMA_FP8_WEIGHTS_GIVEN;
+        const bool in_workspace = copies == CODA_LLAMA_FP8_WEIGHTS_IN_WORKSPACE;
+        if (f == CODA_OK &&
+            ((!given && !in_workspace) ||
+             (given && (config.precision != CODA_LLAMA_FP8 || (s == CODA_OK && sized > bytes))) ||
+             (in_workspace && (s != CODA_OK || sized != bytes))))
+          finding("coda_llama_fp8_workspace_size(layer " + std::to_string(layer) + ", pass " +
+                  std::to_string(pass) + ", copies " + std::to_string(copies) +
+                  ") = " + std::to_string(sized) + " against " + std::to_string(bytes));
+      }
     }
 }
 
