@@ -295,6 +295,23 @@ def llama_workspace_size(layer, pass_, config, tokens):
     return n.value
 
 
+def llama_fp8_workspace_size(layer, pass_, config, tokens, copies):
+    """llama_workspace_size for a call whose FP8 weight copies come from `copies`
+    (coda_llama_fp8_workspace_size): LLAMA_FP8_WEIGHTS_GIVEN, the smaller workspace of a call
+    given them (config FP8 only); LLAMA_FP8_WEIGHTS_IN_WORKSPACE, llama_workspace_size's."""
+    n = c_size_t()
+    call(
+        "coda_llama_fp8_workspace_size",
+        int(layer),
+        int(pass_),
+        ctypes.byref(config),
+        int(tokens),
+        int(copies),
+        ctypes.byref(n),
+    )
+    return n.value
+
+
 def llama_fp8_weights_size(layer, config):
     """Bytes of a layer's FP8 weight copies (coda_llama_fp8_weights_size; config FP8)."""
     n = c_size_t()

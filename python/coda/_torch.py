@@ -256,9 +256,12 @@ def workspace_view(buf, nbytes):
 _llama_ws = {}
 
 
-def llama_workspace_bytes(layer, pass_, config, tokens, device):
-    """coda_llama_workspace_size, cached per (layer, pass, config, tokens, device). Call it with
-    the device current (device_guard) for a backward."""
+def llama_workspace_bytes(layer, pass_, config, tokens, device,
+                          copies=L.LLAMA_FP8_WEIGHTS_IN_WORKSPACE):
+    """coda_llama_workspace_size, cached per (layer, pass, config, tokens, device); `copies`
+    L.LLAMA_FP8_WEIGHTS_GIVEN: the smaller size of a call given its weights' FP8 copies
+    (coda_llama_fp8_workspace_size). Call it with the device current (device_guard) for a
+    backward."""
     key = (
         layer,
         pass_,
@@ -269,14 +272,26 @@ def llama_workspace_bytes(layer, pass_, config, tokens, device):
         config.head_dim,
         config.vocab,
         config.precision,  # FP8 adds its operands' E4M3 copies to the workspace
+        copies,  # ... but for the weights' where they are given
         int(tokens),
         device_key(device),
     )
     n = _llama_ws.get(key)
     if n is None:
-        n = L.llama_workspace_size(layer, pass_, config, tokens)
+        if copies == L.LLAMA_FP8_WEIGHTS_IN_WORKSPACE:
+            n = L.llama_workspace_size(layer, pass_, config, tokens)
+        else:
+            n = L.llama_fp8_workspace_size(layer, pass_, config, tokens, copies)
         _llama_ws[key] = n
     return n
+
+
+def carries_fp8_weights(inputs):
+    """Whether a layer's packed inputs struct (pack_inputs) carries the weights' FP8 copies: its
+    fp8_weights' first tensor is given (a layer's copies are given all or none)."""
+    fp8 = inputs.fp8_weights
+    first = getattr(fp8, fp8._fields_[0][0])  # a coda_llama_fp8_weight
+    return bool(first.codes.data)
 
 
 _gemm_ws = {}

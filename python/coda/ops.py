@@ -392,11 +392,14 @@ _LAYERS = {"first": L.LLAMA_FIRST, "middle": L.LLAMA_MIDDLE, "last": L.LLAMA_LAS
 
 def _run_layer(layer, pass_, cfg, m, x, *args):
     """One coda.llama call (`args`: weights, inputs, outputs, saved[, grads]) on x's device and
-    current stream, with a workspace of the size coda asks for, freed when it returns (weight
-    gradients written, not accumulated: autograd accumulates). pass_: L.LLAMA_FORWARD,
-    LLAMA_BACKWARD, or one of the middle backward's two parts (LLAMA_BACKWARD_PART1/2)."""
+    current stream, with a workspace of the size coda asks for (the smaller one where the inputs
+    carry the weights' FP8 copies), freed when it returns (weight gradients written, not
+    accumulated: autograd accumulates). pass_: L.LLAMA_FORWARD, LLAMA_BACKWARD, or one of the
+    middle backward's two parts (LLAMA_BACKWARD_PART1/2)."""
+    copies = (L.LLAMA_FP8_WEIGHTS_GIVEN if T.carries_fp8_weights(args[1])
+              else L.LLAMA_FP8_WEIGHTS_IN_WORKSPACE)
     with T.device_guard(x.device):
-        n = T.llama_workspace_bytes(_LAYERS[layer], pass_, cfg, m, x.device)
+        n = T.llama_workspace_bytes(_LAYERS[layer], pass_, cfg, m, x.device, copies)
         ws, ws_desc = T.workspace(n, x.device)  # ws keeps the buffer alive through the call
         if pass_ == L.LLAMA_FORWARD:
             L.llama_forward(layer, cfg, *args, ws_desc, T.stream(x))

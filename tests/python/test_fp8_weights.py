@@ -120,6 +120,56 @@ def test_ops_read_the_given_copies(device, layer):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layer", ["first", "middle", "last"])
+def test_ops_given_copies_take_the_smaller_workspace(device, layer, monkeypatch):
+    """Each C call of an op given the copies gets a workspace of exactly the size coda asks for
+    a call given them (coda_llama_fp8_workspace_size, LLAMA_FP8_WEIGHTS_GIVEN), smaller than the
+    one the same call takes without them (coda_llama_workspace_size), which is what it gets
+    without them: forward and backward (the middle layer's in its two parts). One after the
+    other, so a size cached for the call without copies would be handed to the one with them."""
+    from coda import _lib as L
+    from coda import _torch as T
+
+    gen = R.generator(SEED, 91)
+    config = small_config()
+    block = config.block(precision="fp8")
+    inputs, weights, other = layer_inputs(gen, device, layer, config)
+    fp8 = ops.llama_fp8_weights(layer, weights, block)
+    asked, allocated = [], []
+    real_bytes, real_workspace = T.llama_workspace_bytes, T.workspace
+
+    def workspace_bytes(which, pass_, cfg, tokens, dev, copies=L.LLAMA_FP8_WEIGHTS_IN_WORKSPACE):
+        n = real_bytes(which, pass_, cfg, tokens, dev, copies)
+        asked.append((which, pass_, tokens, copies, n,
+                      L.llama_workspace_size(which, pass_, cfg, tokens)))
+        return n
+
+    def workspace(nbytes, dev):
+        allocated.append(nbytes)
+        return real_workspace(nbytes, dev)
+
+    monkeypatch.setattr(T, "llama_workspace_bytes", workspace_bytes)
+    monkeypatch.setattr(T, "workspace", workspace)
+    run_op(layer, inputs, weights, other, block)
+    own = list(asked)
+    del asked[:]
+    run_op(layer, inputs, weights, other, block, fp8)
+    passes = [L.LLAMA_FORWARD] + ([L.LLAMA_BACKWARD_PART1, L.LLAMA_BACKWARD_PART2]
+                                  if layer == "middle" else [L.LLAMA_BACKWARD])
+    assert [a[1] for a in own] == passes and [a[1] for a in asked] == passes
+    assert allocated == [a[4] for a in own + asked]
+    cfg = ops._c_config(config.hidden_size, config.intermediate_size,
+                        config.num_attention_heads, config.num_key_value_heads,
+                        config.head_dim, config.vocab_size, 1e-5, precision=L.LLAMA_FP8)
+    for (which, pass_, tokens, copies, n, full), mine in zip(asked, own):
+        assert mine[3] == L.LLAMA_FP8_WEIGHTS_IN_WORKSPACE and mine[4] == mine[5], (layer, pass_)
+        assert copies == L.LLAMA_FP8_WEIGHTS_GIVEN, (layer, pass_)
+        assert n == L.llama_fp8_workspace_size(which, pass_, cfg, tokens,
+                                               L.LLAMA_FP8_WEIGHTS_GIVEN), (layer, pass_)
+        assert n < full == mine[4], (layer, pass_, n, full)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_llama_quantizes_once_per_step(device, monkeypatch):
     """Llama(precision="fp8", fp8_weights_once=True) against the same model quantizing in every
     call, over two steps of two micro-batches each with an SGD step between: every loss and
