@@ -81,7 +81,7 @@ enum class Pass : int32_t { forward = 0, backward = 1, backward_part1 = 2, backw
 //   given:        its inputs carry the copies (fp8_weights, made by quantize_weights): the
 //                 workspace holds no weight's copy, only the activations' FP8 operands, and is
 //                 smaller by at least the smallest of the pass's weight copies (docs/fp8.md, "The
-//                 weights quantized once per step"). Precision::fp8 only: a native call reads no
+//                 given calls' smaller workspace"). Precision::fp8 only: a native call reads no
 //                 FP8 copy, and asking for this size with a native config is invalid_argument.
 enum class Fp8WeightCopies : int32_t { in_workspace = 0, given = 1 };
 
