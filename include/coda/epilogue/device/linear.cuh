@@ -41,7 +41,7 @@
 #include "coda/gemm/pipeline.cuh"
 #include "coda/gemm/tensor_map.hpp"
 
-namespace coda::sm90 {
+namespace coda::epilogue::device {
 
 template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct LinearEpilogue {
   static constexpr int kSubRows = 64, kSubCols = 32; // one subtile: 64 rows x 32 columns
@@ -67,11 +67,11 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
 
   // Host: the tensor map of a D-shaped [m, n] output (D, or C) in Params' geometry.
   static CUtensorMap output_map(const char* what, const TensorView& t, int64_t m, int64_t n) {
-    return make_tensor_map(
-        what,
-        TensorMapShape{t.data, t.dtype, uint64_t(n), uint64_t(m), uint64_t(t.stride[0]),
-                       uint32_t(kSubCols), uint32_t(kSubRows),
-                       kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B});
+    return sm90::make_tensor_map(
+        what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(n), uint64_t(m), uint64_t(t.stride[0]),
+                                   uint32_t(kSubCols), uint32_t(kSubRows),
+                                   kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                    : CU_TENSOR_MAP_SWIZZLE_64B});
   }
 
   struct SharedStorage {
@@ -99,12 +99,12 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
   __device__ LinearEpilogue(const Params& p, SharedStorage& s, int wg, int t)
       : params(p), smem(s), warpgroup(wg), thread(t) {}
 
-  __device__ void begin_tile(EpilogueTile tile) {
+  __device__ void begin_tile(sm90::EpilogueTile tile) {
     if (params.load_c && thread == 0) load_c(subtile & 1, tile.row0, tile.col0);
   }
 
   template <int kBlocks, int kN>
-  __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
+  __device__ void visit(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
     const float alpha = tile_alpha();
     // Deferral holds the last 4 subtiles of a one-block tile (a 256-wide cooperative half).
@@ -140,7 +140,7 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
     }
   }
 
-  __device__ void end_tile(EpilogueTile) {}
+  __device__ void end_tile(sm90::EpilogueTile) {}
 
   __device__ void overlap_with_mainloop(int32_t) {
     if constexpr (kCanDefer) store_deferred(1);
@@ -160,13 +160,13 @@ private:
   }
 
   __device__ void sync() {
-    arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup,
+    arch::named_barrier_sync(uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + warpgroup,
                              arch::kWarpgroupSize);
   }
 
   // Stores the tile's first subtiles now, at once, and packs the last kMaxDeferred for later.
   template <int kBlocks, int kN>
-  __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile, float alpha) {
+  __device__ void defer(const Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile, float alpha) {
     constexpr int kSubtilesN = kN / kSubCols, kSubtiles = kBlocks * kSubtilesN;
     static_assert(kSubtilesN % kMaxDeferred == 0,
                   "the deferred subtiles are the last columns of the last 64-row block");
@@ -267,7 +267,7 @@ private:
   }
 
   __device__ void add_c(float (&v)[16], uint32_t buf) {
-    mbarrier_wait(&smem.c_full[warpgroup][buf], (c_phase >> buf) & 1);
+    sm90::mbarrier_wait(&smem.c_full[warpgroup][buf], (c_phase >> buf) & 1);
     c_phase ^= 1u << buf;
     const uint8_t* c = smem.c[warpgroup][buf];
 #pragma unroll
@@ -319,4 +319,4 @@ private:
   }
 };
 
-} // namespace coda::sm90
+} // namespace coda::epilogue::device
