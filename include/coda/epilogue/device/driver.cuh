@@ -53,6 +53,7 @@
 #include "coda/arch/warpgroup.cuh"
 #include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
+#include "coda/epilogue/device/subtile_store.cuh"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
 #include "coda/gemm/staged_tile.cuh"
@@ -500,10 +501,7 @@ public:
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.end_tile(c, tile); });
   }
 
-  __device__ void finish() {
-    if (kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0)
-      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-  }
+  __device__ void finish() { drain_stores(kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0); }
 
   // ---- The staged schedule's consumer warpgroups: their rows of the tile (one 64-row block).
 
@@ -641,10 +639,8 @@ private:
       ++subtile_;
       return;
     }
-    // The stores that last used slot `st.slot` have read their buffers; everyone is done with
-    // the loads of the subtile before.
-    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-    sync();
+    const uint32_t barrier = uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index;
+    begin_slot_write(wg_.thread, barrier, kEpilogueWarps * arch::kWarpSize);
     const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if (wg_.thread == 0 && !last) {
       const bool next_block = slab == Shape::kSubtilesN - 1;
@@ -657,11 +653,10 @@ private:
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
     }
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    sync();
+    end_slot_write(barrier, kEpilogueWarps * arch::kWarpSize);
     if (wg_.thread == 0) {
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
-      cuda::ptx::cp_async_bulk_commit_group();
+      commit_slot_stores();
     }
     ++subtile_;
   }
