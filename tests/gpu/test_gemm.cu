@@ -21,9 +21,9 @@
 #include "coda/coda.hpp"
 #include "coda/core/error.hpp"
 #include "coda/core/fragment.hpp"
+#include "coda/epilogue/device/linear.cuh"
 #include "coda/gemm/heuristic.hpp"
 #include "coda/gemm/launch.cuh"
-#include "coda/gemm/linear_epilogue.cuh"
 #include "coda/gemm/scheduler.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/gemm/instances.hpp"
@@ -536,8 +536,9 @@ TEST(GemmHost, SchedulerVisitsEveryTileOnce) {
 // the kernel: the consumers wait for bytes that never come). Every compiled configuration and
 // layout, host side only.
 template <class Config, GemmLayout kLayout> void check_operand_shapes() {
-  using Kernel = sm90::GemmKernel<Config, kLayout, bf16,
-                                  sm90::LinearEpilogue<bf16, Config::kConsumerWarpgroups>>;
+  using Kernel =
+      sm90::GemmKernel<Config, kLayout, bf16,
+                       epilogue::device::LinearEpilogue<bf16, Config::kConsumerWarpgroups>>;
   using Main = typename Kernel::Main;
   SCOPED_TRACE(std::to_string(Config::kTileM) + "x" + std::to_string(Config::kTileN) + " layout " +
                std::to_string(int(kLayout)));

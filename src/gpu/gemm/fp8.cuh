@@ -10,16 +10,17 @@
 
 #include "coda/core/fp8.hpp"
 #include "coda/epilogue/device/epilogue.cuh"
+#include "coda/epilogue/device/linear.cuh"
 #include "coda/gemm/fp8_mainloop.cuh"
 #include "coda/gemm/launch.cuh"
-#include "coda/gemm/linear_epilogue.cuh"
 
 namespace coda::gpu::fp8 {
 
 // No deferred stores: their 32 registers of packed pairs do not fit beside the accumulator and
 // its partials (docs/fp8.md).
 template <class OutT>
-using Epilogue = sm90::LinearEpilogue<OutT, /*kWarpgroups=*/2, /*kOverlapStores=*/false>;
+using Epilogue =
+    epilogue::device::LinearEpilogue<OutT, /*kWarpgroups=*/2, /*kOverlapStores=*/false>;
 
 // As many stages as fit the 227 KB beside the epilogue's subtile buffers (32 KB of 16-bit D and
 // C buffers, 64 KB of fp32 ones) and the ring's barriers (launch.cuh asserts the sum): 32 KB a

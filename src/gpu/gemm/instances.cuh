@@ -9,8 +9,8 @@
 #include <type_traits>
 
 #include "coda/epilogue/device/epilogue.cuh"
+#include "coda/epilogue/device/linear.cuh"
 #include "coda/gemm/launch.cuh"
-#include "coda/gemm/linear_epilogue.cuh"
 #include "gpu/gemm/instances.hpp"
 
 namespace coda::gpu::detail {
@@ -26,8 +26,8 @@ template <class Config, GemmLayout kLayout, class InT, class OutT> struct PlainG
   using StagedEpi = dev::FusedEpilogue<Shape, dev::ScaleByScalar, dev::Stage<OutT>, StagedStore>;
   // Cooperative: both warpgroups finish their MMAs at once, so the stores are deferred into the
   // next mainloop; ping-pong: the other warpgroup's MMAs already overlap them.
-  using RegisterEpi = sm90::LinearEpilogue<OutT, Config::kConsumerWarpgroups,
-                                           Config::kSchedule == sm90::Schedule::cooperative>;
+  using RegisterEpi = dev::LinearEpilogue<OutT, Config::kConsumerWarpgroups,
+                                          Config::kSchedule == sm90::Schedule::cooperative>;
   using Epi = std::conditional_t<kStaged, StagedEpi, RegisterEpi>;
   using Kernel = sm90::GemmKernel<Config, kLayout, InT, Epi>;
 

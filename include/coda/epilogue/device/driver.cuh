@@ -33,7 +33,7 @@
 //    schedules): every op runs there, a Stage<T> op only rounds;
 //  - staged (the staged schedule): the list is cut at its Stage<T> op. The consumers run the ops
 //    before it on their registers (elementwise ones: a scale), round to T and write the tile to
-//    shared memory (gemm/staged_tile.cuh); the epilogue warpgroup runs the ops after it on
+//    shared memory (staged_tile.cuh); the epilogue warpgroup runs the ops after it on
 //    values read back from there, while the consumers' next MMAs run. Its Shape is its own view:
 //    one warpgroup owning the tile's 128 rows as two 64-row blocks.
 #pragma once
@@ -53,9 +53,10 @@
 #include "coda/arch/warpgroup.cuh"
 #include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
+#include "coda/epilogue/device/staged_tile.cuh"
+#include "coda/epilogue/device/subtile_store.cuh"
 #include "coda/gemm/epilogue_contract.hpp"
 #include "coda/gemm/pipeline.cuh"
-#include "coda/gemm/staged_tile.cuh"
 
 namespace coda::epilogue::device {
 
@@ -106,7 +107,7 @@ struct Subtile {
 
 // A warp's rows of a 64-row subtile (AccumulatorMap: warp w holds rows 16 w .. 16 w + 15): what
 // a warp-local epilogue stores alone, and the box height of in-place stores (TileStore).
-inline constexpr int kStripRows = sm90::Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
+inline constexpr int kStripRows = Subtile16::kRows / (arch::kWarpgroupSize / arch::kWarpSize);
 
 // What an op's hooks receive: its parameters (in the kernel's parameter space), its shared
 // memory and the calling thread. Ops keep only per-thread state (factors, reduction states) as
@@ -339,7 +340,7 @@ private:
   // + lane), so the ops' fragment maps hold. Only warp-local lists can run so.
   static constexpr int kEpilogueWarps = Shape::kEpilogueWarps;
   static constexpr bool kStrips = kStaged && kEpilogueWarps < 4;
-  static constexpr int kStripsPerBlock = sm90::Subtile16::kRows / kStripRows;
+  static constexpr int kStripsPerBlock = Subtile16::kRows / kStripRows;
   static constexpr int kStripUnits = Shape::kBlocks * kStripsPerBlock * Shape::kSubtilesN;
   static_assert(!kStrips || kWarpLocal,
                 "with fewer than 4 epilogue warps, the ops after the Stage must be warp-local");
@@ -360,7 +361,7 @@ private:
 
   using StageT = typename StageTypeOf<kStage, Ops...>::type;
   // Warp-local: each warp releases the staged tile once its reads and bulk stores are done.
-  using Staged = sm90::StagedTile<Shape::kBlocks, Shape::kCols, kWarpLocal ? kEpilogueWarps : 1>;
+  using Staged = StagedTile<Shape::kBlocks, Shape::kCols, kWarpLocal ? kEpilogueWarps : 1>;
   // The staged tile (staged schedule only; an empty base elsewhere: a member would take a byte
   // and pad the 1024-byte aligned storage by a kilobyte).
   struct StagedTiles {
@@ -500,10 +501,7 @@ public:
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.end_tile(c, tile); });
   }
 
-  __device__ void finish() {
-    if (kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0)
-      cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
-  }
+  __device__ void finish() { drain_stores(kWarpLocal ? wg_.lane() == 0 : wg_.thread == 0); }
 
   // ---- The staged schedule's consumer warpgroups: their rows of the tile (one 64-row block).
 
@@ -536,7 +534,7 @@ public:
       uint32_t packed[8];
 #pragma unroll
       for (int i = 0; i < 8; ++i) packed[i] = pack2<StageT>(v[2 * i], v[2 * i + 1]);
-      sm90::Subtile16::store(smem_.staged_tiles.subtile[wg_.index][slab], wg_.thread, packed);
+      Subtile16::store(smem_.staged_tiles.subtile[wg_.index][slab], wg_.thread, packed);
     }
     Staged::arrive_full(smem_.staged);
     staged_.phase ^= 1;
@@ -564,7 +562,7 @@ private:
 
   __device__ __forceinline__ void load_staged(float (&v)[16], int block, int slab) {
     uint32_t packed[8];
-    sm90::Subtile16::load(smem_.staged_tiles.subtile[block][slab], wg_.thread, packed);
+    Subtile16::load(smem_.staged_tiles.subtile[block][slab], wg_.thread, packed);
 #pragma unroll
     for (int i = 0; i < 8; ++i) unpack(packed[i], v[2 * i], v[2 * i + 1]);
   }
@@ -633,7 +631,7 @@ private:
       if (wg_.lane() == 0) {
         Subtile strip = st;
         strip.row0 += kStripRows * wg_.warp();
-        strip.staged += kStripRows * sm90::Subtile16::kRowBytes * wg_.warp();
+        strip.staged += kStripRows * Subtile16::kRowBytes * wg_.warp();
         strip.rows = kStripRows;
         for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, strip); });
         cuda::ptx::cp_async_bulk_commit_group();
@@ -641,10 +639,8 @@ private:
       ++subtile_;
       return;
     }
-    // The stores that last used slot `st.slot` have read their buffers; everyone is done with
-    // the loads of the subtile before.
-    if (wg_.thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-    sync();
+    const uint32_t barrier = uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + wg_.index;
+    begin_slot_write(wg_.thread, barrier, kEpilogueWarps * arch::kWarpSize);
     const bool last = block == Shape::kBlocks - 1 && slab == Shape::kSubtilesN - 1;
     if (wg_.thread == 0 && !last) {
       const bool next_block = slab == Shape::kSubtilesN - 1;
@@ -657,11 +653,10 @@ private:
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.prefetch(c, next); });
     }
     for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.visit(c, st, v); });
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    sync();
+    end_slot_write(barrier, kEpilogueWarps * arch::kWarpSize);
     if (wg_.thread == 0) {
       for_each<kFirstEpilogueOp, kOps>([&](auto& op, const auto& c) { op.issue(c, st); });
-      cuda::ptx::cp_async_bulk_commit_group();
+      commit_slot_stores();
     }
     ++subtile_;
   }

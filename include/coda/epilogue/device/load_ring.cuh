@@ -20,6 +20,7 @@
 #include <cuda/ptx>
 
 #include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/device/tile_io.cuh"
 #include "coda/gemm/pipeline.cuh"
 
 namespace coda::epilogue::device {
@@ -71,8 +72,7 @@ template <class Shape, uint32_t kBytes, int kSlots> struct SubtileLoadRing {
   // Every thread, once per subtile in order: waits until the subtile has landed; its buffer.
   __device__ const uint8_t* acquire(SharedStorage& s, Warpgroup wg) {
     const uint32_t slot = consumed % kSlots;
-    sm90::mbarrier_wait(&s.full[wg.index][slot], (phase >> slot) & 1);
-    phase ^= 1u << slot;
+    wait_loaded(&s.full[wg.index][slot], phase, slot);
     ++consumed;
     return s.tile[wg.index][slot];
   }
@@ -81,6 +81,8 @@ private:
   // One thread: TMA-load subtile k of the tile at (row0, col0) into `slot`.
   __device__ static void load(SharedStorage& s, const CUtensorMap& map, int warpgroup,
                               uint32_t slot, int32_t row0, int32_t col0, int k) {
+    // NOTE: not tile_io's load_subtile, whose arguments are computed before the barrier is armed:
+    // that reorders K0's, K6's and K7's code.
     namespace ptx = cuda::ptx;
     uint64_t* bar = &s.full[warpgroup][slot];
     ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar,

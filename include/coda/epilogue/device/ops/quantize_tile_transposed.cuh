@@ -38,8 +38,8 @@
 #include "coda/core/fp8.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/device/staged_tile.cuh"
 #include "coda/epilogue/device/tile_io.cuh"
-#include "coda/gemm/staged_tile.cuh"
 #include "coda/gemm/tensor_map.hpp"
 
 namespace coda::epilogue::device {
@@ -51,7 +51,7 @@ template <class Shape, class T> struct QuantizeTileTransposed : OpBase {
                 "QuantizeTileTransposed runs on a staged 128 x 128 tile read by 4 warps (the FP8 "
                 "mainloop's staged tile): a tile is one scale block");
   static_assert(sizeof(T) == 2, "the staged tile holds 16-bit values");
-  using Sub = sm90::Subtile16;
+  using Sub = Subtile16;
   static constexpr int kWarps = Shape::kEpilogueWarps;
   static constexpr int kColsPerWarp = kBlock / kWarps; // 32: one slab
   static_assert(kColsPerWarp == Sub::kCols, "each warp transposes the slab of its columns");

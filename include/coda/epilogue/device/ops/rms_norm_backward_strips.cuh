@@ -34,12 +34,12 @@
 
 #include "coda/arch/shared_memory.cuh"
 #include "coda/epilogue/device/driver.cuh"
+#include "coda/epilogue/device/staged_tile.cuh"
 #include "coda/epilogue/device/tensor_maps.hpp"
 #include "coda/epilogue/device/tile_io.cuh"
 #include "coda/epilogue/ops/residual_add.hpp"
 #include "coda/epilogue/ops/rms_norm_backward.hpp"
 #include "coda/gemm/pipeline.cuh"
-#include "coda/gemm/staged_tile.cuh"
 #include "coda/kernels/args.hpp"
 
 namespace coda::epilogue::device {
@@ -215,7 +215,7 @@ struct RmsNormBackwardStrips : OpBase {
     // last bulk group) is done: lane 0 waits, the warp follows.
     if (lane == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
     __syncwarp();
-    sm90::Subtile16::store(c.smem.h_hat[warp] - w * int(kStripBytes), c.wg.thread, h_hat);
+    Subtile16::store(c.smem.h_hat[warp] - w * int(kStripBytes), c.wg.thread, h_hat);
 
     // The strip's column sums over the warp's 8 row groups (lane bits 2-4), reduce-scattered:
     // at each halving a lane keeps half of its sums and adds the partner's half, so after three

@@ -1,4 +1,4 @@
-// The staged schedule's accumulator tile in shared memory (Schedule::staged, config.hpp): the
+// The staged schedule's accumulator tile in shared memory (Schedule::staged, gemm/config.hpp): the
 // consumer warpgroups round their fp32 accumulators to a 16-bit T and write them here, then start
 // the next tile's MMAs; the epilogue warpgroup reads the tile back subtile by subtile and releases
 // it when it is done. One tile deep: a full / empty mbarrier pair, like a one-stage pipeline.
@@ -19,7 +19,7 @@
 #include "coda/arch/warpgroup.cuh"
 #include "coda/gemm/pipeline.cuh"
 
-namespace coda::sm90 {
+namespace coda::epilogue::device {
 
 // One 64 x 32 subtile of 16-bit elements, 64-byte rows, 64-byte swizzle.
 struct Subtile16 {
@@ -82,7 +82,8 @@ template <int kBlocks, int kCols, int kReleasers = 1> struct StagedTile {
 
   // Consumers, every thread. `phase` counts the tiles this thread has staged (its parity).
   __device__ static void wait_empty(SharedStorage& s, uint32_t phase) {
-    mbarrier_wait(&s.empty, phase ^ 1); // the first wait passes: a fresh barrier's phase 1 is done
+    // The first wait passes: a fresh barrier's phase 1 is done.
+    sm90::mbarrier_wait(&s.empty, phase ^ 1);
   }
   // Every consumer thread, after writing its subtiles: the arrive releases them to the reader.
   __device__ static void arrive_full(SharedStorage& s) {
@@ -91,10 +92,10 @@ template <int kBlocks, int kCols, int kReleasers = 1> struct StagedTile {
 
   // The epilogue warpgroup, every thread, before reading a tile.
   __device__ static void wait_full(SharedStorage& s, uint32_t phase) {
-    mbarrier_wait(&s.full, phase);
+    sm90::mbarrier_wait(&s.full, phase);
   }
   // Each releaser, once its reads of the tile (and its bulk stores from it) are complete.
   __device__ static void release(SharedStorage& s) { (void)cuda::ptx::mbarrier_arrive(&s.empty); }
 };
 
-} // namespace coda::sm90
+} // namespace coda::epilogue::device

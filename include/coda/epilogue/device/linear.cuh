@@ -1,4 +1,5 @@
-// The plain GEMM epilogue: D = alpha * acc + beta * C, stored through shared memory by TMA.
+// The plain GEMM's epilogue on the register schedules (cooperative, ping-pong): D = alpha * acc +
+// beta * C, stored through shared memory by TMA (the staged schedule runs FusedEpilogue instead).
 // alpha is a number, or that number times a [1] f32 device scalar (Params::alpha_tensor), read
 // once per tile after the mainloop, so no register holds it across the MMAs.
 //
@@ -10,7 +11,8 @@
 //   end_tile(tile)    nothing to flush: stores stay in flight across tiles;
 //   finish()          once, before the kernel exits: drain the stores.
 // Subtiles alternate between two D buffers and two C buffers, so a store and a load are in flight
-// while the next subtile is computed. TMA clips the store and zero-fills the load at the edges.
+// while the next subtile is computed: the fused driver's protocol (subtile_store.cuh), on the
+// same subtile buffers (tile_io.cuh). TMA clips the store and zero-fills the load at the edges.
 // C may alias D: a tile's C region is read (into registers) before its D region is written, and
 // no two warpgroups share a region.
 //
@@ -23,33 +25,24 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include <cuda.h>
 #include <cuda/ptx>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
-#include "coda/arch/smem_desc.hpp"
-#include "coda/arch/stmatrix.cuh"
 #include "coda/arch/warpgroup.cuh"
-#include "coda/core/convert.cuh"
 #include "coda/core/fragment.hpp"
 #include "coda/core/tensor.hpp"
 #include "coda/core/types.hpp"
+#include "coda/epilogue/device/subtile_store.cuh"
+#include "coda/epilogue/device/tile_io.cuh"
 #include "coda/gemm/epilogue_contract.hpp"
-#include "coda/gemm/pipeline.cuh"
 #include "coda/gemm/tensor_map.hpp"
 
-namespace coda::sm90 {
+namespace coda::epilogue::device {
 
 template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct LinearEpilogue {
-  static constexpr int kSubRows = 64, kSubCols = 32; // one subtile: 64 rows x 32 columns
-  using SubtileMap = AccumulatorMap<kSubCols>;       // its 16 registers of a thread
-  static constexpr int kRowBytes = kSubCols * int(sizeof(OutT));
-  static constexpr arch::Swizzle kSwizzle =
-      kRowBytes == 128 ? arch::Swizzle::b128 : arch::Swizzle::b64;
-  static constexpr uint32_t kSubtileBytes = kSubRows * kRowBytes;
+  using Layout = SubtileLayout<OutT>; // one subtile: 64 rows x 32 columns
+  static constexpr int kSubRows = Layout::kRows, kSubCols = Layout::kCols;
   static constexpr bool k16Bit = sizeof(OutT) == 2;
   static constexpr bool kCanDefer = kOverlapStores && k16Bit;
   // Subtiles held back per tile (the last ones): 16-bit pairs of 4 subtiles are 32 registers,
@@ -67,16 +60,16 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
 
   // Host: the tensor map of a D-shaped [m, n] output (D, or C) in Params' geometry.
   static CUtensorMap output_map(const char* what, const TensorView& t, int64_t m, int64_t n) {
-    return make_tensor_map(
-        what,
-        TensorMapShape{t.data, t.dtype, uint64_t(n), uint64_t(m), uint64_t(t.stride[0]),
-                       uint32_t(kSubCols), uint32_t(kSubRows),
-                       kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B});
+    return sm90::make_tensor_map(
+        what, sm90::TensorMapShape{t.data, t.dtype, uint64_t(n), uint64_t(m), uint64_t(t.stride[0]),
+                                   uint32_t(kSubCols), uint32_t(kSubRows),
+                                   Layout::kRowBytes == 128 ? CU_TENSOR_MAP_SWIZZLE_128B
+                                                            : CU_TENSOR_MAP_SWIZZLE_64B});
   }
 
   struct SharedStorage {
-    alignas(1024) uint8_t d[kWarpgroups][2][kSubtileBytes];
-    alignas(1024) uint8_t c[kWarpgroups][2][kSubtileBytes];
+    alignas(1024) uint8_t d[kWarpgroups][2][Layout::kBytes];
+    alignas(1024) uint8_t c[kWarpgroups][2][Layout::kBytes];
     uint64_t c_full[kWarpgroups][2];
   };
 
@@ -99,12 +92,12 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
   __device__ LinearEpilogue(const Params& p, SharedStorage& s, int wg, int t)
       : params(p), smem(s), warpgroup(wg), thread(t) {}
 
-  __device__ void begin_tile(EpilogueTile tile) {
+  __device__ void begin_tile(sm90::EpilogueTile tile) {
     if (params.load_c && thread == 0) load_c(subtile & 1, tile.row0, tile.col0);
   }
 
   template <int kBlocks, int kN>
-  __device__ void visit(Accumulator<kBlocks, kN>& acc, EpilogueTile tile) {
+  __device__ void visit(Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile) {
     constexpr int kSubtilesN = kN / kSubCols;
     const float alpha = tile_alpha();
     // Deferral holds the last 4 subtiles of a one-block tile (a 256-wide cooperative half).
@@ -118,9 +111,7 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
       for (int s = 0; s < kSubtilesN; ++s) {
         const int32_t row0 = tile.row0 + mb * kSubRows, col0 = tile.col0 + s * kSubCols;
         const uint32_t buf = subtile & 1;
-        // The store that last used D buffer `buf` has read it; everyone is done with C buffer !buf.
-        if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-        sync();
+        begin_slot_write(thread, barrier(), arch::kWarpgroupSize);
         const bool last = mb == kBlocks - 1 && s == kSubtilesN - 1;
         if (params.load_c && thread == 0 && !last) {
           const bool next_row_block = s == kSubtilesN - 1;
@@ -132,15 +123,14 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
         for (int i = 0; i < 16; ++i) v[i] = alpha * acc.reg[mb][16 * s + i];
         if (params.load_c) add_c(v, buf);
         write_d(v, buf);
-        cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-        sync();
+        end_slot_write(barrier(), arch::kWarpgroupSize);
         if (thread == 0) store_d(buf, row0, col0);
         ++subtile;
       }
     }
   }
 
-  __device__ void end_tile(EpilogueTile) {}
+  __device__ void end_tile(sm90::EpilogueTile) {}
 
   __device__ void overlap_with_mainloop(int32_t) {
     if constexpr (kCanDefer) store_deferred(1);
@@ -148,7 +138,7 @@ template <class OutT, int kWarpgroups, bool kOverlapStores = false> struct Linea
 
   __device__ void finish() {
     if constexpr (kCanDefer) store_deferred(kMaxDeferred);
-    if (thread == 0) cuda::ptx::cp_async_bulk_wait_group(cuda::ptx::n32_t<0>{});
+    drain_stores(thread == 0);
   }
 
 private:
@@ -159,23 +149,23 @@ private:
                                           : params.alpha;
   }
 
-  __device__ void sync() {
-    arch::named_barrier_sync(uint32_t(NamedBarrier::epilogue_warpgroup0) + warpgroup,
-                             arch::kWarpgroupSize);
+  // The warpgroup's named barrier (arch::kWarpgroupSize threads).
+  __device__ uint32_t barrier() const {
+    return uint32_t(sm90::NamedBarrier::epilogue_warpgroup0) + warpgroup;
   }
 
   // Stores the tile's first subtiles now, at once, and packs the last kMaxDeferred for later.
   template <int kBlocks, int kN>
-  __device__ void defer(const Accumulator<kBlocks, kN>& acc, EpilogueTile tile, float alpha) {
+  __device__ void defer(const Accumulator<kBlocks, kN>& acc, sm90::EpilogueTile tile, float alpha) {
     constexpr int kSubtilesN = kN / kSubCols, kSubtiles = kBlocks * kSubtilesN;
     static_assert(kSubtilesN % kMaxDeferred == 0,
                   "the deferred subtiles are the last columns of the last 64-row block");
     constexpr int kFirstDeferred = kSubtiles - kMaxDeferred;
     static_assert(kFirstDeferred <= 4, "the first subtiles go out through 4 buffers at once");
     store_deferred(kMaxDeferred); // what the previous tile's (short) mainloop left
-    // Every store issued so far has read its buffer (they ran during the mainloop).
-    if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{});
-    sync();
+    // Every store issued so far has read its buffer (they ran during the mainloop): all of them,
+    // as the batch writes both slots' buffers.
+    begin_slot_write</*kPendingReads=*/0>(thread, barrier(), arch::kWarpgroupSize);
 #pragma unroll
     for (int j = 0; j < kSubtiles; ++j) {
       const int mb = j / kSubtilesN, s = j % kSubtilesN;
@@ -185,14 +175,13 @@ private:
         packed[i] = pack2<OutT>(alpha * acc.reg[mb][16 * s + 2 * i],
                                 alpha * acc.reg[mb][16 * s + 2 * i + 1]);
       if (j < kFirstDeferred) {
-        stmatrix_subtile(packed, batch_buffer(j));
+        write_subtile<OutT>(batch_buffer(j), thread, packed);
       } else {
 #pragma unroll
         for (int i = 0; i < 8; ++i) deferred[j - kFirstDeferred][i] = packed[i];
       }
     }
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    sync();
+    end_slot_write(barrier(), arch::kWarpgroupSize);
     if (thread == 0)
 #pragma unroll
       for (int j = 0; j < kFirstDeferred; ++j)
@@ -209,7 +198,7 @@ private:
   // Stores up to `count` of the deferred subtiles not stored yet, in order.
   __device__ void store_deferred(int count) {
     for (; count > 0 && deferred_left > 0; --count, --deferred_left) {
-      store_subtile(deferred[0], deferred_row0, deferred_col0);
+      store_packed(deferred[0], deferred_row0, deferred_col0);
       deferred_col0 += kSubCols;
       // NOTE: the queue shifts down in registers; selecting deferred[deferred_next] instead
       // makes the compiler index a local-memory copy of the array.
@@ -226,54 +215,53 @@ private:
     return j < 2 ? smem.c[warpgroup][j] : smem.d[warpgroup][j - 2];
   }
 
-  // The warpgroup writes one subtile of 16-bit pairs to the next D buffer; one thread stores it.
-  __device__ void store_subtile(const uint32_t (&packed)[8], int32_t row0, int32_t col0) {
+  // One subtile of 16-bit pairs through the next D buffer.
+  __device__ void store_packed(const uint32_t (&packed)[8], int32_t row0, int32_t col0) {
     const uint32_t buf = subtile & 1;
-    if (thread == 0) cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<1>{});
-    sync();
-    stmatrix_subtile(packed, smem.d[warpgroup][buf]);
-    cuda::ptx::fence_proxy_async(cuda::ptx::space_shared);
-    sync();
+    begin_slot_write(thread, barrier(), arch::kWarpgroupSize);
+    write_subtile<OutT>(smem.d[warpgroup][buf], thread, packed);
+    end_slot_write(barrier(), arch::kWarpgroupSize);
     if (thread == 0) store_d(buf, row0, col0);
     ++subtile;
   }
 
-  // One thread: TMA-store D buffer `buf` (written and fenced by the warpgroup) at (row0, col0).
+  // NOTE: 16-bit D packs all 8 pairs before its two stmatrix, the order the plain GEMM's code was
+  // measured with (write_subtile of the fp32 values packs each stmatrix's 4 pairs just before it).
+  __device__ void write_d(const float (&v)[16], uint32_t buf) {
+    if constexpr (k16Bit) {
+      uint32_t packed[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) packed[i] = pack2<OutT>(v[2 * i], v[2 * i + 1]);
+      write_subtile<OutT>(smem.d[warpgroup][buf], thread, packed);
+    } else {
+      write_subtile<OutT>(smem.d[warpgroup][buf], thread, v);
+    }
+  }
+
+  // One thread: TMA-store D buffer `buf` at (row0, col0).
   __device__ void store_d(uint32_t buf, int32_t row0, int32_t col0) {
     store_buffer(smem.d[warpgroup][buf], row0, col0);
   }
   // One thread: TMA-store a subtile buffer at (row0, col0) of D, as its own bulk group.
   __device__ void store_buffer(uint8_t* buffer, int32_t row0, int32_t col0) {
-    const int32_t coords[2] = {col0, row0};
-    cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, &params.d,
-                                    coords, buffer);
-    cuda::ptx::cp_async_bulk_commit_group();
+    store_subtile(&params.d, buffer, col0, row0);
+    commit_slot_stores();
   }
 
   __device__ void load_c(uint32_t buf, int32_t row0, int32_t col0) {
-    namespace ptx = cuda::ptx;
-    uint64_t* bar = &smem.c_full[warpgroup][buf];
-    const uint32_t bytes =
-        kSubtileBytes; // (a constexpr member cannot bind to the const& parameter)
-    ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bar, bytes);
-    const int32_t coords[2] = {col0, row0};
-    ptx::cp_async_bulk_tensor(ptx::space_cluster, ptx::space_global, smem.c[warpgroup][buf],
-                              &params.c, coords, bar);
-  }
-
-  // Byte offset of (row, col) of the subtile in its swizzled buffer.
-  __device__ static uint32_t offset(int row, int col) {
-    return arch::swizzle_offset(kSwizzle, uint32_t(row * kRowBytes + col * int(sizeof(OutT))));
+    load_subtile(&params.c, smem.c[warpgroup][buf], col0, row0, &smem.c_full[warpgroup][buf],
+                 Layout::kBytes);
   }
 
   __device__ void add_c(float (&v)[16], uint32_t buf) {
-    mbarrier_wait(&smem.c_full[warpgroup][buf], (c_phase >> buf) & 1);
-    c_phase ^= 1u << buf;
+    wait_loaded(&smem.c_full[warpgroup][buf], c_phase, buf);
     const uint8_t* c = smem.c[warpgroup][buf];
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
-      const uint32_t off = offset(SubtileMap::row(thread, i), SubtileMap::col(thread, i));
+      const uint32_t off = Layout::offset(SubtileMap::row(thread, i), SubtileMap::col(thread, i));
       float c0, c1;
+      // NOTE: f16 C decodes through load_as_float (integer ops), not tile_io's read_pair (cvt):
+      // the plain GEMM's code stays as it was measured.
       if constexpr (k16Bit) {
         const uint32_t packed = *reinterpret_cast<const uint32_t*>(c + off);
         c0 = load_as_float(OutT{uint16_t(packed & 0xffffu)});
@@ -286,37 +274,6 @@ private:
       v[i + 1] = fmaf(params.beta, c1, v[i + 1]);
     }
   }
-
-  // 16-bit D: packed[i] = the pair (v[2i], v[2i+1]); two stmatrix.x4 per warp, each an
-  // 8-register column pair block (16 columns). Lane l addresses row 16*warp + (l & 15), column
-  // 16*j + 8*(l >> 4) of the subtile.
-  __device__ void stmatrix_subtile(const uint32_t (&packed)[8], uint8_t* buffer) {
-    const int warp = thread / 32, lane = thread % 32;
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const uint32_t addr = base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
-      arch::stmatrix_x4(addr, packed[4 * j], packed[4 * j + 1], packed[4 * j + 2],
-                        packed[4 * j + 3]);
-    }
-  }
-
-  // fp32 D: each thread stores its column pairs directly.
-  __device__ void write_d(const float (&v)[16], uint32_t buf) {
-    if constexpr (k16Bit) {
-      uint32_t packed[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) packed[i] = pack2<OutT>(v[2 * i], v[2 * i + 1]);
-      stmatrix_subtile(packed, smem.d[warpgroup][buf]);
-    } else {
-      uint8_t* d = smem.d[warpgroup][buf];
-#pragma unroll
-      for (int i = 0; i < 16; i += 2) {
-        const uint32_t off = offset(SubtileMap::row(thread, i), SubtileMap::col(thread, i));
-        *reinterpret_cast<float2*>(d + off) = make_float2(v[i], v[i + 1]);
-      }
-    }
-  }
 };
 
-} // namespace coda::sm90
+} // namespace coda::epilogue::device
