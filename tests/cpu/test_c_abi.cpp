@@ -39,6 +39,15 @@ template <class T> bool same_bits(const std::vector<T>& x, const std::vector<T>&
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
 }
 
+// Whether this thread's coda_last_error() names `needle`; on failure the message says what it
+// holds instead.
+::testing::AssertionResult last_error_contains(const std::string& needle) {
+  const std::string message = coda_last_error();
+  if (message.find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "coda_last_error() is \"" << message
+                                       << "\"; expected it to contain \"" << needle << "\"";
+}
+
 bool any_nan(const std::vector<bf16>& v) {
   for (bf16 x : v)
     if (std::isnan(x.to_float())) return true;
@@ -178,8 +187,7 @@ TEST(CAbi, ScalarTensorsEqualTheirValue) {
   const std::vector<float> before = by_tensor;
   cg.alpha.tensor = coda_vector(factor, CODA_BF16, 1, host);
   EXPECT_EQ(coda_gemm(&cg, nullptr), CODA_TYPE_ERROR);
-  EXPECT_NE(std::string(coda_last_error()).find("alpha.tensor"), std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("alpha.tensor"));
   EXPECT_TRUE(same_bits(before, by_tensor));
 
   const std::vector<float> partials = test::random_vector<float>(M * 3, seed++);
@@ -199,9 +207,7 @@ TEST(CAbi, ScalarTensorsEqualTheirValue) {
   float two[2] = {1.f, 2.f};
   cr.scale.tensor = coda_vector(two, CODA_F32, 2, host);
   EXPECT_EQ(coda_reduce_row_partials(&cr, nullptr), CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error()).find("scale.tensor must have shape [1]"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("scale.tensor must have shape [1]"));
   EXPECT_TRUE(same_bits(out_before, out_tensor));
 }
 
@@ -335,16 +341,12 @@ TEST(CAbi, GemmFp8MatchesCppApiAndRejectsBadInput) {
   coda_fp8_gemm_args bad = ca;
   bad.a_scales.dtype = CODA_F32; // fp32 scales: the C ABI takes E8M0 bytes
   EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_TYPE_ERROR);
-  EXPECT_NE(std::string(coda_last_error()).find("gemm_fp8: a_scales must be e8m0; got f32"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("gemm_fp8: a_scales must be e8m0; got f32"));
   bad = ca;
   bad.b_scales.shape[1] = 2; // floor(K/128) blocks, not ceil
   EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error())
-                .find("b_scales must have shape [ceil(N/128), ceil(K/128)] = [2, 3]; got [2, 2]"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains(
+      "b_scales must have shape [ceil(N/128), ceil(K/128)] = [2, 3]; got [2, 2]"));
   EXPECT_TRUE(same_bits(bits(d_c), before)) << "a rejected call wrote d";
   EXPECT_TRUE(d_c.guard_intact());
   EXPECT_EQ(coda_gemm_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
@@ -381,9 +383,7 @@ TEST(CAbi, GemmFp8ByRowsAccumulatingMatchesCppApi) {
   coda_fp8_gemm_args bad = ca;
   bad.b_scaling = 7;
   EXPECT_EQ(coda_gemm_fp8(&bad, nullptr), CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error()).find("b_scaling must be blocks (0) or rows (1); got 7"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("b_scaling must be blocks (0) or rows (1); got 7"));
   EXPECT_TRUE(same_bits(bits(cpp.d), bits(d_c))) << "a rejected call wrote d";
 }
 
@@ -465,7 +465,7 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
                                    const char* message) {
     out.fill();
     EXPECT_EQ(coda_quantize_weight_fp8(&bad, nullptr), status);
-    EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
+    EXPECT_TRUE(last_error_contains(message));
     EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
   };
   coda_quantize_weight_fp8_args bad = ca;
@@ -538,11 +538,9 @@ TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
   bad.w_qkv.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, Nq, D, host); // the forward's shape
   EXPECT_EQ(coda_llama_first_quantize_weights(&config, &weights, &bad, nullptr),
             CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error())
-                .find("coda::llama::quantize_weights: fp8_weights.w_qkv.codes_t must have shape "
-                      "[hidden, qkv_width] = [64, 128]; got [128, 64]"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains(
+      "coda::llama::quantize_weights: fp8_weights.w_qkv.codes_t must have shape "
+      "[hidden, qkv_width] = [64, 128]; got [128, 64]"));
   for (test::HostTensor* t : {&codes, &scales, &codes_t, &scales_t})
     for (double v : t->values()) ASSERT_TRUE(std::isnan(v)) << "a rejected call wrote a copy";
   EXPECT_EQ(coda_llama_first_quantize_weights(&config, &weights, nullptr, nullptr),
@@ -597,8 +595,7 @@ TEST(CAbi, LlamaFp8WeightsMatchCppAndAreRead) {
   EXPECT_EQ(own, given) << "the given copies' forward is not the self-quantizing one";
   const std::vector<uint8_t> ws_before = bytes_of(given_workspace);
   forward({}, given_workspace, CODA_INVALID_ARGUMENT); // quantizing its own: too little room
-  EXPECT_NE(std::string(coda_last_error()).find("inputs.fp8_weights are absent"), std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("inputs.fp8_weights are absent"));
   EXPECT_EQ(bytes_of(given_workspace), ws_before) << "a refused call wrote its workspace";
   *static_cast<uint8_t*>(ptr(scales)) += 1; // 2^(k + 1): the codes stand for twice the weight
   EXPECT_NE(forward(copies, given_workspace), given)
@@ -644,19 +641,13 @@ TEST(CAbi, LlamaFp8WorkspaceSizeMatchesCpp) {
   EXPECT_EQ(coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80,
                                           CODA_LLAMA_FP8_WEIGHTS_GIVEN, &bytes),
             CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error())
-                .find("coda::llama::workspace_size: Fp8WeightCopies::given needs "
-                      "config.precision = Precision::fp8"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("coda::llama::workspace_size: Fp8WeightCopies::given needs "
+                                  "config.precision = Precision::fp8"));
   config.precision = CODA_LLAMA_FP8;
   EXPECT_EQ(
       coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80, 2, &bytes),
       CODA_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(coda_last_error())
-                .find("copies must be Fp8WeightCopies::in_workspace or given; got 2"),
-            std::string::npos)
-      << coda_last_error();
+  EXPECT_TRUE(last_error_contains("copies must be Fp8WeightCopies::in_workspace or given; got 2"));
   EXPECT_EQ(bytes, 7u) << "a refused query wrote its answer";
   EXPECT_EQ(coda_llama_fp8_workspace_size(CODA_LLAMA_LAST, CODA_LLAMA_BACKWARD, &config, 80,
                                           CODA_LLAMA_FP8_WEIGHTS_GIVEN, nullptr),
@@ -711,7 +702,7 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
                                    const char* message) {
     out.fill();
     EXPECT_EQ(coda_quantize_activation_fp8(&bad, nullptr), status);
-    EXPECT_NE(std::string(coda_last_error()).find(message), std::string::npos) << coda_last_error();
+    EXPECT_TRUE(last_error_contains(message));
     EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
   };
   coda_quantize_activation_fp8_args bad = ca;
