@@ -24,6 +24,11 @@ measured fwd+bwd on a quiet allocator, gradients None before it:
            (there measured over 20 repetitions, plus construction-time allocations)
   bwd tr   peak - kept: what the backward allocates on top of what the forward kept
 
+--attention runs the block cases with the bench's SDPA after the layer (the "+attn" rows).
+--timeline records the measured fwd+bwd's allocations (torch.cuda.memory._record_memory_history)
+and prints what is alive at its peak, largest first, each with the Python line that allocated it:
+where a peak comes from, not only how high it is.
+
 Each row gives MiB and, after the slash, bytes per token (per layer for the block cases). It
 also prints the largest saved tensors per side (shape, dtype, MiB) and, for coda, the block's
 backward workspace (coda_llama_workspace_size). Needs a CUDA GPU with torch >= 2.4 for the
@@ -160,7 +165,41 @@ def reset_peak():
         torch.cuda.reset_peak_memory_stats()
 
 
-def measure(side, resident_tensors, use_hooks):
+def _allocation_site(frames):
+    """The innermost Python frame of an allocation that is not torch's own: the line of coda,
+    of the bench or of this tool that asked for the memory."""
+    for f in frames:
+        name = f.get("filename", "")
+        if name.endswith(".py") and "/torch/" not in name:
+            return "%s:%d %s" % (os.path.basename(name), f.get("line", 0), f.get("name", ""))
+    return "(no Python frame)"
+
+
+def alive_at_peak(snapshot, top=14):
+    """Replays the recorded allocations (alloc / free_requested, the events memory_allocated()
+    follows) and returns (peak bytes above the recording's start, [(bytes, count, site)]) of
+    what was alive at that peak, grouped by allocation site, largest first."""
+    alive, used, peak, at_peak = {}, 0, 0, {}
+    for trace in snapshot.get("device_traces", []):
+        for e in trace:
+            if e["action"] == "alloc":
+                alive[e["addr"]] = (e["size"], _allocation_site(e.get("frames", [])))
+                used += e["size"]
+            elif e["action"] == "free_requested" and e["addr"] in alive:
+                used -= alive.pop(e["addr"])[0]
+            else:
+                continue
+            if used > peak:
+                peak, at_peak = used, dict(alive)
+    sites = {}
+    for size, site in at_peak.values():
+        b, n = sites.get(site, (0, 0))
+        sites[site] = (b + size, n + 1)
+    rows = sorted(((b, n, site) for site, (b, n) in sites.items()), reverse=True)
+    return peak, rows[:top]
+
+
+def measure(side, resident_tensors, use_hooks, timeline=False):
     """One warm-up fwd+bwd, then the measured one. Returns a dict of bytes."""
     side.zero_grad()
     outs = side.forward()
@@ -180,6 +219,8 @@ def measure(side, resident_tensors, use_hooks):
     resident = resident_keys(resident_tensors)
     base = allocated()
     reset_peak()
+    if timeline:
+        torch.cuda.memory._record_memory_history(max_entries=1000000)
     if use_hooks:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             outs = side.forward()
@@ -202,13 +243,18 @@ def measure(side, resident_tensors, use_hooks):
     side.backward(outs)
     sync()
     rec["peak"] = max_allocated() - base
+    if timeline:
+        traced_peak, rows = alive_at_peak(torch.cuda.memory._snapshot())
+        torch.cuda.memory._record_memory_history(enabled=None)
+        rec["timeline"] = {"peak": traced_peak,
+                           "alive": [{"bytes": b, "count": n, "site": s} for b, n, s in rows]}
     del outs
     side.zero_grad()
     free()
     return rec
 
 
-def block_case(case, tokens, shape_override=None):
+def block_case(case, tokens, shape_override=None, attention=False):
     from coda import _lib as L
     from coda import ops
     from coda.bench.runner import CASES, make_config
@@ -218,10 +264,11 @@ def block_case(case, tokens, shape_override=None):
     _, shape, default_tokens, batch, _, _ = CASES[case]
     tokens = tokens or default_tokens
     cfg = make_config(shape_override or shape)
-    inputs = BlockInputs(cfg, tokens, batch, attention=False, device=DEVICE, seed=0)
-    ref = build_reference_block(cfg, False, seed=1, device=DEVICE)
+    inputs = BlockInputs(cfg, tokens, batch, attention=attention, device=DEVICE, seed=0)
+    ref = build_reference_block(cfg, attention, seed=1, device=DEVICE)
+    seeds = ["g_y1"] if attention else ["g_qkv", "g_q", "g_k", "g_v"]
     inputs_t = [inputs.x0, inputs.y0, inputs.positions, inputs.inv_freq, inputs.cos, inputs.sin,
-                inputs.g_x2, inputs.g_qkv, inputs.g_q, inputs.g_k, inputs.g_v]
+                inputs.g_x2] + [getattr(inputs, name) for name in seeds]
     sides = {}
     sides["eager"] = lambda: (TorchBlockSide(ref, inputs), list(ref.parameters()), True)
     sides["compile"] = lambda: (TorchBlockSide(ref, inputs, torch.compile(ref, dynamic=False)),
@@ -250,7 +297,7 @@ def block_case(case, tokens, shape_override=None):
     return tokens, sides, inputs_t, extra
 
 
-def model_case(case, tokens, shape_override=None):
+def model_case(case, tokens, shape_override=None, attention=True):
     from coda.bench import coda_adapter
     from coda.bench.runner import CASES, make_config
     from coda.bench.sides import ModelInputs, ModelSide, build_reference_model
@@ -290,6 +337,10 @@ def main(argv=None):
     p.add_argument("--device", default="cuda",
                    help="cpu: a smoke run of the code paths (no memory numbers; with --shape tiny)")
     p.add_argument("--shape", default=None, help="override the cases' shape (1b, 8b, tiny)")
+    p.add_argument("--attention", action="store_true",
+                   help="block cases with the bench's SDPA after the layer (+attn)")
+    p.add_argument("--timeline", action="store_true",
+                   help="print what is alive at each side's fwd+bwd peak and where it was allocated")
     args = p.parse_args(argv)
     global DEVICE
     DEVICE = args.device
@@ -309,13 +360,14 @@ def main(argv=None):
             torch._dynamo.reset()
         free()
         try:
-            tokens, sides, inputs_t, extra = build(case, args.tokens, args.shape)
+            tokens, sides, inputs_t, extra = build(case, args.tokens, args.shape, args.attention)
         except Exception as e:
             print("%s: cannot build: %s" % (case, e))
             traceback.print_exc()
             continue
-        print("\n%s, %d tokens  (MiB / bytes per token%s)" % (
-            case, tokens, " per layer" if case.startswith("block") else ""))
+        print("\n%s%s, %d tokens  (MiB / bytes per token%s)" % (
+            case, " +attn" if args.attention and case.startswith("block") else "", tokens,
+            " per layer" if case.startswith("block") else ""))
         print("%-8s %15s %15s %15s %15s %15s %15s %15s" % (
             "side", "kept", "outputs", "saved(graph)", "saved(hooks)", "fwd pk", "peak",
             "bwd tr"))
@@ -323,7 +375,8 @@ def main(argv=None):
             t0 = time.perf_counter()
             try:
                 side, weights, hooks = sides[name]()
-                rec = measure(side, list(weights) + list(inputs_t), hooks)
+                rec = measure(side, list(weights) + list(inputs_t), hooks,
+                              args.timeline and DEVICE == "cuda")
             except Exception as e:
                 print("%-8s failed: %s: %s" % (name, type(e).__name__, str(e).splitlines()[0]
                                                if str(e) else ""))
@@ -331,7 +384,8 @@ def main(argv=None):
                 side = None
                 free()
                 continue
-            rec.update(case=case, side=name, tokens=tokens, seconds=time.perf_counter() - t0)
+            rec.update(case=case, side=name, tokens=tokens, attention=args.attention,
+                       seconds=time.perf_counter() - t0)
             rec["bwd_transient"] = rec["peak"] - rec["kept"]
             if name == "coda":
                 rec.update(extra)
@@ -349,6 +403,12 @@ def main(argv=None):
             print("  %s saved (besides inputs, weights, outputs), largest first:" % rec["side"])
             for b, shape, dtype, node in rec["largest"]:
                 print("    %8.1f MiB  %-22s %-15s %s" % (b / MIB, shape, dtype, node))
+            if "timeline" in rec:
+                print("  %s alive at its traced peak (%.1f MiB above the measured pass's start):"
+                      % (rec["side"], rec["timeline"]["peak"] / MIB))
+                for row in rec["timeline"]["alive"]:
+                    print("    %8.1f MiB  x%-3d %s" % (row["bytes"] / MIB, row["count"],
+                                                     row["site"]))
             if "coda_workspace_bwd" in rec:
                 print("  coda workspace: forward %.1f MiB, backward %.1f MiB" % (
                     rec["coda_workspace_fwd"] / MIB, rec["coda_workspace_bwd"] / MIB))
