@@ -14,44 +14,21 @@
 
 #include <cuda/ptx>
 
-#include "coda/arch/smem_desc.hpp"
-#include "coda/arch/stmatrix.cuh"
 #include "coda/arch/warpgroup.cuh"
+#include "coda/epilogue/device/tile_io.cuh"
 #include "coda/gemm/pipeline.cuh"
 
 namespace coda::epilogue::device {
 
-// One 64 x 32 subtile of 16-bit elements, 64-byte rows, 64-byte swizzle.
-struct Subtile16 {
-  static constexpr int kRows = 64, kCols = 32, kRowBytes = 64;
-  static constexpr uint32_t kBytes = kRows * kRowBytes;
-
-  // Byte offset of (row, col) in the swizzled buffer.
-  __device__ static uint32_t offset(int row, int col) {
-    return arch::swizzle_offset(arch::Swizzle::b64, uint32_t(row * kRowBytes + col * 2));
-  }
-  // Lane l of warp w addresses row 16 w + (l & 15), column 16 j + 8 (l >> 4) for the j-th
-  // stmatrix / ldmatrix.x4 of a subtile: four 8 x 8 matrices, registers 4j .. 4j + 3 of the
-  // thread's 8 packed pairs (PTX ISA "stmatrix": register r_i of lane l is row l / 4, columns
-  // 2 (l % 4), +1 of matrix i, whose row addresses lanes 8i .. 8i + 7 give).
-  __device__ static uint32_t lane_address(uint32_t base, int thread, int j) {
-    const int warp = thread / arch::kWarpSize, lane = thread % arch::kWarpSize;
-    return base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
-  }
+// One 64 x 32 subtile of 16-bit elements (SubtileLayout's 16-bit form: 64-byte rows, 64-byte
+// swizzle), moved as a thread's 8 packed pairs (AccumulatorMap<32> order).
+struct Subtile16 : SubtileLayout<uint16_t> {
   // packed[i] holds the pair of fragment values (2i, 2i + 1), low half first.
   __device__ static void store(uint8_t* buffer, int thread, const uint32_t (&packed)[8]) {
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      arch::stmatrix_x4(lane_address(base, thread, j), packed[4 * j], packed[4 * j + 1],
-                        packed[4 * j + 2], packed[4 * j + 3]);
+    write_subtile<uint16_t>(buffer, thread, packed);
   }
   __device__ static void load(const uint8_t* buffer, int thread, uint32_t (&packed)[8]) {
-    const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-      arch::ldmatrix_x4(lane_address(base, thread, j), packed[4 * j], packed[4 * j + 1],
-                        packed[4 * j + 2], packed[4 * j + 3]);
+    read_subtile<uint16_t>(buffer, thread, packed);
   }
 };
 

@@ -1,7 +1,7 @@
 // Moving one 64 x 32 subtile between a thread's 16 fragment values and a swizzled shared-memory
 // buffer laid out as TMA reads and writes it, and between that buffer and global memory. Shared
-// by the ops that load tiles (ResidualAdd) and store them (TileStore), the load ring, and the
-// plain GEMM's LinearEpilogue.
+// by the ops that load tiles (ResidualAdd) and store them (TileStore), the load ring, the staged
+// tile (staged_tile.cuh's Subtile16) and the plain GEMM's LinearEpilogue.
 //
 // A buffer holds the subtile row-major, 32 elements per row: 64-byte rows for 16-bit types
 // (64-byte swizzle), 128-byte rows for fp32 (128-byte swizzle); 1024-byte aligned.
@@ -34,8 +34,11 @@ template <class T> struct SubtileLayout {
   __device__ static uint32_t offset(int row, int col) {
     return arch::swizzle_offset(kSwizzle, uint32_t(row * kRowBytes + col * int(sizeof(T))));
   }
-  // 16-bit: the address lane l of warp w gives the j-th stmatrix.x4 of the subtile (j = 0, 1, a
-  // 16-column block): row 16 w + (l & 15), column 16 j + 8 (l >> 4).
+  // 16-bit: lane l of warp w addresses row 16 w + (l & 15), column 16 j + 8 (l >> 4) for the
+  // j-th stmatrix / ldmatrix.x4 of a subtile (j = 0, 1, a 16-column block): four 8 x 8
+  // matrices, registers 4j .. 4j + 3 of the thread's 8 packed pairs (PTX ISA "stmatrix":
+  // register r_i of lane l is row l / 4, columns 2 (l % 4), +1 of matrix i, whose row addresses
+  // lanes 8i .. 8i + 7 give).
   __device__ static uint32_t lane_address(uint32_t base, int thread, int j) {
     const int warp = thread / 32, lane = thread % 32;
     return base + offset(16 * warp + (lane & 15), 16 * j + 8 * (lane >> 4));
@@ -107,6 +110,19 @@ __device__ __forceinline__ void write_subtile(uint8_t* buffer, int thread,
 #pragma unroll
   for (int j = 0; j < 2; ++j)
     arch::stmatrix_x4(SubtileLayout<T>::lane_address(base, thread, j), packed[4 * j],
+                      packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
+}
+
+// Reads this thread's 16 values of a 16-bit subtile back as 8 packed pairs, from the lane
+// addresses write_subtile stored them at (two ldmatrix.x4 per warp).
+template <class T>
+__device__ __forceinline__ void read_subtile(const uint8_t* buffer, int thread,
+                                             uint32_t (&packed)[8]) {
+  static_assert(sizeof(T) == 2, "16-bit pairs");
+  const uint32_t base = uint32_t(__cvta_generic_to_shared(buffer));
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    arch::ldmatrix_x4(SubtileLayout<T>::lane_address(base, thread, j), packed[4 * j],
                       packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
 }
 
