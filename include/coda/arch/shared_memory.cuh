@@ -20,5 +20,9 @@ __device__ __forceinline__ uint32_t load_shared_u32(uint32_t smem_addr) {
   asm volatile("ld.shared::cta.b32 %0, [%1];\n" : "=r"(value) : "r"(smem_addr));
   return value;
 }
+// The same at 64 bits (two words; the address 8-byte aligned).
+__device__ __forceinline__ void load_shared_u32x2(uint32_t smem_addr, uint32_t& lo, uint32_t& hi) {
+  asm volatile("ld.shared::cta.v2.b32 {%0, %1}, [%2];\n" : "=r"(lo), "=r"(hi) : "r"(smem_addr));
+}
 
 } // namespace coda::arch

@@ -31,6 +31,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda/ptx>
+
+#include "coda/arch/shared_memory.cuh"
 #include "coda/arch/warpgroup.cuh"
 #include "coda/arch/wgmma.cuh"
 #include "coda/core/error.hpp"
@@ -47,7 +50,6 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   using Base = Mainloop<Config, GemmLayout::fwd, false>;
   using typename Base::Accum;
   using typename Base::Pipeline;
-  using typename Base::SharedStorage;
   using typename Base::State;
 
   static_assert(Config::kOperandBytes == 1, "the FP8 mainloop reads 1-byte operands");
@@ -60,6 +62,38 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
                 "schedule, or the staged one, whose consumers then hand the tile over");
   static constexpr bool kBRows = kBScaling == Fp8BScaling::rows;
   static constexpr int kTileN = Config::kTileN;
+  static constexpr int kStages = Config::kStages;
+
+  // Blocks: the tile's columns in groups of kBGroupCols, each inside one B scale block: one B
+  // scale per group and k-block. A 128-column tile is one block. A 192-column tile, from
+  // n0 = 192 t, spans two: columns [0, 128) and [128, 192) when t is even (n0 = 384 (t / 2), a
+  // block boundary), [0, 64) and [64, 192) when t is odd (n0 = 128 j + 64). In 64-column groups
+  // group 0 is the first block's, group 2 the second's, and group 1 the first's (t even) or the
+  // second's (t odd): the parity is the one run-time choice, made once per k-block (Scales).
+  static constexpr int kBGroupCols = kTileN == 128 ? 128 : 64;
+  static constexpr int kBGroups = kTileN / kBGroupCols;
+
+  // Each stage carries its k-block's block scales beside the operands, as fp32 values: the A
+  // scale of every tile row and B's of the blocks the tile touches (none by rows). The scale
+  // warps (load_scales) convert them from E8M0 and write them with asynchronous stores that
+  // complete on the stage's `full` barrier, so the consumers read a k-block's scales from the
+  // stage they already waited for: no global load and no E8M0 conversion in their issue chain
+  // (docs/fp8.md), only the two products fp8_block_scale forms (the same bits).
+  // A's are kept as the top 16 bits of their fp32 value, which is that value exactly (a power
+  // of two from 2^-127 up, or NaN), two rows a word: rows r and r + 8 of one 16-row group, r in
+  // the low half, so a thread reads its two rows (row slots, fragment.hpp) with one load: word w
+  // holds rows 16 (w / 8) + w % 8 and 8 more. B's follow, one fp32 word a block.
+  static constexpr int kScaleWords = Config::kTileM / 2;
+  static constexpr int kStagedB = kBRows ? 0 : kBGroups == 1 ? 1 : 2;
+  static constexpr int kScaleWarps = kScaleWords / arch::kWarpSize;
+  static constexpr uint32_t kScaleBytes = uint32_t(kScaleWords + kStagedB) * 4;
+
+  struct SharedStorage {
+    alignas(1024) uint8_t a[kStages][Base::kTileBytesA];
+    alignas(1024) uint8_t b[kStages][Base::kTileBytesB];
+    PipelineBarriers<kStages> barriers;
+    alignas(16) uint32_t scales[kStages][kScaleWords + 4]; // (B's padded to 16 bytes)
+  };
   // The partials (mma_tile): two in turn with the overlapped promotion (not by rows: its
   // by-columns promotion wants the registers), one otherwise; at 192 columns the two are the
   // tile's 96-column halves'.
@@ -81,6 +115,9 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     int64_t b_scales_row_stride;
     int32_t m; // rows of A: the scales of rows past it are not read
     int32_t n; // rows of B: scales past it are not read (a row's; a 192-column tile's block)
+    // The scale warps may read 4 k-blocks' scales of a row as one 32-bit word: both row strides
+    // and pointers 4-byte aligned and the k-blocks a multiple of 4 (no word reaches past a row).
+    bool scales_by_words;
   };
 
   // Host: the scales' fields of `p` from gemm_fp8's a_scales and b_scales (Fp8GemmArgs' layouts)
@@ -99,26 +136,70 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     p.b_scales_row_stride = b_scales.stride[0];
     p.m = int32_t(m);
     p.n = int32_t(n);
+    const auto words = [](const TensorView& t) {
+      return t.stride[0] % 4 == 0 && reinterpret_cast<uintptr_t>(t.data) % 4 == 0;
+    };
+    p.scales_by_words = a_scales.shape[1] % 4 == 0 && words(a_scales) && words(b_scales);
   }
 
   static_assert(Config::kConsumerWarpgroups == 2,
                 "mma_tile: a consumer's first 64-row block is 0 or kMmaBlocksM");
 
-  // One consumer warpgroup: D(rows it owns, tile columns) = the promoted sum over k-blocks
-  // [k_begin, k_end) (at least one). The contract of Base::mma_tile.
-  // Two partials in turn: k-block i's wgmmas go into one while k-block i - 1's partial, in the
-  // other, waits for its batch (wgmma_wait_group<1>: one batch left in flight), is promoted and
-  // its stage released, so the tensor cores always hold this warpgroup's next batch during a
-  // promotion. (With one partial, each k-block waited for its own batch to drain before the
-  // promotion and the next issue: 0.59x cuBLASLt's block-scaled GEMM, H200 2026-12-05.)
-  // The loop is unrolled by hand in pairs: registers cannot be indexed by a run-time parity.
-  // At 192 columns the two partials are the halves' (mma_halves).
+  // The TMA producer (Base's), arming each stage for the scale words too.
+  __device__ static void load_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
+                                   TileCoord tile, int32_t k_begin, int32_t k_end,
+                                   int32_t k_rotation, uint32_t cta_rank) {
+    Base::template load_tile<kScaleBytes>(p, smem, pipe, st, tile, k_begin, k_end, k_rotation,
+                                          cta_rank);
+  }
+
+  // A scale warp (warps 1 .. kScaleWarps of the producer warpgroup, kernel.cuh; one word a lane):
+  // the scales of every k-block of one tile, in load_tile's order (whole tiles), each into
+  // the stage TMA fills with that k-block. A stage's words are stored once the stage is free
+  // (the TMA thread's wait), by st.async, whose bytes complete on the stage's `full` barrier
+  // with the operands' (PTX ISA "st.async": the consumers' wait then makes them visible; the
+  // transaction count may run ahead of the TMA thread's expect-tx, which only the phase's one
+  // arrival completes). The raw E8M0 bytes are loaded two k-blocks ahead, so their latency
+  // overlaps the waits for free stages.
+  __device__ static void load_scales(const Params& p, SharedStorage& smem, Pipeline& pipe,
+                                     State& st, TileCoord tile, int32_t k_blocks) {
+    const StageScaleLoader loader(p, tile, int(threadIdx.x) - arch::kWarpSize);
+    if (p.scales_by_words) {
+      // Four k-blocks a load (a word of each row's scales), the next four rows' words in
+      // flight: one round trip per four k-blocks' MMAs. (B's word, the same for every lane and
+      // so an L1 hit after the first, is read when its four start: the producer has 24
+      // registers.)
+      typename StageScaleLoader::Words now = loader.load_words(0);
+      uint2 next{};
+      if (k_blocks > 4) next = loader.load_rows(4);
+      for (int32_t kb = 0; kb < k_blocks; ++kb) {
+        pipe.producer_wait(st);
+        loader.store(smem, pipe, st, now.k_block(kb % 4));
+        if (kb % 4 == 3 && kb + 1 < k_blocks) {
+          now = {next.x, next.y, loader.load_b_word(kb + 1)};
+          if (kb + 5 < k_blocks) next = loader.load_rows(kb + 5);
+        }
+        st.advance();
+      }
+      return;
+    }
+    uint32_t raw = loader.load(0);
+    uint32_t raw_next = k_blocks > 1 ? loader.load(1) : 0u;
+    for (int32_t kb = 0; kb < k_blocks; ++kb) {
+      pipe.producer_wait(st);
+      loader.store(smem, pipe, st, raw);
+      raw = raw_next;
+      if (kb + 2 < k_blocks) raw_next = loader.load(kb + 2);
+      st.advance();
+    }
+  }
+
   template <class WhileMma>
   __device__ static void mma_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
                                   Accum& acc, TileCoord tile, int first_block, int32_t k_begin,
                                   int32_t k_end, uint32_t lane, WhileMma&& while_mma) {
     const int thread = int(threadIdx.x) % arch::kWarpgroupSize;
-    const Scales scales(p, tile, first_block, thread, lane);
+    const Scales scales(p, smem, tile, first_block, thread, lane);
 #pragma unroll
     for (int mb = 0; mb < Accum::kBlocks; ++mb)
 #pragma unroll
@@ -139,82 +220,144 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
 
 private:
   using Map = typename Accum::Map;
-  using AScales = uint8_t[Accum::kBlocks][Map::kRowSlots];
+  static_assert(Accum::kBlocks == 1, "a consumer warpgroup owns one 64-row block of the tile");
   struct ColumnScales;
-  // Blocks: the tile's columns in groups of kBGroupCols, each inside one B scale block: one B
-  // scale per group and k-block. A 128-column tile is one block. A 192-column tile, from
-  // n0 = 192 t, spans two: columns [0, 128) and [128, 192) when t is even (n0 = 384 (t / 2), a
-  // block boundary), [0, 64) and [64, 192) when t is odd (n0 = 128 j + 64). In 64-column groups
-  // group 0 is the first block's, group 2 the second's, and group 1 the first's (t even) or the
-  // second's (t odd): the parity is the one run-time choice, made once per k-block (Scales).
-  static constexpr int kBGroupCols = kTileN == 128 ? 128 : 64;
-  static constexpr int kBGroups = kTileN / kBGroupCols;
-  // One k-block's scales as this thread needs them: its rows' A scales, and B's scale per column
-  // group (blocks) or this lane's column scales (rows, ColumnScales).
-  struct BlockScales {
-    AScales a;
-    uint8_t b[kBRows ? kTileN / arch::kWarpSize : kBGroups];
-  };
 
-  // Where this thread's scales are, for every k-block of one tile: 32-bit element offsets from
-  // the launch's scale pointers (set_scales checks that they fit), the rest read from the
-  // kernel's parameters, so the partials keep the registers.
-  class Scales {
+  // One lane's share of a stage's scales: word w = its lane among the scale warps, rows
+  // r0 = 16 (w / 8) + w % 8 and r0 + 8 of the tile (rows past M read none and scale by 2^0: TMA
+  // zero-fills A there and D's rows there are not stored), and lanes below kStagedB B's block
+  // w of the tile (a second block past N's last one reads none and scales by 2^0: B's rows there
+  // are zero-filled). A k-block's raw E8M0 bytes travel as one word: a0 | a1 << 8 | b << 16.
+  class StageScaleLoader {
   public:
-    __device__ Scales(const Params& p, TileCoord tile, int first_block, int thread, uint32_t lane)
-        : p_(p), lane_col_(tile.n_block * kTileN + int32_t(lane)) {
-      // This thread's two rows in each 64-row block (row slots, fragment.hpp); rows past M hold
-      // zeros (TMA zero-fills A) and read the scale 2^0 (offset -1).
-#pragma unroll
-      for (int mb = 0; mb < Accum::kBlocks; ++mb)
-#pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot) {
-          const int32_t row =
-              tile.m_block * Config::kTileM + (first_block + mb) * 64 + Map::slot_row(thread, slot);
-          a_[mb][slot] = row < p.m ? row * int32_t(p.a_scales_row_stride) : -1;
-        }
-      if constexpr (kBRows) {
-        b_ = lane_col_ * int32_t(p.b_scales_row_stride);
-      } else if constexpr (kBGroups == 1) {
-        b_ = tile.n_block * int32_t(p.b_scales_row_stride); // 128 columns: block n_block
-      } else {
-        const int32_t n0 = tile.n_block * kTileN, block = n0 / kFp8ScaleBlock;
-        b_ = block * int32_t(p.b_scales_row_stride);
-        // 192 columns: the second block, unless the tile's columns end before it (N's last block
-        // is the first: the second's columns are past N, B's rows there zero-filled and D's
-        // columns not stored; they scale by 2^0), and where it starts (odd_: at column 64).
-        second_ = (block + 1) * kFp8ScaleBlock < p.n;
-        odd_ = n0 % kFp8ScaleBlock != 0;
+    __device__ StageScaleLoader(const Params& p, TileCoord tile, int word) : p_(p) {
+      row0_ = tile.m_block * Config::kTileM + 16 * (word / 8) + word % 8;
+      if constexpr (kStagedB > 0) {
+        const int32_t block = tile.n_block * kTileN / kFp8ScaleBlock + word;
+        b_ = word < kStagedB && block * kFp8ScaleBlock < p.n
+                 ? block * int32_t(p.b_scales_row_stride)
+                 : -1;
       }
     }
     // (Read-only loads: every tile along N reads a row's scales again.)
-    __device__ void load(BlockScales& to, int32_t kb) const {
+    __device__ uint32_t load(int32_t kb) const {
+      const auto a = [&](int32_t row) {
+        return row < p_.m ? uint32_t(__ldg(p_.a_scales + row * int32_t(p_.a_scales_row_stride) + kb))
+                          : 127u; // 2^0
+      };
+      const uint32_t a0 = a(row0_), a1 = a(row0_ + 8);
+      uint32_t b = 127u;
+      if constexpr (kStagedB > 0)
+        if (b_ >= 0) b = __ldg(p_.b_scales + b_ + kb);
+      return a0 | a1 << 8 | b << 16;
+    }
+    // The same for k-blocks kb .. kb + 3 (Params::scales_by_words; kb a multiple of 4).
+    struct Words {
+      uint32_t a0, a1, b;
+      __device__ uint32_t k_block(int i) const { // load()'s packing of the i-th
+        return __byte_perm(a0, a1, uint32_t(i) | uint32_t(i + 4) << 4) & 0xffffu |
+               (b >> (8 * i) & 0xffu) << 16;
+      }
+    };
+    __device__ uint2 load_rows(int32_t kb) const {
+      const auto a = [&](int32_t row) {
+        return row < p_.m ? __ldg(reinterpret_cast<const uint32_t*>(
+                                p_.a_scales + row * int32_t(p_.a_scales_row_stride) + kb))
+                          : 0x7f7f7f7fu; // 2^0
+      };
+      return uint2{a(row0_), a(row0_ + 8)};
+    }
+    __device__ uint32_t load_b_word(int32_t kb) const {
+      if constexpr (kStagedB > 0)
+        if (b_ >= 0) return __ldg(reinterpret_cast<const uint32_t*>(p_.b_scales + b_ + kb));
+      return 0x7f7f7f7fu;
+    }
+    __device__ Words load_words(int32_t kb) const {
+      const uint2 rows = load_rows(kb);
+      return Words{rows.x, rows.y, load_b_word(kb)};
+    }
+    __device__ void store(SharedStorage& smem, Pipeline& pipe, State st, uint32_t raw) const {
+      // The top halves of E8M0's fp32 values (e8m0_bits_to_float): exact.
+      const uint32_t rows = __float_as_uint(e8m0_bits_to_float(uint8_t(raw))) >> 16 |
+                            (__float_as_uint(e8m0_bits_to_float(uint8_t(raw >> 8))) & 0xffff0000u);
+      uint64_t* full = pipe.full_barrier(st);
+      const int word = int(threadIdx.x) - arch::kWarpSize; // (kernel.cuh: warps 1..)
+      cuda::ptx::st_async(&smem.scales[st.index][word], rows, full);
+      if constexpr (kStagedB > 0)
+        if (word < kStagedB)
+          cuda::ptx::st_async(&smem.scales[st.index][kScaleWords + word],
+                              __float_as_uint(e8m0_bits_to_float(uint8_t(raw >> 16))), full);
+    }
+
+  private:
+    const Params& p_;
+    int32_t row0_;        // the first of the two rows
+    int32_t b_ = -1;      // B's block word_ of the tile: its first scale, or -1
+  };
+
+  // One k-block's scales as this thread needs them: the products of its rows' A scales and B's
+  // scale per column group (blocks), or its rows' A scales and this lane's column scales (rows,
+  // ColumnScales).
+  struct BlockScales {
+    float row[kBRows ? 1 : kBGroups][Map::kRowSlots];
+    uint8_t b[kBRows ? kTileN / arch::kWarpSize : 1];
+  };
+
+  // Where this thread's scales are: its rows' word in stage 0 (a shared-window address; stage s's
+  // is s words-of-a-stage further), and by rows, B's at 32-bit element offsets from the launch's
+  // scale pointer (set_scales checks that they fit), the rest read from the kernel's parameters,
+  // so the partials keep the registers.
+  class Scales {
+  public:
+    __device__ Scales(const Params& p, SharedStorage& smem, TileCoord tile, int first_block,
+                      int thread, uint32_t lane)
+        : p_(p), lane_col_(tile.n_block * kTileN + int32_t(lane)) {
+      const int word = first_block * 32 + (thread / arch::kWarpSize) * 8 + thread % 32 / 4;
+      b_words_ = uint32_t(__cvta_generic_to_shared(&smem.scales[0][kScaleWords]));
+      static_assert(Map::slot_row(0, 1) == 8 && Map::slot_row(36, 0) == 17,
+                    "a thread's two rows are r and r + 8 of a 16-row group");
+      words_ = uint32_t(__cvta_generic_to_shared(&smem.scales[0][word]));
+      if constexpr (kBRows) b_ = lane_col_ * int32_t(p.b_scales_row_stride);
+      if constexpr (kBGroups > 1) odd_ = tile.n_block * kTileN % kFp8ScaleBlock != 0;
+    }
+    // k-block kb's scales, from `stage`, the ring's slot that holds it (after its wait).
+    __device__ void load(BlockScales& to, uint32_t stage, int32_t kb) const {
+      const uint32_t at = words_ + stage * uint32_t(sizeof(SharedStorage::scales[0]));
+      const uint32_t rows = arch::load_shared_u32(at);
+      const float a[Map::kRowSlots] = {__uint_as_float(rows << 16),
+                                       __uint_as_float(rows & 0xffff0000u)};
       if constexpr (kBRows) {
+#pragma unroll
+        for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[0][slot] = a[slot];
         // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
         // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
+        // (Read-only loads: every tile along M reads a column's scales again.)
 #pragma unroll
         for (int r = 0; r < ColumnScales::kPerLane; ++r)
           to.b[r] =
               lane_col_ + r * arch::kWarpSize < p_.n
                   ? __ldg(p_.b_scales + b_ + r * arch::kWarpSize * p_.b_scales_row_stride + kb)
                   : uint8_t(127);
-      } else if constexpr (kBGroups == 1) {
-        to.b[0] = __ldg(p_.b_scales + b_ + kb);
       } else {
-        const uint8_t first = __ldg(p_.b_scales + b_ + kb);
-        const uint8_t second = second_
-                                   ? __ldg(p_.b_scales + b_ + int32_t(p_.b_scales_row_stride) + kb)
-                                   : uint8_t(127); // 2^0
-        to.b[0] = first;
-        to.b[1] = odd_ ? second : first;
-        to.b[2] = second;
+        // B's words, the same for every thread (a broadcast read).
+        const uint32_t b_at = b_words_ + stage * uint32_t(sizeof(SharedStorage::scales[0]));
+        float b[kStagedB];
+        if constexpr (kStagedB == 1) {
+          b[0] = __uint_as_float(arch::load_shared_u32(b_at));
+        } else {
+          uint32_t first, second;
+          arch::load_shared_u32x2(b_at, first, second);
+          b[0] = __uint_as_float(first);
+          b[1] = __uint_as_float(second);
+        }
+        // fp8_block_scale's product, of the same two fp32 values.
+#pragma unroll
+        for (int g = 0; g < kBGroups; ++g) {
+          const float bg = g == 0 ? b[0] : g == kBGroups - 1 ? b[kStagedB - 1] : odd_ ? b[1 % kStagedB] : b[0];
+#pragma unroll
+          for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[g][slot] = a[slot] * bg;
+        }
       }
-#pragma unroll
-      for (int mb = 0; mb < Accum::kBlocks; ++mb)
-#pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot)
-          to.a[mb][slot] =
-              a_[mb][slot] >= 0 ? __ldg(p_.a_scales + a_[mb][slot] + kb) : uint8_t(127); // 2^0
     }
     // Promotes `partial`, the sums of the tile's columns from kCol0 on.
     template <int kCol0>
@@ -222,18 +365,18 @@ private:
                             int thread) const {
       if constexpr (kBRows) {
         static_assert(kCol0 == 0, "by rows, the partial spans the tile");
-        Fp8Mainloop::promote_by_columns(acc, partial, s.a, s.b, thread);
+        Fp8Mainloop::promote_by_columns(acc, partial, s.row[0], s.b, thread);
       } else {
-        Fp8Mainloop::promote<kCol0>(acc, partial, s.a, s.b);
+        Fp8Mainloop::promote<kCol0>(acc, partial, s.row);
       }
     }
 
   private:
     const Params& p_;
-    int32_t a_[Accum::kBlocks][Map::kRowSlots]; // this thread's rows' first scales, or -1
-    int32_t b_;           // blocks: the tile's first row of B scales; rows: this lane's column's
+    uint32_t words_;      // this thread's rows' scale word in stage 0
+    uint32_t b_words_;    // blocks: B's scale words in stage 0
+    int32_t b_ = 0;       // rows: this lane's column's first scale
     int32_t lane_col_;    // rows: this lane's first column
-    bool second_ = false; // blocks, 192 columns: the tile has columns in a second block
     bool odd_ = false;    // blocks, 192 columns: the second block starts at column 64, not 128
   };
 
@@ -242,23 +385,14 @@ private:
   // each register's scale is its row slot's and its column group's, a constant choice once
   // unrolled (a thread's columns 8 c + 2 q + e stay in the group of column 8 c).
   template <int kCol0>
-  __device__ static void promote(Accum& acc, const Partial& partial, const AScales& a_scale,
-                                 const uint8_t (&b_scale)[kBGroups]) {
+  __device__ static void promote(Accum& acc, const Partial& partial,
+                                 const float (&scale)[kBGroups][Map::kRowSlots]) {
     static_assert(kCol0 % 8 == 0, "a partial starts at a group of 8 columns");
 #pragma unroll
-    for (int mb = 0; mb < Accum::kBlocks; ++mb) {
-      float scale[kBGroups][Map::kRowSlots]; // (the groups a partial lacks are never computed)
-#pragma unroll
-      for (int g = 0; g < kBGroups; ++g)
-#pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot)
-          scale[g][slot] = fp8_block_scale(a_scale[mb][slot], b_scale[g]);
-#pragma unroll
-      for (int i = 0; i < Partial::kRegsPerBlock; ++i) {
-        const int reg = kCol0 / 2 + i;
-        acc.reg[mb][reg] = fp8_promote(acc.reg[mb][reg], partial.reg[mb][i],
-                                       scale[Map::col(0, reg) / kBGroupCols][Map::row_slot(reg)]);
-      }
+    for (int i = 0; i < Partial::kRegsPerBlock; ++i) {
+      const int reg = kCol0 / 2 + i;
+      acc.reg[0][reg] = fp8_promote(acc.reg[0][reg], partial.reg[0][i],
+                                    scale[Map::col(0, reg) / kBGroupCols][Map::row_slot(reg)]);
     }
   }
 
@@ -272,18 +406,12 @@ private:
     static constexpr int kPerLane = kTileN / arch::kWarpSize;
   };
   __device__ static void promote_by_columns(Accum& acc, const Accum& partial,
-                                            const AScales& a_scale,
+                                            const float (&row_scale)[Map::kRowSlots],
                                             const uint8_t (&b_scale)[ColumnScales::kPerLane],
                                             int thread) {
     float lane_scale[ColumnScales::kPerLane];
 #pragma unroll
     for (int r = 0; r < ColumnScales::kPerLane; ++r) lane_scale[r] = e8m0_bits_to_float(b_scale[r]);
-    float row_scale[Accum::kBlocks][Map::kRowSlots];
-#pragma unroll
-    for (int mb = 0; mb < Accum::kBlocks; ++mb)
-#pragma unroll
-      for (int slot = 0; slot < Map::kRowSlots; ++slot)
-        row_scale[mb][slot] = e8m0_bits_to_float(a_scale[mb][slot]);
 #pragma unroll
     for (int i = 0; i < Accum::kRegsPerBlock; ++i) {
       if (Map::row_slot(i) != 0) continue; // register i + 2 (row slot 1) shares i's column
@@ -297,7 +425,7 @@ private:
         for (int slot = 0; slot < Map::kRowSlots; ++slot) {
           const int reg = i + 2 * slot;
           acc.reg[mb][reg] =
-              fp8_promote(acc.reg[mb][reg], partial.reg[mb][reg], row_scale[mb][slot] * col_scale);
+              fp8_promote(acc.reg[mb][reg], partial.reg[mb][reg], row_scale[slot] * col_scale);
         }
     }
   }
@@ -322,9 +450,10 @@ private:
     // k-blocks (the registers go to the partials).
     const auto promote = [&](auto in_flight, int32_t kb, Partial& done) {
       BlockScales scale;
-      scales.load(scale, kb);
+      scales.load(scale, previous.index, kb);
       arch::wgmma_wait_group<decltype(in_flight)::value>();
       fence_partial(done);
+      __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
       pipe.consumer_release(previous, lane);
       scales.template promote<0>(acc, done, scale, thread);
     };
@@ -393,7 +522,10 @@ private:
       constexpr int h = decltype(half)::value;
       arch::wgmma_wait_group<decltype(in_flight)::value>();
       fence_partial(partial[h]);
-      if constexpr (h == 1) pipe.consumer_release(previous, lane);
+      if constexpr (h == 1) {
+        __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
+        pipe.consumer_release(previous, lane);
+      }
       scales.template promote<h * kTileN / 2>(acc, partial[h], scale, thread);
     };
     using First = std::integral_constant<int, 0>;
@@ -403,7 +535,7 @@ private:
     issue(First{}, k_begin);
     for (int32_t kb = k_begin;; ++kb) {
       BlockScales scale; // (asm with memory clobbers keeps the loads before the waits)
-      scales.load(scale, kb);
+      scales.load(scale, st.index, kb); // its first half was issued from st
       // NOTE: never true (a k-block's first half is always followed by its second), but without
       // it ptxas (CUDA 13.0, sm_90a) serializes the wgmmas (C7514: it does not see that the
       // second half retired before its promotion below); with it the loop has mma_full's shape

@@ -201,6 +201,20 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                               item.k_end, item.k_rotation, cta_rank);
       }
       __syncwarp();
+    } else if constexpr (requires { Mainloop::kScaleWarps; }) {
+      // Warps 1.. : each stage's block scales (Fp8Mainloop::load_scales), tile by tile in the TMA
+      // warp's order. Whole tiles only, a lean loop for the producer's 24 registers: a launch with
+      // stream-K units would leave the consumers waiting for their scales, so it traps.
+      if (int(threadIdx.x) / arch::kWarpSize <= Mainloop::kScaleWarps) {
+        const TileScheduler& sched = params.scheduler;
+        if (sched.has_stream_k()) __trap();
+        typename Mainloop::State st;
+        const int64_t clusters = gridDim.x / Config::kClusterM;
+        for (int64_t unit = blockIdx.x / Config::kClusterM; unit < sched.dp_units();
+             unit += clusters)
+          Mainloop::load_scales(params.mainloop, smem.mainloop, pipe, st,
+                                tile_of<Config>(sched, unit, cta_rank), sched.k_blocks);
+      }
     } else if constexpr (Config::kEpilogueInProducer) {
       run_epilogue<Config>(params, smem, cta_rank); // warps 1..3 (staged_wide)
     }

@@ -77,14 +77,17 @@ template <class Config, GemmLayout kLayout, bool kIsBf16> struct Mainloop {
 
   // Producer, one thread: stream k-blocks [k_begin, k_end) of one tile through the ring, from
   // k_begin + k_rotation on, wrapping around (the consumers only count stages).
-  __device__ static void load_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
+  // kExtraTxBytes: bytes of each stage that another producer stores asynchronously, completing
+  // them on the stage's `full` barrier (the FP8 mainloop's scales; its own storage type).
+  template <uint32_t kExtraTxBytes = 0, class Storage>
+  __device__ static void load_tile(const Params& p, Storage& smem, Pipeline& pipe, State& st,
                                    TileCoord tile, int32_t k_begin, int32_t k_end,
                                    int32_t k_rotation, uint32_t cta_rank) {
     const int32_t m0 = tile.m_block * Config::kTileM;
     const int32_t n0 = tile.n_block * Config::kTileN;
     int32_t kb = k_begin + k_rotation;
     for (int32_t i = k_begin; i < k_end; ++i) {
-      pipe.producer_acquire(st, kStageBytes);
+      pipe.producer_acquire(st, kStageBytes + kExtraTxBytes);
       uint64_t* full = pipe.full_barrier(st);
       const int32_t k0 = kb * Config::kTileK;
       load_a(p, smem.a[st.index], full, m0, k0);

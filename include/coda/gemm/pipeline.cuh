@@ -53,9 +53,14 @@ template <int kStages, int kClusterM> struct MainloopPipeline {
   // Producer: wait for the slot, then announce the bytes TMA will deliver into it (the full box,
   // even where it hangs over the tensor's edge: TMA zero-fills and still counts those bytes).
   __device__ __forceinline__ void producer_acquire(PipelineState<kStages> st, uint32_t bytes) {
-    mbarrier_wait(&bars.empty[st.index], st.phase ^ 1);
+    producer_wait(st);
     cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta,
                                          cuda::ptx::space_shared, &bars.full[st.index], bytes);
+  }
+  // A producer that writes part of a stage without arming it (the FP8 mainloop's scale warps,
+  // whose asynchronous stores complete bytes of the stage's transaction count): the slot's wait.
+  __device__ __forceinline__ void producer_wait(PipelineState<kStages> st) {
+    mbarrier_wait(&bars.empty[st.index], st.phase ^ 1);
   }
   __device__ __forceinline__ uint64_t* full_barrier(PipelineState<kStages> st) {
     return &bars.full[st.index];
