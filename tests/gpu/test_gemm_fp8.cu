@@ -520,18 +520,38 @@ TEST(Fp8GemmHost, OperandBoxesFillTheStageAndKBlocksAreScaleBlocks) {
   check_operand_boxes_and_k_blocks<gpu::fp8::Kernel<Fp8BScaling::blocks, float, 192, false>>();
 }
 
-// The tile heuristic (no GPU needed): the 128 x 128 tile wherever it is not forced, on the staged
-// schedule where it applies (B by blocks, a bf16 D not accumulated into), the 192-column forms
-// having measured slower on every benchmarked shape (heuristic.hpp).
+// The tile heuristic (no GPU needed): the cooperative 128 x 128 tile wherever the staged one
+// does not apply (B by rows, an f32 D or one accumulated into); where it does, the staged tile
+// unless the one-partial 128 x 192 tile saves waves enough to pay for its slower tiles
+// (heuristic.hpp): at Llama-8B's shapes (the 8192-token GEMMs, 66 clusters of an H100), not at
+// short K with the same waves, nor where the 192-column tiles leave a wave as long as the
+// 128-column ones'.
 TEST(Fp8GemmHost, TileHeuristic) {
   for (int64_t n : {8, 2048, 3072, 4096, 28672}) {
-    EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::blocks, true, 66), Fp8Tile::n128_staged)
+    EXPECT_EQ(sm90::choose_fp8_tile(8192, n, 4096, Fp8BScaling::blocks, false, 66), Fp8Tile::n128)
         << n;
-    EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::blocks, false, 66), Fp8Tile::n128) << n;
     for (bool bf16_store : {false, true})
-      EXPECT_EQ(sm90::choose_fp8_tile(8192, n, Fp8BScaling::rows, bf16_store, 66), Fp8Tile::n128)
+      EXPECT_EQ(sm90::choose_fp8_tile(8192, n, 4096, Fp8BScaling::rows, bf16_store, 66),
+                Fp8Tile::n128)
           << n;
   }
+  struct Shape {
+    int64_t m, n, k;
+    Fp8Tile tile;
+  };
+  for (const Shape& s : {Shape{8192, 28672, 4096, Fp8Tile::n192_one_partial}, // 8B gate/up
+                         Shape{8192, 4096, 28672, Fp8Tile::n192_one_partial}, // its dgrad
+                         Shape{6144, 4096, 8192, Fp8Tile::n192_one_partial},  // 8B qkv wgrad
+                         Shape{8192, 2048, 8192, Fp8Tile::n128_staged}, // 1B down: 6 vs 8 waves
+                         Shape{2048, 2048, 8192, Fp8Tile::n128_staged}, // 2 waves either way
+                         Shape{8192, 8192, 2048, Fp8Tile::n128_staged}, // short K
+                         Shape{128, 8, 128, Fp8Tile::n128_staged}})     // one tile
+    EXPECT_EQ(sm90::choose_fp8_tile(s.m, s.n, s.k, Fp8BScaling::blocks, true, 66), s.tile)
+        << s.m << " x " << s.n << " x " << s.k;
+  // The cost a 192-column tile carries falls with K and stays within its fitted range.
+  EXPECT_GT(sm90::fp8_tile_192_cost(2048), sm90::fp8_tile_192_cost(8192));
+  EXPECT_DOUBLE_EQ(sm90::fp8_tile_192_cost(1), 1.50);
+  EXPECT_DOUBLE_EQ(sm90::fp8_tile_192_cost(int64_t(1) << 20), 1.32);
 }
 
 } // namespace

@@ -102,21 +102,25 @@ struct GemmConfig {
   //    a plain staged store (no ops after the Stage) and the producer fit 24 each (ptxas, sm_90a,
   //    2026-12-06: 0 spills; with 208 / 216 / 224 for the consumers 280 / 124 / 28 bytes).
   //  - staged with FP8 operands and one partial (the fused kernels' staged FP8 tile, 128 x 128:
-  //    64 accumulators and 64 partial sums): 128 x (24 + 2 x 192 + 104) = 65536. The consumers
-  //    hold the ops before the Stage too (the rstd partials in registers): with 184 K2 spilled
-  //    4 bytes and K4 24, with 176 44-56 (ptxas, sm_90a, 2026-12-06); the epilogue warpgroup
-  //    runs K1's, K2's and K4's ops after the Stage in 104 without spills, and K6's
-  //    (RmsNormBackwardStrips warp-local on four warps, alpha in the consumers) too (2026-12-07).
+  //    64 accumulators and 64 partial sums): 128 x (32 + 2 x 192 + 96) = 65536. The producer
+  //    warpgroup runs the TMA warp and the two scale warps (Fp8Mainloop::load_scales: 24
+  //    spilled 8 bytes, ptxas sm_90a, 2026-12-07). The consumers hold the ops before the Stage
+  //    too (the rstd partials in registers): with 184 K2 spilled 4 bytes and K4 24, with 176
+  //    44-56 (2026-12-06); the epilogue warpgroup runs K1's, K2's, K4's and K6's ops after the
+  //    Stage in 96 without spills (2026-12-07; in 104 before the scale warps).
   //  - the same with no ops before the Stage (K7, whose consumers only round dy into the staged
-  //    tile): 128 x (24 + 2 x 176 + 136) = 65536. K7's epilogue (the SwiGLU backward from
-  //    global preact, zeta partials, act's store) spilled 12 bytes in 104 (ptxas, sm_90a,
-  //    2026-12-06); the 16-bit staged K7 runs it in 128.
+  //    tile): 128 x (32 + 2 x 176 + 128) = 65536. K7's epilogue (the SwiGLU backward from
+  //    global preact, zeta partials, act's store) spilled 12 bytes in 104 (2026-12-06) and fits
+  //    128, as the 16-bit staged K7's does.
+  //  - the staged two-partial FP8 tile keeps 24 for the producer (its consumers' 232 leave no
+  //    more), so its consumers load their scales themselves (Fp8Mainloop::kStagedScales).
   static constexpr bool kHeavyAccumulators = kAccumulatorsPerThread > 128;
   static constexpr bool kStagedFp8 = kSchedule == Schedule::staged && kOperandBytes == 1;
   static constexpr bool kStagedFp8Fused = kStagedFp8 && kFp8Partials_ == 1;
   static constexpr bool kConsumerOps = kConsumerOps_;
   static constexpr int kProducerRegisters = kEpilogueInProducer  ? 120
-                                            : kStagedFp8         ? 24 // either partial count
+                                            : kStagedFp8Fused    ? 32 // + the scale warps
+                                            : kStagedFp8         ? 24
                                             : kStaged            ? 32
                                             : kHeavyAccumulators ? 24
                                                                  : 40;

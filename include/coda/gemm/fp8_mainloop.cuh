@@ -1,8 +1,11 @@
 // The block-scaled FP8 mainloop (docs/fp8.md): E4M3 A [M, K] and B [N, K], both K-major, with one
-// E8M0 scale per row of A and per 128 rows of B for each 128-deep block of K. The producer side
-// is the 16-bit mainloop's, unchanged: a K-major tile row of 128 FP8 values is 128 bytes, one
-// swizzle span, as 64 16-bit values are, so the TMA boxes, the ring, the descriptors and the
-// k-step of 32 bytes are the same.
+// E8M0 scale per row of A and per 128 rows of B for each 128-deep block of K. The TMA side is
+// the 16-bit mainloop's: a K-major tile row of 128 FP8 values is 128 bytes, one swizzle span,
+// as 64 16-bit values are, so the TMA boxes, the ring, the descriptors and the k-step of 32
+// bytes are the same. Each stage also carries its k-block's scales as fp32 values, written by
+// two more producer warps (load_scales, kStagedScales), so that the consumers' issue chain holds
+// no scale load or conversion: the scales' instructions, not their latency, were a sixth of the
+// consumers' k-block (docs/fp8.md, "The consumers' issue, counted").
 //
 // The consumer differs. The scale changes with every k-block (= every scale block), so a
 // k-block's products cannot simply accumulate on top of the previous ones: each k-block's
@@ -83,17 +86,24 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   // of two from 2^-127 up, or NaN), two rows a word: rows r and r + 8 of one 16-row group, r in
   // the low half, so a thread reads its two rows (row slots, fragment.hpp) with one load: word w
   // holds rows 16 (w / 8) + w % 8 and 8 more. B's follow, one fp32 word a block.
+  // Where the producer runs in 24 registers beside 232-register consumers (the staged
+  // two-partial tile, gemm_fp8's default) the scale warps do not fit (ptxas spilled 8 bytes):
+  // there the consumers load and convert the scales themselves, as before (GlobalScales).
+  static constexpr bool kStagedScales =
+      Config::kSchedule == Schedule::cooperative || Config::kStagedFp8Fused;
   static constexpr int kScaleWords = Config::kTileM / 2;
   static constexpr int kStagedB = kBRows ? 0 : kBGroups == 1 ? 1 : 2;
-  static constexpr int kScaleWarps = kScaleWords / arch::kWarpSize;
-  static constexpr uint32_t kScaleBytes = uint32_t(kScaleWords + kStagedB) * 4;
+  static constexpr int kScaleWarps = kStagedScales ? kScaleWords / arch::kWarpSize : 0;
+  static constexpr uint32_t kScaleBytes = kStagedScales ? uint32_t(kScaleWords + kStagedB) * 4 : 0u;
 
-  struct SharedStorage {
+  struct StorageWithScales {
     alignas(1024) uint8_t a[kStages][Base::kTileBytesA];
     alignas(1024) uint8_t b[kStages][Base::kTileBytesB];
     PipelineBarriers<kStages> barriers;
     alignas(16) uint32_t scales[kStages][kScaleWords + 4]; // (B's padded to 16 bytes)
   };
+  using SharedStorage =
+      std::conditional_t<kStagedScales, StorageWithScales, typename Base::SharedStorage>;
   // The partials (mma_tile): two in turn with the overlapped promotion (not by rows: its
   // by-columns promotion wants the registers), one otherwise; at 192 columns the two are the
   // tile's 96-column halves'.
@@ -242,8 +252,9 @@ private:
     // (Read-only loads: every tile along N reads a row's scales again.)
     __device__ uint32_t load(int32_t kb) const {
       const auto a = [&](int32_t row) {
-        return row < p_.m ? uint32_t(__ldg(p_.a_scales + row * int32_t(p_.a_scales_row_stride) + kb))
-                          : 127u; // 2^0
+        return row < p_.m
+                   ? uint32_t(__ldg(p_.a_scales + row * int32_t(p_.a_scales_row_stride) + kb))
+                   : 127u; // 2^0
       };
       const uint32_t a0 = a(row0_), a1 = a(row0_ + 8);
       uint32_t b = 127u;
@@ -291,26 +302,26 @@ private:
 
   private:
     const Params& p_;
-    int32_t row0_;        // the first of the two rows
-    int32_t b_ = -1;      // B's block word_ of the tile: its first scale, or -1
+    int32_t row0_;   // the first of the two rows
+    int32_t b_ = -1; // B's block word_ of the tile: its first scale, or -1
   };
 
   // One k-block's scales as this thread needs them: the products of its rows' A scales and B's
   // scale per column group (blocks), or its rows' A scales and this lane's column scales (rows,
   // ColumnScales).
-  struct BlockScales {
-    float row[kBRows ? 1 : kBGroups][Map::kRowSlots];
-    uint8_t b[kBRows ? kTileN / arch::kWarpSize : 1];
-  };
 
   // Where this thread's scales are: its rows' word in stage 0 (a shared-window address; stage s's
   // is s words-of-a-stage further), and by rows, B's at 32-bit element offsets from the launch's
   // scale pointer (set_scales checks that they fit), the rest read from the kernel's parameters,
   // so the partials keep the registers.
-  class Scales {
+  class SmemScales {
   public:
-    __device__ Scales(const Params& p, SharedStorage& smem, TileCoord tile, int first_block,
-                      int thread, uint32_t lane)
+    struct BlockScales {
+      float row[kBRows ? 1 : kBGroups][Map::kRowSlots];
+      uint8_t b[kBRows ? kTileN / arch::kWarpSize : 1];
+    };
+    __device__ SmemScales(const Params& p, SharedStorage& smem, TileCoord tile, int first_block,
+                          int thread, uint32_t lane)
         : p_(p), lane_col_(tile.n_block * kTileN + int32_t(lane)) {
       const int word = first_block * 32 + (thread / arch::kWarpSize) * 8 + thread % 32 / 4;
       b_words_ = uint32_t(__cvta_generic_to_shared(&smem.scales[0][kScaleWords]));
@@ -322,16 +333,16 @@ private:
     }
     // k-block kb's scales, from `stage`, the ring's slot that holds it (after its wait).
     __device__ void load(BlockScales& to, uint32_t stage, int32_t kb) const {
-      const uint32_t at = words_ + stage * uint32_t(sizeof(SharedStorage::scales[0]));
+      const uint32_t at = words_ + stage * uint32_t(sizeof(StorageWithScales::scales[0]));
       const uint32_t rows = arch::load_shared_u32(at);
       const float a[Map::kRowSlots] = {__uint_as_float(rows << 16),
                                        __uint_as_float(rows & 0xffff0000u)};
       if constexpr (kBRows) {
 #pragma unroll
         for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[0][slot] = a[slot];
-        // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
-        // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
-        // (Read-only loads: every tile along M reads a column's scales again.)
+          // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
+          // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
+          // (Read-only loads: every tile along M reads a column's scales again.)
 #pragma unroll
         for (int r = 0; r < ColumnScales::kPerLane; ++r)
           to.b[r] =
@@ -340,7 +351,7 @@ private:
                   : uint8_t(127);
       } else {
         // B's words, the same for every thread (a broadcast read).
-        const uint32_t b_at = b_words_ + stage * uint32_t(sizeof(SharedStorage::scales[0]));
+        const uint32_t b_at = b_words_ + stage * uint32_t(sizeof(StorageWithScales::scales[0]));
         float b[kStagedB];
         if constexpr (kStagedB == 1) {
           b[0] = __uint_as_float(arch::load_shared_u32(b_at));
@@ -353,7 +364,10 @@ private:
         // fp8_block_scale's product, of the same two fp32 values.
 #pragma unroll
         for (int g = 0; g < kBGroups; ++g) {
-          const float bg = g == 0 ? b[0] : g == kBGroups - 1 ? b[kStagedB - 1] : odd_ ? b[1 % kStagedB] : b[0];
+          const float bg = g == 0              ? b[0]
+                           : g == kBGroups - 1 ? b[kStagedB - 1]
+                           : odd_              ? b[1 % kStagedB]
+                                               : b[0];
 #pragma unroll
           for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[g][slot] = a[slot] * bg;
         }
@@ -373,12 +387,59 @@ private:
 
   private:
     const Params& p_;
-    uint32_t words_;      // this thread's rows' scale word in stage 0
-    uint32_t b_words_;    // blocks: B's scale words in stage 0
-    int32_t b_ = 0;       // rows: this lane's column's first scale
-    int32_t lane_col_;    // rows: this lane's first column
-    bool odd_ = false;    // blocks, 192 columns: the second block starts at column 64, not 128
+    uint32_t words_;   // this thread's rows' scale word in stage 0
+    uint32_t b_words_; // blocks: B's scale words in stage 0
+    int32_t b_ = 0;    // rows: this lane's column's first scale
+    int32_t lane_col_; // rows: this lane's first column
+    bool odd_ = false; // blocks, 192 columns: the second block starts at column 64, not 128
   };
+
+  // The staged two-partial tile's scales (kStagedScales false): each thread loads its rows' and
+  // B's E8M0 bytes by k-block index with ordinary loads before the wait and converts them in
+  // the promotion. 128 columns, B by blocks (the staged tile's only form).
+  class GlobalScales {
+  public:
+    struct BlockScales {
+      uint8_t a[Map::kRowSlots];
+      uint8_t b;
+    };
+    __device__ GlobalScales(const Params& p, SharedStorage&, TileCoord tile, int first_block,
+                            int thread, uint32_t)
+        : p_(p) {
+      static_assert(!kBRows && kBGroups == 1, "the staged tile: 128 columns, B by blocks");
+      // This thread's two rows (row slots, fragment.hpp); rows past M hold zeros (TMA
+      // zero-fills A) and read the scale 2^0 (offset -1).
+#pragma unroll
+      for (int slot = 0; slot < Map::kRowSlots; ++slot) {
+        const int32_t row =
+            tile.m_block * Config::kTileM + first_block * 64 + Map::slot_row(thread, slot);
+        a_[slot] = row < p.m ? row * int32_t(p.a_scales_row_stride) : -1;
+      }
+      b_ = tile.n_block * int32_t(p.b_scales_row_stride); // 128 columns: block n_block
+    }
+    // (Read-only loads: every tile along N reads a row's scales again.)
+    __device__ void load(BlockScales& to, uint32_t, int32_t kb) const {
+      to.b = __ldg(p_.b_scales + b_ + kb);
+#pragma unroll
+      for (int slot = 0; slot < Map::kRowSlots; ++slot)
+        to.a[slot] = a_[slot] >= 0 ? __ldg(p_.a_scales + a_[slot] + kb) : uint8_t(127); // 2^0
+    }
+    template <int kCol0>
+    __device__ void promote(Accum& acc, const Partial& partial, const BlockScales& s, int) const {
+      float scale[1][Map::kRowSlots];
+#pragma unroll
+      for (int slot = 0; slot < Map::kRowSlots; ++slot)
+        scale[0][slot] = fp8_block_scale(s.a[slot], s.b);
+      Fp8Mainloop::promote<kCol0>(acc, partial, scale);
+    }
+
+  private:
+    const Params& p_;
+    int32_t a_[Map::kRowSlots]; // this thread's rows' first scales, or -1
+    int32_t b_;                 // the tile's first row of B scales
+  };
+  using Scales = std::conditional_t<kStagedScales, SmemScales, GlobalScales>;
+  using BlockScales = typename Scales::BlockScales;
 
   // Blocks: `partial` holds the tile's columns [kCol0, kCol0 + its width), its register i the
   // accumulator's register kCol0 / 2 + i (fragment.hpp: 8 columns are 4 registers of a thread);
@@ -433,8 +494,8 @@ private:
   // Full-width partials: one, or two in turn (mma_tile).
   template <class FirstBlock, class WhileMma>
   __device__ static void mma_full(SharedStorage& smem, Pipeline& pipe, State& st, Accum& acc,
-                                  const Scales& scales, FirstBlock, int32_t k_begin,
-                                  int32_t k_end, uint32_t lane, int thread, WhileMma& while_mma) {
+                                  const Scales& scales, FirstBlock, int32_t k_begin, int32_t k_end,
+                                  uint32_t lane, int thread, WhileMma& while_mma) {
     Partial partial[kPartials]; // the tensor cores' sums over one k-block each, in turn
     State previous = st;        // the stage of the k-block in flight
     const auto issue = [&](int32_t kb, Partial& into) {
@@ -453,7 +514,8 @@ private:
       scales.load(scale, previous.index, kb);
       arch::wgmma_wait_group<decltype(in_flight)::value>();
       fence_partial(done);
-      __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
+      if constexpr (kStagedScales)
+        __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
       pipe.consumer_release(previous, lane);
       scales.template promote<0>(acc, done, scale, thread);
     };
@@ -523,7 +585,8 @@ private:
       arch::wgmma_wait_group<decltype(in_flight)::value>();
       fence_partial(partial[h]);
       if constexpr (h == 1) {
-        __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
+        if constexpr (kStagedScales)
+          __syncwarp(); // every lane has read the stage's scales before lane 0 releases it
         pipe.consumer_release(previous, lane);
       }
       scales.template promote<h * kTileN / 2>(acc, partial[h], scale, thread);

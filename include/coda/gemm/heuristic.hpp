@@ -13,6 +13,7 @@
 //             3072 x 2048 x 8192, 1.45 waves of wide tiles, +18%; elsewhere 5-10% slower).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -199,19 +200,33 @@ constexpr const char* fp8_tile_name(Fp8Tile t) {
                      {Fp8Tile::n128_staged_one_partial, "n128_staged_one_partial"}});
 }
 
-// The tile gpu::gemm_fp8 runs when not told: 128 x 128, on the staged schedule wherever it
-// applies (B scaled by blocks, a bf16 D not accumulated into: `bf16_store`), cooperative
-// elsewhere. The staged form measured faster on all 26 benchmarked shapes (H100, 2026-12-06,
-// bench_gemm_fp8 at 2199664: 1.046-1.155x the cooperative kernel, geomean 1.085 over the 24 block
-// GEMMs, most where K is short; docs/fp8.md, "The staged 128 x 128 tile"). The 128 x 192 forms
-// were predicted ~1.12x faster (half again the MMAs per k-block behind the same fixed costs) and
-// measured slower on all 26 (H100, 2026-12-05, db56bf5: the halves form 0.55-0.84 of the 128
-// tile's speed, geomean 0.74; one partial 0.60-0.90, geomean 0.81), so they run only when forced
-// (gpu::gemm_fp8_with_tile), as study kernels.
-inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, Fp8BScaling b_scaling, bool bf16_store,
-                               int64_t clusters) {
-  (void)m, (void)n, (void)clusters;
-  return b_scaling == Fp8BScaling::blocks && bf16_store ? Fp8Tile::n128_staged : Fp8Tile::n128;
+// The tile gpu::gemm_fp8 runs when not told. Where it applies (B scaled by blocks, a bf16 D not
+// accumulated into: `bf16_store`), the staged 128 x 128 tile (measured faster than the
+// cooperative one on all 26 benchmarked shapes, H100, 2026-12-06, 2199664: geomean 1.085; docs/
+// fp8.md, "The staged 128 x 128 tile"), unless the cooperative one-partial 128 x 192 tile is
+// predicted 5% faster. Since the block scales are staged as fp32 (docs/fp8.md, "The scales staged
+// as fp32 by st.async") that tile leads on every Llama-8B shape; its time a tile is
+// fp8_tile_192_cost times the staged 128-column tile's (fitted over the 24 block GEMMs, H100,
+// 2026-12-07: 1.50 at K = 2048, 1.40 at 4096, 1.32 from 8192 on: a longer k-loop amortizes the
+// cooperative tile's exposed epilogue), and each tile runs whole waves of clusters. Elsewhere 128 x
+// 128 on the cooperative schedule.
+inline double fp8_tile_192_cost(int64_t k) {
+  const double per_doubling = 0.09, at_2048 = 1.50, floor = 1.32;
+  const double cost = at_2048 - per_doubling * (std::log2(double(std::max<int64_t>(k, 1))) - 11.0);
+  return std::clamp(cost, floor, at_2048);
+}
+inline Fp8Tile choose_fp8_tile(int64_t m, int64_t n, int64_t k, Fp8BScaling b_scaling,
+                               bool bf16_store, int64_t clusters) {
+  if (b_scaling != Fp8BScaling::blocks || !bf16_store) return Fp8Tile::n128;
+  constexpr double kMargin = 0.95;
+  const int64_t unit_rows = ceil_div<int64_t>(ceil_div<int64_t>(m, 128), kClusterM);
+  const auto waves = [&](int64_t tile_n) {
+    return ceil_div<int64_t>(unit_rows * ceil_div<int64_t>(n, tile_n),
+                             std::max<int64_t>(clusters, 1));
+  };
+  return double(waves(192)) * fp8_tile_192_cost(k) < kMargin * double(waves(128))
+             ? Fp8Tile::n192_one_partial
+             : Fp8Tile::n128_staged;
 }
 
 // The stream-K split of the wide kernel's units (see scheduler.hpp), in cluster units.

@@ -48,6 +48,15 @@ __device__ __forceinline__ void mma_turn(int warpgroup, bool arrive) {
     arch::named_barrier_sync(id, 2 * arch::kWarpgroupSize);
 }
 
+// Producer warps besides the TMA one that stage data into the ring (the FP8 mainloop's scale
+// warps, Fp8Mainloop::load_scales), or 0.
+template <class Mainloop> constexpr int scale_warps() {
+  if constexpr (requires { Mainloop::kScaleWarps; })
+    return Mainloop::kScaleWarps;
+  else
+    return 0;
+}
+
 template <class Epilogue>
 __device__ __forceinline__ void overlap_with_mainloop(Epilogue& epilogue, int32_t k_block) {
   if constexpr (requires { epilogue.overlap_with_mainloop(k_block); })
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
                               item.k_end, item.k_rotation, cta_rank);
       }
       __syncwarp();
-    } else if constexpr (requires { Mainloop::kScaleWarps; }) {
+    } else if constexpr (scale_warps<Mainloop>() > 0) {
       // Warps 1.. : each stage's block scales (Fp8Mainloop::load_scales), tile by tile in the TMA
       // warp's order. Whole tiles only, a lean loop for the producer's 24 registers: a launch with
       // stream-K units would leave the consumers waiting for their scales, so it traps.

@@ -102,7 +102,7 @@ void gemm_fp8_with_tile(const Fp8GemmArgs& args, sm90::Fp8Tile tile, Stream stre
 
 sm90::Fp8Tile gemm_fp8_tile(const Fp8GemmArgs& args) {
   // (The clusters that fit at once are the same for every tile: one CTA per SM.)
-  return sm90::choose_fp8_tile(args.m(), args.n(), args.b_scaling, stores_rounded_d(args),
+  return sm90::choose_fp8_tile(args.m(), args.n(), args.k(), args.b_scaling, stores_rounded_d(args),
                                fp8::Kernel<Fp8BScaling::blocks, bf16>::max_active_clusters());
 }
 
