@@ -169,16 +169,17 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
   // (the TMA thread's wait), by st.async, whose bytes complete on the stage's `full` barrier
   // with the operands' (PTX ISA "st.async": the consumers' wait then makes them visible; the
   // transaction count may run ahead of the TMA thread's expect-tx, which only the phase's one
-  // arrival completes). The raw E8M0 bytes are loaded two k-blocks ahead, so their latency
-  // overlaps the waits for free stages.
+  // arrival completes). The raw E8M0 bytes are loaded ahead, so their latency overlaps the
+  // waits for free stages: four k-blocks a word and the next word in flight where the strides
+  // allow (Params::scales_by_words), else a byte a k-block, two k-blocks ahead (one round trip
+  // per two k-blocks fell behind the MMAs at long K: docs/fp8.md, form S).
   __device__ static void load_scales(const Params& p, SharedStorage& smem, Pipeline& pipe,
                                      State& st, TileCoord tile, int32_t k_blocks) {
     const StageScaleLoader loader(p, tile, int(threadIdx.x) - arch::kWarpSize);
     if (p.scales_by_words) {
       // Four k-blocks a load (a word of each row's scales), the next four rows' words in
       // flight: one round trip per four k-blocks' MMAs. (B's word, the same for every lane and
-      // so an L1 hit after the first, is read when its four start: the producer has 24
-      // registers.)
+      // so an L1 hit after the first, is read when its four start: a register fewer.)
       typename StageScaleLoader::Words now = loader.load_words(0);
       uint2 next{};
       if (k_blocks > 4) next = loader.load_rows(4);
@@ -204,6 +205,15 @@ struct Fp8Mainloop : Mainloop<Config, GemmLayout::fwd, false> {
     }
   }
 
+  // One consumer warpgroup: D(rows it owns, tile columns) = the promoted sum over k-blocks
+  // [k_begin, k_end) (at least one). The contract of Base::mma_tile.
+  // Two partials in turn: k-block i's wgmmas go into one while k-block i - 1's partial, in the
+  // other, waits for its batch (wgmma_wait_group<1>: one batch left in flight), is promoted and
+  // its stage released, so the tensor cores always hold this warpgroup's next batch during a
+  // promotion. (With one partial, each k-block waited for its own batch to drain before the
+  // promotion and the next issue: 0.59x cuBLASLt's block-scaled GEMM, H200 2026-12-05.)
+  // The loop is unrolled by hand in pairs: registers cannot be indexed by a run-time parity.
+  // At 192 columns the two partials are the halves' (mma_halves).
   template <class WhileMma>
   __device__ static void mma_tile(const Params& p, SharedStorage& smem, Pipeline& pipe, State& st,
                                   Accum& acc, TileCoord tile, int first_block, int32_t k_begin,
@@ -303,12 +313,8 @@ private:
   private:
     const Params& p_;
     int32_t row0_;   // the first of the two rows
-    int32_t b_ = -1; // B's block word_ of the tile: its first scale, or -1
+    int32_t b_ = -1; // B's block `word` of the tile: its first scale, or -1
   };
-
-  // One k-block's scales as this thread needs them: the products of its rows' A scales and B's
-  // scale per column group (blocks), or its rows' A scales and this lane's column scales (rows,
-  // ColumnScales).
 
   // Where this thread's scales are: its rows' word in stage 0 (a shared-window address; stage s's
   // is s words-of-a-stage further), and by rows, B's at 32-bit element offsets from the launch's
@@ -316,6 +322,9 @@ private:
   // so the partials keep the registers.
   class SmemScales {
   public:
+    // One k-block's scales as this thread needs them: the products of its rows' A scales and
+    // B's scale per column group (blocks), or its rows' A scales and this lane's column scales
+    // (rows, ColumnScales).
     struct BlockScales {
       float row[kBRows ? 1 : kBGroups][Map::kRowSlots];
       uint8_t b[kBRows ? kTileN / arch::kWarpSize : 1];
@@ -339,10 +348,12 @@ private:
                                        __uint_as_float(rows & 0xffff0000u)};
       if constexpr (kBRows) {
 #pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[0][slot] = a[slot];
-          // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
-          // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
-          // (Read-only loads: every tile along M reads a column's scales again.)
+        for (int slot = 0; slot < Map::kRowSlots; ++slot) {
+          to.row[0][slot] = a[slot];
+        }
+        // This lane's columns lane_col_ + 32 r (ColumnScales); columns at or past n read none
+        // and scale by 2^0 (B's rows there are zero-filled, D's columns there not stored).
+        // (Read-only loads: every tile along M reads a column's scales again.)
 #pragma unroll
         for (int r = 0; r < ColumnScales::kPerLane; ++r)
           to.b[r] =

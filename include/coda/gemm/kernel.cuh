@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(Config::kThreads, 1)
       __syncwarp();
     } else if constexpr (scale_warps<Mainloop>() > 0) {
       // Warps 1.. : each stage's block scales (Fp8Mainloop::load_scales), tile by tile in the TMA
-      // warp's order. Whole tiles only, a lean loop for the producer's 24 registers: a launch with
-      // stream-K units would leave the consumers waiting for their scales, so it traps.
+      // warp's order. Whole tiles only, a lean loop for the producer's 32 or 40 registers: a launch
+      // with stream-K units would leave the consumers waiting for their scales, so it traps.
       if (int(threadIdx.x) / arch::kWarpSize <= Mainloop::kScaleWarps) {
         const TileScheduler& sched = params.scheduler;
         if (sched.has_stream_k()) __trap();
