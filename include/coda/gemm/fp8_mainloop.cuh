@@ -372,16 +372,21 @@ private:
           b[0] = __uint_as_float(first);
           b[1] = __uint_as_float(second);
         }
+        // Each column group's block (kBGroups): 128 columns one; 192 the first, the middle
+        // group's (the second's where the tile starts mid-block), the second.
+        float group_b[kBGroups];
+        if constexpr (kBGroups == 1) {
+          group_b[0] = b[0];
+        } else {
+          group_b[0] = b[0];
+          group_b[1] = odd_ ? b[1] : b[0];
+          group_b[2] = b[1];
+        }
         // fp8_block_scale's product, of the same two fp32 values.
 #pragma unroll
-        for (int g = 0; g < kBGroups; ++g) {
-          const float bg = g == 0              ? b[0]
-                           : g == kBGroups - 1 ? b[kStagedB - 1]
-                           : odd_              ? b[1 % kStagedB]
-                                               : b[0];
+        for (int g = 0; g < kBGroups; ++g)
 #pragma unroll
-          for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[g][slot] = a[slot] * bg;
-        }
+          for (int slot = 0; slot < Map::kRowSlots; ++slot) to.row[g][slot] = a[slot] * group_b[g];
       }
     }
     // Promotes `partial`, the sums of the tile's columns from kCol0 on.
