@@ -27,14 +27,16 @@ AttentionInput attention_input_of(const MiddleWeights& w, const MiddleOutputs& o
 }
 
 // Registers the forward's tensors; returns M. r2 is an output of the forward and of the
-// backward's part 1 (zeta1 over it).
+// backward's part 1 (zeta1 over it); qkv is read by B0 alone, so the backward's part 2 leaves it
+// unread (a caller may free it between the parts).
 int64_t check_forward_tensors(api::Validator& v, Role produced, const Config& c,
                               const MiddleWeights& w, const MiddleInputs& in,
-                              const MiddleOutputs& out, const MiddleSaved& saved, Role r2_role) {
+                              const MiddleOutputs& out, const MiddleSaved& saved, Role r2_role,
+                              Role qkv_role) {
   const int64_t m =
       check_mlp_tensors(v, produced, c, Layer::middle, mlp_forward_of(w, in, out, saved));
   add(v, produced, "outputs.x2", out.x2, Elem::half, {tokens_dim(m), hidden_dim(c)});
-  check_attention_input(v, produced, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.r2",
+  check_attention_input(v, qkv_role, c, m, in.rope, w.attn_norm, w.w_qkv, out.qkv, "saved.r2",
                         saved.r2, r2_role);
   return m;
 }
@@ -65,8 +67,8 @@ void middle_forward(const Config& config, const MiddleWeights& weights, const Mi
                     const MiddleOutputs& outputs, const MiddleSaved& saved,
                     const TensorView& workspace, Stream stream) {
   api::Validator v("coda::llama::middle_forward");
-  const int64_t m =
-      check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved, Role::output);
+  const int64_t m = check_forward_tensors(v, Role::output, config, weights, inputs, outputs, saved,
+                                          Role::output, Role::output);
   const Fp8WeightCopies copies = check_given_fp8_weights(v, config, weights, inputs.fp8_weights);
   check_workspace(v, workspace, Layer::middle, Pass::forward, config, m, copies);
   v.finish();
@@ -90,8 +92,8 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
   const MlpBackward mlp = mlp_backward_of(weights, inputs, saved, grads);
 
   api::Validator v("coda::llama::middle_backward");
-  const int64_t m =
-      check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved, Role::input);
+  const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved,
+                                          Role::input, Role::input);
   check_attention_input_part(v, config, m, grads);
   check_mlp_gradients(v, config, m, mlp);
   const bool fp8 = config.precision == Precision::fp8;
@@ -124,8 +126,9 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
   if (!first && part != Pass::backward_part2)
     v.fail(Status::invalid_argument,
            "part must be Pass::backward_part1 or backward_part2; got " + std::to_string(int(part)));
-  const int64_t m = check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved,
-                                          first ? Role::output : Role::input);
+  const int64_t m =
+      check_forward_tensors(v, Role::input, config, weights, inputs, outputs, saved,
+                            first ? Role::output : Role::input, first ? Role::input : Role::unread);
   v.output("grads.dx", grads.dx, Elem::half, {tokens_dim(m), hidden_dim(config)});
   if (first) {
     check_attention_input_part(v, config, m, grads);
@@ -137,8 +140,8 @@ void middle_backward_part(Pass part, const Config& config, const MiddleWeights& 
   if (fp8) { // each part's weight gradients, and the MLP backward's activations (either part)
     const MiddleWeights& dw = grads.dweights;
     if (first)
-      check_fp8_backward(v, m,
-                         {{"grads.dweights.w_qkv", dw.w_qkv}, {"grads.dweights.w_down", dw.w_down}});
+      check_fp8_backward(
+          v, m, {{"grads.dweights.w_qkv", dw.w_qkv}, {"grads.dweights.w_down", dw.w_down}});
     else
       check_fp8_backward(
           v, m, {{"grads.dweights.w_out", dw.w_out}, {"grads.dweights.w_gate_up", dw.w_gate_up}});

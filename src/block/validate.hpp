@@ -71,14 +71,18 @@ void check_workspace(api::Validator& v, const TensorView& workspace, Layer layer
 void check_scalar(api::Validator& v, const char* value_name, const char* tensor_name,
                   const Scalar& s);
 
-// Forward outputs and saved activations are outputs of the forward and inputs of the backward.
-enum class Role { input, output };
+// Forward outputs and saved activations are outputs of the forward and inputs of the backward;
+// `unread`: a tensor of the forward that this call does not read, absent or checked as an input
+// (the middle backward's part 2 and outputs.qkv).
+enum class Role { input, output, unread };
 inline void add(api::Validator& v, Role role, const char* name, const TensorView& t, api::Elem elem,
                 std::initializer_list<api::Dim> shape) {
   if (role == Role::input)
     v.input(name, t, elem, shape);
-  else
+  else if (role == Role::output)
     v.output(name, t, elem, shape);
+  else
+    v.optional_input(name, t, elem, shape);
 }
 
 // The tensors of F1..F3 that the middle and last layers share, under the same names in both
@@ -99,9 +103,9 @@ void check_down_gradient(api::Validator& v, const Config& c, const MlpBackward& 
 
 // The attention input that the first and middle layers share: its rope tables and weights
 // ("inputs.rope.positions", "inputs.rope.inv_freq", "weights.attn_norm", "weights.w_qkv"), and
-// what its forward produces ("outputs.qkv" and the norm's rstd, `rstd_name`; outputs of a
-// forward, inputs of a backward; the rstd's role is its own: the middle backward's part 1
-// writes over it).
+// what its forward produces ("outputs.qkv", in the role `produced`, and the norm's rstd,
+// `rstd_name`; outputs of a forward, inputs of a backward; the rstd's role is its own: the
+// middle backward's part 1 writes over it).
 void check_attention_input(api::Validator& v, Role produced, const Config& c, int64_t m,
                            const Rope& rope, const TensorView& attn_norm, const TensorView& w_qkv,
                            const TensorView& qkv, const char* rstd_name, const TensorView& rstd,

@@ -518,14 +518,19 @@ inline MiddleResult run_middle(Maker& make, MiddleProblem& p, DType grad_dtype, 
     part2.dweights.w_out = grads.dweights.w_out;
     part2.dweights.ffn_norm = grads.dweights.ffn_norm;
     part2.dweights.w_gate_up = grads.dweights.w_gate_up;
+    // Part 2 without outputs.qkv, which it does not read (a caller may free it after part 1).
+    llama::MiddleOutputs without_qkv = outputs();
+    without_qkv.qkv = none;
     int i = 0;
     for (const auto& call : {std::pair{llama::Pass::backward_part1, part1},
                              std::pair{llama::Pass::backward_part2, part2}}) {
       HostTensor& ws = ws_parts[i++];
       ws = make.workspace(llama::Layer::middle, call.first, copies);
+      const bool first = call.first == llama::Pass::backward_part1;
       block_call([&] {
-        llama::middle_backward_part(call.first, c, p.weights(), inputs(), outputs(), saved(),
-                                    call.second, accumulate, ws.view());
+        llama::middle_backward_part(call.first, c, p.weights(), inputs(),
+                                    first ? outputs() : without_qkv, saved(), call.second,
+                                    accumulate, ws.view());
       });
     }
   }

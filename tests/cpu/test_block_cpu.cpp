@@ -566,9 +566,9 @@ TEST_F(BlockArguments, BackwardPartsCheckTheirArguments) {
   part1.dweights.attn_norm = d_attn.view();
   part1.dweights.w_qkv = d_qkv.view();
   const auto expect_rejected = [&](llama::Pass part, const llama::MiddleGrads& g,
-                                   const std::string& field) {
+                                   const std::string& field, const llama::MiddleOutputs& out) {
     try {
-      llama::middle_backward_part(part, make.c, p.weights(), inputs(), outputs(), saved(), g, false,
+      llama::middle_backward_part(part, make.c, p.weights(), inputs(), out, saved(), g, false,
                                   ws.view());
       ADD_FAILURE() << "accepted a call that should fail on " << field;
     } catch (const coda::Error& e) {
@@ -579,11 +579,14 @@ TEST_F(BlockArguments, BackwardPartsCheckTheirArguments) {
     EXPECT_TRUE(same_bits(z1, z1_before));
     EXPECT_TRUE(same_bits(r2, r2_before));
   };
-  expect_rejected(llama::Pass::backward_part1, part1, "grads.dweights.w_down"); // absent
+  expect_rejected(llama::Pass::backward_part1, part1, "grads.dweights.w_down", outputs()); // absent
   part1.dweights.w_down = d_down.view();
-  expect_rejected(llama::Pass::backward, part1, "part must be");
+  expect_rejected(llama::Pass::backward, part1, "part must be", outputs());
+  llama::MiddleOutputs without_qkv = outputs(); // part 1 reads qkv (B0); part 2 may go without
+  without_qkv.qkv = {};
+  expect_rejected(llama::Pass::backward_part1, part1, "outputs.qkv", without_qkv);
   llama::MiddleGrads part2{dx.view(), {}, dy0.view(), {}};
-  expect_rejected(llama::Pass::backward_part2, part2, "grads.dweights.w_out");
+  expect_rejected(llama::Pass::backward_part2, part2, "grads.dweights.w_out", without_qkv);
   part1.dy0 = dy0.view(); // the other part's gradients are not looked at
   part1.dy0.shape[1] = 7;
   EXPECT_NO_THROW(llama::middle_backward_part(llama::Pass::backward_part1, make.c, p.weights(),

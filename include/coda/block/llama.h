@@ -182,7 +182,8 @@ CODA_API coda_status coda_llama_middle_backward(
     const coda_tensor* workspace, coda_stream_t stream);
 /* The middle backward in two calls, each allocating its own gradients (coda::llama::
  * middle_backward_part in coda/block/llama.hpp): part CODA_LLAMA_BACKWARD_PART1, then
- * CODA_LLAMA_BACKWARD_PART2, each with a workspace of coda_llama_workspace_size(middle, part). */
+ * CODA_LLAMA_BACKWARD_PART2, each with a workspace of coda_llama_workspace_size(middle, part).
+ * Part 2 does not read outputs->qkv, which may be absent (data NULL). */
 CODA_API coda_status coda_llama_middle_backward_part(
     int32_t part, const coda_llama_config* config, const coda_llama_middle_weights* weights,
     const coda_llama_middle_inputs* inputs, const coda_llama_middle_outputs* outputs,

@@ -235,7 +235,8 @@ void middle_backward(const Config& config, const MiddleWeights& weights, const M
 //     attention norm's rstd, whose one reader, B1, has run).
 //   part 2 (Pass::backward_part2): B5..B8 from what part 1 left in grads.dx, saved.z1 and
 //     saved.r2; writes grads.dx (d loss / d x0), grads.dy0 and grads.dweights.ffn_norm, .w_gate_up
-//     and .w_out.
+//     and .w_out. It does not read outputs.qkv, which may be absent: a caller that holds qkv only
+//     for the backward (attention's backward has run) can free it after part 1.
 // Each part reads and writes only the gradients it names; the others may be absent. Both parts
 // take the whole forward's tensors (weights, inputs, outputs, saved) as middle_backward does, and
 // each its own workspace, workspace_size(Layer::middle, part, config, M) bytes. Part 1 then part
