@@ -35,8 +35,9 @@
 //    hand-over, and the epilogue warpgroup's four warps run RmsNormBackwardStrips warp-local,
 //    each on its own 16 rows of every subtile. Its strip buffers (20 KB with accumulate, 12 KB
 //    without) leave 5 pipeline stages of 32 KB beside the 32 KB staged tile (K7's 6). Registers:
-//    the split of the staged FP8 tile with consumer ops (ScaleByScalar), 192 for the consumers
-//    and 104 for the epilogue warpgroup, 0 spills (ptxas, sm_90a, 2026-12-07).
+//    the split of the staged FP8 tile with consumer ops (ScaleByScalar): 32 for the producer
+//    warpgroup (the TMA thread and the two scale warps), 192 for the consumers and 96 for the
+//    epilogue warpgroup, 0 spills (ptxas, sm_90a, 2026-12-07).
 // set_fused_schedule forces either here too (staged: Fp8StagedShape), with its own rounding.
 #include "gpu/fused/common.cuh"
 
