@@ -17,8 +17,9 @@ measured fwd+bwd on a quiet allocator, gradients None before it:
            tensors: C++ nodes' _saved_* fields, Python nodes' saved_tensors and the tensors
            stashed on them, as torch.compile's backward does), less the inputs and weights,
            split into outputs and the rest ("saved" below)
-  hooks    the same through torch.autograd.graph.saved_tensors_hooks during the forward (eager
-           and coda; the compiled forward's saving is inside its graph, so none for compile)
+  hooks    the same through torch.autograd.graph.saved_tensors_hooks during a forward of its own
+           before the measured one (eager and coda; the compiled forward's saving is inside its
+           graph, so none for compile)
   fwd pk   the forward's peak (max_memory_allocated) above what was allocated before it
   peak     the fwd+bwd peak above the same: the number python -m coda.bench reports as peak MiB
            (there measured over 20 repetitions, plus construction-time allocations)
@@ -217,15 +218,24 @@ def measure(side, resident_tensors, use_hooks, timeline=False):
         return t
 
     resident = resident_keys(resident_tensors)
+    if use_hooks:
+        # What the forward saves, in a pass of its own: under saved-tensor hooks a layer may save
+        # differently (coda's middle op keeps qkv as a saved tensor there and lets it go early
+        # without them: coda.ops._middle_setup), and the measured pass below runs as training does.
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            outs = side.forward()
+        hooked = split({k: (s, d, "") for k, (s, d) in packed.items()}, resident,
+                       resident_keys(tensors_in(outs if isinstance(outs, (list, tuple))
+                                                else (outs,))) - resident)
+        side.backward(outs)
+        del outs
+        side.zero_grad()
+        free()
     base = allocated()
     reset_peak()
     if timeline:
         torch.cuda.memory._record_memory_history(max_entries=1000000)
-    if use_hooks:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            outs = side.forward()
-    else:
-        outs = side.forward()
+    outs = side.forward()
     sync()
     kept = allocated() - base
     fwd_peak = max_allocated() - base
@@ -237,9 +247,7 @@ def measure(side, resident_tensors, use_hooks, timeline=False):
            "graph_saved_outputs": g_out, "graph_saved": g_other,
            "largest": [(b, list(s), str(d), n) for b, (s, d, n) in g_list[:8]]}
     if use_hooks:
-        h_out, h_other, _ = split({k: (s, d, "") for k, (s, d) in packed.items()}, resident,
-                                  outputs)
-        rec["hooks_saved_outputs"], rec["hooks_saved"] = h_out, h_other
+        rec["hooks_saved_outputs"], rec["hooks_saved"] = hooked[0], hooked[1]
     side.backward(outs)
     sync()
     rec["peak"] = max_allocated() - base
