@@ -375,10 +375,8 @@ private:
         // Each column group's block (kBGroups): 128 columns one; 192 the first, the middle
         // group's (the second's where the tile starts mid-block), the second.
         float group_b[kBGroups];
-        if constexpr (kBGroups == 1) {
-          group_b[0] = b[0];
-        } else {
-          group_b[0] = b[0];
+        group_b[0] = b[0];
+        if constexpr (kBGroups > 1) {
           group_b[1] = odd_ ? b[1] : b[0];
           group_b[2] = b[1];
         }
@@ -497,13 +495,11 @@ private:
       const float col_scale = __shfl_sync(0xffffffffu, lane_scale[Map::col(0, i) / arch::kWarpSize],
                                           Map::col(thread, i) % arch::kWarpSize);
 #pragma unroll
-      for (int mb = 0; mb < Accum::kBlocks; ++mb)
-#pragma unroll
-        for (int slot = 0; slot < Map::kRowSlots; ++slot) {
-          const int reg = i + 2 * slot;
-          acc.reg[mb][reg] =
-              fp8_promote(acc.reg[mb][reg], partial.reg[mb][reg], row_scale[slot] * col_scale);
-        }
+      for (int slot = 0; slot < Map::kRowSlots; ++slot) {
+        const int reg = i + 2 * slot;
+        acc.reg[0][reg] =
+            fp8_promote(acc.reg[0][reg], partial.reg[0][reg], row_scale[slot] * col_scale);
+      }
     }
   }
 
