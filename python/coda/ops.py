@@ -596,12 +596,24 @@ def _middle_backward_impl(
     precision: int,
     fp8_weights: List[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    return _middle_backward_in_parts(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down,
+                                     attn_norm, w_qkv, positions, inv_freq, x2, [qkv], x1, z1,
+                                     r1, r2, n_heads, n_kv_heads, head_dim, eps, precision,
+                                     fp8_weights)
+
+
+def _middle_backward_in_parts(dx2, dqkv, x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm,
+                              w_qkv, positions, inv_freq, x2, qkv_holder, x1, z1, r1, r2,
+                              n_heads, n_kv_heads, head_dim, eps, precision, fp8_weights):
+    """The middle backward as its two C calls. qkv comes in a one-item list that is emptied
+    after part 1, the only part that reads it: where the list held the last reference (the eager
+    op, _middle_backward), qkv's memory is free for part 2's gradients."""
     m, d, f = x0.shape[0], x0.shape[-1], w_down.shape[-1]
     cfg = _c_config(d, f, n_heads, n_kv_heads, head_dim, 0, eps, precision=precision)
     dx = dx2.clone(memory_format=torch.contiguous_format)  # in: d/d x2, out: d/d x0
     w, inputs, outputs, saved = _middle_tensors(x0, y0, w_out, ffn_norm, w_gate_up, w_down,
-                                                attn_norm, w_qkv, positions, inv_freq, x2, qkv,
-                                                x1, z1, r1, r2, fp8_weights)
+                                                attn_norm, w_qkv, positions, inv_freq, x2,
+                                                qkv_holder[0], x1, z1, r1, r2, fp8_weights)
 
     def empty(t):
         return torch.empty_like(t, memory_format=torch.contiguous_format)
@@ -612,6 +624,10 @@ def _middle_backward_impl(
     d_down, d_attn, d_qkv = empty(w_down), empty(attn_norm), empty(w_qkv)
     grads = T.pack(L.LlamaMiddleGrads, dx, dqkv, None, None, None, None, d_down, d_attn, d_qkv)
     _run_layer("middle", L.LLAMA_BACKWARD_PART1, cfg, m, x0, w, inputs, outputs, saved, grads)
+    # Part 2 does not read qkv (coda/block/llama.hpp: outputs.qkv may be absent there). Freed
+    # memory is reused in stream order: part 1's kernels are queued before anything reuses it.
+    del qkv_holder[0]
+    outputs = T.pack(L.LlamaMiddleOutputs, x2, None)
     dy0, d_out, d_ffn, d_gate_up = empty(y0), empty(w_out), empty(ffn_norm), empty(w_gate_up)
     grads = T.pack(L.LlamaMiddleGrads, dx, None, dy0, d_out, d_ffn, d_gate_up, None, None, None)
     _run_layer("middle", L.LLAMA_BACKWARD_PART2, cfg, m, x0, w, inputs, outputs, saved, grads)
@@ -663,12 +679,50 @@ def _overwritable(saved, index):
     return t.clone() if _traced(t) else t
 
 
+def _saved_tensors_hooked():
+    """True where saved-tensor hooks are active (activation checkpointing, CPU offload, a user's
+    torch.autograd.graph.saved_tensors_hooks), or where that cannot be told: every tensor the
+    backward reads must then go through them."""
+    autograd = getattr(torch._C, "_autograd", None)
+    top = getattr(autograd, "_top_saved_tensors_default_hooks", None)
+    if top is None:
+        return True
+    try:
+        return top(False) is not None
+    except RuntimeError:  # hooks disabled (torch.autograd.graph.disable_saved_tensors_hooks)
+        return True
+
+
 def _middle_setup(ctx, inputs, output):
     x2, qkv, x1, z1, r1, r2 = output
     _grads_only(ctx, x1, z1, r1, r2)
-    ctx.save_for_backward(*inputs[:10], x2, qkv, x1, z1, r1, r2, *inputs[15])
+    # Eager and unhooked, qkv (the op's output, 2 x (H + 2 KV) HD bytes a token) is kept beside
+    # the saved tensors, as a detached alias (no reference cycle through its grad_fn), so that
+    # the backward can drop it after the part that reads it: autograd holds a node's saved
+    # tensors until its whole backward returns, and qkv and autograd's dqkv were the two largest
+    # tensors at the block's peak (docs/PERFORMANCE.md, block-8b +attn). Its version is checked
+    # as autograd checks a saved tensor's. Traced or hooked, it is saved as usual.
+    kept_aside = not _traced(qkv) and not _saved_tensors_hooked()
+    if kept_aside:
+        ctx.coda_qkv, ctx.coda_qkv_version = qkv.detach(), qkv._version
+    ctx.save_for_backward(*inputs[:10], x2, None if kept_aside else qkv, x1, z1, r1, r2,
+                          *inputs[15])
     ctx.cfg = tuple(inputs[10:15])
     ctx.coda_fp8_count = len(inputs[15])
+
+
+def _take_kept_qkv(ctx):
+    """The middle op's qkv kept aside by _middle_setup, as a one-item list holding the only
+    reference left (ctx's is dropped), after the check autograd makes on a saved tensor."""
+    qkv = ctx.coda_qkv
+    del ctx.coda_qkv
+    if qkv._version != ctx.coda_qkv_version:
+        raise RuntimeError(
+            "coda: qkv, an output of llama_middle that its backward reads, was modified by an "
+            "in-place operation (version %d; expected version %d instead). Apply the change "
+            "out of place (e.g. q = q * s, not q.mul_(s)), or clone qkv before changing it."
+            % (qkv._version, ctx.coda_qkv_version))
+    return [qkv]
 
 
 def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
@@ -677,9 +731,21 @@ def _middle_backward(ctx, dx2, dqkv, *_saved_grads):
     _consume_saved(ctx)
     saved = list(ctx.saved_tensors)
     saved, fp8_weights = saved[:16], saved[16:]
-    x2, qkv = saved[10], saved[11]
+    x2 = saved[10]
     saved[13], saved[15] = _overwritable(saved, 13), _overwritable(saved, 15)  # z1, r2
-    grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg, fp8_weights)
+    if hasattr(ctx, "coda_qkv"):
+        # Eager (_middle_setup): the implementation itself, so that no caller's frame or
+        # dispatcher argument keeps qkv alive through part 2; without grad mode, as the op's
+        # call (which has no autograd formula) records nothing even under create_graph.
+        holder = _take_kept_qkv(ctx)
+        dqkv = _dense(dqkv, holder[0])
+        with torch.no_grad():
+            grads = _middle_backward_in_parts(_dense(dx2, x2), dqkv, *saved[:11], holder,
+                                              *saved[12:], *ctx.cfg, fp8_weights)
+    else:
+        qkv = saved[11]
+        grads = _run(_MIDDLE_BWD, _dense(dx2, x2), _dense(dqkv, qkv), *saved, *ctx.cfg,
+                     fp8_weights)
     dx0, dy0 = grads[0], grads[1]
     # inputs: x0, y0, 6 weights, positions, inv_freq, 5 non-tensors (n_heads .. precision),
     # fp8_weights

@@ -11,6 +11,8 @@
   phase that overwrote a tensor still to be read would show here).
 """
 
+import contextlib
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -229,6 +231,62 @@ def test_middle_backward_calls_its_two_parts(device, precision, monkeypatch):
                      ("llama_middle_backward_part", L.LLAMA_BACKWARD_PART2, code)], calls
     for leaf, g in zip(ls, grads):
         assert g.shape == leaf.shape and bool(torch.isfinite(g).all()), ctx(precision)
+
+
+def _middle_through_qkv(gen, device, hooked):
+    """The middle op's leaves, outputs and a loss reading x2 and qkv through ops that save
+    neither (a cast; a product with a constant saves only the constant), recorded under
+    pass-through saved-tensor hooks when `hooked`."""
+    x0, y0, w, positions, inv_freq = middle_setup(gen, device)
+    positions = positions.to(torch.int32)
+    ls = _leaves([x0, y0] + [w[n] for n in ops.MIDDLE_WEIGHTS])
+    hooks = (torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t) if hooked
+             else contextlib.nullcontext())
+    with hooks:
+        x2, qkv = ops.llama_middle(ls[0], ls[1], tuple(ls[2:]), positions, inv_freq, BLOCK)
+        seed = R.uniform(qkv.shape, -1, 1, gen, dtype=torch.float32, device=device)
+        loss = x2.float().sum() + (qkv.float() * seed).sum()
+    return ls, x2, qkv, loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_middle_backward_lets_qkv_go_before_part_2(device, monkeypatch):
+    """Eager, the middle op keeps its output qkv outside autograd's saved tensors and drops it
+    after the backward's part 1, its only reader, so part 2's gradients can take its memory
+    (block-8b +attn's peak held it, docs/PERFORMANCE.md). Under saved-tensor hooks (activation
+    checkpointing, offload) qkv is saved, and alive, as every other tensor. The gradients are the
+    same bits either way."""
+    from torch.utils.weak import StorageWeakRef
+
+    real, alive_at_part_2 = ops._run_layer, []
+
+    def run_layer(layer, pass_, *args):
+        if pass_ == L.LLAMA_BACKWARD_PART2:
+            alive_at_part_2.append(not qkv_storage.expired())
+        return real(layer, pass_, *args)
+
+    monkeypatch.setattr(ops, "_run_layer", run_layer)
+    grads = {}
+    for hooked in (False, True):
+        ls, x2, qkv, loss = _middle_through_qkv(R.generator(SEED, 48), device, hooked)
+        qkv_storage = StorageWeakRef(qkv.untyped_storage())
+        del x2, qkv  # the caller's references: only the graph's are left
+        grads[hooked] = torch.autograd.grad(loss, ls)
+        assert alive_at_part_2 == [hooked], ctx("hooked %s: %s" % (hooked, alive_at_part_2))
+        alive_at_part_2.clear()
+    for a, b in zip(grads[False], grads[True]):
+        assert torch.equal(a, b), ctx("gradients with qkv kept aside and saved differ")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_middle_backward_refuses_a_qkv_changed_in_place(device):
+    """qkv changed in place after the forward: the backward, which reads it, raises as autograd
+    does for a modified saved tensor (qkv kept aside, eager), instead of using the new values."""
+    ls, x2, qkv, loss = _middle_through_qkv(R.generator(SEED, 49), device, hooked=False)
+    with torch.no_grad():
+        qkv.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an in-?place operation"):
+        torch.autograd.grad(loss, ls)
 
 
 def _wgrad(dy, x, alpha=None):
