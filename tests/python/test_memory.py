@@ -256,7 +256,7 @@ def test_middle_backward_lets_qkv_go_before_part_2(device, monkeypatch):
     (block-8b +attn's peak held it, docs/PERFORMANCE.md). Under saved-tensor hooks (activation
     checkpointing, offload) qkv is saved, and alive, as every other tensor. The gradients are the
     same bits either way."""
-    from torch.utils.weak import StorageWeakRef
+    from torch.multiprocessing.reductions import StorageWeakRef
 
     real, alive_at_part_2 = ops._run_layer, []
 
