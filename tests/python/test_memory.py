@@ -256,6 +256,9 @@ def test_middle_backward_lets_qkv_go_before_part_2(device, monkeypatch):
     (block-8b +attn's peak held it, docs/PERFORMANCE.md). Under saved-tensor hooks (activation
     checkpointing, offload) qkv is saved, and alive, as every other tensor. The gradients are the
     same bits either way."""
+    if ops._saved_tensors_hooked():
+        pytest.skip("this torch cannot tell whether saved-tensor hooks are active (no "
+                    "torch._C._autograd._top_saved_tensors_default_hooks): qkv is always saved")
     from torch.multiprocessing.reductions import StorageWeakRef
 
     real, alive_at_part_2 = ops._run_layer, []
