@@ -33,10 +33,11 @@ copies of its GEMM weights (``llama_fp8_weights``; an empty list: the op quantiz
 
 The functions at the bottom (``gemm``, ``llama_first``, ``llama_middle``, ``llama_last``, ...)
 are the Python-friendly entry points: they convert positions/targets, accept weights as a dict
-or tuple and return only the user-facing outputs. Eager calls may skip the dispatcher
-(``set_eager_bypass(True)`` or ``CODA_EAGER_BYPASS=1``): the same implementation and autograd
-formulas run through a plain ``torch.autograd.Function``; under torch.compile the custom ops
-are always used.
+or tuple and return only the user-facing outputs. Plain eager calls skip the dispatcher (unless
+``set_eager_bypass(False)`` or ``CODA_EAGER_BYPASS=0``): the same implementation and autograd
+formulas run through a plain ``torch.autograd.Function``; under torch.compile, a torch function
+or dispatch mode, a functorch transform or with tensor subclasses among the arguments the custom
+ops are used.
 """
 
 import os
@@ -155,15 +156,23 @@ def _f32(t):
 
 # ---------------------------------------------------------------------------------------------
 # Op definition: the custom op, and the same implementation behind an autograd.Function for the
-# optional eager bypass.
+# eager bypass.
+#
+# Plain eager calls skip torch.library's dispatcher by default: its autograd wrapper, redispatch
+# and backend wrapper are host time the GPU waits for when a pass is short (about 0.1 ms of a
+# Llama-1B layer's 1.5 ms forward, docs/python.md "Host time per call"), and in plain eager code
+# nothing needs them. Where something does (torch.compile, a torch function or dispatch mode such
+# as FakeTensorMode or FlopCounterMode, a functorch transform, a tensor subclass such as DTensor
+# among the arguments), calls go through the dispatcher (_plain_eager). CODA_EAGER_BYPASS=0 or
+# set_eager_bypass(False) sends every call through it.
 
-_EAGER_BYPASS = os.environ.get("CODA_EAGER_BYPASS", "0") not in ("", "0")
+_EAGER_BYPASS = os.environ.get("CODA_EAGER_BYPASS", "1") not in ("", "0")
 
 
 def set_eager_bypass(enabled=True):
-    """Eager (not compiled) calls of the functional API skip the torch dispatcher, running the
-    same implementation and autograd formulas through a plain autograd.Function. Returns the
-    previous setting."""
+    """Whether plain eager calls of the functional API skip the torch dispatcher (the default),
+    running the same implementation and autograd formulas through a plain autograd.Function.
+    Returns the previous setting."""
     global _EAGER_BYPASS
     previous, _EAGER_BYPASS = _EAGER_BYPASS, bool(enabled)
     return previous
@@ -219,14 +228,46 @@ def _needs_input_grad(ctx):
     return getattr(ctx, "coda_needs_input_grad", None) or ctx.needs_input_grad
 
 
-def _bypassing():
-    return _EAGER_BYPASS and not _compiling()
+# nn.Parameter is a plain tensor here (a model's weights); any other subclass may rely on the
+# dispatcher (__torch_dispatch__ / __torch_function__).
+_PLAIN_TENSOR_TYPES = (Tensor, torch.nn.Parameter)
+
+
+def _no_mode_or_transform():
+    """No torch function mode, dispatch mode or functorch transform is active (each would see a
+    dispatcher call, and not a bypassed one, as one op). False where torch cannot tell."""
+    C = torch._C
+    try:
+        return (C._len_torch_function_stack() == 0 and C._len_torch_dispatch_stack() == 0
+                and not C._are_functorch_transforms_active())
+    except AttributeError:
+        return False
+
+
+def _plain_arguments(args):
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            if not _plain_arguments(a):
+                return False
+        elif isinstance(a, Tensor) and type(a) not in _PLAIN_TENSOR_TYPES:
+            return False
+    return True
+
+
+def _plain_eager(args):
+    """A call the eager bypass may take: not traced by a compiler, no mode or transform active,
+    only plain tensors (and parameters) among the arguments."""
+    return not _compiling() and _no_mode_or_transform() and _plain_arguments(args)
+
+
+def _bypassing(args=()):
+    return _EAGER_BYPASS and _plain_eager(args)
 
 
 def _run(spec, *args):
-    """Call an op: through the dispatcher, or (eager bypass, or a torch without custom ops) its
-    implementation directly."""
-    if spec.op is not None and not _bypassing():
+    """Call an op: through the dispatcher, or (the eager bypass, or a torch without custom ops)
+    its implementation directly, under its autograd.Function where a gradient is needed."""
+    if spec.op is not None and not _bypassing(args):
         return spec.op(*args)
     if (
         spec.backward is not None

@@ -434,6 +434,65 @@ def test_gpu_head_dim_96_is_not_supported():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_plain_eager_calls_skip_the_dispatcher_and_the_rest_take_it(device, monkeypatch):
+    """By default a plain eager call runs the bypass; under a dispatch or function mode, with a
+    tensor subclass among the arguments, or with the bypass turned off, the same call goes
+    through the custom op (a dispatch mode sees it as one op), with the same result."""
+    if not ops.HAS_CUSTOM_OPS:
+        pytest.skip("torch without custom ops always runs the bypass")
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    gen = R.generator(SEED, 18)
+    a = R.uniform((32, 64), -1, 1, gen, device=device)
+    b = R.uniform((48, 64), -1, 1, gen, device=device)
+    through = []
+    real = ops._GEMM.op
+
+    def counted(*args):
+        through.append(len(args))
+        return real(*args)
+
+    monkeypatch.setattr(ops._GEMM, "op", counted)
+    plain = ops.gemm(a, b)
+    assert through == [], "a plain eager call went through the dispatcher"
+    assert ops._bypassing((a, [b], torch.nn.Parameter(b)))
+
+    class Seen(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class Passing(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Seen() as seen:
+        under_mode = ops.gemm(a, b)
+    assert through == [7] and "coda.gemm.default" in seen.ops, seen.ops  # the 7 arguments
+    with Passing():
+        assert torch.equal(ops.gemm(a, b), plain)
+    assert len(through) == 2
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not ops._bypassing((a.as_subclass(Sub),))
+    assert not ops._bypassing(([a, b.as_subclass(Sub)],))
+    previous = ops.set_eager_bypass(False)
+    try:
+        assert torch.equal(ops.gemm(a, b), plain)
+    finally:
+        ops.set_eager_bypass(previous)
+    assert len(through) == 3
+    assert torch.equal(under_mode, plain)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_eager_bypass_is_bitwise_equal(device):
     if not ops.HAS_CUSTOM_OPS:
         pytest.skip("torch without custom ops always runs the bypass")

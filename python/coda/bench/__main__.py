@@ -53,8 +53,9 @@ def parse_args(argv):
                    help="override every case's shape (tiny: a smoke run of a few ms)")
     p.add_argument("--compile-mode", default=None,
                    help="torch.compile mode (default: torch's default mode)")
-    p.add_argument("--coda-eager-bypass", action="store_true",
-                   help="coda's eager calls skip the torch dispatcher (coda.ops.set_eager_bypass)")
+    p.add_argument("--coda-dispatcher", action="store_true",
+                   help="coda's eager calls through the torch dispatcher, not the eager bypass "
+                        "they take by default (coda.ops.set_eager_bypass(False))")
     p.add_argument("--host-ahead", action="store_true",
                    help="keep the GPU busy (filler GEMMs) while the host issues each timed "
                         "pass, so that the times are the GPU's work alone, as in a training "
@@ -118,10 +119,12 @@ def main(argv=None):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 64))
 
-    if args.coda_eager_bypass and {"coda", "coda_fp8"} & set(sides):
+    # coda's eager calls: the eager bypass (coda.ops' default) unless --coda-dispatcher.
+    args.coda_eager_bypass = not args.coda_dispatcher
+    if {"coda", "coda_fp8"} & set(sides):
         from . import coda_adapter
 
-        coda_adapter.set_eager_bypass(True)
+        coda_adapter.set_eager_bypass(args.coda_eager_bypass)
     if args.fp8:
         return main_fp8(args, cases, opts)
     out = args.out or report.default_out()
