@@ -26,7 +26,8 @@ import torch  # noqa: E402
 from coda import _lib as L  # noqa: E402
 from coda.bench import runner, sides  # noqa: E402
 
-STUBBED = ("coda_llama_middle_forward", "coda_llama_middle_backward")
+STUBBED = ("coda_llama_middle_forward", "coda_llama_middle_backward",
+           "coda_llama_middle_backward_part")
 
 
 class _Stubbed:
