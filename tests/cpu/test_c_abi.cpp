@@ -2,6 +2,7 @@
 // bit, the gate/up converters as documented, and coda_last_error()'s per-thread contract.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -415,6 +416,34 @@ struct QuantizerOutputs {
            scales_t.guard_intact();
   }
 
+  // A C quantizer (`call(args)` returns its status) writes the C++ entry point's bytes (`want`:
+  // codes, scales, codes_t, scales_t) over these outputs with `both` (every copy given) and the
+  // row copy's alone with `rows_only` (codes_t and scales_t absent), the transposed copy then
+  // untouched.
+  template <class Args, class Call>
+  void expect_written_as(Call call, const Args& both, const Args& rows_only,
+                         const std::array<test::HostTensor*, 4>& want) {
+    fill();
+    ASSERT_EQ(call(&both), CODA_OK) << coda_last_error();
+    EXPECT_EQ(bytes(codes), bytes(*want[0]));
+    EXPECT_EQ(bytes(scales), bytes(*want[1]));
+    EXPECT_EQ(bytes(codes_t), bytes(*want[2]));
+    EXPECT_EQ(bytes(scales_t), bytes(*want[3]));
+    fill();
+    ASSERT_EQ(call(&rows_only), CODA_OK) << coda_last_error();
+    EXPECT_EQ(bytes(codes), bytes(*want[0]));
+    EXPECT_EQ(bytes(scales), bytes(*want[1]));
+    EXPECT_TRUE(transposed_untouched()) << "an absent copy was written";
+  }
+  // A bad call returns `status` with `message` among the last error's words and writes nothing.
+  template <class Args, class Call>
+  void expect_rejected(Call call, const Args& bad, coda_status status, const char* message) {
+    fill();
+    EXPECT_EQ(call(&bad), status);
+    EXPECT_TRUE(last_error_contains(message));
+    EXPECT_TRUE(all_untouched()) << "a rejected call wrote an output: " << message;
+  }
+
 private:
   static size_t size(test::HostTensor& t) { return size_t(t.numel()); }
 };
@@ -436,7 +465,6 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
       test::HostTensor(DType::e4m3, {N, K}), test::HostTensor(DType::e8m0, {nb, kb}),
       test::HostTensor(DType::e4m3, {K, N}), test::HostTensor(DType::e8m0, {kb, nb})};
   auto &codes = out.codes, &scales = out.scales, &codes_t = out.codes_t, &scales_t = out.scales_t;
-  const auto bytes = &QuantizerOutputs::bytes;
 
   const coda_device host = CODA_DEVICE_CPU;
   const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
@@ -448,41 +476,29 @@ TEST(CAbi, QuantizeWeightFp8MatchesCppApiAndRejectsBadInput) {
   ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, N, host);
   ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, kb, nb, host);
 
-  out.fill();
-  ASSERT_EQ(coda_quantize_weight_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
-  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
-  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
-  EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
-
-  out.fill();
-  ASSERT_EQ(coda_quantize_weight_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
-  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
-  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_TRUE(out.transposed_untouched()) << "an absent copy was written";
-
-  const auto expect_rejected = [&](const coda_quantize_weight_fp8_args& bad, coda_status status,
-                                   const char* message) {
-    out.fill();
-    EXPECT_EQ(coda_quantize_weight_fp8(&bad, nullptr), status);
-    EXPECT_TRUE(last_error_contains(message));
-    EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
+  const auto call = [](const coda_quantize_weight_fp8_args* args) {
+    return coda_quantize_weight_fp8(args, nullptr);
   };
+  out.expect_written_as(call, ca, without_t,
+                        {&cpp.codes, &cpp.scales, &cpp.codes_t, &cpp.scales_t});
+
   coda_quantize_weight_fp8_args bad = ca;
   bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
-  expect_rejected(bad, CODA_TYPE_ERROR, "quantize_weight_fp8: scales must be e8m0; got f32");
+  out.expect_rejected(call, bad, CODA_TYPE_ERROR,
+                      "quantize_weight_fp8: scales must be e8m0; got f32");
   bad = ca;
   bad.scales_t.shape[0] = nb, bad.scales_t.shape[1] = kb; // the shape of scales, not transposed
-  expect_rejected(bad, CODA_INVALID_ARGUMENT,
-                  "scales_t must have shape [ceil(K/128), ceil(N/128)] = [3, 2]; got [2, 3]");
+  out.expect_rejected(call, bad, CODA_INVALID_ARGUMENT,
+                      "scales_t must have shape [ceil(K/128), ceil(N/128)] = [3, 2]; got [2, 3]");
   bad = without_t;
   bad.scales_t = ca.scales_t;
-  expect_rejected(bad, CODA_INVALID_ARGUMENT,
-                  "quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or "
-                  "neither");
+  out.expect_rejected(call, bad, CODA_INVALID_ARGUMENT,
+                      "quantize_weight_fp8: scales_t is given but codes_t is absent; pass both or "
+                      "neither");
   bad = ca;
   bad.w.shape[1] = bad.codes.shape[1] = K - 8; // rows still K elements apart
-  expect_rejected(bad, CODA_NOT_SUPPORTED, "quantize_weight_fp8: K must be a multiple of 16");
+  out.expect_rejected(call, bad, CODA_NOT_SUPPORTED,
+                      "quantize_weight_fp8: K must be a multiple of 16");
   EXPECT_TRUE(out.guards_intact());
   EXPECT_EQ(coda_quantize_weight_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_weight_fp8: args is NULL");
@@ -673,7 +689,6 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
       test::HostTensor(DType::e4m3, {M, K}), test::HostTensor(DType::e8m0, {M, kb}),
       test::HostTensor(DType::e4m3, {K, M}), test::HostTensor(DType::e8m0, {K, mb})};
   auto &codes = out.codes, &scales = out.scales, &codes_t = out.codes_t, &scales_t = out.scales_t;
-  const auto bytes = &QuantizerOutputs::bytes;
 
   const coda_device host = CODA_DEVICE_CPU;
   const auto ptr = [](test::HostTensor& t) { return t.host_view().data; };
@@ -685,45 +700,33 @@ TEST(CAbi, QuantizeActivationFp8MatchesCppApiAndRejectsBadInput) {
   ca.codes_t = coda_matrix(ptr(codes_t), CODA_E4M3, K, M, host);
   ca.scales_t = coda_matrix(ptr(scales_t), CODA_E8M0, K, mb, host);
 
-  out.fill();
-  ASSERT_EQ(coda_quantize_activation_fp8(&ca, nullptr), CODA_OK) << coda_last_error();
-  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
-  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_EQ(bytes(codes_t), bytes(cpp.codes_t));
-  EXPECT_EQ(bytes(scales_t), bytes(cpp.scales_t));
-
-  out.fill();
-  ASSERT_EQ(coda_quantize_activation_fp8(&without_t, nullptr), CODA_OK) << coda_last_error();
-  EXPECT_EQ(bytes(codes), bytes(cpp.codes));
-  EXPECT_EQ(bytes(scales), bytes(cpp.scales));
-  EXPECT_TRUE(out.transposed_untouched()) << "an absent copy was written";
-
-  const auto expect_rejected = [&](const coda_quantize_activation_fp8_args& bad, coda_status status,
-                                   const char* message) {
-    out.fill();
-    EXPECT_EQ(coda_quantize_activation_fp8(&bad, nullptr), status);
-    EXPECT_TRUE(last_error_contains(message));
-    EXPECT_TRUE(out.all_untouched()) << "a rejected call wrote an output: " << message;
+  const auto call = [](const coda_quantize_activation_fp8_args* args) {
+    return coda_quantize_activation_fp8(args, nullptr);
   };
+  out.expect_written_as(call, ca, without_t,
+                        {&cpp.codes, &cpp.scales, &cpp.codes_t, &cpp.scales_t});
+
   coda_quantize_activation_fp8_args bad = ca;
   bad.scales.dtype = CODA_F32; // fp32 scales: the C ABI writes E8M0 bytes
-  expect_rejected(bad, CODA_TYPE_ERROR, "quantize_activation_fp8: scales must be e8m0; got f32");
+  out.expect_rejected(call, bad, CODA_TYPE_ERROR,
+                      "quantize_activation_fp8: scales must be e8m0; got f32");
   bad = ca;
   bad.scales_t.shape[0] = kb, bad.scales_t.shape[1] = mb; // a weight's layout, one per block
-  expect_rejected(bad, CODA_INVALID_ARGUMENT,
-                  "scales_t must have shape [K, ceil(M/128)] = [304, 2]; got [3, 2]");
+  out.expect_rejected(call, bad, CODA_INVALID_ARGUMENT,
+                      "scales_t must have shape [K, ceil(M/128)] = [304, 2]; got [3, 2]");
   bad = without_t;
   bad.scales_t = ca.scales_t;
-  expect_rejected(bad, CODA_INVALID_ARGUMENT,
-                  "quantize_activation_fp8: scales_t is given but codes_t is absent; pass both "
-                  "or neither");
+  out.expect_rejected(call, bad, CODA_INVALID_ARGUMENT,
+                      "quantize_activation_fp8: scales_t is given but codes_t is absent; pass both "
+                      "or neither");
   bad = ca;
   bad.x.shape[1] = bad.codes.shape[1] = bad.codes_t.shape[0] = K - 8; // rows still K apart
-  expect_rejected(bad, CODA_NOT_SUPPORTED, "quantize_activation_fp8: K must be a multiple of 16");
+  out.expect_rejected(call, bad, CODA_NOT_SUPPORTED,
+                      "quantize_activation_fp8: K must be a multiple of 16");
   bad = ca; // the first 200 rows, with the transposed copy's rows still M codes apart
   bad.x.shape[0] = bad.codes.shape[0] = bad.scales.shape[0] = bad.codes_t.shape[1] = M - 8;
-  expect_rejected(bad, CODA_NOT_SUPPORTED,
-                  "quantize_activation_fp8: M must be a multiple of 16 when codes_t is given");
+  out.expect_rejected(call, bad, CODA_NOT_SUPPORTED,
+                      "quantize_activation_fp8: M must be a multiple of 16 when codes_t is given");
   EXPECT_TRUE(out.guards_intact());
   EXPECT_EQ(coda_quantize_activation_fp8(nullptr, nullptr), CODA_INVALID_ARGUMENT);
   EXPECT_STREQ(coda_last_error(), "coda_quantize_activation_fp8: args is NULL");
