@@ -264,11 +264,23 @@ def _bypassing(args=()):
     return _EAGER_BYPASS and _plain_eager(args)
 
 
+_profiling = getattr(torch.autograd, "_profiler_enabled", lambda: False)
+
+
 def _run(spec, *args):
     """Call an op: through the dispatcher, or (the eager bypass, or a torch without custom ops)
-    its implementation directly, under its autograd.Function where a gradient is needed."""
+    its implementation directly, under its autograd.Function where a gradient is needed. While
+    the torch profiler records, a bypassed call is a range named as the op (coda::<name>), as a
+    dispatcher call is an op of that name."""
     if spec.op is not None and not _bypassing(args):
         return spec.op(*args)
+    if _profiling():
+        with torch.autograd.profiler.record_function("coda::" + spec.name):
+            return _run_bypassed(spec, args)
+    return _run_bypassed(spec, args)
+
+
+def _run_bypassed(spec, args):
     if (
         spec.backward is not None
         and torch.is_grad_enabled()

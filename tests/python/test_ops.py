@@ -492,6 +492,22 @@ def test_plain_eager_calls_skip_the_dispatcher_and_the_rest_take_it(device, monk
     assert torch.equal(under_mode, plain)
 
 
+def test_a_bypassed_call_is_named_in_the_profiler():
+    """Under the torch profiler a bypassed call records a range named as its op (coda::gemm), as
+    a dispatcher call records the op itself."""
+    gen = R.generator(SEED, 19)
+    a = R.uniform((32, 64), -1, 1, gen)
+    b = R.uniform((48, 64), -1, 1, gen)
+    previous = ops.set_eager_bypass(True)
+    try:
+        with torch.profiler.profile() as prof:
+            ops.gemm(a, b)
+    finally:
+        ops.set_eager_bypass(previous)
+    names = [e.key for e in prof.key_averages()]
+    assert any(n.startswith("coda::gemm") for n in names), names
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_eager_bypass_is_bitwise_equal(device):
     if not ops.HAS_CUSTOM_OPS:
