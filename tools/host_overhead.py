@@ -80,7 +80,9 @@ def main():
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--iters", type=int, default=2000)
     p.add_argument("--real", action="store_true", help="run the CPU kernels (no stub)")
-    p.add_argument("--bypass", action="store_true", help="coda.ops.set_eager_bypass(True)")
+    p.add_argument("--dispatcher", action="store_true",
+                   help="coda's calls through the torch dispatcher, not the eager bypass they take "
+                        "by default (coda.ops.set_eager_bypass(False); torch >= 2.4)")
     p.add_argument("--cprofile", action="store_true", help="profile coda's fwd+bwd")
     args = p.parse_args()
 
@@ -91,10 +93,10 @@ def main():
     inputs = sides.BlockInputs(cfg, args.tokens, 1, attention=False, device="cpu")
     coda_side = sides.CodaBlockSide(ref, inputs)
     native_side = sides.NativeBlockSide(coda_side)
-    if args.bypass:
+    if args.dispatcher:
         import coda.ops
 
-        coda.ops.set_eager_bypass(True)
+        coda.ops.set_eager_bypass(False)
     if not args.real:
         L._lib = _Stubbed(L.load())
 

@@ -260,7 +260,7 @@ def _plain_eager(args):
     return not _compiling() and _no_mode_or_transform() and _plain_arguments(args)
 
 
-def _bypassing(args=()):
+def _bypassing(args):
     return _EAGER_BYPASS and _plain_eager(args)
 
 
