@@ -9,7 +9,14 @@ reports the median wall time of fwd, bwd and fwd+bwd per side: coda's minus nati
 integration's own host time. --real calls the CPU kernels instead (then the kernels dominate);
 --cprofile prints where coda's fwd+bwd spends it.
 
+--timeline says where in a pass the host time goes, on the device the tensors are on (--device
+cuda on the GPU machine: the real kernels, each repetition starting from an idle, synchronized
+GPU as the benchmark's timing does): for each side and pass, the median microseconds from the
+pass's start to each C call's entry and exit, and to the pass's return. What precedes the first
+C call's entry is host latency the GPU waits for; native's is the floor.
+
     python3 tools/host_overhead.py [--shape tiny|1b] [--tokens 128] [--iters 2000]
+    python3 tools/host_overhead.py --device cuda --shape 1b --tokens 8192 --iters 20 --timeline
 """
 import argparse
 import cProfile
@@ -74,6 +81,45 @@ def _passes(side, iters):
             (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both))}
 
 
+def _timeline(side, pass_name, iters, device):
+    """[(event, median us from the pass's start)]: each C call's entry ("> name") and exit
+    ("< name"), then the pass's return; every repetition starts from a synchronized device."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    marks = []
+    call = L.call
+
+    def timed_call(name, *args):
+        marks.append(("> " + name[len("coda_"):], time.perf_counter()))
+        call(name, *args)
+        marks.append(("< " + name[len("coda_"):], time.perf_counter()))
+
+    L.call = timed_call
+    try:
+        runs = []
+        for _ in range(iters + 3):
+            side.zero_grad()
+            prepare = getattr(side, "prepare", None)
+            if prepare is not None:
+                prepare()
+            state = side.forward() if pass_name == "bwd" else None
+            sync()
+            del marks[:]
+            t0 = time.perf_counter()
+            if pass_name == "fwd":
+                state = side.forward()
+            else:
+                side.backward(state)
+            marks.append(("return", time.perf_counter()))
+            sync()
+            runs.append([(event, (t - t0) * 1e6) for event, t in marks])
+            del state
+    finally:
+        L.call = call
+    runs = runs[3:]  # warm-up
+    return [(runs[0][i][0], statistics.median(r[i][1] for r in runs))
+            for i in range(len(runs[0]))]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tiny", choices=sorted(runner.SHAPES))
@@ -84,25 +130,40 @@ def main():
                    help="coda's calls through the torch dispatcher, not the eager bypass they take "
                         "by default (coda.ops.set_eager_bypass(False); torch >= 2.4)")
     p.add_argument("--cprofile", action="store_true", help="profile coda's fwd+bwd")
+    p.add_argument("--timeline", action="store_true",
+                   help="each C call's entry and exit in a pass (median us from its start)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="cuda: the GPU machine's real kernels (implies no stub)")
     args = p.parse_args()
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
     cfg = runner.RefConfig(num_hidden_layers=1, **runner.SHAPES[args.shape])
-    ref = sides.build_reference_block(cfg, attention=False, device="cpu")
-    inputs = sides.BlockInputs(cfg, args.tokens, 1, attention=False, device="cpu")
+    ref = sides.build_reference_block(cfg, attention=False, device=args.device)
+    inputs = sides.BlockInputs(cfg, args.tokens, 1, attention=False, device=args.device)
     coda_side = sides.CodaBlockSide(ref, inputs)
     native_side = sides.NativeBlockSide(coda_side)
     if args.dispatcher:
         import coda.ops
 
         coda.ops.set_eager_bypass(False)
-    if not args.real:
+    real = args.real or args.device == "cuda"
+    if not real:
         L._lib = _Stubbed(L.load())
 
-    print("torch %s, shape %s, %d tokens, %s, %d iterations (median ms)"
+    print("torch %s, shape %s, %d tokens, %s, %d iterations (median %s)"
           % (torch.__version__, args.shape, args.tokens,
-             "CPU kernels" if args.real else "C calls stubbed", args.iters))
+             ("%s kernels" % args.device) if real else "C calls stubbed", args.iters,
+             "us from the pass's start" if args.timeline else "ms"))
+    if args.timeline:
+        for name, side in (("coda", coda_side), ("native", native_side)):
+            for pass_name in ("fwd", "bwd"):
+                print("  %-7s %-4s %s" % (name, pass_name, "  ".join(
+                    "%s %.0f" % kv for kv in _timeline(side, pass_name, args.iters, args.device))))
+        return
+    if args.device == "cuda":
+        raise SystemExit("--device cuda times the timeline only (--timeline)")
+
     results = {}
     for name, side in (("coda", coda_side), ("native", native_side)):
         _passes(side, max(10, args.iters // 10))  # warm-up
