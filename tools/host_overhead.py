@@ -81,19 +81,37 @@ def _passes(side, iters):
             (("fwd", fwd), ("bwd", bwd), ("fwd+bwd", both))}
 
 
-def _timeline(side, pass_name, iters, device):
+# --steps: the coda.ops and coda._torch functions between a pass's start and its C calls.
+STEPS = (("coda.ops", ("_run", "_middle_forward_fake", "_c_config", "_middle_tensors",
+                       "_run_layer", "_middle_backward", "_middle_backward_in_parts")),
+         ("coda._torch", ("device_guard", "llama_workspace_bytes", "workspace", "stream")))
+
+
+def _timeline(side, pass_name, iters, device, steps=False):
     """[(event, median us from the pass's start)]: each C call's entry ("> name") and exit
-    ("< name"), then the pass's return; every repetition starts from a synchronized device."""
+    ("< name"), with `steps` those of STEPS' functions too, then the pass's return; every
+    repetition starts from a synchronized device."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     marks = []
-    call = L.call
+    wrapped = [(L, "call")]
+    if steps:
+        for module_name, names in STEPS:
+            module = sys.modules.get(module_name) or __import__(module_name, fromlist=["_"])
+            wrapped += [(module, name) for name in names]
+    originals = [(module, name, getattr(module, name)) for module, name in wrapped]
 
-    def timed_call(name, *args):
-        marks.append(("> " + name[len("coda_"):], time.perf_counter()))
-        call(name, *args)
-        marks.append(("< " + name[len("coda_"):], time.perf_counter()))
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            label = args[0][len("coda_"):] if name == "call" else name
+            marks.append(("> " + label, time.perf_counter()))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                marks.append(("< " + label, time.perf_counter()))
+        return call
 
-    L.call = timed_call
+    for module, name, fn in originals:
+        setattr(module, name, timed(name, fn))
     try:
         runs = []
         for _ in range(iters + 3):
@@ -114,7 +132,8 @@ def _timeline(side, pass_name, iters, device):
             runs.append([(event, (t - t0) * 1e6) for event, t in marks])
             del state
     finally:
-        L.call = call
+        for module, name, fn in originals:
+            setattr(module, name, fn)
     runs = runs[3:]  # warm-up
     return [(runs[0][i][0], statistics.median(r[i][1] for r in runs))
             for i in range(len(runs[0]))]
@@ -132,6 +151,8 @@ def main():
     p.add_argument("--cprofile", action="store_true", help="profile coda's fwd+bwd")
     p.add_argument("--timeline", action="store_true",
                    help="each C call's entry and exit in a pass (median us from its start)")
+    p.add_argument("--steps", action="store_true",
+                   help="with --timeline: coda.ops' and coda._torch's steps before each C call too")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the GPU machine's real kernels (implies no stub)")
     args = p.parse_args()
@@ -159,7 +180,8 @@ def main():
         for name, side in (("coda", coda_side), ("native", native_side)):
             for pass_name in ("fwd", "bwd"):
                 print("  %-7s %-4s %s" % (name, pass_name, "  ".join(
-                    "%s %.0f" % kv for kv in _timeline(side, pass_name, args.iters, args.device))))
+                    "%s %.0f" % kv
+                    for kv in _timeline(side, pass_name, args.iters, args.device, args.steps))))
         return
     if args.device == "cuda":
         raise SystemExit("--device cuda times the timeline only (--timeline)")
