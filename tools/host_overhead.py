@@ -20,6 +20,7 @@ C call's entry is host latency the GPU waits for; native's is the floor.
 """
 import argparse
 import cProfile
+import ctypes
 import importlib
 import os
 import pstats
@@ -145,6 +146,39 @@ def _timeline(side, pass_name, iters, device, steps=False):
             for i in range(len(runs[0]))]
 
 
+def _noop_library():
+    """A library whose coda_noop takes any arguments and returns CODA_OK: what the C++ host
+    path calls instead of libcoda's llama entry points when they are stubbed."""
+    import subprocess
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="coda_noop_")
+    source, library = os.path.join(directory, "noop.c"), os.path.join(directory, "libnoop.so")
+    with open(source, "w") as f:
+        f.write("int coda_noop(void) { return 0; }\n")
+    subprocess.check_call(["cc", "-O2", "-shared", "-fPIC", source, "-o", library])
+    return ctypes.CDLL(library)
+
+
+def _use_host_path(stubbed):
+    """coda.ops' middle calls through the C++ host path, its llama entry points no-ops when
+    `stubbed` (the workspace size and the error message stay libcoda's)."""
+    from coda import _host_path as H
+    from coda import ops
+    module = H.build()
+    lib = L.load()
+    if stubbed:
+        noop = _noop_library().coda_noop
+
+        class Bound:
+            def __getattr__(self, name):
+                return noop if name in STUBBED else getattr(lib, name)
+
+        H.bind(module, Bound())
+    else:
+        H.bind(module, lib)
+    ops._HOST_PATH[:] = [module]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="tiny", choices=sorted(runner.SHAPES))
@@ -159,6 +193,10 @@ def main():
                    help="each C call's entry and exit in a pass (median us from its start)")
     p.add_argument("--steps", action="store_true",
                    help="with --timeline: coda.ops' and coda._torch's steps before each C call too")
+    p.add_argument("--host-path", action="store_true",
+                   help="coda's middle calls through the C++ host path (coda._host_path, built "
+                        "on first use); its C calls are not seen by --timeline, whose 'return' "
+                        "then compares")
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                    help="cuda: the GPU machine's real kernels (implies no stub)")
     args = p.parse_args()
@@ -177,6 +215,8 @@ def main():
 
         coda.ops.set_eager_bypass(False)
     real = args.real or args.device == "cuda"
+    if args.host_path:
+        _use_host_path(stubbed=not real)
     if not real:
         L._lib = _Stubbed(L.load())
 

@@ -1063,10 +1063,36 @@ def llama_middle(x0, y0, weights, positions, inv_freq, config, fp8_weights=None)
     attn_norm, w_qkv of layer l + 1). fp8_weights: as llama_first's, of these weights."""
     c = block_config(config)
     w = _weights(weights, MIDDLE_WEIGHTS)
-    x2, qkv, *_ = _run(_MIDDLE_FWD, x0, y0, *w, _positions(positions, x0),
-                       _inv_freq(inv_freq, x0), c.n_heads, c.n_kv_heads, c.head_dim, c.eps,
-                       _PRECISIONS[c.precision], list(fp8_weights or ()))
+    positions, inv_freq = _positions(positions, x0), _inv_freq(inv_freq, x0)
+    if not fp8_weights:
+        host = _host_path()
+        if host is not None and _on_host_path(x0, y0, w, positions, inv_freq):
+            out = host.middle_forward(x0, y0, *w, positions, inv_freq, c.n_heads, c.n_kv_heads,
+                                      c.head_dim, c.eps, _PRECISIONS[c.precision],
+                                      not _saved_tensors_hooked())
+            if out is not None:
+                return out
+    x2, qkv, *_ = _run(_MIDDLE_FWD, x0, y0, *w, positions, inv_freq, c.n_heads, c.n_kv_heads,
+                       c.head_dim, c.eps, _PRECISIONS[c.precision], list(fp8_weights or ()))
     return x2, qkv
+
+
+_HOST_PATH = []  # [module or None], resolved at the first llama_middle call
+
+
+def _host_path():
+    """coda._host_path's extension, or None (off or not built; docs/python.md, "The C++ host
+    path")."""
+    if not _HOST_PATH:
+        from . import _host_path as H
+        _HOST_PATH.append(H.module())
+    return _HOST_PATH[0]
+
+
+def _on_host_path(x0, y0, w, positions, inv_freq):
+    """A middle call the C++ host path may take: the eager bypass's (plain eager, no mode,
+    transform or tensor subclass; no functional tensor)."""
+    return _EAGER_BYPASS and _plain_eager((x0, y0, w, positions, inv_freq)) and not _traced(x0)
 
 
 def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction="mean",

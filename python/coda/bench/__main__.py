@@ -8,6 +8,13 @@ import time
 from . import report
 
 
+def _host_path_used():
+    """What coda.ops' middle calls ran on: "built" (the C++ host path) or why not."""
+    import coda._host_path
+
+    return coda._host_path.reason()
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m coda.bench",
                                 description=sys.modules[__package__].__doc__,
@@ -149,6 +156,7 @@ def main(argv=None):
     results.update({
         "quick": bool(args.quick), "warmup": warmup, "iters": iters,
         "coda_eager_bypass": bool(args.coda_eager_bypass),
+        "coda_host_path": _host_path_used(),
         "host_ahead": bool(args.host_ahead),
         "timing": report.TIMING_DEFINITION + (report.HOST_AHEAD_DEFINITION
                                               if args.host_ahead else ""), "memory": report.MEMORY_DEFINITION,
@@ -210,6 +218,7 @@ def main_fp8(args, cases, opts):
         "torch": torch.__version__, "quick": bool(args.quick), "warmup": opts.warmup,
         "iters": opts.iters, "host_ahead": bool(args.host_ahead),
         "coda_eager_bypass": bool(args.coda_eager_bypass),
+        "coda_host_path": _host_path_used(),
         "torch_fp8_grad": opts.torch_fp8_grad,
         "definition": report.FP8_BLOCK_DEFINITION, "torch_fp8": report.TORCH_FP8_DEFINITION,
         "check": report.FP8_CHECK_DEFINITION if opts.check else "skipped (--no-check)",
