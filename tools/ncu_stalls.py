@@ -3,7 +3,7 @@
 (`ncu --import R --page source --csv --print-source sass`): the total, the share by stall
 reason, and the instructions with the most samples, each with its main reasons.
 
-usage: tools/ncu_stalls.py K0-FusedEpilogue-sass.csv [--top 25] [--range FIRST:LAST]
+usage: tools/ncu_stalls.py K0-FusedEpilogue-sass.csv [--top 25] [--range FIRST:LAST] [--launch N]
 
 --range restricts everything to SASS lines FIRST..LAST (0-based, as printed), e.g. the epilogue
 after the mainloop. Samples at UCGABAR_WAIT (warps parked at the final cluster barrier: the
@@ -15,12 +15,18 @@ import csv
 import sys
 
 
-def load(path):
+def load(path, launch=0):
+    """(kernel row, header, instruction rows) of the `launch`-th kernel in the CSV: each
+    profiled launch is a row naming the kernel, a header row, then one row per SASS
+    instruction (tools/ncu_fp8.sh's CSV holds every launch of its report)."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    # Row 0 names the kernel; row 1 is the header; then one row per SASS instruction.
-    header = rows[1]
-    return rows[0], header, rows[2:]
+    starts = [i for i, row in enumerate(rows) if row and row[0] == "Kernel Name"] or [0]
+    if launch >= len(starts):
+        raise SystemExit("%s holds %d launches; --launch %d" % (path, len(starts), launch))
+    first = starts[launch]
+    end = starts[launch + 1] if launch + 1 < len(starts) else len(rows)
+    return rows[first], rows[first + 1], rows[first + 2:end]
 
 
 def main(argv):
@@ -28,9 +34,11 @@ def main(argv):
     ap.add_argument("csv")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--range", default="")
+    ap.add_argument("--launch", type=int, default=0,
+                    help="which profiled launch of a CSV holding several (0: the first)")
     args = ap.parse_args(argv)
 
-    kernel, header, rows = load(args.csv)
+    kernel, header, rows = load(args.csv, args.launch)
     samples = header.index("Warp Stall Sampling (All Samples)")
     reasons = [(i, h[len("stall_"):]) for i, h in enumerate(header)
                if h.startswith("stall_") and "Not Issued" not in h]
