@@ -111,7 +111,10 @@ def module():
             try:
                 m = build()
                 bind(m)
-                _module, _reason = m, "built"
+                _module = m
+                _reason = "built" if m.cuda or torch.version.cuda is None else (
+                    "built for CPU tensors only (the CUDA toolkit's headers were not found: "
+                    "set CUDA_HOME); CUDA tensors take the Python path")
             except Exception as e:  # the Python path stays: say why
                 _reason = "could not be built: %s: %s" % (type(e).__name__, e)
         _tried = True

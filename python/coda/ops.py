@@ -1064,9 +1064,11 @@ def llama_middle(x0, y0, weights, positions, inv_freq, config, fp8_weights=None)
     c = block_config(config)
     w = _weights(weights, MIDDLE_WEIGHTS)
     positions, inv_freq = _positions(positions, x0), _inv_freq(inv_freq, x0)
-    if not fp8_weights:
+    # The conditions first: under torch.compile they are false, so the tracer never reaches
+    # the extension's loading (a lock, a build).
+    if not fp8_weights and _on_host_path(x0, y0, w, positions, inv_freq):
         host = _host_path()
-        if host is not None and _on_host_path(x0, y0, w, positions, inv_freq):
+        if host is not None:
             out = host.middle_forward(x0, y0, *w, positions, inv_freq, c.n_heads, c.n_kv_heads,
                                       c.head_dim, c.eps, _PRECISIONS[c.precision],
                                       not _saved_tensors_hooked())

@@ -138,16 +138,17 @@ def test_saved_tensor_hooks_see_what_the_backward_reads(paths, device):
 def test_without_grad_the_same_outputs_and_no_node(paths, device):
     tensors, positions, inv_freq, _, _ = _case(device, 63)
 
-    def run():
-        with torch.no_grad():
+    def run(mode):
+        with mode():
             return ops.llama_middle(tensors[0], tensors[1], tuple(tensors[2:]), positions,
                                     inv_freq, BLOCK)
 
-    want = paths("python", run)
-    got = paths("cpp", run)
-    assert got[0].grad_fn is None and got[1].grad_fn is None
-    for g, e in zip(got, want):
-        assert torch.equal(g, e), ctx("no_grad")
+    for mode in (torch.no_grad, torch.inference_mode):
+        want = paths("python", lambda: run(mode))
+        got = paths("cpp", lambda: run(mode))
+        assert got[0].grad_fn is None and got[1].grad_fn is None
+        for g, e in zip(got, want):
+            assert torch.equal(g, e), ctx(mode.__name__)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -193,11 +194,13 @@ def _error(fn):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("bad", ["w_qkv rows", "y0 width", "x0 dtype", "f64 weight"])
+@pytest.mark.parametrize("bad", ["w_qkv rows", "y0 width", "x0 dtype", "f64 weight",
+                                 "x0 strided", "3-D x0"])
 def test_the_same_error_for_the_same_bad_input(paths, device, bad):
     """What coda's C validation rejects raises the exception coda._lib maps its status to,
     with coda_last_error() as the message; what the descriptors cannot name (a float64 tensor)
-    is left to the Python path, whose check raises. Either way the same as the Python path."""
+    is left to the Python path, whose check raises. Either way the same as the Python path; and
+    x0 whose rows lie apart in memory (taken as given by both) gives the same results."""
     tensors, positions, inv_freq, _, _ = _case(device, 66)
     tensors = list(tensors)
     names = ["x0", "y0"] + list(ops.MIDDLE_WEIGHTS)
@@ -208,8 +211,12 @@ def test_the_same_error_for_the_same_bad_input(paths, device, bad):
         tensors[i("y0")] = tensors[i("y0")][:, :-8]
     elif bad == "x0 dtype":
         tensors[i("x0")] = tensors[i("x0")].half()
-    else:
+    elif bad == "f64 weight":
         tensors[i("w_down")] = tensors[i("w_down")].double()
+    elif bad == "x0 strided":  # every other row of a twice-as-tall tensor
+        tensors[i("x0")] = torch.cat([tensors[i("x0")]] * 2)[::2]
+    else:
+        tensors[i("x0")] = tensors[i("x0")][None]
 
     def run():
         return _error(lambda: ops.llama_middle(tensors[0], tensors[1], tuple(tensors[2:]),
@@ -217,6 +224,13 @@ def test_the_same_error_for_the_same_bad_input(paths, device, bad):
 
     want = paths("python", run)
     got = paths("cpp", run)
+    if bad == "x0 strided":  # rows apart in memory: coda takes strides as given, both paths too
+        assert want == (None, None) and got == (None, None), ctx("%s %s" % (want, got))
+        outs = [paths(path, lambda: ops.llama_middle(tensors[0], tensors[1], tuple(tensors[2:]),
+                                                     positions, inv_freq, BLOCK))
+                for path in ("python", "cpp")]
+        assert all(torch.equal(a, b) for a, b in zip(*outs)), ctx(bad)
+        return
     assert want[0] is not None, "the Python path accepted %s" % bad
     assert got == want, ctx("%s: %s != %s" % (bad, got, want))
 
