@@ -4,6 +4,7 @@
 reason, and the instructions with the most samples, each with its main reasons.
 
 usage: tools/ncu_stalls.py K0-FusedEpilogue-sass.csv [--top 25] [--range FIRST:LAST] [--launch N]
+       tools/ncu_stalls.py fp8-sass.csv --launch N --mix   (instructions a k-block, by opcode)
 
 --range restricts everything to SASS lines FIRST..LAST (0-based, as printed), e.g. the epilogue
 after the mainloop. Samples at UCGABAR_WAIT (warps parked at the final cluster barrier: the
@@ -36,9 +37,16 @@ def main(argv):
     ap.add_argument("--range", default="")
     ap.add_argument("--launch", type=int, default=0,
                     help="which profiled launch of a CSV holding several (0: the first)")
+    ap.add_argument("--mix", action="store_true",
+                    help="instead: the executed instructions by opcode, per k-block and consumer "
+                         "warp (an FP8 or 16-bit GEMM's MMAs counted: every k-block issues "
+                         "--mmas-per-k-block of them a warp)")
+    ap.add_argument("--mmas-per-k-block", type=int, default=4)
     args = ap.parse_args(argv)
 
     kernel, header, rows = load(args.csv, args.launch)
+    if args.mix:
+        return print_mix(kernel, header, rows, args.mmas_per_k_block)
     samples = header.index("Warp Stall Sampling (All Samples)")
     reasons = [(i, h[len("stall_"):]) for i, h in enumerate(header)
                if h.startswith("stall_") and "Not Issued" not in h]
@@ -74,6 +82,31 @@ def main(argv):
         print("%6d %5.1f%% %5d  %-58s %s" % (
             s, 100.0 * s / max(total, 1), n, row[1].strip()[:58],
             " ".join("%s:%d" % (name, c) for c, name in main_reasons if c)))
+
+
+def print_mix(kernel, header, rows, mmas_per_k_block, top=18):
+    """Every warp's executed instructions by opcode (predicate and modifiers dropped), divided by
+    the k-blocks x consumer warps the MMA count implies: an upper bound of a consumer warp's
+    chain a k-block (the producer's and epilogue's instructions are included)."""
+    executed = header.index("Instructions Executed")
+
+    def count(row):
+        v = row[executed].replace(",", "")
+        return int(v) if v.isdigit() else 0
+
+    ops = collections.Counter()
+    for row in rows:
+        words = [w for w in row[1].split() if not w.startswith("@")]
+        if words and count(row):
+            ops[words[0].split(".")[0]] += count(row)
+    mmas = sum(v for op, v in ops.items() if op.endswith("GMMA"))
+    if not mmas:
+        raise SystemExit("no HGMMA / QGMMA executed in this launch")
+    per = mmas / float(mmas_per_k_block)
+    print(kernel[1][:160] if len(kernel) > 1 else "")
+    print("%.1f instructions a k-block and consumer warp (%d k-blocks x warps): %s" % (
+        sum(ops.values()) / per, per,
+        ", ".join("%s %.1f" % (op, v / per) for op, v in ops.most_common(top))))
 
 
 if __name__ == "__main__":
