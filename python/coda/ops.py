@@ -1094,7 +1094,7 @@ def _host_path():
 def _on_host_path(x0, y0, w, positions, inv_freq):
     """A middle call the C++ host path may take: the eager bypass's (plain eager, no mode,
     transform or tensor subclass; no functional tensor)."""
-    return _EAGER_BYPASS and _plain_eager((x0, y0, w, positions, inv_freq)) and not _traced(x0)
+    return _bypassing((x0, y0, w, positions, inv_freq)) and not _traced(x0)
 
 
 def llama_last(x0, y0, targets, weights, config, return_logits=False, reduction="mean",

@@ -179,15 +179,8 @@ Workspace workspace(int32_t pass, const coda_llama_config& config, int64_t token
   const int64_t words = std::max<int64_t>(
       (static_cast<int64_t>(workspace_bytes(pass, config, tokens, like.device())) + 3) / 4, 4);
   Workspace w;
-  w.buffer = at::empty({words * 4}, like.options().dtype(at::kByte));
-  std::memset(&w.view, 0, sizeof(w.view));
-  w.view.data = w.buffer.data_ptr();
-  w.view.dtype = CODA_I32;
-  w.view.rank = 1;
-  w.view.shape[0] = words;
-  w.view.stride[0] = 1;
-  w.view.device = like.is_cuda() ? CODA_DEVICE_CUDA : CODA_DEVICE_CPU;
-  w.view.device_index = like.is_cuda() ? like.get_device() : 0;
+  w.buffer = at::empty({words}, like.options().dtype(at::kInt)); // the same bytes as Python's
+  w.view = described(w.buffer);
   return w;
 }
 
@@ -242,25 +235,14 @@ struct MiddleCall {
   std::array<coda_tensor, N_INPUTS> descriptors;
 };
 
-std::vector<int64_t> config_words(const coda_llama_config& c) {
-  int32_t eps_bits;
-  std::memcpy(&eps_bits, &c.eps, sizeof(eps_bits));
-  return {c.hidden, c.intermediate, c.n_heads, c.n_kv_heads, c.head_dim, eps_bits, c.precision};
+// The config travels from the forward to the backward as its bytes (an IValue string).
+std::string config_bytes(const coda_llama_config& c) {
+  return std::string(reinterpret_cast<const char*>(&c), sizeof(c));
 }
 
-coda_llama_config config_of(const std::vector<int64_t>& words) {
+coda_llama_config config_of(const std::string& bytes) {
   coda_llama_config c;
-  std::memset(&c, 0, sizeof(c));
-  c.hidden = words[0];
-  c.intermediate = words[1];
-  c.n_heads = static_cast<int32_t>(words[2]);
-  c.n_kv_heads = static_cast<int32_t>(words[3]);
-  c.head_dim = static_cast<int32_t>(words[4]);
-  const int32_t eps_bits = static_cast<int32_t>(words[5]);
-  std::memcpy(&c.eps, &eps_bits, sizeof(c.eps));
-  c.ignore_index = -100;
-  c.loss_reduction = 0;
-  c.precision = static_cast<int32_t>(words[6]);
+  std::memcpy(&c, bytes.data(), sizeof(c));
   return c;
 }
 
@@ -300,17 +282,17 @@ struct Middle : torch::autograd::Function<Middle> {
     // detached alias (no cycle through its grad_fn), so that the backward can drop it after
     // part 1, its version checked as autograd checks a saved tensor's; hooked, it is saved as
     // usual (coda.ops._middle_setup).
+    variable_list to_save{x0,        y0,       w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
+                          positions, inv_freq, x2,    x1,       z1,        r1,     r2};
     if (call->keep_qkv_aside) {
       at::Tensor kept = qkv.detach();
       ctx->saved_data["qkv_version"] = static_cast<int64_t>(kept._version());
       ctx->saved_data["qkv"] = std::move(kept);
-      ctx->save_for_backward({x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
-                              positions, inv_freq, x2, x1, z1, r1, r2});
     } else {
-      ctx->save_for_backward({x0, y0, w_out, ffn_norm, w_gate_up, w_down, attn_norm, w_qkv,
-                              positions, inv_freq, x2, x1, z1, r1, r2, qkv});
+      to_save.push_back(qkv);
     }
-    ctx->saved_data["config"] = config_words(cfg);
+    ctx->save_for_backward(to_save);
+    ctx->saved_data["config"] = config_bytes(cfg);
     return {x2, qkv};
   }
 
@@ -332,17 +314,17 @@ struct Middle : torch::autograd::Function<Middle> {
     } else {
       qkv = ctx->saved_data["qkv"].toTensor();
       ctx->saved_data.erase("qkv"); // the last reference is `qkv`, dropped after part 1
+      const int64_t version = ctx->saved_data["qkv_version"].toInt();
+      if (qkv._version() != version) {
+        throw std::runtime_error(
+            "coda: qkv, an output of llama_middle that its backward reads, was modified by an "
+            "in-place operation (version " +
+            std::to_string(qkv._version()) + "; expected version " + std::to_string(version) +
+            " instead). Apply the change out of place (e.g. q = q * s, "
+            "not q.mul_(s)), or clone qkv before changing it.");
+      }
     }
-    const int64_t version = s.size() > 15 ? qkv._version() : ctx->saved_data["qkv_version"].toInt();
-    if (qkv._version() != version) {
-      throw std::runtime_error(
-          "coda: qkv, an output of llama_middle that its backward reads, was modified by an "
-          "in-place operation (version " +
-          std::to_string(qkv._version()) + "; expected version " + std::to_string(version) +
-          " instead). Apply the change out of place (e.g. q = q * s, "
-          "not q.mul_(s)), or clone qkv before changing it.");
-    }
-    const coda_llama_config cfg = config_of(ctx->saved_data["config"].toIntVector());
+    const coda_llama_config cfg = config_of(ctx->saved_data["config"].toStringRef());
     const int64_t m = x0.size(0);
 
     std::array<coda_tensor, N_INPUTS> d;
